@@ -1,0 +1,580 @@
+"""The ``scheduler`` command line (click).
+
+Every option can also come from an environment variable ``SCHEDULER_<NAME>``
+(shown in ``--help``); the store is ``--dsn`` / ``SCHEDULER_DSN``. Errors are
+one line on stderr: ``error: <field>: <rule>``; exit status 2 for invalid
+input, 1 for failures (store unreachable, conflicts, not found).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import psycopg
+
+from scheduler import __version__
+from scheduler import log as logmod
+from scheduler.errors import ConfigError, ConflictError, NotFoundError, SchedulerError, StoreError, ValidationError
+from scheduler.settings import Settings
+
+EXIT_INVALID = 2
+EXIT_FAILED = 1
+DSN_HINT = "postgresql://user:password@localhost:5432/scheduler"
+
+
+def _fail(message: str, status: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(status)
+
+
+class OneLineErrors(click.Group):
+    """A group whose commands report errors as one line instead of usage text."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.Exit:
+            raise
+        except click.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+            _fail(f"{exc.format_message()}{hint}", EXIT_INVALID)
+        except ValidationError as exc:
+            _fail(str(exc), EXIT_INVALID)
+        except ConfigError as exc:
+            _fail(str(exc), EXIT_INVALID)
+        except (ConflictError, NotFoundError, StoreError) as exc:
+            _fail(str(exc), EXIT_FAILED)
+        except psycopg.Error as exc:
+            _fail(f"store: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
+                  EXIT_FAILED)
+        except SchedulerError as exc:
+            _fail(str(exc), EXIT_FAILED)
+
+    def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> Any:
+        """Run without click's standalone handling so errors stay one line."""
+        extra.pop("standalone_mode", None)
+        try:
+            status = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
+        except click.exceptions.Abort:
+            _fail("aborted", EXIT_FAILED)
+        except click.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+            _fail(f"{exc.format_message()}{hint}", EXIT_INVALID)
+        except click.ClickException as exc:
+            _fail(exc.format_message(), exc.exit_code)
+        sys.exit(status if isinstance(status, int) else 0)
+
+
+def group(**kwargs: Any) -> Callable:
+    return click.group(cls=OneLineErrors, **kwargs)
+
+
+def instant(field: str) -> Callable[[click.Context, click.Parameter, str | None], datetime | None]:
+    """A click callback parsing ISO-8601 with an offset (naive rejected)."""
+    from scheduler.schedule import parse_instant
+
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> datetime | None:
+        return None if value is None else parse_instant(value, field)
+
+    return callback
+
+
+def dsn_option(func: Callable) -> Callable:
+    return click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, default="",
+                        help=f"Store URI, e.g. {DSN_HINT}.")(func)
+
+
+def json_option(func: Callable) -> Callable:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(func)
+
+
+def open_store(dsn: str) -> psycopg.Connection:
+    """Connect for a CLI command; one-line error if no DSN or unreachable."""
+    from scheduler import store
+
+    if not dsn:
+        raise ConfigError(f"dsn: no store configured; pass --dsn or set SCHEDULER_DSN (e.g. {DSN_HINT})")
+    return store.connect(dsn, application_name="scheduler-cli")
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    from scheduler.schedule import format_instant
+
+    if isinstance(value, datetime):
+        return format_instant(value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise TypeError(type(value).__name__)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    return _json_default(value) if isinstance(value, (datetime, uuid.UUID)) else str(value)
+
+
+def _table(rows: list[dict], columns: list[str]) -> None:
+    cells = [[_fmt(row.get(c)) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for r in cells:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
+# ---------------------------------------------------------------- root
+
+
+@group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="scheduler")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", envvar="SCHEDULER_LOG_FORMAT",
+              show_envvar=True, show_default=True, help="Log record format (stderr).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              envvar="SCHEDULER_LOG_LEVEL", show_envvar=True, show_default=True)
+def cli(log_format: str, log_level: str) -> None:
+    """Distributed trigger engine: fires cron, interval and one-shot timers from a SQL store.
+
+    Start with `scheduler demo` (needs no database), or point --dsn /
+    SCHEDULER_DSN at PostgreSQL and run `scheduler db upgrade`, then
+    `scheduler jobs add ...` and `scheduler node`.
+    """
+    logmod.configure(log_format, log_level)
+
+
+# ---------------------------------------------------------------- db
+
+
+@cli.group(cls=OneLineErrors)
+def db() -> None:
+    """Schema migrations (alembic)."""
+
+
+@db.command("upgrade")
+@dsn_option
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+def db_upgrade(dsn: str, revision: str) -> None:
+    """Migrate the store's schema to REVISION (default: head). Safe to re-run."""
+    from scheduler.migrate import upgrade
+
+    if not dsn:
+        raise ConfigError(f"dsn: no store configured; pass --dsn or set SCHEDULER_DSN (e.g. {DSN_HINT})")
+    upgrade(dsn, revision)
+    click.echo(f"schema at {revision}")
+
+
+@db.command("downgrade")
+@dsn_option
+@click.argument("revision")
+def db_downgrade(dsn: str, revision: str) -> None:
+    """Migrate the schema down to REVISION ('base' drops every table: data is lost)."""
+    from scheduler.migrate import downgrade
+
+    if not dsn:
+        raise ConfigError(f"dsn: no store configured; pass --dsn or set SCHEDULER_DSN (e.g. {DSN_HINT})")
+    downgrade(dsn, revision)
+    click.echo(f"schema at {revision}")
+
+
+# ---------------------------------------------------------------- tenants
+
+
+@cli.group(cls=OneLineErrors)
+def tenants() -> None:
+    """Tenants: fairness weight and fleet-wide rate cap."""
+
+
+@tenants.command("add")
+@dsn_option
+@click.argument("tenant")
+@click.option("--weight", type=int, default=1, show_default=True, help="Fair-share weight (1-1000).")
+@click.option("--max-rate", type=float, default=None, help="Fleet-wide cap in runs/s (default: none).")
+def tenants_add(dsn: str, tenant: str, weight: int, max_rate: float | None) -> None:
+    """Create TENANT (no-op if it exists)."""
+    from scheduler import jobs
+
+    with open_store(dsn) as conn:
+        created = jobs.add_tenant(conn, tenant, weight, max_rate)
+    click.echo(f"tenant {tenant} {'created' if created else 'exists'}")
+
+
+@tenants.command("set")
+@dsn_option
+@click.argument("tenant")
+@click.option("--weight", type=int, default=None, help="Fair-share weight (1-1000).")
+@click.option("--max-rate", type=float, default=None, help="Fleet-wide cap in runs/s.")
+@click.option("--no-max-rate", is_flag=True, help="Remove the rate cap.")
+def tenants_set(dsn: str, tenant: str, weight: int | None, max_rate: float | None, no_max_rate: bool) -> None:
+    """Change TENANT's weight and/or rate cap."""
+    from scheduler import jobs
+
+    if weight is None and max_rate is None and not no_max_rate:
+        raise click.UsageError("give --weight, --max-rate or --no-max-rate")
+    with open_store(dsn) as conn:
+        row = jobs.set_tenant(conn, tenant, weight=weight, max_rate=max_rate, clear_max_rate=no_max_rate)
+    click.echo(f"tenant {row['tenant']} weight={row['weight']} max_rate={_fmt(row['max_rate'])}")
+
+
+@tenants.command("list")
+@dsn_option
+@json_option
+def tenants_list(dsn: str, as_json: bool) -> None:
+    """List tenants with their weight, rate cap and job count."""
+    from scheduler import jobs
+
+    with open_store(dsn) as conn:
+        rows = jobs.list_tenants(conn)
+    if as_json:
+        _echo_json(rows)
+    else:
+        _table(rows, ["tenant", "weight", "max_rate", "jobs", "created_at"])
+
+
+# ---------------------------------------------------------------- jobs
+
+
+@cli.group(cls=OneLineErrors)
+def jobs() -> None:
+    """Register, inspect and manage timers."""
+
+
+def _schedule_options(func: Callable) -> Callable:
+    options = [
+        click.option("--cron", default=None, help="Cron expression (see --dialect)."),
+        click.option("--tz", default=None, help="IANA time zone of the cron expression [default: UTC]."),
+        click.option("--dialect", type=click.Choice(["unix", "seconds"]), default=None,
+                     help="unix: 5 fields (default); seconds: 6 fields, seconds first (Spring style)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@jobs.command("add")
+@dsn_option
+@click.option("--tenant", required=True, envvar="SCHEDULER_TENANT", show_envvar=True, help="Owning tenant.")
+@_schedule_options
+@click.option("--interval", "interval_s", default=None, help="Fixed interval in whole seconds (elapsed time).")
+@click.option("--at", "at", default=None, callback=instant("at"),
+              help="One-shot instant, ISO-8601 with offset (2030-01-01T09:00:00Z).")
+@click.option("--name", default=None, help="Unique per tenant; makes the call idempotent.")
+@click.option("--replace", is_flag=True, help="With --name: change an existing job whose spec differs.")
+@click.option("--misfire", type=click.Choice(["all", "once", "skip"]), default="all", show_default=True,
+              help="Catch-up policy for overdue slots (all: every slot within --catchup-window-s; "
+                   "once: one run for all; skip: drop slots later than --misfire-grace-s).")
+@click.option("--catchup-window-s", default=86_400, show_default=True, help="Window of the 'all' policy.")
+@click.option("--misfire-grace-s", default=60, show_default=True, help="Grace of the 'skip' policy.")
+@click.option("--jitter", "jitter_s", default=0, show_default=True,
+              help="Deterministic delay of up to this many seconds per run.")
+def jobs_add(dsn: str, tenant: str, cron: str | None, tz: str | None, dialect: str | None,
+             interval_s: str | None, at: datetime | None, name: str | None, replace: bool, misfire: str,
+             catchup_window_s: Any, misfire_grace_s: Any, jitter_s: Any) -> None:
+    """Register a timer and print its id.
+
+    Exactly one of --cron, --interval, --at. A tenant that does not exist yet
+    is created.
+    """
+    from scheduler import jobs as jobsmod
+    from scheduler.spec import JobSpec
+
+    spec = JobSpec.build(tenant=tenant, cron=cron, tz=tz, dialect=dialect, interval_s=interval_s, at=at,
+                         name=name, misfire=misfire, catchup_window_s=catchup_window_s,
+                         misfire_grace_s=misfire_grace_s, jitter_s=jitter_s)
+    if replace and name is None:
+        raise ValidationError("replace", "needs --name (the job to replace)")
+    with open_store(dsn) as conn:
+        result = jobsmod.add_job(conn, spec, replace=replace)
+    click.echo(str(result.job_id))
+    if result.outcome != "created":
+        click.echo(f"({result.outcome})", err=True)
+
+
+@jobs.command("import")
+@dsn_option
+@click.argument("csv_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--tenant", required=True, envvar="SCHEDULER_TENANT", show_envvar=True)
+@click.option("--misfire", type=click.Choice(["all", "once", "skip"]), default="all", show_default=True)
+@json_option
+def jobs_import(dsn: str, csv_file: Path, tenant: str, misfire: str, as_json: bool) -> None:
+    """Bulk-import cron schedules from CSV_FILE (columns expr, dialect, timezone, ...).
+
+    Rows with dialect unix5/macro are read as `unix`, seconds6 as `seconds`,
+    anything else is tried as `unix`; an empty timezone means UTC. Invalid
+    lines are reported (line, expression, reason) and every valid line is
+    imported. Exit status 0 even with rejected lines.
+    """
+    from scheduler import jobs as jobsmod
+
+    with open_store(dsn) as conn:
+        report = jobsmod.import_csv(conn, csv_file, tenant, misfire=misfire)
+    if as_json:
+        _echo_json({"imported": len(report.imported),
+                    "rejected": [{"line": n, "expr": e, "reason": r} for n, e, r in report.rejected]})
+        return
+    for line, expr, reason in report.rejected:
+        click.echo(f"{csv_file}:{line}: {expr!r}: {reason}", err=True)
+    click.echo(f"imported {len(report.imported)} jobs, rejected {len(report.rejected)} lines")
+
+
+@jobs.command("list")
+@dsn_option
+@click.option("--tenant", default=None)
+@click.option("--limit", default=1000, show_default=True)
+@json_option
+def jobs_list(dsn: str, tenant: str | None, limit: int, as_json: bool) -> None:
+    """List jobs (not deleted), by tenant and creation time."""
+    from scheduler import jobs as jobsmod
+
+    with open_store(dsn) as conn:
+        rows = jobsmod.list_jobs(conn, tenant, limit)
+    for row in rows:
+        row["schedule"] = _schedule_text(row)
+    if as_json:
+        _echo_json(rows)
+    else:
+        _table(rows, ["job_id", "tenant", "name", "schedule", "misfire", "paused", "next_nominal_at"])
+
+
+def _schedule_text(row: dict) -> str:
+    if row["kind"] == "cron":
+        dialect = "" if row["cron_dialect"] == "unix" else f" ({row['cron_dialect']})"
+        return f"cron '{row['cron_expr']}' {row['tz']}{dialect}"
+    if row["kind"] == "interval":
+        return f"every {row['interval_s']}s"
+    return f"once at {_fmt(row['fire_at'])}"
+
+
+def _job_id(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise ValidationError("job_id", "must be a UUID", value) from None
+
+
+@jobs.command("show")
+@dsn_option
+@click.argument("job_id")
+@json_option
+def jobs_show(dsn: str, job_id: str, as_json: bool) -> None:
+    """Show one job."""
+    from scheduler import jobs as jobsmod
+
+    with open_store(dsn) as conn:
+        row = jobsmod.get_job(conn, _job_id(job_id))
+    row["schedule"] = _schedule_text(row)
+    if as_json:
+        _echo_json(row)
+    else:
+        for key, value in row.items():
+            click.echo(f"{key:17} {_fmt(value)}")
+
+
+@jobs.command("pause")
+@dsn_option
+@click.argument("job_id")
+def jobs_pause(dsn: str, job_id: str) -> None:
+    """Pause a job: no slot fires while it is paused (they are not caught up)."""
+    from scheduler import jobs as jobsmod
+
+    with open_store(dsn) as conn:
+        jobsmod.set_paused(conn, _job_id(job_id), True)
+    click.echo(f"paused {job_id}")
+
+
+@jobs.command("resume")
+@dsn_option
+@click.argument("job_id")
+def jobs_resume(dsn: str, job_id: str) -> None:
+    """Resume a paused job from its next slot after now."""
+    from scheduler import jobs as jobsmod
+
+    with open_store(dsn) as conn:
+        jobsmod.set_paused(conn, _job_id(job_id), False)
+    click.echo(f"resumed {job_id}")
+
+
+@jobs.command("delete")
+@dsn_option
+@click.argument("job_id")
+def jobs_delete(dsn: str, job_id: str) -> None:
+    """Delete a job; it stops firing at once, its runs stay."""
+    from scheduler import jobs as jobsmod
+
+    with open_store(dsn) as conn:
+        jobsmod.delete_job(conn, _job_id(job_id))
+    click.echo(f"deleted {job_id}")
+
+
+@jobs.command("next")
+@_schedule_options
+@click.option("--after", required=True, callback=instant("after"),
+              help="ISO-8601 instant with offset; fires strictly after it are listed.")
+@click.option("--count", default=5, show_default=True, type=click.IntRange(1, 10_000))
+def jobs_next(cron: str | None, tz: str | None, dialect: str | None, after: datetime, count: int) -> None:
+    """Print the next COUNT fire instants of a cron expression (UTC, one per line).
+
+    Needs no store. Example: scheduler jobs next --cron '0 2 * * *'
+    --tz Europe/Berlin --after 2023-10-27T12:00:00+02:00
+    """
+    from scheduler.schedule import CronSchedule, format_instant
+
+    if cron is None:
+        raise ValidationError("cron", "is required (--cron EXPR)")
+    schedule = CronSchedule(cron, tz or "UTC", dialect or "unix")
+    instant_ = after
+    for _ in range(count):
+        instant_ = schedule.next_after(instant_)
+        if instant_ is None:
+            break
+        click.echo(format_instant(instant_))
+
+
+# ---------------------------------------------------------------- runs
+
+
+@cli.group(cls=OneLineErrors)
+def runs() -> None:
+    """Inspect runs (one row per fired (job, nominal time))."""
+
+
+@runs.command("list")
+@dsn_option
+@click.option("--job", "job_id", default=None, help="Only this job's runs.")
+@click.option("--since", default=None, callback=instant("since"), help="Nominal time at or after (ISO-8601).")
+@click.option("--limit", default=100, show_default=True)
+@json_option
+def runs_list(dsn: str, job_id: str | None, since: datetime | None, limit: int, as_json: bool) -> None:
+    """List runs, newest nominal time first."""
+    from scheduler import jobs as jobsmod
+
+    with open_store(dsn) as conn:
+        rows = jobsmod.list_runs(conn, _job_id(job_id) if job_id else None, since, limit)
+    if as_json:
+        _echo_json(rows)
+    else:
+        _table(rows, ["job_id", "tenant", "nominal_time", "fired_at", "lateness_s", "node_id", "epoch"])
+
+
+# ---------------------------------------------------------------- node
+
+
+def _settings_options(func: Callable) -> Callable:
+    """One option per Settings field: --lease-ttl-s / SCHEDULER_LEASE_TTL_S, ..."""
+    helps = {
+        "node_id": "Node identity [default: hostname + random suffix].",
+        "lease_ttl_s": "Lease time-to-live.",
+        "renew_interval_s": "Heartbeat and lease renewal period.",
+        "poll_interval_s": "Membership poll / claim period.",
+        "tick_interval_s": "Firing tick period.",
+        "safety_margin_s": "Stop firing this long before the local lease deadline (>= 0.5).",
+        "max_rate_per_s": "Firing budget of this node in runs/s (pacing).",
+        "node_prune_after_s": "Delete heartbeat rows of nodes dead this long.",
+        "lock_timeout_s": "Store lock_timeout [default: 20% of the TTL].",
+        "statement_timeout_s": "Store statement_timeout [default: 40% of the TTL].",
+        "idle_in_transaction_timeout_s": "Store idle_in_transaction_session_timeout [default: 40% of the TTL].",
+    }
+    for field in reversed(dataclasses.fields(Settings)):
+        if field.name == "dsn":
+            continue
+        kind = str if field.name == "node_id" else float
+        default = None if field.default in ("", None) else field.default
+        func = click.option(
+            f"--{field.name.replace('_', '-')}", field.name, type=kind, default=default,
+            envvar=f"SCHEDULER_{field.name.upper()}", show_envvar=True, show_default=default is not None,
+            help=helps.get(field.name, ""))(func)
+    return func
+
+
+def _settings(dsn: str, **values: Any) -> Settings:
+    if not dsn:
+        raise ConfigError(f"dsn: no store configured; pass --dsn or set SCHEDULER_DSN (e.g. {DSN_HINT})")
+    fields = {k: v for k, v in values.items() if v is not None}
+    return Settings(dsn=dsn, **fields).validated()
+
+
+@cli.command("node")
+@dsn_option
+@_settings_options
+def node_cmd(dsn: str, **values: Any) -> None:
+    """Run a scheduler node until SIGTERM/SIGINT (then release leases, exit 0)."""
+    from scheduler.node import Node
+
+    Node(_settings(dsn, **values)).run_until_signalled()
+
+
+# ---------------------------------------------------------------- audit / status
+
+
+@cli.command("verify")
+@dsn_option
+@click.option("--since", required=True, callback=instant("since"), help="Window start (inclusive), ISO-8601.")
+@click.option("--until", required=True, callback=instant("until"), help="Window end (exclusive), ISO-8601.")
+@json_option
+def verify_cmd(dsn: str, since: datetime, until: datetime, as_json: bool) -> None:
+    """Check every (job, nominal time) in [SINCE, UNTIL) has exactly one run.
+
+    Exit status 1 if anything is missing, duplicated or unexpected.
+    """
+    from scheduler.audit import verify
+
+    with open_store(dsn) as conn:
+        report = verify(conn, since, until)
+    if as_json:
+        _echo_json(report.as_dict())
+    else:
+        for key, value in report.as_dict().items():
+            click.echo(f"{key}: {_fmt(value if not isinstance(value, float) else round(value, 3))}")
+    if not report.ok:
+        sys.exit(EXIT_FAILED)
+
+
+@cli.command("status")
+@dsn_option
+@click.option("--lease-ttl-s", type=float, default=10.0, envvar="SCHEDULER_LEASE_TTL_S", show_envvar=True,
+              show_default=True, help="TTL used to judge node liveness.")
+@json_option
+def status_cmd(dsn: str, lease_ttl_s: float, as_json: bool) -> None:
+    """Show live nodes, the partitions they own, and partitions without a live owner."""
+    from scheduler.status import cluster_status
+
+    with open_store(dsn) as conn:
+        status = cluster_status(conn, lease_ttl_s)
+    if as_json:
+        _echo_json(status)
+        return
+    _table(status["nodes"], ["node_id", "live", "heartbeat_age_s", "partitions", "epochs"])
+    click.echo(f"partitions: {status['partitions_total']} total, {status['partitions_owned_live']} owned by "
+               f"live nodes, {status['partitions_orphaned']} without a live owner")
+    for row in status["orphaned_sample"]:
+        click.echo(f"  orphaned partition {row['partition_id']} owner={_fmt(row['owner_node'])} "
+                   f"epoch={row['owner_epoch']} lease_left_s={_fmt(row['lease_left_s'])}")
+
+
+@cli.command("demo")
+@click.option("--seconds", default=30, show_default=True, type=click.IntRange(5, 3600),
+              help="How long the node runs.")
+@click.option("--dsn", envvar="SCHEDULER_DEMO_DSN", show_envvar=True, default="",
+              help="Use this (empty, disposable) database instead of a private PostgreSQL.")
+def demo_cmd(seconds: int, dsn: str) -> None:
+    """Run the whole thing on a private PostgreSQL: import the real corpus, fire for SECONDS, audit.
+
+    Exits non-zero if any due (job, nominal time) is missing or duplicated.
+    """
+    from scheduler.demo import run_demo
+
+    sys.exit(run_demo(seconds, dsn or None))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="scheduler")

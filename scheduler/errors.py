@@ -1,0 +1,66 @@
+"""The project's exception tree.
+
+Every error the engine raises on purpose derives from :class:`SchedulerError`
+(procrastinate's pattern: the class docstring is the default message).
+Store errors worth retrying are chosen by SQLSTATE, never by message text
+(see :func:`scheduler.store.is_retryable`), and re-raised with ``raise ...
+from`` so the driver's cause stays attached.
+"""
+
+from __future__ import annotations
+
+
+class SchedulerError(Exception):
+    """Trigger engine error."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ValidationError(SchedulerError, ValueError):
+    """Invalid input.
+
+    Raised before anything is written. ``field`` names the input field (``cron``,
+    ``tz``, ``interval``, ``at``, ``misfire``, ...), ``rule`` is a short
+    sentence saying what the value must satisfy, ``value`` is the offending
+    value as given. ``str(error)`` is ``"<field>: <rule> (got <value>)"``.
+    """
+
+    def __init__(self, field: str, rule: str, value: object = None) -> None:
+        self.field = field
+        self.rule = rule
+        self.value = value
+        got = "" if value is None else f" (got {value!r})"
+        super().__init__(f"{field}: {rule}{got}")
+
+
+class ConflictError(SchedulerError):
+    """The request conflicts with what the store already holds.
+
+    Example: ``jobs add --name N`` with a different spec than the stored job N,
+    without ``--replace``.
+    """
+
+
+class NotFoundError(SchedulerError):
+    """No such object in the store."""
+
+
+class StoreError(SchedulerError):
+    """The store failed and retrying did not help.
+
+    ``sqlstate`` is the PostgreSQL/CockroachDB SQLSTATE of the last failure,
+    or ``None`` for connection-level failures.
+    """
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        self.sqlstate = sqlstate
+        super().__init__(message)
+
+
+class LeaseLostError(SchedulerError):
+    """A lease this node believed it held is gone (its epoch moved on)."""
+
+
+class ConfigError(SchedulerError):
+    """Invalid settings; the message names every setting involved."""

@@ -1,0 +1,274 @@
+"""Registering and managing jobs and tenants (the API the CLI and bench use).
+
+Every write validates first (:class:`scheduler.spec.JobSpec`) and runs in one
+transaction with the store's clock, retried whole on 40001/40P01; a bad job
+raises :class:`~scheduler.errors.ValidationError` and writes nothing.
+A job's first slot is the first fire strictly after its creation (store
+time); an interval job's slots are ``created_at + k × interval_s``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import uuid
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from pathlib import Path
+
+import psycopg
+
+from scheduler import store
+from scheduler.errors import ConflictError, NotFoundError, ValidationError
+from scheduler.partition import partition_of
+from scheduler.planner import scheduled_time
+from scheduler.spec import JobSpec, validate_tenant
+
+IMPORT_BATCH = 1_000
+"""Jobs per transaction in :func:`import_csv`."""
+
+CORPUS_DIALECTS = {"unix5": "unix", "macro": "unix", "seconds6": "seconds"}
+"""Corpus ``dialect`` column → our dialect; any other value is tried as ``unix``."""
+
+
+def _store_now(conn: psycopg.Connection) -> datetime:
+    return store.execute(conn, "store_now")[0]["store_now"]
+
+
+def _job_row(spec: JobSpec, job_id: uuid.UUID, now: datetime) -> dict:
+    """Insert parameters for a new job created at store time ``now``.
+
+    Raises ValidationError (field ``at``) for a one-shot instant not in the future.
+    """
+    anchor = now.replace(microsecond=0)  # interval slots on whole seconds
+    schedule = spec.schedule(anchor=anchor)
+    next_nominal = schedule.next_after(now)
+    if next_nominal is None:
+        raise ValidationError("at", "must be in the future (store time)", spec.at.isoformat() if spec.at else None)
+    return {
+        **spec.row_fields(),
+        "partition_id": partition_of(job_id),
+        "job_id": job_id,
+        "anchor_at": anchor if spec.kind == "interval" else None,
+        "next_nominal_at": next_nominal,
+        "next_due_at": scheduled_time(job_id, next_nominal, spec.jitter_s),
+        "created_at": now,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class AddResult:
+    """``job_id`` and what happened: ``created``, ``exists`` (same spec) or ``replaced``."""
+
+    job_id: uuid.UUID
+    outcome: str
+
+
+def add_job(conn: psycopg.Connection, spec: JobSpec, *, replace: bool = False) -> AddResult:
+    """Register ``spec`` (a tenant that does not exist yet is created).
+
+    With a name, the call is idempotent: the same name and spec return the
+    existing id (``exists``); a different spec raises
+    :class:`~scheduler.errors.ConflictError` unless ``replace`` is set, which
+    edits the job in place (``replaced``; next slot recomputed from now).
+    """
+    spec = spec.validated()
+
+    def body(c: psycopg.Connection) -> AddResult:
+        now = _store_now(c)
+        store.execute(c, "ensure_tenant", {"tenant": spec.tenant})
+        if spec.name is not None:
+            rows = store.execute(c, "find_job_by_name", {"tenant": spec.tenant, "name": spec.name})
+            if rows:
+                existing = rows[0]
+                if spec.same_as_row(existing):
+                    return AddResult(existing["job_id"], "exists")
+                if not replace:
+                    raise ConflictError(
+                        f"name: job {spec.name!r} of tenant {spec.tenant!r} already exists with a different "
+                        f"spec (id {existing['job_id']}); pass --replace to change it")
+                params = _job_row(spec, existing["job_id"], now)
+                params["changed_at"] = now
+                store.execute(c, "replace_job_spec", params)
+                return AddResult(existing["job_id"], "replaced")
+        job_id = uuid.uuid4()
+        store.execute(c, "insert_job", _job_row(spec, job_id, now))
+        return AddResult(job_id, "created")
+
+    for attempt in range(2):
+        try:
+            return store.run_transaction(conn, body)
+        except psycopg.errors.UniqueViolation:
+            if attempt:  # a concurrent add of the same name won twice: give up
+                raise
+    raise AssertionError("unreachable")
+
+
+@dataclasses.dataclass
+class ImportReport:
+    """Outcome of :func:`import_csv`: ids imported, and ``(line, expr, reason)`` per bad line."""
+
+    imported: list[uuid.UUID] = dataclasses.field(default_factory=list)
+    rejected: list[tuple[int, str, str]] = dataclasses.field(default_factory=list)
+
+
+def corpus_specs(path: Path, tenant: str, *, misfire: str = "all") -> Iterator[tuple[int, str, JobSpec | str]]:
+    """Read a corpus-format CSV; yield ``(line_number, expr, JobSpec or reason)``.
+
+    Columns used: ``expr``, ``dialect``, ``timezone`` (empty = UTC). Line
+    numbers are physical lines of the file (the header is line 1).
+    """
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        if reader.fieldnames is None or "expr" not in reader.fieldnames:
+            raise ValidationError("file", "must be a CSV with a header row naming an 'expr' column", str(path))
+        line = reader.line_num
+        for record in reader:
+            start, line = line + 1, reader.line_num
+            expr = (record.get("expr") or "").strip()
+            dialect = CORPUS_DIALECTS.get((record.get("dialect") or "").strip(), "unix")
+            tz = (record.get("timezone") or "").strip() or "UTC"
+            try:
+                spec = JobSpec.build(tenant=tenant, cron=expr, tz=tz, dialect=dialect, misfire=misfire)
+            except ValidationError as exc:
+                yield start, expr, str(exc)
+                continue
+            yield start, expr, spec
+
+
+def import_csv(conn: psycopg.Connection, path: Path, tenant: str, *, misfire: str = "all",
+               batch_size: int = IMPORT_BATCH) -> ImportReport:
+    """Import every valid line of a corpus-format CSV for ``tenant``.
+
+    Invalid lines are reported, never fatal; valid ones are inserted in
+    batches of ``batch_size`` per transaction. Raises ValidationError for a
+    bad tenant or a file without an ``expr`` header; OSError if unreadable.
+    """
+    validate_tenant(tenant)
+    report = ImportReport()
+    batch: list[JobSpec] = []
+
+    def flush() -> None:
+        if batch:
+            report.imported.extend(add_jobs(conn, batch))
+            batch.clear()
+
+    for line, expr, item in corpus_specs(path, tenant, misfire=misfire):
+        if isinstance(item, str):
+            report.rejected.append((line, expr, item))
+            continue
+        batch.append(item)
+        if len(batch) >= batch_size:
+            flush()
+    flush()
+    return report
+
+
+def add_jobs(conn: psycopg.Connection, specs: Iterable[JobSpec]) -> list[uuid.UUID]:
+    """Insert unnamed jobs in one transaction; return their ids in order.
+
+    Raises ValidationError (nothing written) if any spec is invalid or cannot
+    fire (e.g. a one-shot in the past).
+    """
+    specs = [spec.validated() for spec in specs]
+    ids = [uuid.uuid4() for _ in specs]
+
+    def body(c: psycopg.Connection) -> list[uuid.UUID]:
+        now = _store_now(c)
+        rows = [_job_row(spec, job_id, now) for spec, job_id in zip(specs, ids)]
+        store.execute(c, "ensure_tenants", {"tenants": sorted({spec.tenant for spec in specs})})
+        with c.cursor() as cur:
+            cur.executemany(store.QUERIES["insert_job"], rows)
+        return ids
+
+    return store.run_transaction(conn, body)
+
+
+def get_job(conn: psycopg.Connection, job_id: uuid.UUID) -> dict:
+    """The ``jobs`` row of ``job_id``; raises NotFoundError."""
+    rows = store.execute(conn, "get_job", {"partition_id": partition_of(job_id), "job_id": job_id})
+    if not rows:
+        raise NotFoundError(f"job_id: no job {job_id}")
+    return rows[0]
+
+
+def list_jobs(conn: psycopg.Connection, tenant: str | None = None, limit: int = 1000) -> list[dict]:
+    """Live (not deleted) jobs, by tenant then creation time."""
+    return store.execute(conn, "list_jobs", {"tenant": tenant, "limit": limit})
+
+
+def set_paused(conn: psycopg.Connection, job_id: uuid.UUID, paused: bool) -> None:
+    """Pause (no slot fires while paused) or resume (next slot strictly after now).
+
+    Raises NotFoundError for an unknown or deleted job.
+    """
+    def body(c: psycopg.Connection) -> None:
+        now = _store_now(c)
+        row = get_job(c, job_id)
+        if row["deleted_at"] is not None:
+            raise NotFoundError(f"job_id: job {job_id} is deleted")
+        next_nominal = next_due = None
+        if not paused:
+            schedule = JobSpec(tenant=row["tenant"], kind=row["kind"], cron=row["cron_expr"],
+                               tz=row["tz"], dialect=row["cron_dialect"], interval_s=row["interval_s"],
+                               at=row["fire_at"]).schedule(anchor=row["anchor_at"])
+            next_nominal = schedule.next_after(now)
+            if next_nominal is not None:
+                next_due = scheduled_time(job_id, next_nominal, row["jitter_s"])
+        store.execute(c, "set_job_paused", {
+            "partition_id": row["partition_id"], "job_id": job_id, "paused": paused,
+            "next_nominal_at": next_nominal, "next_due_at": next_due, "changed_at": now})
+
+    store.run_transaction(conn, body)
+
+
+def delete_job(conn: psycopg.Connection, job_id: uuid.UUID) -> None:
+    """Delete a job (soft: it stops firing at once; its runs stay). Raises NotFoundError."""
+    def body(c: psycopg.Connection) -> None:
+        rows = store.execute(c, "delete_job", {"partition_id": partition_of(job_id), "job_id": job_id,
+                                               "changed_at": _store_now(c)})
+        if not rows:
+            raise NotFoundError(f"job_id: no job {job_id}")
+
+    store.run_transaction(conn, body)
+
+
+def add_tenant(conn: psycopg.Connection, tenant: str, weight: int = 1, max_rate: float | None = None) -> bool:
+    """Create a tenant; return False if it already existed (nothing changed)."""
+    validate_tenant(tenant)
+    _check_weight_rate(weight, max_rate)
+    rows = store.run_transaction(conn, lambda c: store.execute(
+        c, "insert_tenant", {"tenant": tenant, "weight": weight, "max_rate": max_rate}))
+    return bool(rows)
+
+
+def set_tenant(conn: psycopg.Connection, tenant: str, *, weight: int | None = None,
+               max_rate: float | None = None, clear_max_rate: bool = False) -> dict:
+    """Change a tenant's weight and/or fleet-wide rate cap; raises NotFoundError."""
+    validate_tenant(tenant)
+    _check_weight_rate(weight, max_rate)
+    rows = store.run_transaction(conn, lambda c: store.execute(c, "update_tenant", {
+        "tenant": tenant, "weight": weight, "max_rate": max_rate, "clear_max_rate": clear_max_rate}))
+    if not rows:
+        raise NotFoundError(f"tenant: no tenant {tenant!r}")
+    return rows[0]
+
+
+def _check_weight_rate(weight: int | None, max_rate: float | None) -> None:
+    if weight is not None and not (isinstance(weight, int) and 1 <= weight <= 1000):
+        raise ValidationError("weight", "must be a whole number from 1 to 1000", weight)
+    if max_rate is not None and not max_rate > 0:
+        raise ValidationError("max_rate", "must be a positive number of runs per second", max_rate)
+
+
+def list_tenants(conn: psycopg.Connection) -> list[dict]:
+    """All tenants with their weight, cap and live job count."""
+    return store.execute(conn, "list_tenants")
+
+
+def list_runs(conn: psycopg.Connection, job_id: uuid.UUID | None = None, since: datetime | None = None,
+              limit: int = 100) -> list[dict]:
+    """Runs, newest nominal time first, optionally of one job and/or since an instant."""
+    return store.execute(conn, "list_runs", {
+        "job_id": job_id, "partition_id": partition_of(job_id) if job_id else None,
+        "since": since, "limit": limit})

@@ -1,0 +1,57 @@
+"""Structured logs: one stable ``event`` name per record (STYLE.md rule 8).
+
+Call :func:`event` with the event name and fields; :func:`configure` picks
+text (default) or JSON lines. Secrets never reach a record: DSNs are passed
+through :func:`scheduler.store.redact_dsn` before they are logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+LOGGER = logging.getLogger("scheduler")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``ts``, ``level``, ``event``, then the fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "event": getattr(record, "event", record.getMessage()),
+        }
+        payload.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            payload["exc"] = self.formatException(record.exc_info)
+        return json.dumps(payload, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """``<time> <level> <event> key=value ...``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = " ".join(f"{k}={v}" for k, v in getattr(record, "fields", {}).items())
+        ts = time.strftime("%H:%M:%S", time.localtime(record.created)) + f".{int(record.msecs):03d}"
+        line = f"{ts} {record.levelname.lower():5} {getattr(record, 'event', record.getMessage())} {fields}".rstrip()
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def configure(fmt: str = "text", level: str = "info") -> None:
+    """Send the ``scheduler`` logger to stderr as ``text`` or ``json``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    LOGGER.handlers[:] = [handler]
+    LOGGER.setLevel(level.upper())
+    LOGGER.propagate = False
+
+
+def event(name: str, level: int = logging.INFO, exc_info: bool = False, **fields: object) -> None:
+    """Log one record with the stable event ``name`` and ``fields``."""
+    if LOGGER.isEnabledFor(level):
+        LOGGER.log(level, name, extra={"event": name, "fields": fields}, exc_info=exc_info)

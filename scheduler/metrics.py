@@ -1,0 +1,73 @@
+"""Node metrics: an object with its own registry (STYLE.md rule 8).
+
+Names follow ``scheduler_<subsystem>_<name>_<unit|total>``. Labels are
+bounded: SQLSTATE *class* (two characters), lease event kind, never a raw
+tenant or job id. Tests read the registry (``Metrics.value``) as an oracle.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LAG_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 13.0, 20.0, 30.0, 60.0, 300.0)
+"""Dispatch-lag buckets (seconds): around the 2 s p99 target and the 10–13 s failover bound."""
+
+TICK_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+
+
+class Metrics:
+    """All metrics of one node process, registered in ``self.registry``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.runs_fired = Counter(
+            "scheduler_firing_runs_fired_total", "Runs committed by this node.", registry=r)
+        self.slots_skipped = Counter(
+            "scheduler_firing_slots_skipped_total",
+            "Misfire decisions recorded as skipped (one per skip range).", registry=r)
+        self.dispatch_lag = Histogram(
+            "scheduler_firing_dispatch_lag_seconds",
+            "fired_at minus scheduled time (nominal + jitter) of committed runs, store clock.",
+            buckets=LAG_BUCKETS_S, registry=r)
+        self.due_backlog = Gauge(
+            "scheduler_firing_due_backlog_runs",
+            "Due runs left for the next tick after this tick's budget (lower bound).", registry=r)
+        self.tick_duration = Histogram(
+            "scheduler_firing_tick_duration_seconds", "Wall time of one firing tick.",
+            buckets=TICK_BUCKETS_S, registry=r)
+        self.fence_rejections = Counter(
+            "scheduler_firing_fence_rejections_total",
+            "Partitions a firing statement found no longer ours (stale epoch): nothing committed for them.",
+            registry=r)
+        self.stale_jobs = Counter(
+            "scheduler_firing_stale_jobs_total",
+            "Due jobs not advanced because they were edited between read and fire.", registry=r)
+        self.partitions_owned = Gauge(
+            "scheduler_lease_partitions_owned", "Partitions whose lease this node holds.", registry=r)
+        self.lease_events = Counter(
+            "scheduler_lease_events_total",
+            "Lease events by kind: claimed, renewed, released, lost.", ["kind"], registry=r)
+        self.live_nodes = Gauge(
+            "scheduler_membership_live_nodes", "Nodes with a fresh heartbeat.", registry=r)
+        self.store_retries = Counter(
+            "scheduler_store_retries_total",
+            "Transactions retried, by SQLSTATE class (40 = serialization/deadlock).",
+            ["sqlstate_class"], registry=r)
+        self.store_errors = Counter(
+            "scheduler_store_errors_total",
+            "Store operations that failed, by SQLSTATE class ('conn' = connection lost).",
+            ["sqlstate_class"], registry=r)
+
+    def retry(self, sqlstate: str) -> None:
+        """Count one transaction retry for ``sqlstate``."""
+        self.store_retries.labels(sqlstate_class=(sqlstate or "??")[:2]).inc()
+
+    def error(self, sqlstate: str | None) -> None:
+        """Count one failed store operation (``None`` sqlstate = connection level)."""
+        self.store_errors.labels(sqlstate_class=sqlstate[:2] if sqlstate else "conn").inc()
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """Return a sample's current value (0.0 if absent); for tests and status."""
+        result = self.registry.get_sample_value(name, labels or {})
+        return 0.0 if result is None else result

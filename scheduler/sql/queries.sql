@@ -1,0 +1,381 @@
+-- Named queries of the trigger engine. Loaded once by scheduler/store.py.
+-- Rules (DESIGN.md §7, the PostgreSQL/CockroachDB common subset):
+--   * store time (now(), statement_timestamp()) is the only clock for leases
+--     and due times; never clock_timestamp();
+--   * every write that depends on owning a partition carries node and epoch
+--     in its WHERE clause (the fence is inside the statement);
+--   * ON CONFLICT names its conflict columns; no UPSERT, no advisory locks,
+--     no LISTEN/NOTIFY; SKIP LOCKED only spreads work;
+--   * arrays are bound as binary parameters (%(x)b).
+
+-- ---------------------------------------------------------------- membership
+
+-- name: upsert_heartbeat
+-- Membership heartbeat of one node process; returns the store's clock.
+INSERT INTO nodes (node_id, incarnation, host, pid, started_at, heartbeat_at)
+VALUES (%(node_id)s, %(incarnation)s, %(host)s, %(pid)s, now(), now())
+ON CONFLICT (node_id) DO UPDATE
+SET incarnation = excluded.incarnation,
+    host = excluded.host,
+    pid = excluded.pid,
+    started_at = CASE WHEN nodes.incarnation = excluded.incarnation
+                      THEN nodes.started_at ELSE excluded.started_at END,
+    heartbeat_at = excluded.heartbeat_at
+RETURNING now() AS store_now;
+
+-- name: list_live_nodes
+-- Nodes whose heartbeat is younger than the lease TTL, by store time.
+SELECT node_id, incarnation
+FROM nodes
+WHERE heartbeat_at > now() - %(ttl_s)s * interval '1 second'
+ORDER BY node_id;
+
+-- name: delete_heartbeat
+-- Graceful leave: only this incarnation's row (a successor may own the id).
+DELETE FROM nodes WHERE node_id = %(node_id)s AND incarnation = %(incarnation)s;
+
+-- name: prune_nodes
+-- Rows of nodes dead for longer than prune_after_s.
+DELETE FROM nodes WHERE heartbeat_at < now() - %(prune_after_s)s * interval '1 second';
+
+-- ---------------------------------------------------------------- leases
+
+-- name: claim_partitions
+-- Claim up to %(limit)s free or expired partitions and bump their epoch in
+-- the same statement. The outer WHERE re-checks "free or expired" after the
+-- row lock, so of concurrent claimers exactly one wins each row; SKIP LOCKED
+-- only spreads claimers over different rows. The order is a per-node
+-- pseudo-random permutation, so racing claimers rarely collide.
+UPDATE partitions
+SET owner_node = %(node_id)s,
+    owner_epoch = owner_epoch + 1,
+    lease_expires_at = now() + %(ttl_s)s * interval '1 second',
+    acquired_at = now(),
+    renewed_at = now()
+WHERE partition_id IN (
+        SELECT partition_id
+        FROM partitions
+        WHERE owner_node IS NULL OR lease_expires_at <= now()
+        ORDER BY md5(%(node_id)s || partition_id::text)
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED)
+  AND (owner_node IS NULL OR lease_expires_at <= now())
+RETURNING partition_id, owner_epoch;
+
+-- name: claim_partitions_at_epoch
+-- Coordinators with an external epoch source (etcd: the claim's revision).
+-- Writes owner_epoch = %(epoch)s only where it is below it, so an owner that
+-- paused before writing cannot overwrite a newer one. Returns the partitions
+-- taken; a partition missing from the result has a stored epoch >= %(epoch)s.
+UPDATE partitions
+SET owner_node = %(node_id)s,
+    owner_epoch = %(epoch)s,
+    lease_expires_at = now() + %(ttl_s)s * interval '1 second',
+    acquired_at = now(),
+    renewed_at = now()
+WHERE partition_id = ANY(%(partition_ids)b::int4[])
+  AND owner_epoch < %(epoch)s
+RETURNING partition_id, owner_epoch;
+
+-- name: renew_leases
+-- Renew all of one node's leases in one statement, keyed on (node, epoch):
+-- a partition whose epoch moved on (taken over) is simply not returned.
+UPDATE partitions AS p
+SET lease_expires_at = now() + %(ttl_s)s * interval '1 second',
+    renewed_at = now()
+FROM unnest(%(partition_ids)b::int4[], %(epochs)b::int8[]) AS l (pid, epoch)
+WHERE p.partition_id = l.pid
+  AND p.owner_epoch = l.epoch
+  AND p.owner_node = %(node_id)s
+RETURNING p.partition_id, p.owner_epoch;
+
+-- name: release_leases
+-- Hand partitions back (graceful stop, or over the fair share). The epoch
+-- stays; the next claimer bumps it.
+UPDATE partitions AS p
+SET owner_node = NULL,
+    lease_expires_at = NULL
+FROM unnest(%(partition_ids)b::int4[], %(epochs)b::int8[]) AS l (pid, epoch)
+WHERE p.partition_id = l.pid
+  AND p.owner_epoch = l.epoch
+  AND p.owner_node = %(node_id)s
+RETURNING p.partition_id;
+
+-- name: partition_status
+-- Every partition with its owner, epoch and lease age/remaining (seconds).
+SELECT p.partition_id, p.owner_node, p.owner_epoch,
+       extract(epoch FROM (p.lease_expires_at - now()))::float8 AS lease_left_s,
+       extract(epoch FROM (now() - p.renewed_at))::float8 AS lease_age_s,
+       (n.node_id IS NOT NULL) AS owner_live
+FROM partitions AS p
+LEFT JOIN nodes AS n
+       ON n.node_id = p.owner_node
+      AND n.heartbeat_at > now() - %(ttl_s)s * interval '1 second'
+ORDER BY p.partition_id;
+
+-- name: node_status
+-- Every node row with its heartbeat age (seconds).
+SELECT node_id, incarnation, host, pid, started_at,
+       extract(epoch FROM (now() - heartbeat_at))::float8 AS heartbeat_age_s
+FROM nodes
+ORDER BY node_id;
+
+-- ---------------------------------------------------------------- firing
+
+-- name: select_due_jobs
+-- Due timers across all of the node's firable partitions in one query,
+-- oldest due first, with the store's clock. Reads only: the fence is in
+-- fire_runs.
+SELECT j.partition_id, j.job_id, j.tenant, j.kind, j.cron_expr, j.cron_dialect,
+       j.tz, j.interval_s, j.anchor_at, j.fire_at, j.misfire,
+       j.catchup_window_s, j.misfire_grace_s, j.jitter_s,
+       j.next_nominal_at, j.next_due_at, j.revision,
+       now() AS store_now
+FROM jobs AS j
+WHERE j.partition_id = ANY(%(partition_ids)b::int4[])
+  AND j.next_due_at <= now()
+ORDER BY j.next_due_at
+LIMIT %(limit)s;
+
+-- name: store_now
+SELECT now() AS store_now;
+
+-- name: fire_runs
+-- The fenced firing statement (DESIGN.md §4). One statement, so atomic even
+-- in autocommit:
+--   fence    locks the partition rows FOR SHARE where owner and epoch are
+--            still ours: a concurrent takeover (which UPDATEs owner_epoch)
+--            waits for this statement's commit, or has already committed and
+--            the re-checked row no longer matches. Evaluated once.
+--   advanced moves each job to its next slot, only in fenced partitions and
+--            only if nobody edited it since it was read (revision);
+--   skipped  records misfire decisions of advanced jobs;
+--   inserted writes one run per (job, nominal time) of advanced jobs; the
+--            primary key makes a duplicate impossible.
+-- Returns the fenced partitions and the counts.
+WITH fence AS (
+    SELECT p.partition_id
+    FROM partitions AS p
+    JOIN unnest(%(fence_pids)b::int4[], %(fence_epochs)b::int8[]) AS f (pid, epoch)
+      ON p.partition_id = f.pid AND p.owner_epoch = f.epoch
+    WHERE p.owner_node = %(node_id)s
+    FOR SHARE OF p
+), advanced AS (
+    UPDATE jobs AS j
+    SET next_nominal_at = a.next_nominal, next_due_at = a.next_due
+    FROM unnest(%(a_pids)b::int4[], %(a_jids)b::uuid[], %(a_revs)b::int8[],
+                %(a_next_nominal)b::timestamptz[], %(a_next_due)b::timestamptz[])
+         AS a (pid, jid, rev, next_nominal, next_due)
+    WHERE j.partition_id = a.pid
+      AND j.job_id = a.jid
+      AND j.revision = a.rev
+      AND a.pid IN (SELECT partition_id FROM fence)
+    RETURNING j.partition_id, j.job_id
+), skipped AS (
+    INSERT INTO skips (partition_id, job_id, first_nominal, until_nominal, slots,
+                       reason, recorded_at, node_id, epoch)
+    SELECT s.pid, s.jid, s.first_nominal, s.until_nominal, s.slots, s.reason,
+           statement_timestamp(), %(node_id)s, s.epoch
+    FROM unnest(%(s_pids)b::int4[], %(s_jids)b::uuid[], %(s_first)b::timestamptz[],
+                %(s_until)b::timestamptz[], %(s_slots)b::int8[], %(s_reasons)b::text[],
+                %(s_epochs)b::int8[])
+         AS s (pid, jid, first_nominal, until_nominal, slots, reason, epoch)
+    JOIN advanced AS ad ON ad.partition_id = s.pid AND ad.job_id = s.jid
+    ON CONFLICT (partition_id, job_id, first_nominal) DO NOTHING
+    RETURNING 1
+), inserted AS (
+    INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
+                      fired_at, node_id, epoch)
+    SELECT r.pid, r.jid, r.nominal, r.tenant, r.scheduled,
+           statement_timestamp(), %(node_id)s, r.epoch
+    FROM unnest(%(r_pids)b::int4[], %(r_jids)b::uuid[], %(r_nominal)b::timestamptz[],
+                %(r_tenants)b::text[], %(r_scheduled)b::timestamptz[], %(r_epochs)b::int8[])
+         AS r (pid, jid, nominal, tenant, scheduled, epoch)
+    JOIN advanced AS ad ON ad.partition_id = r.pid AND ad.job_id = r.jid
+    ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
+    RETURNING extract(epoch FROM (fired_at - scheduled_at))::float8 AS lag_s
+)
+SELECT (SELECT coalesce(array_agg(partition_id), '{}') FROM fence) AS fenced,
+       (SELECT count(*) FROM advanced) AS advanced,
+       (SELECT count(*) FROM skipped) AS skipped,
+       (SELECT count(*) FROM inserted) AS inserted,
+       (SELECT coalesce(array_agg(lag_s), '{}') FROM inserted) AS lags_s;
+
+-- ---------------------------------------------------------------- tenants
+
+-- name: ensure_tenant
+INSERT INTO tenants (tenant) VALUES (%(tenant)s)
+ON CONFLICT (tenant) DO NOTHING;
+
+-- name: ensure_tenants
+INSERT INTO tenants (tenant) SELECT t FROM unnest(%(tenants)s::text[]) AS t
+ON CONFLICT (tenant) DO NOTHING;
+
+-- name: insert_tenant
+INSERT INTO tenants (tenant, weight, max_rate)
+VALUES (%(tenant)s, %(weight)s, %(max_rate)s)
+ON CONFLICT (tenant) DO NOTHING
+RETURNING tenant;
+
+-- name: update_tenant
+UPDATE tenants
+SET weight = coalesce(%(weight)s, weight),
+    max_rate = CASE WHEN %(clear_max_rate)s THEN NULL ELSE coalesce(%(max_rate)s, max_rate) END
+WHERE tenant = %(tenant)s
+RETURNING tenant, weight, max_rate;
+
+-- name: list_tenants
+SELECT t.tenant, t.weight, t.max_rate, t.created_at,
+       (SELECT count(*) FROM jobs AS j WHERE j.tenant = t.tenant AND j.deleted_at IS NULL) AS jobs
+FROM tenants AS t
+ORDER BY t.tenant;
+
+-- name: tenant_weights
+SELECT tenant, weight, max_rate FROM tenants;
+
+-- ---------------------------------------------------------------- jobs
+
+-- name: insert_job
+INSERT INTO jobs (partition_id, job_id, tenant, name, kind, cron_expr, cron_dialect, tz,
+                  interval_s, anchor_at, fire_at, misfire, catchup_window_s,
+                  misfire_grace_s, jitter_s, next_nominal_at, next_due_at,
+                  created_at, changed_at)
+VALUES (%(partition_id)s, %(job_id)s, %(tenant)s, %(name)s, %(kind)s, %(cron_expr)s,
+        %(cron_dialect)s, %(tz)s, %(interval_s)s, %(anchor_at)s, %(fire_at)s, %(misfire)s,
+        %(catchup_window_s)s, %(misfire_grace_s)s, %(jitter_s)s, %(next_nominal_at)s,
+        %(next_due_at)s, %(created_at)s, %(created_at)s);
+
+-- name: find_job_by_name
+SELECT * FROM jobs
+WHERE tenant = %(tenant)s AND name = %(name)s AND deleted_at IS NULL
+FOR UPDATE;
+
+-- name: replace_job_spec
+-- Edit a job in place (jobs add --replace): new spec, next slot recomputed,
+-- revision bumped so an in-flight firing of the old spec does not advance it.
+UPDATE jobs
+SET kind = %(kind)s, cron_expr = %(cron_expr)s, cron_dialect = %(cron_dialect)s, tz = %(tz)s,
+    interval_s = %(interval_s)s, anchor_at = %(anchor_at)s, fire_at = %(fire_at)s,
+    misfire = %(misfire)s, catchup_window_s = %(catchup_window_s)s,
+    misfire_grace_s = %(misfire_grace_s)s, jitter_s = %(jitter_s)s,
+    next_nominal_at = CASE WHEN paused THEN NULL ELSE %(next_nominal_at)s::timestamptz END,
+    next_due_at = CASE WHEN paused THEN NULL ELSE %(next_due_at)s::timestamptz END,
+    revision = revision + 1, changed_at = %(changed_at)s
+WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s AND deleted_at IS NULL;
+
+-- name: get_job
+SELECT * FROM jobs WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;
+
+-- name: list_jobs
+SELECT * FROM jobs
+WHERE deleted_at IS NULL
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+ORDER BY tenant, created_at, job_id
+LIMIT %(limit)s;
+
+-- name: set_job_paused
+-- Pause (next slot cleared) or resume (next slot recomputed from now by the
+-- caller). Slots that pass while paused are not misfires: they never run.
+UPDATE jobs
+SET paused = %(paused)s,
+    next_nominal_at = %(next_nominal_at)s,
+    next_due_at = %(next_due_at)s,
+    revision = revision + 1,
+    changed_at = %(changed_at)s
+WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s AND deleted_at IS NULL
+RETURNING job_id;
+
+-- name: delete_job
+-- Soft delete: the row stays (so audits can tell why runs stopped) until pruned.
+UPDATE jobs
+SET deleted_at = %(changed_at)s, changed_at = %(changed_at)s,
+    next_nominal_at = NULL, next_due_at = NULL, revision = revision + 1
+WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s AND deleted_at IS NULL
+RETURNING job_id;
+
+-- name: list_runs
+SELECT r.partition_id, r.job_id, r.nominal_time, r.tenant, r.scheduled_at, r.fired_at,
+       r.node_id, r.epoch,
+       extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s
+FROM runs AS r
+WHERE (%(job_id)s::uuid IS NULL OR (r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s::uuid))
+  AND (%(since)s::timestamptz IS NULL OR r.nominal_time >= %(since)s::timestamptz)
+ORDER BY r.nominal_time DESC, r.job_id
+LIMIT %(limit)s;
+
+-- ---------------------------------------------------------------- audit
+
+-- name: audit_jobs
+-- Jobs that may have runs with nominal time in [since, until). "excluded":
+-- changed (paused, resumed, edited, deleted) inside the window, or edited
+-- after it (their current spec may not be the one that fired); a deletion
+-- after the window keeps the spec and does not exclude. "counted_from": the
+-- instant after which the current spec's slots count.
+SELECT partition_id, job_id, kind, cron_expr, cron_dialect, tz, interval_s, anchor_at,
+       fire_at, jitter_s, paused AND changed_at < %(since)s AS paused_before,
+       CASE WHEN changed_at < %(until)s THEN changed_at ELSE created_at END AS counted_from,
+       (changed_at > created_at AND changed_at >= %(since)s
+        AND NOT (deleted_at IS NOT NULL AND deleted_at = changed_at AND deleted_at >= %(until)s))
+         AS excluded
+FROM jobs
+WHERE created_at < %(until)s
+  AND (deleted_at IS NULL OR deleted_at >= %(since)s);
+
+-- name: create_audit_tables
+CREATE TEMPORARY TABLE audit_jobs_tmp (
+    partition_id INTEGER NOT NULL,
+    job_id UUID NOT NULL,
+    PRIMARY KEY (partition_id, job_id)
+) ON COMMIT DROP;
+CREATE TEMPORARY TABLE audit_expected_tmp (
+    partition_id INTEGER NOT NULL,
+    job_id UUID NOT NULL,
+    nominal_time TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (partition_id, job_id, nominal_time)
+) ON COMMIT DROP;
+
+-- name: analyze_audit_tables
+ANALYZE audit_jobs_tmp;
+ANALYZE audit_expected_tmp;
+
+-- name: compare_audit
+-- Set-based comparison of expected slots with runs (see scheduler/audit.py).
+WITH audited_runs AS (
+    SELECT r.partition_id, r.job_id, r.nominal_time,
+           extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s
+    FROM runs AS r
+    JOIN audit_jobs_tmp AS j ON j.partition_id = r.partition_id AND j.job_id = r.job_id
+    WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s
+), unfired AS (
+    SELECT e.partition_id, e.job_id, e.nominal_time,
+           EXISTS (SELECT 1 FROM skips AS s
+                   WHERE s.partition_id = e.partition_id AND s.job_id = e.job_id
+                     AND e.nominal_time >= s.first_nominal AND e.nominal_time < s.until_nominal)
+             AS skipped
+    FROM audit_expected_tmp AS e
+    WHERE NOT EXISTS (SELECT 1 FROM runs AS r
+                      WHERE r.partition_id = e.partition_id AND r.job_id = e.job_id
+                        AND r.nominal_time = e.nominal_time)
+)
+SELECT (SELECT count(*) FROM audit_expected_tmp) AS expected,
+       (SELECT count(*) FROM audited_runs) AS runs,
+       (SELECT count(*) FROM unfired WHERE NOT skipped) AS missing,
+       (SELECT count(*) FROM unfired WHERE skipped) AS skipped,
+       (SELECT count(*) FROM (SELECT 1 FROM audited_runs
+                              GROUP BY partition_id, job_id, nominal_time
+                              HAVING count(*) > 1) AS d) AS duplicates,
+       (SELECT count(*) FROM audited_runs AS a
+        WHERE NOT EXISTS (SELECT 1 FROM audit_expected_tmp AS e
+                          WHERE e.partition_id = a.partition_id AND e.job_id = a.job_id
+                            AND e.nominal_time = a.nominal_time)) AS unexpected,
+       (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lateness_s) FROM audited_runs) AS lateness_p50_s,
+       (SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY lateness_s) FROM audited_runs) AS lateness_p99_s,
+       (SELECT max(lateness_s) FROM audited_runs) AS lateness_max_s;
+
+-- name: recent_lag
+-- Runs fired in the last %(window_s)s seconds and their lateness p99 (live views).
+SELECT count(*) AS runs,
+       percentile_cont(0.99) WITHIN GROUP (
+           ORDER BY extract(epoch FROM (fired_at - scheduled_at))::float8) AS p99_s
+FROM runs
+WHERE fired_at > now() - %(window_s)s * interval '1 second';

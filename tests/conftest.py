@@ -1,0 +1,29 @@
+"""Suite-wide pytest set-up.
+
+Run the suite with ``scripts/test [pytest args]``: it starts a throwaway
+PostgreSQL cluster, migrates the template database once and exports the
+``SCHEDULER_TEST_PG_*`` variables the fixtures read. The PostgreSQL fixtures
+(``pg_server``, ``pg_dsn``, ``conn``, ``pg_dsn_factory``, ``empty_pg_dsn``)
+live in ``tests/fixtures.py``; see its docstring. A test that requests one
+without the cluster FAILS with a message naming ``scripts/test`` (nothing is
+skipped silently); tests that request none (``tests/unit``) need no database.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Import the fixtures module by path whatever pytest's import mode is.
+_TESTS_DIR = str(Path(__file__).resolve().parent)
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
+
+from fixtures import (  # noqa: E402,F401  (re-exported: pytest finds fixtures here)
+    PgServer,
+    conn,
+    empty_pg_dsn,
+    pg_dsn,
+    pg_dsn_factory,
+    pg_server,
+)

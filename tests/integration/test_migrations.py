@@ -1,0 +1,244 @@
+"""Schema migrations (alembic/versions/0001..): apply, round-trip, re-run.
+
+Driven through alembic's Python API with the repo's ``alembic.ini`` and the
+URL from :func:`scheduler.store.sqlalchemy_url`, like ``scheduler db upgrade``.
+Schemas are compared as catalog snapshots (columns, constraints, indexes,
+partition row count), so "equals head" means "same DDL as the template that
+``scripts/test`` migrated".
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import psycopg
+import pytest
+from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+
+from scheduler.store import connect, sqlalchemy_url
+
+REPO = Path(__file__).resolve().parents[2]
+VERSIONS = REPO / "alembic" / "versions"
+PARTITIONS = 1024
+TABLES = {"partitions", "nodes", "tenants", "jobs", "runs", "skips"}
+PARTITIONED_TABLES = ("jobs", "runs", "skips")
+
+
+def alembic_config(dsn: str) -> Config:
+    cfg = Config(str(REPO / "alembic.ini"))
+    # ConfigParser interpolates '%': escape it (URL-encoded passwords).
+    cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(dsn).replace("%", "%%"))
+    return cfg
+
+
+def revisions() -> list[str]:
+    """Revision ids, base first."""
+    script = ScriptDirectory.from_config(alembic_config("postgresql://unused@localhost/unused"))
+    return [rev.revision for rev in reversed(list(script.walk_revisions()))]
+
+
+def current_versions(dsn: str) -> list[str]:
+    with connect(dsn) as conn:
+        exists = conn.execute("SELECT to_regclass('public.alembic_version') IS NOT NULL AS e").fetchone()["e"]
+        if not exists:
+            return []
+        return [r["version_num"] for r in conn.execute("SELECT version_num FROM alembic_version")]
+
+
+def snapshot(dsn: str) -> dict[str, list]:
+    """Catalog snapshot of schema ``public`` (alembic_version excluded) + partition rows."""
+    with connect(dsn) as conn:
+        tables = conn.execute(
+            """
+            SELECT c.relname, c.relkind, c.relpersistence
+            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
+              AND c.relname <> 'alembic_version'
+            ORDER BY 1
+            """
+        ).fetchall()
+        columns = conn.execute(
+            """
+            SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod) AS type,
+                   a.attnotnull, pg_get_expr(d.adbin, d.adrelid) AS default
+            FROM pg_attribute a
+            JOIN pg_class c ON c.oid = a.attrelid
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+            WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND a.attnum > 0
+              AND NOT a.attisdropped AND c.relname <> 'alembic_version'
+            ORDER BY 1, 2
+            """
+        ).fetchall()
+        constraints = conn.execute(
+            """
+            SELECT c.relname, k.conname, k.contype, pg_get_constraintdef(k.oid) AS def
+            FROM pg_constraint k
+            JOIN pg_class c ON c.oid = k.conrelid
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = 'public' AND c.relname <> 'alembic_version'
+            ORDER BY 1, 2
+            """
+        ).fetchall()
+        indexes = conn.execute(
+            """
+            SELECT tablename, indexname, indexdef FROM pg_indexes
+            WHERE schemaname = 'public' AND tablename <> 'alembic_version'
+            ORDER BY 1, 2
+            """
+        ).fetchall()
+        partition_rows = []
+        if any(t["relname"] == "partitions" for t in tables):
+            partition_rows = conn.execute(
+                "SELECT count(*) AS n, count(DISTINCT partition_id) AS distinct_ids, "
+                "min(partition_id) AS lo, max(partition_id) AS hi FROM partitions"
+            ).fetchall()
+    return {
+        "tables": tables,
+        "columns": columns,
+        "constraints": constraints,
+        "indexes": indexes,
+        "partition_rows": partition_rows,
+    }
+
+
+def primary_key_columns(conn: psycopg.Connection, table: str) -> list[str]:
+    rows = conn.execute(
+        """
+        SELECT a.attname
+        FROM pg_index i
+        CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, pos)
+        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+        WHERE i.indrelid = %s::regclass AND i.indisprimary
+        ORDER BY k.pos
+        """,
+        (table,),
+    ).fetchall()
+    return [r["attname"] for r in rows]
+
+
+# --- the revision files ---------------------------------------------------------
+
+
+def test_revisions_form_one_linear_chain() -> None:
+    script = ScriptDirectory.from_config(alembic_config("postgresql://unused@localhost/unused"))
+    assert len(script.get_heads()) == 1, f"several heads: {script.get_heads()}"
+    revs = revisions()
+    assert len(revs) >= 9
+    assert revs[:9] == [f"{i:04d}" for i in range(1, 10)]
+    files = sorted(p.name for p in VERSIONS.glob("[0-9]*.py"))
+    assert [name[:4] for name in files] == revs, "each revision NNNN lives in versions/NNNN_*.py"
+
+
+_CREATE = re.compile(
+    r"\bCREATE\s+(?:UNIQUE\s+)?(TABLE|INDEX|SEQUENCE|SCHEMA|EXTENSION|VIEW)\s+(?:CONCURRENTLY\s+)?(?!IF\s+NOT\s+EXISTS)",
+    re.IGNORECASE,
+)
+_ADD_COLUMN = re.compile(r"\bADD\s+COLUMN\s+(?!IF\s+NOT\s+EXISTS)", re.IGNORECASE)
+_DROP = re.compile(r"\bDROP\s+(TABLE|INDEX|SEQUENCE|SCHEMA|EXTENSION|VIEW|COLUMN)\s+(?:CONCURRENTLY\s+)?(?!IF\s+EXISTS)",
+                   re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", sorted(VERSIONS.glob("[0-9]*.py")), ids=lambda p: p.name)
+def test_revision_ddl_is_guarded(path: Path) -> None:
+    """Every CREATE says IF NOT EXISTS and every DROP says IF EXISTS (re-runnable DDL)."""
+    source = path.read_text()
+    body = source.split('"""', 2)[-1]  # skip the module docstring
+    problems = [m.group(0).strip() for rx in (_CREATE, _ADD_COLUMN, _DROP) for m in rx.finditer(body)]
+    for call in re.findall(r"op\.(?:create|drop)_\w+\([^)]*\)", body, re.DOTALL):
+        guard = "if_not_exists=True" if ".create_" in call else "if_exists=True"
+        if guard not in call:
+            problems.append(call)
+    assert not problems, f"{path.name}: unguarded DDL: {problems}"
+
+
+# --- applying them ------------------------------------------------------------------
+
+
+def test_upgrade_from_empty_applies_every_revision_and_equals_head(empty_pg_dsn: str, pg_dsn: str) -> None:
+    cfg = alembic_config(empty_pg_dsn)
+    assert current_versions(empty_pg_dsn) == []
+    for rev in revisions():
+        command.upgrade(cfg, rev)
+        assert current_versions(empty_pg_dsn) == [rev]
+
+    with connect(empty_pg_dsn) as conn:
+        tables = {
+            r["tablename"] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        }
+        assert TABLES <= tables
+        stats = conn.execute(
+            "SELECT count(*) AS n, count(DISTINCT partition_id) AS ids, min(partition_id) AS lo,"
+            " max(partition_id) AS hi, count(*) FILTER (WHERE owner_epoch = 0 AND owner_node IS NULL"
+            " AND lease_expires_at IS NULL) AS fresh FROM partitions"
+        ).fetchone()
+        assert stats == {"n": PARTITIONS, "ids": PARTITIONS, "lo": 0, "hi": PARTITIONS - 1, "fresh": PARTITIONS}
+        for table in PARTITIONED_TABLES:
+            pk = primary_key_columns(conn, table)
+            assert pk and pk[0] == "partition_id", f"{table} primary key {pk} must start with partition_id"
+
+    # The step-by-step upgrade gives exactly the schema scripts/test's template got.
+    assert snapshot(empty_pg_dsn) == snapshot(pg_dsn)
+
+
+def test_template_is_at_head(pg_dsn: str) -> None:
+    assert current_versions(pg_dsn) == [revisions()[-1]]
+
+
+def test_downgrade_to_base_then_upgrade_round_trips(pg_dsn: str) -> None:
+    cfg = alembic_config(pg_dsn)
+    head = snapshot(pg_dsn)
+    command.downgrade(cfg, "base")
+    assert current_versions(pg_dsn) == []
+    base = snapshot(pg_dsn)
+    assert base["tables"] == [] and base["indexes"] == [], f"left behind at base: {base}"
+    command.upgrade(cfg, "head")
+    assert snapshot(pg_dsn) == head
+    assert current_versions(pg_dsn) == [revisions()[-1]]
+
+
+def test_each_revision_downgrades_and_reapplies(empty_pg_dsn: str) -> None:
+    """Stairway: for every revision, up → down one → up again gives the same schema."""
+    cfg = alembic_config(empty_pg_dsn)
+    previous = snapshot(empty_pg_dsn)
+    for rev in revisions():
+        command.upgrade(cfg, rev)
+        after = snapshot(empty_pg_dsn)
+        command.downgrade(cfg, "-1")
+        assert snapshot(empty_pg_dsn) == previous, f"downgrade of {rev} did not restore the previous schema"
+        command.upgrade(cfg, rev)
+        assert snapshot(empty_pg_dsn) == after, f"re-applying {rev} gave a different schema"
+        previous = after
+
+
+def test_upgrade_head_twice_is_a_noop(pg_dsn: str) -> None:
+    cfg = alembic_config(pg_dsn)
+    before = snapshot(pg_dsn)
+    command.upgrade(cfg, "head")
+    command.upgrade(cfg, "head")
+    assert snapshot(pg_dsn) == before
+    assert current_versions(pg_dsn) == [revisions()[-1]]
+
+
+def test_every_revision_reruns_over_an_existing_schema(pg_dsn: str) -> None:
+    """Forget the version (stamp base) and re-run every upgrade over the live schema.
+
+    Each revision's DDL must be IF NOT EXISTS and its data steps idempotent:
+    nothing fails, nothing changes, and existing partition leases are kept.
+    """
+    cfg = alembic_config(pg_dsn)
+    with connect(pg_dsn) as conn:
+        conn.execute("UPDATE partitions SET owner_node = 'n1', owner_epoch = 7 WHERE partition_id = 3")
+    before = snapshot(pg_dsn)
+    command.stamp(cfg, "base")
+    assert current_versions(pg_dsn) == []
+    command.upgrade(cfg, "head")
+    assert snapshot(pg_dsn) == before
+    assert current_versions(pg_dsn) == [revisions()[-1]]
+    with connect(pg_dsn) as conn:
+        row = conn.execute("SELECT owner_node, owner_epoch FROM partitions WHERE partition_id = 3").fetchone()
+    assert row == {"owner_node": "n1", "owner_epoch": 7}
+
