@@ -196,13 +196,21 @@ def plan_job(
         at = sched(slot)
         if at > now:
             break
+        following = schedule.next_after(slot)
         if misfire == "skip" and now - at > grace:
             # Only reachable through jitter (the jump above used grace + jitter).
+            if fires:
+                # A plan records one contiguous skip range, and it must not
+                # cover a fired slot: stop here; this slot is still overdue
+                # and is skipped by the next tick's plan.
+                break
+            until = following if following is not None else slot + _EPSILON
             if skip is None:
-                skip = SkipRange(slot, slot, 0, reason)
-            skip = dataclasses.replace(skip, until=slot + _EPSILON,
-                                       slots=None if skip.slots is None else skip.slots + 1)
+                skip = SkipRange(slot, until, 1, reason)
+            else:
+                skip = dataclasses.replace(skip, until=until,
+                                           slots=None if skip.slots is None else skip.slots + 1)
         else:
             fires.append((slot, at))
-        slot = schedule.next_after(slot)
+        slot = following
     return done(fires, skip, slot)
