@@ -4,9 +4,12 @@ A tick
 ------
 1. Take the partitions this node may fire now (:meth:`LeaseTable.firable`:
    held, not draining, not within the safety margin of the lease deadline).
-2. Read due timers across all of them in one query (``select_due_jobs``),
-   oldest due first, up to the tick's budget (pacing, DESIGN.md §5), with
-   the store's ``now``.
+2. Split the tick's budget (pacing: ``max_rate_per_s × tick_interval_s``)
+   between tenants with :class:`scheduler.fairness.DeficitRoundRobin`
+   (weights and rate caps are rows of ``tenants``), and read due timers of
+   all firable partitions in one query (``select_due_jobs``): per tenant,
+   oldest due first, up to its quota; budget left by tenants with little due
+   work goes to the others in a second pass.
 3. Plan each job in Python (:func:`scheduler.planner.plan_job`): runs to
    fire, slots to skip under its misfire policy, its next slot. Next-fire
    computations are memoized per (schedule, instant).
@@ -32,6 +35,7 @@ import dataclasses
 import logging
 import threading
 import uuid
+from collections import Counter
 from datetime import datetime
 
 import psycopg
@@ -39,6 +43,7 @@ import psycopg
 from scheduler import log, store
 from scheduler.clock import Clock
 from scheduler.errors import SchedulerError, ValidationError
+from scheduler.fairness import DeficitRoundRobin, TokenBucket, node_share_of_cap
 from scheduler.lease import LeaseTable
 from scheduler.metrics import Metrics
 from scheduler.planner import plan_job
@@ -117,6 +122,8 @@ class Firer:
         self._clock = clock
         self._metrics = metrics
         self._schedules = ScheduleCache()
+        self._drr = DeficitRoundRobin()
+        self._buckets: dict[str, TokenBucket] = {}
         self._conn: psycopg.Connection | None = None
         self._wake = threading.Event()
 
@@ -173,26 +180,83 @@ class Firer:
     def _tick(self, firable: dict[int, int], result: TickResult) -> None:
         conn = self._connection()
         budget = self._s.tick_budget
-        rows = store.execute(conn, "select_due_jobs",
-                             {"partition_ids": list(firable), "limit": budget})
+        tenants = {row["tenant"]: row for row in store.execute(conn, "tenant_weights")}
+        weights = {tenant: row["weight"] for tenant, row in tenants.items()}
+        limits = self._cap_limits(tenants, len(self._table))
+        quotas = self._drr.quotas(budget, weights, limits)
+        rows = self._fetch(conn, firable, quotas, {})
+        fetched = Counter(row["tenant"] for row in rows)
+        granted = dict(quotas)
+        saturated = {t: weights[t] for t, q in quotas.items() if q > 0 and fetched[t] >= q}
+        leftover = budget - len(rows)
+        if leftover > 0 and saturated:
+            left_limits = None if limits is None else {
+                t: limits[t] - quotas[t] for t in saturated if t in limits}
+            extra = DeficitRoundRobin.redistribute(leftover, saturated, left_limits)
+            last = {}
+            for row in rows:  # rows come per tenant in (next_due_at, job_id) order
+                last[row["tenant"]] = (row["next_due_at"], row["job_id"])
+            more = self._fetch(conn, firable, extra, last)
+            rows.extend(more)
+            for tenant, quota in extra.items():
+                granted[tenant] += quota
+            fetched.update(row["tenant"] for row in more)
         result.due_read = len(rows)
         if not rows:
+            self._drr.charge({}, quotas)
             self._metrics.due_backlog.set(0)
             return
         now: datetime = rows[0]["store_now"]
-        batches = self._plan(rows, now, firable, budget, result)
+        batches, used = self._plan(rows, now, firable, granted, result)
+        self._drr.charge(used, quotas)
+        for tenant, bucket in self._buckets.items():
+            bucket.tokens -= used.get(tenant, 0)
+        result.budget_exhausted = any(fetched[t] >= q > 0 for t, q in granted.items()) or result.budget_exhausted
         for batch in batches:
             self._commit(conn, batch, firable, result)
-        self._metrics.due_backlog.set(len(rows) if result.budget_exhausted else 0)
+        self._metrics.due_backlog.set(sum(granted.values()) if result.budget_exhausted else 0)
 
-    def _plan(self, rows: list[dict], now: datetime, firable: dict[int, int], budget: int,
-              result: TickResult) -> list[_Batch]:
+    def _cap_limits(self, tenants: dict[str, dict], owned: int) -> dict[str, int] | None:
+        """This tick's run limits of rate-capped tenants (token buckets; see fairness.py)."""
+        now_s = self._clock.monotonic()
+        limits: dict[str, int] = {}
+        for tenant, row in tenants.items():
+            if row["max_rate"] is None:
+                self._buckets.pop(tenant, None)
+                continue
+            rate = node_share_of_cap(row["max_rate"], owned)
+            burst = max(1.0, rate * self._s.tick_interval_s)
+            bucket = self._buckets.get(tenant)
+            if bucket is None or bucket.rate_per_s != rate:
+                bucket = self._buckets[tenant] = TokenBucket(rate, burst, burst if bucket is None
+                                                             else min(burst, bucket.tokens), now_s)
+            limits[tenant] = int(bucket.refill(now_s))
+        return limits or None
+
+    def _fetch(self, conn: psycopg.Connection, firable: dict[int, int], quotas: dict[str, int],
+               after: dict[str, tuple]) -> list[dict]:
+        tenants = [tenant for tenant, quota in quotas.items() if quota > 0]
+        if not tenants:
+            return []
+        return store.execute(conn, "select_due_jobs", {
+            "tenants": tenants,
+            "quotas": [quotas[t] for t in tenants],
+            "after_due": [after.get(t, (None, None))[0] for t in tenants],
+            "after_job": [after.get(t, (None, None))[1] for t in tenants],
+            "partition_ids": list(firable),
+        })
+
+    def _plan(self, rows: list[dict], now: datetime, firable: dict[int, int], granted: dict[str, int],
+              result: TickResult) -> tuple[list[_Batch], Counter]:
+        """Plan every fetched job within its tenant's granted runs; return batches and runs per tenant."""
         batches = [_Batch()]
-        remaining = budget
+        used: Counter = Counter()
         for row in rows:
+            tenant = row["tenant"]
+            remaining = granted.get(tenant, 0) - used[tenant]
             if remaining <= 0:
                 result.budget_exhausted = True
-                break
+                continue
             try:
                 schedule = self._schedules.for_row(row)
             except ValidationError as exc:  # a row that no longer parses (e.g. tzdata change)
@@ -217,10 +281,10 @@ class Firer:
                 batch.r_pids.append(pid)
                 batch.r_jids.append(jid)
                 batch.r_nominal.append(nominal)
-                batch.r_tenants.append(row["tenant"])
+                batch.r_tenants.append(tenant)
                 batch.r_scheduled.append(scheduled)
                 batch.r_epochs.append(epoch)
-            remaining -= len(plan.fires)
+            used[tenant] += len(plan.fires)
             if plan.skip is not None:
                 batch.s_pids.append(pid)
                 batch.s_jids.append(jid)
@@ -229,9 +293,9 @@ class Firer:
                 batch.s_slots.append(plan.skip.slots)
                 batch.s_reasons.append(plan.skip.reason)
                 batch.s_epochs.append(epoch)
-            if plan.next_due is not None and plan.next_due <= now and remaining <= 0:
+            if plan.next_due is not None and plan.next_due <= now and used[tenant] >= granted[tenant]:
                 result.budget_exhausted = True
-        return [b for b in batches if b.a_pids]
+        return [b for b in batches if b.a_pids], used
 
     def _commit(self, conn: psycopg.Connection, batch: _Batch, firable: dict[int, int],
                 result: TickResult) -> None:

@@ -48,8 +48,9 @@ BACKOFF_MAX_S = 0.5
 def load_queries() -> dict[str, str]:
     """Parse ``sql/queries.sql`` into ``{name: sql}``.
 
-    Each query starts with a line ``-- name: <verb_object>``; comment lines
-    right after it document the query and are kept. A trailing ``;`` is
+    Each query starts with a line ``-- name: <verb_object>``; the comment
+    lines that follow document it in the file and are dropped from the SQL
+    sent (so placeholders in prose are never bound). A trailing ``;`` is
     stripped. Raises ``ValueError`` on a duplicate name.
     """
     text = resources.files("scheduler").joinpath("sql/queries.sql").read_text()
@@ -69,7 +70,7 @@ def load_queries() -> dict[str, str]:
         if match:
             flush()
             name, lines = match.group(1), []
-        elif name is not None:
+        elif name is not None and not line.lstrip().startswith("--"):
             lines.append(line)
     flush()
     return queries

@@ -123,19 +123,28 @@ ORDER BY node_id;
 -- ---------------------------------------------------------------- firing
 
 -- name: select_due_jobs
--- Due timers across all of the node's firable partitions in one query,
--- oldest due first, with the store's clock. Reads only: the fence is in
--- fire_runs.
+-- Due timers of the node's firable partitions, per tenant, oldest due first,
+-- at most %(quotas)s[i] for tenant %(tenants)s[i] (the fairness allocator's
+-- quotas), continuing after (%(after_due)s[i], %(after_job)s[i]) when given
+-- (a second pass in the same tick). Walks jobs_tenant_due_idx; reads only:
+-- the fence is in fire_runs. Returns the store's clock.
 SELECT j.partition_id, j.job_id, j.tenant, j.kind, j.cron_expr, j.cron_dialect,
        j.tz, j.interval_s, j.anchor_at, j.fire_at, j.misfire,
        j.catchup_window_s, j.misfire_grace_s, j.jitter_s,
        j.next_nominal_at, j.next_due_at, j.revision,
        now() AS store_now
-FROM jobs AS j
-WHERE j.partition_id = ANY(%(partition_ids)b::int4[])
-  AND j.next_due_at <= now()
-ORDER BY j.next_due_at
-LIMIT %(limit)s;
+FROM unnest(%(tenants)b::text[], %(quotas)b::int8[], %(after_due)b::timestamptz[],
+            %(after_job)b::uuid[]) AS q (tenant, quota, after_due, after_job)
+CROSS JOIN LATERAL (
+    SELECT *
+    FROM jobs AS d
+    WHERE d.tenant = q.tenant
+      AND d.next_due_at <= now()
+      AND (q.after_due IS NULL OR (d.next_due_at, d.job_id) > (q.after_due, q.after_job))
+      AND d.partition_id = ANY(%(partition_ids)b::int4[])
+    ORDER BY d.next_due_at, d.job_id
+    LIMIT q.quota
+) AS j;
 
 -- name: store_now
 SELECT now() AS store_now;
