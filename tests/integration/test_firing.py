@@ -1,0 +1,509 @@
+"""One node, in process, firing against a real store (scheduler/firing.py).
+
+Each test registers jobs through the public API (``scheduler.jobs``), then
+simulates an outage by moving the jobs' next slot (and, for interval jobs,
+their anchor and creation time) into the past relative to the STORE's clock,
+so the exact nominal times that must fire are computable here. Then it calls
+``Firer.tick()`` directly (no loop, no sleep) and asserts the exact rows of
+``runs`` and ``skips``.
+
+Interval jobs are placed so that every slot is at least 10 s away from
+``now`` and from every policy boundary (window, grace, jitter), so those
+tests are exact whatever the tick's timing. Cron slots are tied to the wall
+clock; for them the store's time is read just before and just after the
+tick, and in the (rare) case that a slot boundary passed in between, both
+exact outcomes are accepted.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime, timedelta
+
+import psycopg
+import pytest
+
+from scheduler import jobs, store
+from scheduler.clock import SystemClock
+from scheduler.firing import Firer
+from scheduler.lease import LeaseTable, SqlCoordinator
+from scheduler.metrics import Metrics
+from scheduler.planner import scheduled_time
+from scheduler.schedule import CronSchedule
+from scheduler.settings import Settings
+from scheduler.spec import JobSpec
+
+S = timedelta(seconds=1)
+MINUTE = timedelta(minutes=1)
+
+
+class OneNode:
+    """A node's firing half, driven by hand: joined, holding all 1,024 leases."""
+
+    def __init__(self, dsn: str, **overrides) -> None:
+        self.settings = Settings(dsn=dsn, node_id="t1", **overrides).validated()
+        self.metrics = Metrics()
+        self.table = LeaseTable(SystemClock(), self.settings.safety_margin_s)
+        self.coord = SqlCoordinator(self.settings, self.metrics)
+        self.coord.join()
+        sent = time.monotonic()
+        grants = self.coord.claim(1024)
+        assert len(grants) == 1024
+        self.table.grant(grants, sent, self.settings.lease_ttl_s)
+        self.firer = Firer(self.settings, self.table, SystemClock(), self.metrics)
+
+    def epoch(self, partition_id: int) -> int:
+        return self.table.held()[partition_id].epoch
+
+    def close(self) -> None:
+        self.firer.close()
+        self.coord.close()
+
+
+@pytest.fixture
+def node(pg_dsn: str):
+    n = OneNode(pg_dsn)
+    yield n
+    n.close()
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def store_now(conn: psycopg.Connection) -> datetime:
+    return conn.execute("SELECT now() AS n").fetchone()["n"]
+
+
+def whole_second(instant: datetime) -> datetime:
+    return instant.replace(microsecond=0)
+
+
+def add(conn: psycopg.Connection, **spec) -> uuid.UUID:
+    spec.setdefault("tenant", "acme")
+    result = jobs.add_job(conn, JobSpec.build(**spec))
+    assert result.outcome == "created"
+    return result.job_id
+
+
+def job_row(conn: psycopg.Connection, job_id: uuid.UUID) -> dict:
+    return jobs.get_job(conn, job_id)
+
+
+def backdate(conn: psycopg.Connection, job_id: uuid.UUID, next_nominal: datetime,
+             anchor: datetime | None = None, fire_at: datetime | None = None) -> None:
+    """Move a job's next slot (and interval anchor / creation, or one-shot instant) into the past."""
+    row = job_row(conn, job_id)
+    created = min(row["created_at"], next_nominal - S, anchor or next_nominal)
+    count = conn.execute(
+        """
+        UPDATE jobs
+        SET next_nominal_at = %(nominal)s, next_due_at = %(due)s,
+            anchor_at = coalesce(%(anchor)s, anchor_at), fire_at = coalesce(%(fire_at)s, fire_at),
+            created_at = %(created)s, changed_at = %(created)s
+        WHERE job_id = %(job_id)s
+        """,
+        {"nominal": next_nominal, "due": scheduled_time(job_id, next_nominal, row["jitter_s"]),
+         "anchor": anchor, "fire_at": fire_at, "created": created, "job_id": job_id},
+    ).rowcount
+    assert count == 1
+
+
+def interval_job(conn: psycopg.Connection, interval_s: int, slots_before_now: int, margin_s: int = 30,
+                 **spec) -> tuple[uuid.UUID, datetime]:
+    """An interval job whose slots k = 1..slots_before_now are overdue, the last one
+    ``margin_s`` before the store's now; returns ``(job_id, anchor)``."""
+    job_id = add(conn, interval_s=interval_s, **spec)
+    anchor = whole_second(store_now(conn)) - timedelta(seconds=slots_before_now * interval_s + margin_s)
+    backdate(conn, job_id, anchor + timedelta(seconds=interval_s), anchor=anchor)
+    return job_id, anchor
+
+
+def runs_of(conn: psycopg.Connection, job_id: uuid.UUID) -> list[dict]:
+    return conn.execute(
+        "SELECT * FROM runs WHERE job_id = %s ORDER BY nominal_time", (job_id,)).fetchall()
+
+
+def nominals(conn: psycopg.Connection, job_id: uuid.UUID) -> list[datetime]:
+    return [row["nominal_time"] for row in runs_of(conn, job_id)]
+
+
+def skips_of(conn: psycopg.Connection, job_id: uuid.UUID) -> list[tuple]:
+    return [(r["first_nominal"], r["until_nominal"], r["slots"], r["reason"]) for r in conn.execute(
+        "SELECT * FROM skips WHERE job_id = %s ORDER BY first_nominal", (job_id,)).fetchall()]
+
+
+def count(conn: psycopg.Connection, table: str) -> int:
+    return conn.execute(f"SELECT count(*) AS c FROM {table}").fetchone()["c"]  # noqa: S608 (fixed names)
+
+
+def slots_through(schedule, first: datetime, until: datetime) -> list[datetime]:
+    out, slot = [], first
+    while slot is not None and slot <= until:
+        out.append(slot)
+        slot = schedule.next_after(slot)
+    return out
+
+
+def tick_between(conn: psycopg.Connection, node: OneNode):
+    """Tick once; return (result, store time just before, store time just after)."""
+    before = store_now(conn)
+    result = node.firer.tick()
+    after = store_now(conn)
+    return result, before, after
+
+
+def expected_candidates(schedule, first: datetime, before: datetime, after: datetime) -> list[list[datetime]]:
+    """The exact run lists possible for a tick whose store time lay in [before, after]."""
+    low, high = slots_through(schedule, first, before), slots_through(schedule, first, after)
+    return [low] if low == high else [low, high]
+
+
+# ---------------------------------------------------------------- schedule kinds
+
+
+def test_cron_every_minute_fires_each_slot_of_a_five_minute_outage(conn, node) -> None:
+    job_id = add(conn, cron="* * * * *")
+    now = store_now(conn)
+    first = now.replace(second=0, microsecond=0) - 5 * MINUTE
+    backdate(conn, job_id, first)
+
+    result, before, after = tick_between(conn, node)
+
+    schedule = CronSchedule("* * * * *")
+    candidates = expected_candidates(schedule, first, before, after)
+    got = nominals(conn, job_id)
+    assert got in candidates
+    assert got[:6] == [first + i * MINUTE for i in range(6)]  # 00..05 minutes after the first slot
+    assert len(got) in (6, 7)
+    assert result.fired == len(got)
+    assert result.skipped_ranges == 0
+    assert skips_of(conn, job_id) == []
+    row = job_row(conn, job_id)
+    assert row["next_nominal_at"] == row["next_due_at"] == got[-1] + MINUTE
+    pid = row["partition_id"]
+    for run in runs_of(conn, job_id):
+        assert run["scheduled_at"] == run["nominal_time"]
+        assert run["node_id"] == "t1"
+        assert run["epoch"] == node.epoch(pid) == 1  # first claim of a fresh store
+        assert run["tenant"] == "acme"
+        assert run["partition_id"] == pid
+        assert before <= run["fired_at"] <= after
+    assert node.metrics.value("scheduler_firing_runs_fired_total") == len(got)
+
+
+def test_interval_job_fires_every_overdue_slot(conn, node) -> None:
+    job_id, anchor = interval_job(conn, 60, slots_before_now=5)
+
+    result = node.firer.tick()
+
+    assert nominals(conn, job_id) == [anchor + timedelta(seconds=60 * k) for k in range(1, 6)]
+    assert result.fired == 5
+    assert skips_of(conn, job_id) == []
+    row = job_row(conn, job_id)
+    assert row["next_nominal_at"] == row["next_due_at"] == anchor + timedelta(seconds=360)
+
+
+def test_one_shot_fires_once_then_never_again(conn, node) -> None:
+    at = whole_second(store_now(conn)) + timedelta(hours=1)
+    job_id = add(conn, at=at)
+    assert job_row(conn, job_id)["next_nominal_at"] == at
+    past = whole_second(store_now(conn)) - timedelta(seconds=20)
+    backdate(conn, job_id, past, fire_at=past)
+
+    first = node.firer.tick()
+    second = node.firer.tick()
+
+    assert nominals(conn, job_id) == [past]
+    assert first.fired == 1
+    assert second.fired == 0 and second.due_read == 0
+    row = job_row(conn, job_id)
+    assert row["next_nominal_at"] is None and row["next_due_at"] is None
+    assert count(conn, "runs") == 1
+
+
+def test_seconds_dialect_job_fires_every_ten_seconds(conn, node) -> None:
+    expr = "*/10 * * * * *"
+    job_id = add(conn, cron=expr, dialect="seconds")
+    now = store_now(conn)
+    first = now.replace(second=now.second - now.second % 10, microsecond=0) - 60 * S
+    backdate(conn, job_id, first)
+
+    result, before, after = tick_between(conn, node)
+
+    got = nominals(conn, job_id)
+    assert got in expected_candidates(CronSchedule(expr, "UTC", "seconds"), first, before, after)
+    assert got[:7] == [first + 10 * i * S for i in range(7)]
+    assert result.fired == len(got) in (7, 8)
+    assert job_row(conn, job_id)["next_nominal_at"] == got[-1] + 10 * S
+
+
+# ---------------------------------------------------------------- misfire policies
+
+
+def test_misfire_all_fires_the_window_and_records_older_slots(conn, node) -> None:
+    # Slots anchor+60 .. anchor+600 are overdue (the last one 30 s ago); the
+    # window of 300 s starts at anchor+330: five slots before it are skipped.
+    job_id, anchor = interval_job(conn, 60, slots_before_now=10, misfire="all", catchup_window_s=300)
+    at = lambda k: anchor + timedelta(seconds=60 * k)  # noqa: E731
+
+    result = node.firer.tick()
+
+    assert nominals(conn, job_id) == [at(k) for k in range(6, 11)]
+    assert skips_of(conn, job_id) == [(at(1), at(6), 5, "catchup_window")]
+    assert (result.fired, result.skipped_ranges) == (5, 1)
+    assert job_row(conn, job_id)["next_nominal_at"] == at(11)
+    skip = conn.execute("SELECT node_id, epoch FROM skips WHERE job_id = %s", (job_id,)).fetchone()
+    assert skip == {"node_id": "t1", "epoch": node.epoch(job_row(conn, job_id)["partition_id"])}
+    assert node.metrics.value("scheduler_firing_slots_skipped_total") == 1
+
+
+def test_misfire_once_fires_the_latest_slot_only(conn, node) -> None:
+    job_id, anchor = interval_job(conn, 60, slots_before_now=10, misfire="once")
+    at = lambda k: anchor + timedelta(seconds=60 * k)  # noqa: E731
+
+    result = node.firer.tick()
+
+    assert nominals(conn, job_id) == [at(10)]
+    assert skips_of(conn, job_id) == [(at(1), at(10), 9, "once")]
+    assert (result.fired, result.skipped_ranges) == (1, 1)
+    assert job_row(conn, job_id)["next_nominal_at"] == at(11)
+
+
+def test_misfire_skip_drops_slots_past_the_grace(conn, node) -> None:
+    # now = anchor+630; grace 100 s: slots before anchor+530 are skipped.
+    job_id, anchor = interval_job(conn, 60, slots_before_now=10, misfire="skip", misfire_grace_s=100)
+    at = lambda k: anchor + timedelta(seconds=60 * k)  # noqa: E731
+
+    result = node.firer.tick()
+
+    assert nominals(conn, job_id) == [at(9), at(10)]
+    assert skips_of(conn, job_id) == [(at(1), at(9), 8, "grace")]
+    assert (result.fired, result.skipped_ranges) == (2, 1)
+    assert job_row(conn, job_id)["next_nominal_at"] == at(11)
+
+
+def test_each_policy_in_one_tick(conn, node) -> None:
+    """Three jobs, same outage, one tick: the policies do not leak into each other."""
+    ids = {policy: interval_job(conn, 60, slots_before_now=4, misfire=policy, misfire_grace_s=100)
+           for policy in ("all", "once", "skip")}
+
+    result = node.firer.tick()
+
+    def at(policy: str, k: int) -> datetime:
+        return ids[policy][1] + timedelta(seconds=60 * k)
+
+    assert nominals(conn, ids["all"][0]) == [at("all", k) for k in range(1, 5)]
+    assert nominals(conn, ids["once"][0]) == [at("once", 4)]
+    assert nominals(conn, ids["skip"][0]) == [at("skip", 3), at("skip", 4)]
+    assert skips_of(conn, ids["all"][0]) == []
+    assert skips_of(conn, ids["once"][0]) == [(at("once", 1), at("once", 4), 3, "once")]
+    assert skips_of(conn, ids["skip"][0]) == [(at("skip", 1), at("skip", 3), 2, "grace")]
+    assert (result.fired, result.skipped_ranges) == (7, 2)
+
+
+# ---------------------------------------------------------------- jitter
+
+
+def test_jitter_runs_keep_the_nominal_time_and_carry_the_offset(conn, node) -> None:
+    # Jitter ≤ 20 s; the last overdue slot is 30 s old, the next one 30 s ahead.
+    job_id, anchor = interval_job(conn, 60, slots_before_now=5, jitter_s=20)
+    slots = [anchor + timedelta(seconds=60 * k) for k in range(1, 6)]
+
+    node.firer.tick()
+
+    runs = runs_of(conn, job_id)
+    assert [r["nominal_time"] for r in runs] == slots
+    assert [r["scheduled_at"] for r in runs] == [scheduled_time(job_id, s, 20) for s in slots]
+    offsets = [(r["scheduled_at"] - r["nominal_time"]).total_seconds() for r in runs]
+    assert all(0 <= o <= 20 for o in offsets)
+    assert len(set(offsets)) > 1  # seeded per slot, not one offset per job
+    row = job_row(conn, job_id)
+    nxt = anchor + timedelta(seconds=360)
+    assert row["next_nominal_at"] == nxt
+    assert row["next_due_at"] == scheduled_time(job_id, nxt, 20)
+
+
+# ---------------------------------------------------------------- pacing
+
+
+def test_budget_fires_the_oldest_jobs_first_and_the_rest_next_tick(pg_dsn, conn) -> None:
+    paced = OneNode(pg_dsn, max_rate_per_s=3.0)
+    try:
+        assert paced.settings.tick_budget == 3
+        now = whole_second(store_now(conn))
+        due = []  # job i has one overdue slot, 100 - 10 i seconds old
+        for i in range(5):
+            job_id = add(conn, interval_s=3600)
+            slot = now - timedelta(seconds=100 - 10 * i)
+            backdate(conn, job_id, slot, anchor=slot - timedelta(seconds=3600))
+            due.append((job_id, slot))
+
+        first = paced.firer.tick()
+        fired_first = {r["job_id"]: r["nominal_time"] for r in conn.execute("SELECT * FROM runs").fetchall()}
+        second = paced.firer.tick()
+        fired_all = {r["job_id"]: r["nominal_time"] for r in conn.execute("SELECT * FROM runs").fetchall()}
+        third = paced.firer.tick()
+    finally:
+        paced.close()
+
+    assert fired_first == dict(due[:3])
+    assert (first.fired, first.budget_exhausted) == (3, True)
+    assert fired_all == dict(due)
+    assert (second.fired, second.budget_exhausted) == (2, False)
+    assert third.fired == 0 and third.due_read == 0
+    assert count(conn, "runs") == 5
+
+
+def test_budget_splits_one_jobs_backlog_across_ticks_oldest_first(pg_dsn, conn) -> None:
+    paced = OneNode(pg_dsn, max_rate_per_s=3.0)
+    try:
+        job_id, anchor = interval_job(conn, 60, slots_before_now=5)
+        at = lambda k: anchor + timedelta(seconds=60 * k)  # noqa: E731
+
+        first = paced.firer.tick()
+        after_first = nominals(conn, job_id)
+        next_after_first = job_row(conn, job_id)["next_nominal_at"]
+        second = paced.firer.tick()
+    finally:
+        paced.close()
+
+    assert after_first == [at(1), at(2), at(3)]
+    assert next_after_first == at(4)
+    assert (first.fired, first.budget_exhausted) == (3, True)
+    assert nominals(conn, job_id) == [at(k) for k in range(1, 6)]
+    assert second.fired == 2
+    assert job_row(conn, job_id)["next_nominal_at"] == at(6)
+
+
+# ---------------------------------------------------------------- fence, edits, idempotency
+
+
+def two_jobs_in_different_partitions(conn) -> tuple[tuple[uuid.UUID, datetime], tuple[uuid.UUID, datetime]]:
+    a = interval_job(conn, 60, slots_before_now=2)
+    while True:
+        b = interval_job(conn, 60, slots_before_now=2)
+        if job_row(conn, b[0])["partition_id"] != job_row(conn, a[0])["partition_id"]:
+            return a, b
+        jobs.delete_job(conn, b[0])  # same partition (1 in 1,024): out of the way
+
+
+def test_fence_a_taken_over_partition_commits_nothing(conn, node) -> None:
+    (victim, _), (other, other_anchor) = two_jobs_in_different_partitions(conn)
+    pid = job_row(conn, victim)["partition_id"]
+    before = job_row(conn, victim)
+    # A takeover behind the firer's back: another node claims the partition, bumping the epoch.
+    conn.execute("UPDATE partitions SET owner_node = 'thief', owner_epoch = owner_epoch + 1 "
+                 "WHERE partition_id = %s", (pid,))
+
+    result = node.firer.tick()
+
+    assert result.fence_rejected == [pid]
+    assert runs_of(conn, victim) == []
+    assert skips_of(conn, victim) == []
+    after = job_row(conn, victim)
+    assert (after["next_nominal_at"], after["revision"]) == (before["next_nominal_at"], before["revision"])
+    assert node.metrics.value("scheduler_firing_fence_rejections_total") == 1
+    assert pid not in node.table.held() and pid not in node.table.firable()
+    assert len(node.table.held()) == 1023
+    # The rest of the tick committed: the other partition's job fired both slots.
+    assert nominals(conn, other) == [other_anchor + timedelta(seconds=60 * k) for k in (1, 2)]
+    assert result.fired == 2
+    # The partition is no longer fired from: the next tick does not touch it.
+    again = node.firer.tick()
+    assert (again.fired, again.fence_rejected, again.due_read) == (0, [], 0)
+    assert runs_of(conn, victim) == []
+
+
+def test_fence_with_the_same_owner_but_an_older_epoch_commits_nothing(conn, node) -> None:
+    """A restart under the same node id claims afresh: the old process's epoch is stale."""
+    job_id, _ = interval_job(conn, 60, slots_before_now=3)
+    pid = job_row(conn, job_id)["partition_id"]
+    conn.execute("UPDATE partitions SET owner_epoch = owner_epoch + 1 WHERE partition_id = %s", (pid,))
+
+    result = node.firer.tick()
+
+    assert (result.fired, result.fence_rejected) == (0, [pid])
+    assert runs_of(conn, job_id) == []
+    assert node.metrics.value("scheduler_firing_fence_rejections_total") == 1
+
+
+def test_fence_a_released_partition_commits_nothing(conn, node) -> None:
+    """A released lease keeps its epoch (the next claimer bumps it): the owner check fences it."""
+    job_id, _ = interval_job(conn, 60, slots_before_now=3)
+    pid = job_row(conn, job_id)["partition_id"]
+    conn.execute("UPDATE partitions SET owner_node = NULL, lease_expires_at = NULL WHERE partition_id = %s",
+                 (pid,))
+
+    result = node.firer.tick()
+
+    assert (result.fired, result.fence_rejected) == (0, [pid])
+    assert runs_of(conn, job_id) == []
+    assert node.metrics.value("scheduler_firing_fence_rejections_total") == 1
+
+
+def test_a_job_edited_between_read_and_fire_is_not_advanced(conn, node, pg_dsn, monkeypatch) -> None:
+    job_id, anchor = interval_job(conn, 60, slots_before_now=3, name="edited")
+    before = job_row(conn, job_id)
+    real_execute = store.execute
+    edits = []
+
+    def execute(c, name, params=None):
+        if name == "fire_runs" and not edits:
+            # Someone edits the job (jobs add --name edited --replace) after the
+            # tick read it and before its firing statement runs.
+            with store.connect(pg_dsn, application_name="editor") as other:
+                edits.append(jobs.add_job(other, JobSpec.build(tenant="acme", name="edited", interval_s=7200),
+                                          replace=True))
+        return real_execute(c, name, params)
+
+    monkeypatch.setattr(store, "execute", execute)
+    result = node.firer.tick()
+    monkeypatch.undo()
+
+    assert [e.outcome for e in edits] == ["replaced"]
+    assert edits[0].job_id == job_id
+    assert runs_of(conn, job_id) == []
+    assert result.fired == 0
+    assert result.stale_jobs == 1
+    assert node.metrics.value("scheduler_firing_stale_jobs_total") == 1
+    after = job_row(conn, job_id)
+    assert after["revision"] == before["revision"] + 1
+    assert after["interval_s"] == 7200
+    # Its next slot is the one the edit computed (one interval after the edit), not the old spec's.
+    assert after["next_nominal_at"] == after["anchor_at"] + timedelta(seconds=7200)
+    assert after["next_nominal_at"] > store_now(conn)
+    assert result.fence_rejected == []
+
+
+def test_a_second_tick_with_nothing_due_writes_nothing(conn, node) -> None:
+    job_id, anchor = interval_job(conn, 60, slots_before_now=2)
+    add(conn, cron="0 0 1 1 *")  # not due for months
+    first = node.firer.tick()
+    snapshot = lambda: (  # noqa: E731
+        conn.execute("SELECT * FROM runs ORDER BY job_id, nominal_time").fetchall(),
+        conn.execute("SELECT * FROM skips ORDER BY job_id").fetchall(),
+        conn.execute("SELECT * FROM jobs ORDER BY job_id").fetchall(),
+    )
+    state = snapshot()
+
+    second = node.firer.tick()
+
+    assert first.fired == 2
+    assert (second.fired, second.due_read, second.skipped_ranges, second.stale_jobs) == (0, 0, 0, 0)
+    assert snapshot() == state
+    assert nominals(conn, job_id) == [anchor + timedelta(seconds=60), anchor + timedelta(seconds=120)]
+
+
+def test_paused_and_deleted_jobs_do_not_fire(conn, node) -> None:
+    paused, _ = interval_job(conn, 60, slots_before_now=2)
+    deleted, _ = interval_job(conn, 60, slots_before_now=2)
+    live, anchor = interval_job(conn, 60, slots_before_now=2)
+    jobs.set_paused(conn, paused, True)
+    jobs.delete_job(conn, deleted)
+
+    result = node.firer.tick()
+
+    assert runs_of(conn, paused) == [] and runs_of(conn, deleted) == []
+    assert nominals(conn, live) == [anchor + timedelta(seconds=60), anchor + timedelta(seconds=120)]
+    assert result.fired == 2
