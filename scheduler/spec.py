@@ -27,6 +27,10 @@ from scheduler.schedule import CronSchedule, IntervalSchedule, OnceSchedule
 KINDS = ("cron", "interval", "once")
 DIALECTS = ("unix", "seconds")
 MAX_JITTER_S = 86_400
+MAX_POLICY_S = 2_147_483_647
+"""Largest catch-up window / misfire grace: the store keeps them in INTEGER columns."""
+MAX_INTERVAL_S = 100 * 365 * 86_400
+"""Largest interval (100 years): later slots would leave the supported date range."""
 MAX_NAME_LEN = 200
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}$")
 
@@ -99,6 +103,12 @@ class JobSpec:
             raise ValidationError("misfire", f"must be one of {', '.join(MISFIRE_POLICIES)}", self.misfire)
         if self.jitter_s > MAX_JITTER_S:
             raise ValidationError("jitter", f"must be at most {MAX_JITTER_S} seconds", self.jitter_s)
+        for field, value in (("catchup_window", self.catchup_window_s), ("misfire_grace", self.misfire_grace_s)):
+            if value > MAX_POLICY_S:
+                raise ValidationError(field, f"must be at most {MAX_POLICY_S} seconds", value)
+        if self.kind == "interval" and self.interval_s is not None and self.interval_s > MAX_INTERVAL_S:
+            raise ValidationError("interval", f"must be at most {MAX_INTERVAL_S} seconds (100 years)",
+                                  self.interval_s)
         if self.kind == "cron" and self.dialect not in DIALECTS:
             raise ValidationError("dialect", f"must be one of {', '.join(DIALECTS)}", self.dialect)
         if self.kind == "once" and (self.at is None or self.at.tzinfo is None):
@@ -130,6 +140,8 @@ class JobSpec:
 
 def _whole_seconds(field: str, value: Any, minimum: int) -> int:
     """Coerce a user-given duration to whole seconds ≥ ``minimum`` or raise ValidationError."""
+    if isinstance(value, bool):
+        raise ValidationError(field, "must be a number of seconds", value)
     try:
         number = float(value)
     except (TypeError, ValueError):
