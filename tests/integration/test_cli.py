@@ -1,0 +1,379 @@
+"""The ``scheduler`` command line (scheduler/cli.py) against a real store.
+
+Most commands run in process through ``click.testing.CliRunner`` (stdout and
+stderr apart, exit status as the process would return it); a few run the
+installed console script (``.venv/bin/scheduler``) as a subprocess to pin
+the real exit status and the one-line error on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+from scheduler import jobs
+from scheduler.cli import cli
+from scheduler.clock import SystemClock
+from scheduler.firing import Firer
+from scheduler.lease import LeaseTable, SqlCoordinator
+from scheduler.metrics import Metrics
+from scheduler.schedule import format_instant
+from scheduler.settings import Settings
+from scheduler.spec import JobSpec
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = Path(sys.executable).with_name("scheduler")
+CASES_PATH = REPO / "tests" / "data" / "cron-cases.json"
+CASES = {case["id"]: case for case in json.loads(CASES_PATH.read_text("utf-8"))}
+CORPUS = REPO / "scheduler" / "data" / "cron-corpus.csv"
+VERIFY_KEYS = {"expected", "runs", "missing", "duplicates", "unexpected", "jobs_excluded",
+               "lateness_p50_s", "lateness_p99_s", "lateness_max_s"}
+
+
+def run(args: list[str], dsn: str | None = None):
+    """Invoke the CLI in process; no SCHEDULER_* variable leaks in from the environment."""
+    env = {key: None for key in os.environ if key.startswith("SCHEDULER_")}
+    if dsn is not None:
+        env["SCHEDULER_DSN"] = dsn
+    return CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
+
+
+def one_line_error(result, status: int, prefix: str) -> str:
+    assert result.exit_code == status, (result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(prefix), lines[0]
+    assert result.stdout == ""
+    return lines[0]
+
+
+def store_now(conn: psycopg.Connection) -> datetime:
+    return conn.execute("SELECT now() AS n").fetchone()["n"]
+
+
+# ---------------------------------------------------------------- jobs next (no store)
+
+
+@pytest.mark.parametrize("case_id", ["C01", "C02", "C11", "C20", "C44"])
+def test_jobs_next_prints_the_exact_instants_of_known_cases(case_id: str) -> None:
+    case = CASES[case_id]
+    expected = case["expected_next"]
+    result = run(["jobs", "next", "--cron", case["expr"], "--tz", case["tz"], "--after", case["start"],
+                  "--count", str(len(expected))])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines() == expected
+    assert result.stderr == ""
+
+
+def test_jobs_next_seconds_dialect_and_default_count() -> None:
+    result = run(["jobs", "next", "--cron", "*/20 * * * * *", "--dialect", "seconds",
+                  "--after", "2030-01-01T00:00:00Z"])
+    assert result.exit_code == 0
+    assert result.stdout.splitlines() == ["2030-01-01T00:00:20Z", "2030-01-01T00:00:40Z", "2030-01-01T00:01:00Z",
+                                          "2030-01-01T00:01:20Z", "2030-01-01T00:01:40Z"]
+
+
+@pytest.mark.parametrize(("args", "prefix"), [
+    (["--cron", "*/60 * * * *", "--after", "2030-01-01T00:00:00Z"],
+     "error: cron: step 60 is larger than the minute field allows (at most 59)"),
+    (["--cron", "0 0 31 2 *", "--after", "2030-01-01T00:00:00Z"], "error: cron: the expression never fires"),
+    (["--cron", "0 0 * * *", "--after", "2030-01-01T00:00:00"], "error: after: instant has no UTC offset"),
+    (["--cron", "0 0 * * *", "--after", "tomorrow"], "error: after: not an ISO 8601 instant"),
+    (["--after", "2030-01-01T00:00:00Z"], "error: cron: is required"),
+    (["--cron", "0 0 * * *", "--tz", "EST", "--after", "2030-01-01T00:00:00Z"], "error: tz: EST"),
+    (["--cron", "0 0 * * *"], "error: Missing option '--after'"),
+])
+def test_jobs_next_bad_input_exits_2_with_one_line(args: list[str], prefix: str) -> None:
+    one_line_error(run(["jobs", "next", *args]), 2, prefix)
+
+
+def test_console_script_exit_status_and_one_line_error() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
+    good = subprocess.run([str(SCRIPT), "jobs", "next", "--cron", "30 2 * * *", "--tz", "America/New_York",
+                           "--after", "2021-03-13T12:00:00-05:00", "--count", "3"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert (good.returncode, good.stderr) == (0, "")
+    assert good.stdout.splitlines() == CASES["C02"]["expected_next"]
+    bad = subprocess.run([str(SCRIPT), "jobs", "next", "--cron", "*/60 * * * *", "--after", "2030-01-01T00:00:00Z"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2
+    assert bad.stdout == ""
+    assert bad.stderr == ("error: cron: step 60 is larger than the minute field allows (at most 59) "
+                          "(got '*/60 * * * *')\n")
+
+
+# ---------------------------------------------------------------- jobs add / list / show / pause / delete
+
+
+def test_jobs_add_prints_the_id_of_the_stored_job(pg_dsn, conn) -> None:
+    result = run(["jobs", "add", "--tenant", "acme", "--cron", "0 2 * * *", "--tz", "Europe/Berlin",
+                  "--name", "nightly", "--misfire", "once", "--jitter", "20"], pg_dsn)
+    assert result.exit_code == 0, result.stderr
+    job_id = uuid.UUID(result.stdout.strip())
+    assert result.stdout == f"{job_id}\n"
+    row = jobs.get_job(conn, job_id)
+    assert (row["tenant"], row["name"], row["cron_expr"], row["tz"], row["misfire"], row["jitter_s"]) == (
+        "acme", "nightly", "0 2 * * *", "Europe/Berlin", "once", 20)
+
+    again = run(["jobs", "add", "--tenant", "acme", "--cron", "0 2 * * *", "--tz", "Europe/Berlin",
+                 "--name", "nightly", "--misfire", "once", "--jitter", "20"], pg_dsn)
+    assert (again.exit_code, again.stdout, again.stderr) == (0, f"{job_id}\n", "(exists)\n")
+
+    conflict = run(["jobs", "add", "--tenant", "acme", "--cron", "0 3 * * *", "--name", "nightly"], pg_dsn)
+    line = one_line_error(conflict, 1, "error: name: ")
+    assert str(job_id) in line and "--replace" in line
+
+    replaced = run(["jobs", "add", "--tenant", "acme", "--cron", "0 3 * * *", "--name", "nightly", "--replace"],
+                   pg_dsn)
+    assert (replaced.exit_code, replaced.stdout, replaced.stderr) == (0, f"{job_id}\n", "(replaced)\n")
+    assert jobs.get_job(conn, job_id)["cron_expr"] == "0 3 * * *"
+    assert conn.execute("SELECT count(*) AS c FROM jobs").fetchone()["c"] == 1
+
+
+@pytest.mark.parametrize(("args", "prefix"), [
+    (["--cron", "*/60 * * * *"], "error: cron: step 60 is larger than the minute field allows (at most 59)"),
+    (["--cron", "0 0 31 2 *"], "error: cron: the expression never fires"),
+    (["--cron", "* * * * *", "--tz", "Mars/Base"], "error: tz: not an IANA time zone name"),
+    (["--interval", "0"], "error: interval: must be positive"),
+    (["--interval", "1.5"], "error: interval: must be a whole number of seconds"),
+    (["--at", "2030-01-01T09:00:00"], "error: at: instant has no UTC offset"),
+    (["--at", "2001-01-01T09:00:00Z"], "error: at: must be in the future"),
+    (["--interval", "60", "--misfire", "sometimes"], "error: Invalid value for '--misfire'"),
+    (["--interval", "60", "--replace"], "error: replace: needs --name"),
+    ([], "error: schedule: give exactly one of --cron, --interval or --at"),
+])
+def test_jobs_add_bad_input_exits_2_and_writes_nothing(pg_dsn, conn, args, prefix) -> None:
+    result = run(["jobs", "add", "--tenant", "acme", *args], pg_dsn)
+    one_line_error(result, 2, prefix)
+    assert conn.execute("SELECT count(*) AS c FROM jobs").fetchone()["c"] == 0
+    assert conn.execute("SELECT count(*) AS c FROM tenants").fetchone()["c"] == 0
+
+
+def test_commands_without_a_store_say_so() -> None:
+    line = one_line_error(run(["jobs", "list"]), 2, "error: dsn: no store configured")
+    assert "SCHEDULER_DSN" in line
+    one_line_error(run(["db", "upgrade"]), 2, "error: dsn: no store configured")
+
+
+def test_jobs_list_show_pause_resume_delete(pg_dsn, conn) -> None:
+    a = uuid.UUID(run(["jobs", "add", "--tenant", "acme", "--cron", "*/5 * * * *", "--dialect", "unix"],
+                      pg_dsn).stdout.strip())
+    b = uuid.UUID(run(["jobs", "add", "--tenant", "acme", "--interval", "300"], pg_dsn).stdout.strip())
+    c = uuid.UUID(run(["jobs", "add", "--tenant", "globex", "--at", "2030-01-01T09:00:00+01:00"],
+                      pg_dsn).stdout.strip())
+
+    listed = run(["jobs", "list", "--json"], pg_dsn)
+    assert listed.exit_code == 0
+    rows = json.loads(listed.stdout)
+    assert [(r["job_id"], r["tenant"], r["schedule"]) for r in rows] == [
+        (str(a), "acme", "cron '*/5 * * * *' UTC"),
+        (str(b), "acme", "every 300s"),
+        (str(c), "globex", "once at 2030-01-01T08:00:00Z"),
+    ]
+    assert rows[2]["next_nominal_at"] == "2030-01-01T08:00:00Z"
+    only = json.loads(run(["jobs", "list", "--tenant", "globex", "--json"], pg_dsn).stdout)
+    assert [r["job_id"] for r in only] == [str(c)]
+    text = run(["jobs", "list"], pg_dsn).stdout.splitlines()
+    assert text[0].split() == ["JOB_ID", "TENANT", "NAME", "SCHEDULE", "MISFIRE", "PAUSED", "NEXT_NOMINAL_AT"]
+    assert len(text) == 4
+
+    shown = json.loads(run(["jobs", "show", str(b), "--json"], pg_dsn).stdout)
+    assert (shown["job_id"], shown["kind"], shown["interval_s"], shown["schedule"]) == (
+        str(b), "interval", 300, "every 300s")
+
+    assert run(["jobs", "pause", str(b)], pg_dsn).stdout == f"paused {b}\n"
+    assert jobs.get_job(conn, b)["paused"] is True
+    assert run(["jobs", "resume", str(b)], pg_dsn).stdout == f"resumed {b}\n"
+    assert jobs.get_job(conn, b)["paused"] is False
+    assert run(["jobs", "delete", str(b)], pg_dsn).stdout == f"deleted {b}\n"
+    assert [r["job_id"] for r in json.loads(run(["jobs", "list", "--json"], pg_dsn).stdout)] == [str(a), str(c)]
+
+    one_line_error(run(["jobs", "delete", str(b)], pg_dsn), 1, f"error: job_id: no job {b}")
+    one_line_error(run(["jobs", "show", "not-a-uuid"], pg_dsn), 2, "error: job_id: must be a UUID")
+
+
+def test_jobs_import_reports_every_bad_line(pg_dsn, conn) -> None:
+    result = run(["jobs", "import", str(CORPUS), "--tenant", "corpus"], pg_dsn)
+    assert result.exit_code == 0
+    # 1,353 valid lines and 147 bad ones (see tests/integration/test_jobs.py).
+    assert result.stdout == "imported 1353 jobs, rejected 147 lines\n"
+    errors = result.stderr.splitlines()
+    assert len(errors) == 147
+    assert errors[0] == f"{CORPUS}:2: '3h': cron: expected 5 fields for dialect 'unix', got 1 (got '3h')"
+    assert any(e.startswith(f"{CORPUS}:302: '30 8 * * * Europe/London': cron: 6 fields given") for e in errors)
+    assert conn.execute("SELECT count(*) AS c FROM jobs").fetchone()["c"] == 1353
+
+
+# ---------------------------------------------------------------- tenants
+
+
+def test_tenants_add_list_set(pg_dsn) -> None:
+    assert run(["tenants", "add", "acme", "--weight", "2"], pg_dsn).stdout == "tenant acme created\n"
+    assert run(["tenants", "add", "acme", "--weight", "5"], pg_dsn).stdout == "tenant acme exists\n"
+    assert run(["tenants", "add", "globex", "--max-rate", "10"], pg_dsn).stdout == "tenant globex created\n"
+    listed = json.loads(run(["tenants", "list", "--json"], pg_dsn).stdout)
+    assert [(t["tenant"], t["weight"], t["max_rate"], t["jobs"]) for t in listed] == [
+        ("acme", 2, None, 0), ("globex", 1, 10.0, 0)]
+
+    assert run(["tenants", "set", "acme", "--weight", "3", "--max-rate", "5"], pg_dsn).stdout == (
+        "tenant acme weight=3 max_rate=5.0\n")
+    assert run(["tenants", "set", "acme", "--no-max-rate"], pg_dsn).stdout == "tenant acme weight=3 max_rate=-\n"
+    text = run(["tenants", "list"], pg_dsn).stdout.splitlines()
+    assert text[0].split() == ["TENANT", "WEIGHT", "MAX_RATE", "JOBS", "CREATED_AT"]
+    assert text[1].split()[:4] == ["acme", "3", "-", "0"]
+
+    one_line_error(run(["tenants", "set", "initech", "--weight", "2"], pg_dsn), 1, "error: tenant: no tenant")
+    one_line_error(run(["tenants", "set", "acme"], pg_dsn), 2, "error: give --weight, --max-rate or --no-max-rate")
+    one_line_error(run(["tenants", "add", "bad tenant"], pg_dsn), 2, "error: tenant: must be 1-200 characters")
+    one_line_error(run(["tenants", "add", "initech", "--weight", "0"], pg_dsn), 2, "error: weight: ")
+
+
+# ---------------------------------------------------------------- db upgrade
+
+
+def test_db_upgrade_is_rerunnable(empty_pg_dsn) -> None:
+    for _ in range(2):
+        result = run(["db", "upgrade"], empty_pg_dsn)
+        assert (result.exit_code, result.stdout) == (0, "schema at head\n"), result.stderr
+    with psycopg.connect(empty_pg_dsn) as c:
+        assert c.execute("SELECT count(*) FROM partitions").fetchone()[0] == 1024
+        tables = {r[0] for r in c.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()}
+    assert {"partitions", "nodes", "tenants", "jobs", "runs", "skips", "alembic_version"} <= tables
+
+
+# ---------------------------------------------------------------- runs list and verify
+
+
+def fire_two_jobs(pg_dsn: str, conn: psycopg.Connection) -> tuple[uuid.UUID, uuid.UUID, datetime]:
+    """Two interval-60 jobs with slots anchor+60 .. anchor+300 overdue, fired by one tick.
+
+    Returns their ids and the anchor (the store's now is anchor + 330 s).
+    """
+    ids = [jobs.add_job(conn, JobSpec.build(tenant=t, interval_s=60)).job_id for t in ("acme", "globex")]
+    anchor = store_now(conn).replace(microsecond=0) - timedelta(seconds=330)
+    conn.execute(
+        "UPDATE jobs SET anchor_at = %(a)s, created_at = %(a)s, changed_at = %(a)s, "
+        "next_nominal_at = %(n)s, next_due_at = %(n)s",
+        {"a": anchor, "n": anchor + timedelta(seconds=60)})
+    settings = Settings(dsn=pg_dsn, node_id="cli-node").validated()
+    metrics = Metrics()
+    table = LeaseTable(SystemClock(), settings.safety_margin_s)
+    coord = SqlCoordinator(settings, metrics)
+    firer = Firer(settings, table, SystemClock(), metrics)
+    try:
+        coord.join()
+        sent = time.monotonic()
+        table.grant(coord.claim(1024), sent, settings.lease_ttl_s)
+        assert firer.tick().fired == 10
+    finally:
+        firer.close()
+        coord.close()
+    return ids[0], ids[1], anchor
+
+
+def test_runs_list(pg_dsn, conn) -> None:
+    a, b, anchor = fire_two_jobs(pg_dsn, conn)
+    result = run(["runs", "list", "--job", str(a), "--json"], pg_dsn)
+    assert result.exit_code == 0
+    rows = json.loads(result.stdout)
+    assert [r["nominal_time"] for r in rows] == [
+        format_instant(anchor + timedelta(seconds=60 * k)) for k in (5, 4, 3, 2, 1)]  # newest first
+    assert {(r["job_id"], r["tenant"], r["node_id"], r["epoch"]) for r in rows} == {(str(a), "acme", "cli-node", 1)}
+    lateness = [r["lateness_s"] for r in rows]
+    assert lateness == sorted(lateness)  # older slots were later
+    assert 25 < lateness[0] < lateness[-1] < 300
+
+    since = format_instant(anchor + timedelta(seconds=240))
+    recent = json.loads(run(["runs", "list", "--since", since, "--json"], pg_dsn).stdout)
+    assert sorted((r["job_id"], r["nominal_time"]) for r in recent) == sorted(
+        (str(j), format_instant(anchor + timedelta(seconds=60 * k))) for j in (a, b) for k in (4, 5))
+    limited = json.loads(run(["runs", "list", "--limit", "3", "--json"], pg_dsn).stdout)
+    assert len(limited) == 3
+    text = run(["runs", "list", "--job", str(b)], pg_dsn).stdout.splitlines()
+    assert text[0].split() == ["JOB_ID", "TENANT", "NOMINAL_TIME", "FIRED_AT", "LATENESS_S", "NODE_ID", "EPOCH"]
+    assert len(text) == 6
+    one_line_error(run(["runs", "list", "--since", "2030-01-01"], pg_dsn), 2, "error: since: ")
+
+
+def test_verify_counts_and_exit_status(pg_dsn, conn) -> None:
+    a, b, anchor = fire_two_jobs(pg_dsn, conn)
+    excluded = jobs.add_job(conn, JobSpec.build(tenant="acme", interval_s=60)).job_id
+    conn.execute("UPDATE jobs SET created_at = %s WHERE job_id = %s", (anchor - timedelta(seconds=5), excluded))
+    jobs.set_paused(conn, excluded, True)  # changed after the window started: left out of the audit
+    since, until = format_instant(anchor), format_instant(anchor + timedelta(seconds=330))
+    args = ["verify", "--since", since, "--until", until, "--json"]
+
+    ok = run(args, pg_dsn)
+    assert ok.exit_code == 0, ok.stderr
+    report = json.loads(ok.stdout)
+    assert VERIFY_KEYS <= set(report)
+    assert (report["expected"], report["runs"], report["missing"], report["duplicates"], report["unexpected"],
+            report["jobs_excluded"]) == (10, 10, 0, 0, 0, 1)
+    lateness = [r["l"] for r in conn.execute(
+        "SELECT extract(epoch FROM fired_at - scheduled_at)::float8 AS l FROM runs ORDER BY l").fetchall()]
+    assert report["lateness_max_s"] == pytest.approx(lateness[-1], abs=1e-6)
+    assert report["lateness_p50_s"] == pytest.approx((lateness[4] + lateness[5]) / 2, abs=1e-6)
+    assert lateness[0] <= report["lateness_p99_s"] <= lateness[-1]
+
+    conn.execute("DELETE FROM runs WHERE job_id = %s AND nominal_time = %s", (b, anchor + timedelta(seconds=180)))
+    missing = run(args, pg_dsn)
+    assert missing.exit_code == 1
+    report = json.loads(missing.stdout)
+    assert (report["expected"], report["runs"], report["missing"], report["unexpected"]) == (10, 9, 1, 0)
+
+    # A run at a nominal time the schedule does not produce is unexpected.
+    conn.execute(
+        "INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch) "
+        "SELECT partition_id, job_id, %(t)s, tenant, %(t)s, %(t)s, 'rogue', 1 FROM jobs WHERE job_id = %(j)s",
+        {"t": anchor + timedelta(seconds=90), "j": a})
+    report = json.loads(run(args, pg_dsn).stdout)
+    assert (report["runs"], report["missing"], report["unexpected"]) == (10, 1, 1)
+
+    text = run(["verify", "--since", since, "--until", until], pg_dsn)
+    assert text.exit_code == 1
+    assert "missing: 1" in text.stdout.splitlines() and "unexpected: 1" in text.stdout.splitlines()
+
+
+def test_verify_accounts_for_skipped_slots(pg_dsn, conn) -> None:
+    a, b, anchor = fire_two_jobs(pg_dsn, conn)
+    slot = anchor + timedelta(seconds=120)
+    conn.execute("DELETE FROM runs WHERE job_id = %s AND nominal_time = %s", (a, slot))
+    conn.execute(
+        "INSERT INTO skips (partition_id, job_id, first_nominal, until_nominal, slots, reason, recorded_at, "
+        "node_id, epoch) SELECT partition_id, job_id, %(s)s, %(u)s, 1, 'grace', now(), 'n', 1 "
+        "FROM jobs WHERE job_id = %(j)s", {"s": slot, "u": slot + timedelta(seconds=60), "j": a})
+    result = run(["verify", "--since", format_instant(anchor), "--until",
+                  format_instant(anchor + timedelta(seconds=330)), "--json"], pg_dsn)
+    assert result.exit_code == 0
+    report = json.loads(result.stdout)
+    assert (report["expected"], report["runs"], report["missing"], report["skipped"]) == (10, 9, 0, 1)
+
+
+def test_verify_refuses_a_reversed_window(pg_dsn) -> None:
+    one_line_error(run(["verify", "--since", "2030-01-02T00:00:00Z", "--until", "2030-01-01T00:00:00Z"], pg_dsn),
+                   2, "error: until: must be later than --since")
+    one_line_error(run(["verify", "--since", "2030-01-01T00:00:00", "--until", "2030-01-02T00:00:00Z"], pg_dsn),
+                   2, "error: since: instant has no UTC offset")
+
+
+def test_status_json_after_a_node_claimed(pg_dsn, conn) -> None:
+    fire_two_jobs(pg_dsn, conn)
+    result = run(["status", "--json"], pg_dsn)
+    assert result.exit_code == 0
+    status = json.loads(result.stdout)
+    assert [n["node_id"] for n in status["nodes"]] == ["cli-node"]
+    assert status["nodes"][0]["partitions"] == 1024
+    assert (status["partitions_total"], status["partitions_owned_live"], status["partitions_orphaned"]) == (
+        1024, 1024, 0)
+
