@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 import psycopg
 import pytest
 
-from scheduler import jobs, store
+from scheduler import firing, jobs, store
 from scheduler.clock import SystemClock
 from scheduler.firing import Firer
 from scheduler.lease import LeaseTable, SqlCoordinator
@@ -445,19 +445,19 @@ def test_fence_a_released_partition_commits_nothing(conn, node) -> None:
 def test_a_job_edited_between_read_and_fire_is_not_advanced(conn, node, pg_dsn, monkeypatch) -> None:
     job_id, anchor = interval_job(conn, 60, slots_before_now=3, name="edited")
     before = job_row(conn, job_id)
-    real_execute = store.execute
+    real_plan_job = firing.plan_job
     edits = []
 
-    def execute(c, name, params=None):
-        if name == "fire_runs" and not edits:
-            # Someone edits the job (jobs add --name edited --replace) after the
-            # tick read it and before its firing statement runs.
+    def plan_job(*args, **kwargs):
+        # The tick has read the job and is planning it; before its firing
+        # statement runs, someone edits the job (jobs add --name edited --replace).
+        if not edits:
             with store.connect(pg_dsn, application_name="editor") as other:
                 edits.append(jobs.add_job(other, JobSpec.build(tenant="acme", name="edited", interval_s=7200),
                                           replace=True))
-        return real_execute(c, name, params)
+        return real_plan_job(*args, **kwargs)
 
-    monkeypatch.setattr(store, "execute", execute)
+    monkeypatch.setattr(firing, "plan_job", plan_job)
     result = node.firer.tick()
     monkeypatch.undo()
 
