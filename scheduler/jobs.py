@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import re
 import uuid
 from collections.abc import Iterable, Iterator
 from datetime import datetime
@@ -116,24 +117,57 @@ def corpus_specs(path: Path, tenant: str, *, misfire: str = "all") -> Iterator[t
     """Read a corpus-format CSV; yield ``(line_number, expr, JobSpec or reason)``.
 
     Columns used: ``expr``, ``dialect``, ``timezone`` (empty = UTC). Line
-    numbers are physical lines of the file (the header is line 1).
+    numbers are physical lines of the file (the header is line 1). A line
+    that is not valid UTF-8 in those columns, or that the CSV reader cannot
+    parse (e.g. a field over the csv module's size limit), is reported like
+    any bad line (undecodable bytes appear as ``\\udcXX``), never fatal.
+    Raises ValidationError (field ``file``) without a header naming ``expr``.
     """
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        if reader.fieldnames is None or "expr" not in reader.fieldnames:
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as handle:
+        consumed = 0  # physical lines the reader has taken (it never reads ahead)
+
+        def lines() -> Iterator[str]:
+            nonlocal consumed
+            for text in handle:
+                consumed += 1
+                yield text
+
+        reader = csv.DictReader(lines())
+        try:
+            header = reader.fieldnames
+        except csv.Error:
+            header = None
+        if header is None or "expr" not in header:
             raise ValidationError("file", "must be a CSV with a header row naming an 'expr' column", str(path))
-        line = reader.line_num
-        for record in reader:
-            start, line = line + 1, reader.line_num
+        line = consumed
+        while True:
+            start = line + 1
+            try:
+                record = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                line = consumed
+                yield start, "", f"csv: {exc}"
+                continue
+            line = consumed
             expr = (record.get("expr") or "").strip()
-            dialect = CORPUS_DIALECTS.get((record.get("dialect") or "").strip(), "unix")
-            tz = (record.get("timezone") or "").strip() or "UTC"
+            columns = (record.get("expr") or "", record.get("dialect") or "", record.get("timezone") or "")
+            if any(_UNDECODABLE.search(value) for value in columns):
+                yield start, expr, "encoding: the line is not valid UTF-8"
+                continue
+            dialect = CORPUS_DIALECTS.get(columns[1].strip(), "unix")
+            tz = columns[2].strip() or "UTC"
             try:
                 spec = JobSpec.build(tenant=tenant, cron=expr, tz=tz, dialect=dialect, misfire=misfire)
             except ValidationError as exc:
                 yield start, expr, str(exc)
                 continue
             yield start, expr, spec
+
+
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+"""Bytes that did not decode as UTF-8 (``surrogateescape``)."""
 
 
 def import_csv(conn: psycopg.Connection, path: Path, tenant: str, *, misfire: str = "all",
