@@ -377,3 +377,24 @@ def test_status_json_after_a_node_claimed(pg_dsn, conn) -> None:
     assert (status["partitions_total"], status["partitions_owned_live"], status["partitions_orphaned"]) == (
         1024, 1024, 0)
 
+
+
+def test_jobs_import_of_a_non_utf8_file_reports_lines_not_a_traceback(pg_dsn, conn, tmp_path) -> None:
+    path = tmp_path / "latin1.csv"
+    path.write_bytes(b"expr,dialect,timezone\n0 1 * * *,unix5,\n0 2 * * \xff,unix5,\n")
+    result = run(["jobs", "import", str(path), "--tenant", "mine"], pg_dsn)
+    assert result.exit_code == 0
+    assert result.stdout == "imported 1 jobs, rejected 1 lines\n"
+    assert result.stderr == f"{path}:3: '0 2 * * \\udcff': encoding: the line is not valid UTF-8\n"
+    as_json = run(["jobs", "import", str(path), "--tenant", "mine", "--json"], pg_dsn)
+    assert json.loads(as_json.stdout) == {
+        "imported": 1, "rejected": [{"line": 3, "expr": "0 2 * * \udcff", "reason": "encoding: the line is not valid UTF-8"}]}
+    assert conn.execute("SELECT count(*) AS c FROM jobs").fetchone()["c"] == 2
+
+
+def test_jobs_import_without_an_expr_header_exits_2(pg_dsn, conn, tmp_path) -> None:
+    path = tmp_path / "no-header.csv"
+    path.write_text("schedule\n0 1 * * *\n", encoding="utf-8")
+    one_line_error(run(["jobs", "import", str(path), "--tenant", "mine"], pg_dsn), 2,
+                   "error: file: must be a CSV with a header row naming an 'expr' column")
+    assert conn.execute("SELECT count(*) AS c FROM tenants").fetchone()["c"] == 0

@@ -402,3 +402,22 @@ def test_import_refuses_a_bad_tenant_or_a_file_without_expr(conn, tmp_path) -> N
         jobs.import_csv(conn, CORPUS, "bad tenant")
     assert caught.value.field == "tenant"
     assert count(conn, "jobs") == 0 and count(conn, "tenants") == 0
+
+
+def test_import_reports_undecodable_and_unparsable_lines_and_imports_the_rest(conn, tmp_path) -> None:
+    path = tmp_path / "messy.csv"
+    path.write_bytes(
+        b"expr,dialect,timezone,repo\n"
+        b"0 1 * * *,unix5,,caf\xe9/latin-1 in a column the import does not use\n"
+        b"0 2 * * \xff,unix5,,x\n"
+        b"0 3 * * *,unix5,Europe/Z\xfcrich,x\n"
+        b'"' + b"a" * 200_000 + b'",unix5,,x\n'
+        b"0 4 * * *,unix5,,x\n")
+    report = jobs.import_csv(conn, path, "messy")
+    assert report.rejected == [
+        (3, "0 2 * * \udcff", "encoding: the line is not valid UTF-8"),
+        (4, "0 3 * * *", "encoding: the line is not valid UTF-8"),
+        (5, "", "csv: field larger than field limit (131072)"),
+    ]
+    assert len(report.imported) == 2
+    assert sorted(r["cron_expr"] for r in jobs.list_jobs(conn, "messy")) == ["0 1 * * *", "0 4 * * *"]
