@@ -7,7 +7,8 @@ time in ``[since, until)`` and compares them with ``runs`` in SQL:
   window. A job created inside the window counts from its first slot after
   creation; a job paused, edited (``--replace``), resumed or deleted inside
   the window is left out and counted in ``jobs_excluded``. A slot whose
-  scheduled time (nominal + jitter) is after ``until`` is not expected yet.
+  scheduled time (nominal + jitter) is after ``until`` is not expected yet,
+  and its run, if it already fired (auditing the past), is not audited.
 * **missing**: expected slots with no run and not inside a recorded skip
   range (a misfire policy's decision counts as accounted for);
 * **duplicates**: (job, nominal time) pairs with more than one run (the

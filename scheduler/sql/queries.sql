@@ -355,6 +355,9 @@ WITH audited_runs AS (
     FROM runs AS r
     JOIN audit_jobs_tmp AS j ON j.partition_id = r.partition_id AND j.job_id = r.job_id
     WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s
+      -- a slot jittered past the window is not expected yet, so its run is
+      -- not audited either (it may already have fired when auditing the past)
+      AND r.scheduled_at <= %(until)s
 ), unfired AS (
     SELECT e.partition_id, e.job_id, e.nominal_time,
            EXISTS (SELECT 1 FROM skips AS s
