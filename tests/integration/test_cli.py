@@ -27,6 +27,7 @@ from scheduler.clock import SystemClock
 from scheduler.firing import Firer
 from scheduler.lease import LeaseTable, SqlCoordinator
 from scheduler.metrics import Metrics
+from scheduler.planner import scheduled_time
 from scheduler.schedule import format_instant
 from scheduler.settings import Settings
 from scheduler.spec import JobSpec
@@ -255,6 +256,23 @@ def test_db_upgrade_is_rerunnable(empty_pg_dsn) -> None:
 # ---------------------------------------------------------------- runs list and verify
 
 
+def tick_once(dsn: str) -> int:
+    """One firing tick of a node "cli-node" holding every partition; returns the runs fired."""
+    settings = Settings(dsn=dsn, node_id="cli-node").validated()
+    metrics = Metrics()
+    table = LeaseTable(SystemClock(), settings.safety_margin_s)
+    coord = SqlCoordinator(settings, metrics)
+    firer = Firer(settings, table, SystemClock(), metrics)
+    try:
+        coord.join()
+        sent = time.monotonic()
+        table.grant(coord.claim(1024), sent, settings.lease_ttl_s)
+        return firer.tick().fired
+    finally:
+        firer.close()
+        coord.close()
+
+
 def fire_two_jobs(pg_dsn: str, conn: psycopg.Connection) -> tuple[uuid.UUID, uuid.UUID, datetime]:
     """Two interval-60 jobs with slots anchor+60 .. anchor+300 overdue, fired by one tick.
 
@@ -266,19 +284,7 @@ def fire_two_jobs(pg_dsn: str, conn: psycopg.Connection) -> tuple[uuid.UUID, uui
         "UPDATE jobs SET anchor_at = %(a)s, created_at = %(a)s, changed_at = %(a)s, "
         "next_nominal_at = %(n)s, next_due_at = %(n)s",
         {"a": anchor, "n": anchor + timedelta(seconds=60)})
-    settings = Settings(dsn=pg_dsn, node_id="cli-node").validated()
-    metrics = Metrics()
-    table = LeaseTable(SystemClock(), settings.safety_margin_s)
-    coord = SqlCoordinator(settings, metrics)
-    firer = Firer(settings, table, SystemClock(), metrics)
-    try:
-        coord.join()
-        sent = time.monotonic()
-        table.grant(coord.claim(1024), sent, settings.lease_ttl_s)
-        assert firer.tick().fired == 10
-    finally:
-        firer.close()
-        coord.close()
+    assert tick_once(pg_dsn) == 10
     return ids[0], ids[1], anchor
 
 
@@ -398,3 +404,25 @@ def test_jobs_import_without_an_expr_header_exits_2(pg_dsn, conn, tmp_path) -> N
     one_line_error(run(["jobs", "import", str(path), "--tenant", "mine"], pg_dsn), 2,
                    "error: file: must be a CSV with a header row naming an 'expr' column")
     assert conn.execute("SELECT count(*) AS c FROM tenants").fetchone()["c"] == 0
+
+
+def test_verify_a_window_ending_between_a_slots_nominal_and_jittered_time(pg_dsn, conn) -> None:
+    """A slot whose jittered time is after --until is not expected yet; if it has
+    already fired (the window is in the past), its run is not 'unexpected' either."""
+    job_id = jobs.add_job(conn, JobSpec.build(tenant="acme", interval_s=60, jitter_s=30)).job_id
+    anchor = store_now(conn).replace(microsecond=0) - timedelta(seconds=330)
+    slots = [anchor + timedelta(seconds=60 * k) for k in range(1, 6)]
+    conn.execute(
+        "UPDATE jobs SET anchor_at = %(a)s, created_at = %(a)s, changed_at = %(a)s, "
+        "next_nominal_at = %(n)s, next_due_at = %(d)s",
+        {"a": anchor, "n": slots[0], "d": scheduled_time(job_id, slots[0], 30)})
+    assert tick_once(pg_dsn) == 5
+    # The window ends 1 ms before the jittered time of the last slot whose jitter is over 1 s.
+    last = max(s for s in slots if scheduled_time(job_id, s, 30) - s > timedelta(seconds=1))
+    until = scheduled_time(job_id, last, 30) - timedelta(milliseconds=1)
+    due = [s for s in slots if scheduled_time(job_id, s, 30) <= until]
+    result = run(["verify", "--since", format_instant(anchor), "--until", format_instant(until), "--json"], pg_dsn)
+    report = json.loads(result.stdout)
+    assert (report["expected"], report["runs"], report["missing"], report["unexpected"]) == (
+        len(due), len(due), 0, 0), report
+    assert result.exit_code == 0
