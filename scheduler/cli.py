@@ -329,7 +329,7 @@ def jobs_import(dsn: str, csv_file: Path, tenant: str, misfire: str, as_json: bo
 @jobs.command("list")
 @dsn_option
 @click.option("--tenant", default=None)
-@click.option("--limit", default=1000, show_default=True)
+@click.option("--limit", default=1000, show_default=True, type=click.IntRange(1))
 @json_option
 def jobs_list(dsn: str, tenant: str | None, limit: int, as_json: bool) -> None:
     """List jobs (not deleted), by tenant and creation time."""
@@ -451,7 +451,7 @@ def runs() -> None:
 @dsn_option
 @click.option("--job", "job_id", default=None, help="Only this job's runs.")
 @click.option("--since", default=None, callback=instant("since"), help="Nominal time at or after (ISO-8601).")
-@click.option("--limit", default=100, show_default=True)
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1))
 @json_option
 def runs_list(dsn: str, job_id: str | None, since: datetime | None, limit: int, as_json: bool) -> None:
     """List runs, newest nominal time first."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import re
 import uuid
 from collections.abc import Iterable, Iterator
@@ -234,13 +235,17 @@ def list_jobs(conn: psycopg.Connection, tenant: str | None = None, limit: int = 
 def set_paused(conn: psycopg.Connection, job_id: uuid.UUID, paused: bool) -> None:
     """Pause (no slot fires while paused) or resume (next slot strictly after now).
 
-    Raises NotFoundError for an unknown or deleted job.
+    Pausing a paused job or resuming a running one changes nothing (a running
+    job keeps its next slot, overdue or not). Raises NotFoundError for an
+    unknown or deleted job.
     """
     def body(c: psycopg.Connection) -> None:
         now = _store_now(c)
         row = get_job(c, job_id)
         if row["deleted_at"] is not None:
             raise NotFoundError(f"job_id: job {job_id} is deleted")
+        if row["paused"] == paused:
+            return
         next_nominal = next_due = None
         if not paused:
             schedule = JobSpec(tenant=row["tenant"], kind=row["kind"], cron=row["cron_expr"],
@@ -291,8 +296,8 @@ def set_tenant(conn: psycopg.Connection, tenant: str, *, weight: int | None = No
 def _check_weight_rate(weight: int | None, max_rate: float | None) -> None:
     if weight is not None and not (isinstance(weight, int) and 1 <= weight <= 1000):
         raise ValidationError("weight", "must be a whole number from 1 to 1000", weight)
-    if max_rate is not None and not max_rate > 0:
-        raise ValidationError("max_rate", "must be a positive number of runs per second", max_rate)
+    if max_rate is not None and not (isinstance(max_rate, (int, float)) and 0 < max_rate < math.inf):
+        raise ValidationError("max_rate", "must be a positive, finite number of runs per second", max_rate)
 
 
 def list_tenants(conn: psycopg.Connection) -> list[dict]:
