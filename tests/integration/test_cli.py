@@ -237,6 +237,7 @@ def test_tenants_add_list_set(pg_dsn) -> None:
     one_line_error(run(["tenants", "set", "acme"], pg_dsn), 2, "error: give --weight, --max-rate or --no-max-rate")
     one_line_error(run(["tenants", "add", "bad tenant"], pg_dsn), 2, "error: tenant: must be 1-200 characters")
     one_line_error(run(["tenants", "add", "initech", "--weight", "0"], pg_dsn), 2, "error: weight: ")
+    one_line_error(run(["tenants", "set", "acme", "--max-rate", "inf"], pg_dsn), 2, "error: max_rate: ")
 
 
 # ---------------------------------------------------------------- db upgrade
@@ -310,6 +311,8 @@ def test_runs_list(pg_dsn, conn) -> None:
     assert text[0].split() == ["JOB_ID", "TENANT", "NOMINAL_TIME", "FIRED_AT", "LATENESS_S", "NODE_ID", "EPOCH"]
     assert len(text) == 6
     one_line_error(run(["runs", "list", "--since", "2030-01-01"], pg_dsn), 2, "error: since: ")
+    one_line_error(run(["runs", "list", "--limit", "0"], pg_dsn), 2, "error: Invalid value for '--limit'")
+    one_line_error(run(["jobs", "list", "--limit", "-1"], pg_dsn), 2, "error: Invalid value for '--limit'")
 
 
 def test_verify_counts_and_exit_status(pg_dsn, conn) -> None:

@@ -109,6 +109,23 @@ def test_pause_resume_delete(conn) -> None:
     assert jobs.get_job(conn, job_id) == deleted
 
 
+def test_pause_and_resume_are_idempotent(conn) -> None:
+    job_id = jobs.add_job(conn, JobSpec.build(tenant="acme", cron="*/5 * * * *")).job_id
+    overdue = datetime(2020, 1, 1, tzinfo=UTC)  # a backlog after an outage
+    conn.execute("UPDATE jobs SET next_nominal_at = %(t)s, next_due_at = %(t)s WHERE job_id = %(j)s",
+                 {"t": overdue, "j": job_id})
+    running = jobs.get_job(conn, job_id)
+
+    jobs.set_paused(conn, job_id, False)  # resuming a running job keeps its backlog
+    assert jobs.get_job(conn, job_id) == running
+
+    jobs.set_paused(conn, job_id, True)
+    paused = jobs.get_job(conn, job_id)
+    jobs.set_paused(conn, job_id, True)
+    assert jobs.get_job(conn, job_id) == paused
+    assert paused["revision"] == running["revision"] + 1
+
+
 def test_unknown_job_is_not_found(conn) -> None:
     missing = uuid.UUID(int=42)
     for call in (lambda: jobs.get_job(conn, missing), lambda: jobs.delete_job(conn, missing),
@@ -279,6 +296,9 @@ def test_tenants_add_list_set(conn) -> None:
                         (lambda: jobs.add_tenant(conn, "initech", weight=0), "weight"),
                         (lambda: jobs.add_tenant(conn, "initech", weight=1001), "weight"),
                         (lambda: jobs.add_tenant(conn, "initech", max_rate=0), "max_rate"),
+                        (lambda: jobs.add_tenant(conn, "initech", max_rate=float("inf")), "max_rate"),
+                        (lambda: jobs.add_tenant(conn, "initech", max_rate=float("nan")), "max_rate"),
+                        (lambda: jobs.set_tenant(conn, "acme", max_rate=float("inf")), "max_rate"),
                         (lambda: jobs.set_tenant(conn, "acme", weight=-1), "weight"),
                         (lambda: jobs.set_tenant(conn, "acme", max_rate=-2.0), "max_rate")]:
         with pytest.raises(ValidationError) as caught:
