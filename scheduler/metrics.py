@@ -7,12 +7,64 @@ tenant or job id. Tests read the registry (``Metrics.value``) as an oracle.
 
 from __future__ import annotations
 
+import bisect
+import threading
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import HistogramMetricFamily
 
 LAG_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 13.0, 20.0, 30.0, 60.0, 300.0)
 """Dispatch-lag buckets (seconds): around the 2 s p99 target and the 10–13 s failover bound."""
 
 TICK_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+
+
+class BulkHistogram:
+    """A histogram that takes a whole batch of observations at once.
+
+    prometheus-client's ``Histogram.observe`` costs ~3 µs a call; a herd tick
+    commits 100,000 runs, so the firing loop records their lags in one call
+    (:meth:`observe_many`, a bisect per value). Exposed through the public
+    custom-collector API as a regular histogram family.
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: Iterable[float],
+                 registry: CollectorRegistry) -> None:
+        self._name = name
+        self._doc = documentation
+        self._bounds = sorted(buckets)
+        self._counts = [0] * (len(self._bounds) + 1)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe(self, value: float) -> None:
+        self.observe_many((value,))
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        """Record every value (seconds)."""
+        counts = [0] * len(self._counts)
+        total = 0.0
+        for value in values:
+            counts[bisect.bisect_left(self._bounds, value)] += 1
+            total += value
+        with self._lock:
+            for i, n in enumerate(counts):
+                self._counts[i] += n
+            self._sum += total
+
+    def collect(self):
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cumulative, acc = [], 0
+        for bound, n in zip([*map(str, self._bounds), "+Inf"], counts):
+            acc += n
+            cumulative.append((bound, acc))
+        yield HistogramMetricFamily(self._name, self._doc, buckets=cumulative, sum_value=total)
+
+    def describe(self):
+        return []
 
 
 class Metrics:
@@ -26,10 +78,10 @@ class Metrics:
         self.slots_skipped = Counter(
             "scheduler_firing_slots_skipped_total",
             "Misfire decisions recorded as skipped (one per skip range).", registry=r)
-        self.dispatch_lag = Histogram(
+        self.dispatch_lag = BulkHistogram(
             "scheduler_firing_dispatch_lag_seconds",
             "fired_at minus scheduled time (nominal + jitter) of committed runs, store clock.",
-            buckets=LAG_BUCKETS_S, registry=r)
+            LAG_BUCKETS_S, r)
         self.due_backlog = Gauge(
             "scheduler_firing_due_backlog_runs",
             "Due runs left for the next tick after this tick's budget (lower bound).", registry=r)

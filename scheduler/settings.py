@@ -101,8 +101,9 @@ class Settings:
             "node_prune_after_s",
         )
         for name in positive:
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0 (got {getattr(self, name)!r})")
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                raise ConfigError(f"{name} must be a finite number > 0 (got {value!r})")
         if self.safety_margin_s < 0.5:
             raise ConfigError(
                 f"safety_margin_s must be >= 0.5 (CockroachDB's max clock offset; got {self.safety_margin_s!r})"

@@ -150,20 +150,22 @@ CROSS JOIN LATERAL (
 SELECT now() AS store_now;
 
 -- name: fire_runs
--- The fenced firing statement (DESIGN.md §4). One statement, so atomic even
--- in autocommit:
+-- The fenced firing statement (DESIGN.md §4). One statement, so atomic:
 --   fence    locks the partition rows FOR SHARE where owner and epoch are
 --            still ours: a concurrent takeover (which UPDATEs owner_epoch)
---            waits for this statement's commit, or has already committed and
---            the re-checked row no longer matches. Evaluated once.
---   advanced moves each job to its next slot, only in fenced partitions and
---            only if nobody edited it since it was read (revision);
+--            waits for this transaction's commit, or has already committed
+--            and the re-checked row no longer matches. Evaluated once
+--            (a CTE), never per row.
+--   advanced moves each planned job (array position idx) to its next slot,
+--            only in fenced partitions and only if nobody edited it since it
+--            was read (revision); returns its tenant and fencing epoch;
 --   skipped  records misfire decisions of advanced jobs;
 --   inserted writes one run per (job, nominal time) of advanced jobs; the
---            primary key makes a duplicate impossible.
--- Returns the fenced partitions and the counts.
+--            primary key makes a duplicate impossible. A NULL scheduled time
+--            means "the nominal time" (no jitter).
+-- Returns the fenced partitions, the counts and the runs' lateness.
 WITH fence AS (
-    SELECT p.partition_id
+    SELECT p.partition_id, p.owner_epoch
     FROM partitions AS p
     JOIN unnest(%(fence_pids)b::int4[], %(fence_epochs)b::int8[]) AS f (pid, epoch)
       ON p.partition_id = f.pid AND p.owner_epoch = f.epoch
@@ -172,35 +174,33 @@ WITH fence AS (
 ), advanced AS (
     UPDATE jobs AS j
     SET next_nominal_at = a.next_nominal, next_due_at = a.next_due
-    FROM unnest(%(a_pids)b::int4[], %(a_jids)b::uuid[], %(a_revs)b::int8[],
-                %(a_next_nominal)b::timestamptz[], %(a_next_due)b::timestamptz[])
-         AS a (pid, jid, rev, next_nominal, next_due)
+    FROM unnest(%(pids)b::int4[], %(jids)b::uuid[], %(revs)b::int8[],
+                %(next_nominal)b::timestamptz[], %(next_due)b::timestamptz[])
+           WITH ORDINALITY AS a (pid, jid, rev, next_nominal, next_due, idx)
+    JOIN fence AS f ON f.partition_id = a.pid
     WHERE j.partition_id = a.pid
       AND j.job_id = a.jid
       AND j.revision = a.rev
-      AND a.pid IN (SELECT partition_id FROM fence)
-    RETURNING j.partition_id, j.job_id
+    RETURNING a.idx, j.partition_id, j.job_id, j.tenant, f.owner_epoch
 ), skipped AS (
     INSERT INTO skips (partition_id, job_id, first_nominal, until_nominal, slots,
                        reason, recorded_at, node_id, epoch)
-    SELECT s.pid, s.jid, s.first_nominal, s.until_nominal, s.slots, s.reason,
-           statement_timestamp(), %(node_id)s, s.epoch
-    FROM unnest(%(s_pids)b::int4[], %(s_jids)b::uuid[], %(s_first)b::timestamptz[],
-                %(s_until)b::timestamptz[], %(s_slots)b::int8[], %(s_reasons)b::text[],
-                %(s_epochs)b::int8[])
-         AS s (pid, jid, first_nominal, until_nominal, slots, reason, epoch)
-    JOIN advanced AS ad ON ad.partition_id = s.pid AND ad.job_id = s.jid
+    SELECT ad.partition_id, ad.job_id, s.first_nominal, s.until_nominal, s.slots, s.reason,
+           statement_timestamp(), %(node_id)s, ad.owner_epoch
+    FROM unnest(%(s_idx)b::int8[], %(s_first)b::timestamptz[], %(s_until)b::timestamptz[],
+                %(s_slots)b::int8[], %(s_reasons)b::text[])
+         AS s (idx, first_nominal, until_nominal, slots, reason)
+    JOIN advanced AS ad ON ad.idx = s.idx
     ON CONFLICT (partition_id, job_id, first_nominal) DO NOTHING
     RETURNING 1
 ), inserted AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
                       fired_at, node_id, epoch)
-    SELECT r.pid, r.jid, r.nominal, r.tenant, r.scheduled,
-           statement_timestamp(), %(node_id)s, r.epoch
-    FROM unnest(%(r_pids)b::int4[], %(r_jids)b::uuid[], %(r_nominal)b::timestamptz[],
-                %(r_tenants)b::text[], %(r_scheduled)b::timestamptz[], %(r_epochs)b::int8[])
-         AS r (pid, jid, nominal, tenant, scheduled, epoch)
-    JOIN advanced AS ad ON ad.partition_id = r.pid AND ad.job_id = r.jid
+    SELECT ad.partition_id, ad.job_id, r.nominal, ad.tenant, coalesce(r.scheduled, r.nominal),
+           statement_timestamp(), %(node_id)s, ad.owner_epoch
+    FROM unnest(%(r_idx)b::int8[], %(r_nominal)b::timestamptz[], %(r_scheduled)b::timestamptz[])
+         AS r (idx, nominal, scheduled)
+    JOIN advanced AS ad ON ad.idx = r.idx
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
     RETURNING extract(epoch FROM (fired_at - scheduled_at))::float8 AS lag_s
 )
@@ -391,3 +391,41 @@ SELECT count(*) AS runs,
            ORDER BY extract(epoch FROM (fired_at - scheduled_at))::float8) AS p99_s
 FROM runs
 WHERE fired_at > now() - %(window_s)s * interval '1 second';
+
+-- ---------------------------------------------------------------- measurement
+
+-- name: count_owned_partitions
+-- Partitions whose lease is held by a live-looking owner (not expired).
+SELECT count(*) AS owned FROM partitions
+WHERE owner_node IS NOT NULL AND lease_expires_at > now();
+
+-- name: count_due_at
+-- Jobs still due at or before an instant (walks jobs_tenant_due_idx; cheap
+-- enough to poll while a herd drains, unlike counting runs).
+SELECT count(*) AS due FROM jobs WHERE next_due_at <= %(nominal)s;
+
+-- name: herd_stats
+-- Drain time (last fired_at − nominal) and lateness of the runs of one
+-- nominal instant, overall and for the 'big' tenant vs the others.
+SELECT count(*) AS runs,
+       extract(epoch FROM (max(fired_at) - %(nominal)s::timestamptz))::float8 AS drain_s,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM (fired_at - scheduled_at))::float8) AS lag_p50_s,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM (fired_at - scheduled_at))::float8) AS lag_p99_s,
+       max(extract(epoch FROM (fired_at - scheduled_at))::float8) AS lag_max_s,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM (fired_at - scheduled_at))::float8)
+           FILTER (WHERE tenant = 'big') AS big_p99_s,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM (fired_at - scheduled_at))::float8)
+           FILTER (WHERE tenant <> 'big') AS small_p99_s
+FROM runs
+WHERE nominal_time = %(nominal)s;
+
+-- name: herd_series
+-- Runs per 100 ms of fired_at, with max lateness, per tenant class (plots).
+SELECT floor(extract(epoch FROM (fired_at - %(nominal)s::timestamptz)) * 10)::int AS bucket,
+       (tenant = 'big') AS big,
+       count(*) AS runs,
+       max(extract(epoch FROM (fired_at - scheduled_at))::float8) AS lag_max_s
+FROM runs
+WHERE nominal_time = %(nominal)s
+GROUP BY 1, 2
+ORDER BY 1, 2;

@@ -1,0 +1,135 @@
+"""Loading bench workloads into the store fast (COPY), and running node processes.
+
+The bench uses the engine's own pieces for everything that has a meaning
+(partition hash, jitter, schedule math, migrations, the ``scheduler node``
+CLI); only the bulk load bypasses ``scheduler jobs add`` (one job per
+statement would take minutes for millions of jobs) and writes the same
+columns ``scheduler.jobs.add_job`` would, with COPY.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from pathlib import Path
+
+import psycopg
+
+from scheduler import store
+from scheduler.migrate import upgrade
+from scheduler.partition import partition_of
+
+JOB_COLUMNS = ("partition_id", "job_id", "tenant", "kind", "cron_expr", "cron_dialect", "tz",
+               "interval_s", "anchor_at", "misfire", "next_nominal_at", "next_due_at",
+               "created_at", "changed_at")
+JOB_TYPES = ("int4", "uuid", "text", "text", "text", "text", "text", "int8", "timestamptz", "text",
+             "timestamptz", "timestamptz", "timestamptz", "timestamptz")
+
+
+def reset_store(dsn: str) -> psycopg.Connection:
+    """Migrate, then empty jobs/runs/skips/tenants/nodes and free every lease.
+
+    Epochs are kept (they only ever increase). Returns an autocommit connection.
+    """
+    upgrade(dsn)
+    conn = store.connect(dsn, application_name="bench")
+    conn.execute("TRUNCATE runs, skips, jobs, tenants, nodes")
+    conn.execute("UPDATE partitions SET owner_node = NULL, lease_expires_at = NULL")
+    return conn
+
+
+def copy_jobs(conn: psycopg.Connection, rows: Iterable[tuple], progress=None) -> int:
+    """COPY job rows (``JOB_COLUMNS`` order) into ``jobs``; return the count."""
+    count = 0
+    with conn.cursor() as cur, cur.copy(
+            f"COPY jobs ({', '.join(JOB_COLUMNS)}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(list(JOB_TYPES))
+        for row in rows:
+            copy.write_row(row)
+            count += 1
+            if progress is not None and count % 10_000 == 0:
+                progress(10_000)
+    if progress is not None:
+        progress(count % 10_000)
+    return count
+
+
+def cron_row(tenant: str, expr: str, tz: str, nominal: datetime, created: datetime,
+             job_id: uuid.UUID | None = None) -> tuple:
+    """A ``jobs`` row for a unix-dialect cron job whose next slot is ``nominal``."""
+    job_id = job_id or uuid.uuid4()
+    return (partition_of(job_id), job_id, tenant, "cron", expr, "unix", tz, None, None, "all",
+            nominal, nominal, created, created)
+
+
+def ensure_tenants(conn: psycopg.Connection, tenants: Iterable[str]) -> None:
+    store.execute(conn, "ensure_tenants", {"tenants": sorted(set(tenants))})
+
+
+class NodeProcess:
+    """A ``scheduler node`` child process (its stderr goes to ``log_path``)."""
+
+    def __init__(self, dsn: str, node_id: str, log_dir: Path, extra: Iterable[str] = ()) -> None:
+        self.node_id = node_id
+        self.log_path = log_dir / f"{node_id}.log"
+        env = {**os.environ, "SCHEDULER_DSN": dsn, "SCHEDULER_LOG_FORMAT": "json"}
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "scheduler", "node", "--node-id", node_id, *extra],
+            env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def peak_rss_mb(self) -> float | None:
+        """Peak resident set size (VmHWM) in MB, or None once the process is gone."""
+        try:
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            return None
+        return None
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.pid, sig)
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL; return the exit status."""
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.1, what: str = "condition") -> float:
+    """Poll ``predicate()`` until true; return seconds waited. Raises TimeoutError."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout_s:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(interval_s)
+    return time.monotonic() - start
+
+
+def chunks(items: Iterator, size: int) -> Iterator[list]:
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
