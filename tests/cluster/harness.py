@@ -1,0 +1,629 @@
+"""Cluster-test harness: real ``scheduler node`` processes on one PostgreSQL.
+
+Pieces (the ``cluster`` fixture in ``conftest.py`` wires them per test):
+
+:class:`Timings`
+    scaled-down lease timings (TTL 2 s, renew 0.5 s, poll 0.25 s, tick 0.5 s,
+    safety margin 0.5 s) and the failover bounds derived from them.
+:class:`NodeProcess`
+    one ``python -m scheduler --log-format json node ...`` child: its stderr
+    is read on a thread and parsed into JSON events (``lease_claimed``,
+    ``fence_rejected``, ``lease_lost``, ``node_stopped``, ...); real signals
+    (:meth:`~NodeProcess.kill` = SIGKILL, :meth:`~NodeProcess.pause` = SIGSTOP,
+    :meth:`~NodeProcess.resume` = SIGCONT, :meth:`~NodeProcess.terminate` =
+    SIGTERM and wait). Children get ``PR_SET_PDEATHSIG`` = SIGKILL, so they die
+    with the test process even if its teardown never runs.
+:class:`Cluster`
+    the processes of one test on one database, a store connection, and
+    :meth:`~Cluster.wait_for`: polls a probe until a predicate holds, bounded,
+    failing with what it last saw (and failing at once if a node that should
+    be running has exited). No fixed sleeps where a condition can be polled.
+:func:`check_history`
+    the history validator every cluster test ends with: ``verify`` over the
+    window (every (job, nominal) exactly once) plus the fencing invariants
+    over the runs: per partition, epochs never go down in ``fired_at``
+    order (a stale owner never commits after a newer epoch committed), one
+    (partition, epoch) belongs to one node, no run carries an epoch the
+    partition never reached.
+
+All SQL the cluster tests run against the store lives in this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+
+from scheduler import jobs, store
+from scheduler.audit import VerifyReport, verify
+from scheduler.lease import fair_share
+from scheduler.partition import PARTITION_COUNT
+from scheduler.spec import JobSpec
+from scheduler.status import cluster_status
+
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------- timings
+
+
+@dataclasses.dataclass(frozen=True)
+class Timings:
+    """Scaled-down node timings (seconds); valid for ``Settings.validated``."""
+
+    lease_ttl_s: float = 2.0
+    renew_interval_s: float = 0.5
+    poll_interval_s: float = 0.25
+    tick_interval_s: float = 0.5
+    safety_margin_s: float = 0.5
+
+    def flags(self) -> list[str]:
+        """The ``scheduler node`` flags for these timings."""
+        return [
+            "--lease-ttl-s", str(self.lease_ttl_s),
+            "--renew-interval-s", str(self.renew_interval_s),
+            "--poll-interval-s", str(self.poll_interval_s),
+            "--tick-interval-s", str(self.tick_interval_s),
+            "--safety-margin-s", str(self.safety_margin_s),
+        ]
+
+    @property
+    def crash_lateness_bound_s(self) -> float:
+        """DESIGN.md §6 crash bound TTL + poll + tick, scaled down (no margin)."""
+        return self.lease_ttl_s + self.poll_interval_s + self.tick_interval_s
+
+
+TIMINGS = Timings()
+
+MARGIN_S = 3.0
+"""Generous slack added to every timing bound: 2 cores shared with PostgreSQL."""
+
+AFTERMATH_S = 2.0
+"""Every audited window extends at least this far past the test's last disruption."""
+
+
+# ---------------------------------------------------------------- waiting
+
+
+def wait_for(what: str, probe: Callable[[], T], predicate: Callable[[T], bool] = bool, *,
+             timeout_s: float, interval_s: float = 0.05,
+             check: Callable[[], None] | None = None) -> T:
+    """Poll ``probe()`` until ``predicate(value)``; return that value.
+
+    ``check()`` runs before each probe and may raise to fail early (e.g. a
+    node died). Raises AssertionError naming ``what``, the timeout and the
+    last value seen.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if check is not None:
+            check()
+        value = probe()
+        if predicate(value):
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:.1f}s waiting for {what}; last seen: {value!r}")
+        time.sleep(interval_s)
+
+
+def sleep_until_wall_fraction(fraction: float) -> None:
+    """Sleep until the wall clock's fractional second is ``fraction`` (0..1).
+
+    Nodes tick phased onto wall-clock seconds (``firing.TICK_PHASE_S``), so
+    this places an action just before a tick that has due work.
+    """
+    now = time.time()
+    time.sleep((fraction - now % 1.0) % 1.0)
+
+
+# ---------------------------------------------------------------- processes
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _child_env() -> dict[str, str]:
+    """The test's environment without any SCHEDULER_* setting (flags only)."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("SCHEDULER_") or k.startswith("SCHEDULER_TEST_")}
+
+
+def run_cli(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m scheduler ARGS`` to completion (flags only, no SCHEDULER_* env)."""
+    return subprocess.run([sys.executable, "-m", "scheduler", *args], capture_output=True, text=True,
+                          env=_child_env(), timeout=timeout_s, check=False)
+
+
+class NodeProcess:
+    """One ``scheduler node`` child process with JSON logs parsed from stderr.
+
+    ``events`` holds every JSON record (dicts with ``ts``, ``level``,
+    ``event`` and the fields) plus ``_mono``: the test's monotonic time the
+    line was read; ``garbage`` holds stderr lines that are not JSON (e.g. a
+    traceback). The raw stderr is also written to ``log_path``.
+    """
+
+    def __init__(self, dsn: str, node_id: str, log_path: Path, timings: Timings = TIMINGS,
+                 extra_flags: list[str] | None = None) -> None:
+        self.dsn = dsn
+        self.node_id = node_id
+        self.log_path = log_path
+        self.timings = timings
+        self.extra_flags = list(extra_flags or [])
+        self.events: list[dict[str, Any]] = []
+        self.garbage: list[str] = []
+        self.expected_running = False
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+
+    # ---- lifecycle
+
+    def start(self) -> NodeProcess:
+        """Launch the process (returns at once; see :meth:`wait_event`)."""
+        cmd = [sys.executable, "-m", "scheduler", "--log-format", "json", "node",
+               "--dsn", self.dsn, "--node-id", self.node_id, *self.timings.flags(), *self.extra_flags]
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, env=_child_env(),
+                                      preexec_fn=_die_with_parent)
+        self.expected_running = True
+        self._reader = threading.Thread(target=self._read, name=f"stderr-{self.node_id}", daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        with open(self.log_path, "ab") as raw:
+            for line in self._proc.stderr:
+                raw.write(line)
+                raw.flush()
+                text = line.decode(errors="replace").rstrip("\n")
+                try:
+                    record = json.loads(text)
+                    if not isinstance(record, dict):
+                        raise ValueError
+                except ValueError:
+                    with self._lock:
+                        self.garbage.append(text)
+                    continue
+                record["_mono"] = time.monotonic()
+                with self._lock:
+                    self.events.append(record)
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "not started"
+        return self._proc.pid
+
+    def returncode(self) -> int | None:
+        """Exit status if the process has exited, else None (reaps it)."""
+        return None if self._proc is None else self._proc.poll()
+
+    def state(self) -> str:
+        """Linux process state letter (``R``, ``S``, ``T`` = stopped, ...); ``X`` if gone."""
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return "X"
+        return stat.rsplit(")", 1)[1].split()[0]
+
+    def _signal(self, sig: signal.Signals) -> None:
+        assert self._proc is not None and self._proc.poll() is None, f"{self.node_id} is not running"
+        self._proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL and reap (``kill -9``); the store sees its sockets close."""
+        self.expected_running = False
+        self._signal(signal.SIGKILL)
+        self._proc.wait(10)
+        self._join_reader()
+
+    def pause(self) -> None:
+        """SIGSTOP; returns once the kernel reports the process stopped."""
+        self._signal(signal.SIGSTOP)
+        wait_for(f"{self.node_id} to stop", self.state, lambda s: s in ("T", "t"), timeout_s=5, interval_s=0.005)
+
+    def resume(self) -> None:
+        """SIGCONT."""
+        self._signal(signal.SIGCONT)
+
+    def terminate(self, timeout_s: float = 15.0) -> int:
+        """SIGTERM (graceful stop) and wait; return the exit status."""
+        self.expected_running = False
+        self._signal(signal.SIGTERM)
+        try:
+            return self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.node_id} did not exit within {timeout_s}s of SIGTERM") from None
+        finally:
+            self._join_reader()
+
+    def destroy(self) -> None:
+        """Teardown: SIGKILL if still running (works on stopped processes too); never raises."""
+        self.expected_running = False
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(10)
+        self._join_reader()
+
+    def _join_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.join(5)
+
+    # ---- logs
+
+    def events_named(self, name: str, since_mono: float | None = None) -> list[dict[str, Any]]:
+        """Events called ``name`` (read at or after ``since_mono``, test monotonic time)."""
+        with self._lock:
+            return [e for e in self.events
+                    if e.get("event") == name and (since_mono is None or e["_mono"] >= since_mono)]
+
+    def wait_event(self, name: str, predicate: Callable[[dict], bool] = lambda e: True, *,
+                   timeout_s: float = 10.0, since_mono: float | None = None) -> dict[str, Any]:
+        """Wait for the first event ``name`` satisfying ``predicate``; return it."""
+        def probe() -> list[dict]:
+            return [e for e in self.events_named(name, since_mono) if predicate(e)]
+
+        return wait_for(f"event {name!r} from {self.node_id}", probe, timeout_s=timeout_s,
+                        check=self.check_alive)[0]
+
+    def check_alive(self) -> None:
+        """Raise AssertionError (with the log tail) if the node should run but has exited."""
+        if self.expected_running and self.returncode() is not None:
+            self.expected_running = False
+            raise AssertionError(f"node {self.node_id} exited with status {self.returncode()}:\n{self.tail()}")
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    def problems(self) -> list[str]:
+        """Signs of a crash: a Python traceback on stderr, or error-level records.
+
+        Other non-JSON stderr lines (``garbage``) are not counted: libraries
+        such as psycopg log plain-text warnings there (e.g. "error ignored in
+        rollback" after the store ended a frozen node's transaction).
+        """
+        with self._lock:
+            tracebacks = [line for line in self.garbage if line.startswith("Traceback")]
+            errors = [json.dumps({k: v for k, v in e.items() if k != "_mono"})
+                      for e in self.events if e.get("level") in ("error", "critical")]
+            return tracebacks + errors
+
+
+# ---------------------------------------------------------------- store probes
+
+
+def store_now(conn: psycopg.Connection) -> datetime:
+    return store.execute(conn, "store_now")[0]["store_now"]
+
+
+def add_interval_jobs(conn: psycopg.Connection, count: int, interval_s: int = 1,
+                      tenant: str = "cluster") -> list:
+    """Register ``count`` unnamed interval jobs (one transaction); return their ids."""
+    return jobs.add_jobs(conn, [JobSpec.build(tenant=tenant, interval_s=interval_s) for _ in range(count)])
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionRow:
+    partition_id: int
+    owner_node: str | None
+    owner_epoch: int
+    lease_expires_at: datetime | None
+    acquired_at: datetime | None
+    lease_live: bool
+
+
+def partitions(conn: psycopg.Connection) -> dict[int, PartitionRow]:
+    """Every partition row by id, with ``lease_live`` judged by store time."""
+    rows = conn.execute(
+        "SELECT partition_id, owner_node, owner_epoch, lease_expires_at, acquired_at,"
+        "       coalesce(lease_expires_at > now(), false) AS lease_live"
+        " FROM partitions ORDER BY partition_id").fetchall()
+    return {row["partition_id"]: PartitionRow(**row) for row in rows}
+
+
+def owned_by(conn: psycopg.Connection, node_id: str) -> dict[int, PartitionRow]:
+    """Partitions whose row names ``node_id`` as owner (live or not)."""
+    return {pid: row for pid, row in partitions(conn).items() if row.owner_node == node_id}
+
+
+def ownership(conn: psycopg.Connection, ttl_s: float = TIMINGS.lease_ttl_s) -> dict[str, int]:
+    """``{node_id: partitions it owns live}`` for live nodes (``scheduler status``'s view)."""
+    status = cluster_status(conn, ttl_s)
+    return {node["node_id"]: node["partitions"] for node in status["nodes"] if node["live"]}
+
+
+def balanced(counts: dict[str, int], nodes: list[str]) -> bool:
+    """Exactly ``nodes`` are live, all 1,024 partitions are owned, none above its share."""
+    share = fair_share(len(nodes))
+    return (sorted(counts) == sorted(nodes) and sum(counts.values()) == PARTITION_COUNT
+            and all(n <= share for n in counts.values()))
+
+
+def hold_all_but(conn: psycopg.Connection, free: list[int], *, expired: bool, holder: str = "holder") -> None:
+    """Lease every partition to ``holder`` for an hour except ``free``: those
+    are released (no owner) or, with ``expired``, still owned but expired.
+    Epochs are left alone (only claims bump them)."""
+    conn.execute("UPDATE partitions SET owner_node = %s, lease_expires_at = now() + interval '1 hour'", (holder,))
+    if expired:
+        conn.execute("UPDATE partitions SET lease_expires_at = now() - interval '1 second'"
+                     " WHERE partition_id = ANY(%s)", (free,))
+    else:
+        conn.execute("UPDATE partitions SET owner_node = NULL, lease_expires_at = NULL"
+                     " WHERE partition_id = ANY(%s)", (free,))
+
+
+def lagging_jobs(conn: psycopg.Connection, until: datetime) -> int:
+    """Active jobs with a slot before ``until`` still unfired (0 = caught up)."""
+    return conn.execute(
+        "SELECT count(*) AS n FROM jobs"
+        " WHERE deleted_at IS NULL AND NOT paused AND next_nominal_at < %s", (until,)).fetchone()["n"]
+
+
+def runs_by(conn: psycopg.Connection, node_id: str, *, pids: list[int] | None = None,
+            fired_after: datetime | None = None) -> list[dict]:
+    """``(partition_id, epoch, fired_at)`` of runs by ``node_id`` (optionally filtered)."""
+    return conn.execute(
+        "SELECT partition_id, epoch, fired_at FROM runs"
+        " WHERE node_id = %(node)s"
+        "   AND (%(pids)s::int4[] IS NULL OR partition_id = ANY(%(pids)s::int4[]))"
+        "   AND (%(after)s::timestamptz IS NULL OR fired_at > %(after)s::timestamptz)",
+        {"node": node_id, "pids": pids, "after": fired_after}).fetchall()
+
+
+def max_lateness_s(conn: psycopg.Connection, pids: list[int], nominal_from: datetime) -> float:
+    """Largest fired_at − scheduled_at of runs in ``pids`` with nominal ≥ ``nominal_from``."""
+    row = conn.execute(
+        "SELECT max(extract(epoch FROM (fired_at - scheduled_at)))::float8 AS late FROM runs"
+        " WHERE partition_id = ANY(%s::int4[]) AND nominal_time >= %s", (pids, nominal_from)).fetchone()
+    assert row["late"] is not None, "no runs in the affected partitions"
+    return row["late"]
+
+
+def backend_pids(conn: psycopg.Connection, application_name: str) -> list[int]:
+    """Backends of this database with ``application_name`` (e.g. ``scheduler-fire:n2``)."""
+    rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND application_name = %s", (application_name,)).fetchall()
+    return [row["pid"] for row in rows]
+
+
+def blocked_backends(conn: psycopg.Connection, application_name: str, blocker_pid: int,
+                     waiting_mode: str | None = None) -> list[int]:
+    """Backends with ``application_name`` waiting on a lock held by ``blocker_pid``.
+
+    ``waiting_mode`` narrows it to backends with an ungranted lock of that mode
+    (e.g. ``AccessShareLock``: a plain read waiting on a table lock).
+    """
+    rows = conn.execute(
+        "SELECT a.pid FROM pg_stat_activity AS a"
+        " WHERE a.datname = current_database() AND a.application_name = %(app)s"
+        "   AND %(blocker)s = ANY(pg_blocking_pids(a.pid))"
+        "   AND (%(mode)s::text IS NULL OR EXISTS (SELECT 1 FROM pg_locks AS l"
+        "        WHERE l.pid = a.pid AND NOT l.granted AND l.mode = %(mode)s::text))",
+        {"app": application_name, "blocker": blocker_pid, "mode": waiting_mode}).fetchall()
+    return [row["pid"] for row in rows]
+
+
+def in_transaction(conn: psycopg.Connection, application_name: str) -> list[int]:
+    """Backends with ``application_name`` inside a transaction (holding its locks)."""
+    rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND application_name = %s AND xact_start IS NOT NULL", (application_name,)).fetchall()
+    return [row["pid"] for row in rows]
+
+
+def terminate_backends(conn: psycopg.Connection, pids: list[int]) -> int:
+    """``pg_terminate_backend`` each pid; return how many were signalled."""
+    rows = conn.execute("SELECT pg_terminate_backend(pid) AS ok FROM unnest(%s::int4[]) AS pid",
+                        (pids,)).fetchall()
+    return sum(1 for row in rows if row["ok"])
+
+
+@contextlib.contextmanager
+def locked(dsn: str, statement: str, params: Any = None) -> Iterator[psycopg.Connection]:
+    """Hold the locks ``statement`` takes in an open transaction for the ``with`` body."""
+    with psycopg.connect(dsn, application_name="pytest-locker") as lock_conn:
+        with lock_conn.transaction():
+            lock_conn.execute(statement, params)
+            yield lock_conn
+
+
+# ---------------------------------------------------------------- history
+
+
+@dataclasses.dataclass
+class History:
+    """What :func:`check_history` found (all invariants held)."""
+
+    since: datetime
+    until: datetime
+    report: VerifyReport
+    runs_by_node: Counter
+    epoch_regressions: int
+    shared_epochs: int
+    future_epochs: int
+
+
+def check_history(conn: psycopg.Connection, since: datetime, until: datetime) -> History:
+    """The history check every cluster test ends with; raises AssertionError on a violation.
+
+    * ``verify`` over ``[since, until)``: something was expected, and nothing is
+      missing, duplicated or unexpected;
+    * over every run fired since ``since``: per partition in ``fired_at``
+      order, no run's epoch is below an earlier run's (a stale owner never
+      commits after a newer epoch committed); no (partition, epoch) was used
+      by two nodes; no run's epoch is above its partition's current epoch.
+    """
+    report = verify(conn, since, until)
+    assert report.expected > 0, f"nothing was expected in [{since}, {until}): {report}"
+    assert (report.missing, report.duplicates, report.unexpected) == (0, 0, 0), f"verify failed: {report}"
+    regressions = conn.execute(
+        "SELECT count(*) AS n FROM ("
+        "  SELECT epoch, max(epoch) OVER (PARTITION BY partition_id ORDER BY fired_at, epoch"
+        "                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before"
+        "  FROM runs WHERE fired_at >= %s) AS r"
+        " WHERE r.epoch < r.before", (since,)).fetchone()["n"]
+    shared = conn.execute(
+        "SELECT count(*) AS n FROM ("
+        "  SELECT 1 FROM runs WHERE fired_at >= %s"
+        "  GROUP BY partition_id, epoch HAVING count(DISTINCT node_id) > 1) AS s", (since,)).fetchone()["n"]
+    future = conn.execute(
+        "SELECT count(*) AS n FROM runs AS r JOIN partitions AS p USING (partition_id)"
+        " WHERE r.fired_at >= %s AND r.epoch > p.owner_epoch", (since,)).fetchone()["n"]
+    by_node = Counter({row["node_id"]: row["n"] for row in conn.execute(
+        "SELECT node_id, count(*) AS n FROM runs WHERE fired_at >= %s GROUP BY node_id", (since,))})
+    history = History(since, until, report, by_node, regressions, shared, future)
+    assert (regressions, shared, future) == (0, 0, 0), f"fencing invariant broken: {history}"
+    return history
+
+
+# ---------------------------------------------------------------- cluster
+
+
+class Cluster:
+    """The node processes of one test on one database (see the ``cluster`` fixture)."""
+
+    def __init__(self, dsn: str, conn: psycopg.Connection, log_dir: Path, timings: Timings = TIMINGS) -> None:
+        self.dsn = dsn
+        self.conn = conn
+        self.log_dir = log_dir
+        self.timings = timings
+        self.nodes: dict[str, NodeProcess] = {}
+        self._retired: list[NodeProcess] = []
+        self._generation: Counter = Counter()
+
+    def spawn(self, node_id: str, extra_flags: list[str] | None = None) -> NodeProcess:
+        """Start a node (a restart under an existing id gets a fresh NodeProcess)."""
+        self._generation[node_id] += 1
+        log_path = self.log_dir / f"{node_id}.{self._generation[node_id]}.log"
+        node = NodeProcess(self.dsn, node_id, log_path, self.timings, extra_flags)
+        old = self.nodes.get(node_id)
+        if old is not None:
+            self._retired.append(old)
+        self.nodes[node_id] = node
+        return node.start()
+
+    def all_processes(self) -> list[NodeProcess]:
+        """Every process spawned, including replaced ones (restarts)."""
+        return [*self._retired, *self.nodes.values()]
+
+    def check_alive(self) -> None:
+        for node in self.nodes.values():
+            node.check_alive()
+
+    def wait_for(self, what: str, probe: Callable[[], T], predicate: Callable[[T], bool] = bool, *,
+                 timeout_s: float, interval_s: float = 0.05) -> T:
+        """:func:`wait_for` that also fails as soon as a node that should run has exited."""
+        return wait_for(what, probe, predicate, timeout_s=timeout_s, interval_s=interval_s,
+                        check=self.check_alive)
+
+    def now(self) -> datetime:
+        return store_now(self.conn)
+
+    def ownership(self) -> dict[str, int]:
+        return ownership(self.conn, self.timings.lease_ttl_s)
+
+    def wait_balanced(self, nodes: list[str], timeout_s: float = 15.0) -> dict[str, int]:
+        """Wait until exactly ``nodes`` are live, own all 1,024 partitions, none above its share."""
+        return self.wait_for(f"{nodes} to own all partitions within their share", self.ownership,
+                             lambda counts: balanced(counts, nodes), timeout_s=timeout_s)
+
+    def wait_fired(self, node_id: str, after: datetime, pids: list[int] | None = None,
+                   timeout_s: float = 10.0) -> list[dict]:
+        """Wait until ``node_id`` has committed runs fired after ``after`` (in ``pids``); return them."""
+        where = "" if pids is None else f" in {len(pids)} partitions"
+        return self.wait_for(f"runs by {node_id}{where} fired after {after}",
+                             lambda: runs_by(self.conn, node_id, pids=pids, fired_after=after),
+                             timeout_s=timeout_s)
+
+    def stop_all(self) -> dict[str, int]:
+        """SIGTERM every running node; each must exit 0 and report (``node_stopped``)
+        as many runs fired as the store holds under its node id (for ids started
+        once). Returns ``{node_id: runs_fired}``."""
+        fired = {}
+        for node_id, node in self.nodes.items():
+            if node.returncode() is not None:
+                continue
+            assert node.terminate() == 0, f"{node_id} exited with {node.returncode()}:\n{node.tail()}"
+            stopped = node.events_named("node_stopped")
+            assert len(stopped) == 1, node.tail()
+            fired[node_id] = stopped[0]["runs_fired"]
+            if self._generation[node_id] == 1:
+                in_store = self.conn.execute("SELECT count(*) AS n FROM runs WHERE node_id = %s",
+                                             (node_id,)).fetchone()["n"]
+                assert fired[node_id] == in_store, (node_id, fired[node_id], in_store)
+        return fired
+
+    def at_mid_tick(self, node_id: str, lock_sql: str, params: Any, action: Callable[[list[int]], None],
+                    waiting_mode: str | None = None) -> datetime:
+        """Run ``action(backend_pids)`` while ``node_id`` is inside a firing tick.
+
+        Just before a tick that has due work (ticks are phased onto wall-clock
+        seconds), takes the locks of ``lock_sql`` on a separate connection,
+        waits until one of the node's firing sessions waits on them (with an
+        ungranted lock of ``waiting_mode``, if given), calls ``action`` with
+        those sessions' backend pids, then releases the locks. Returns the
+        store time just before the locks were taken. The node's
+        ``lock_timeout`` must outlast the few milliseconds this takes.
+        """
+        sleep_until_wall_fraction(0.85)
+        before = self.now()
+        with locked(self.dsn, lock_sql, params) as lock_conn:
+            blocker = lock_conn.info.backend_pid
+            waiting = self.wait_for(
+                f"{node_id}'s firing session to wait on the test's lock",
+                lambda: blocked_backends(self.conn, f"scheduler-fire:{node_id}", blocker, waiting_mode),
+                timeout_s=3.0, interval_s=0.005)
+            action(waiting)
+        return before
+
+    def finish(self, since: datetime, covering: datetime | None = None, timeout_s: float = 20.0) -> History:
+        """Close the test's window, wait until the nodes have fired every slot
+        before its end, and run :func:`check_history` over ``[since, until)``.
+
+        ``until`` is the store's current second, or, if later, the second
+        :data:`AFTERMATH_S` after ``covering`` (the last disruption), so the
+        audited window always includes steady firing after the recovery.
+        """
+        until = self.now().replace(microsecond=0)
+        if covering is not None:
+            until = max(until, (covering + timedelta(seconds=AFTERMATH_S)).replace(microsecond=0))
+            self.wait_for(f"the store clock to pass {until}", self.now, lambda now: now >= until,
+                          timeout_s=AFTERMATH_S + 1.0)
+        self.wait_for(f"every job to fire its slots before {until}", lambda: lagging_jobs(self.conn, until),
+                      lambda n: n == 0, timeout_s=timeout_s)
+        return check_history(self.conn, since, until)
+
+    def teardown(self) -> None:
+        """Kill every process ever spawned; print each one's log tail (shown on failure)."""
+        for node in self.all_processes():
+            node.destroy()
+        for node in self.all_processes():
+            print(f"---- {node.log_path.name} (exit {node.returncode()}) ----")
+            print(node.tail(40))
+
