@@ -301,6 +301,8 @@ class LeaseLoop:
         self._next_poll = 0.0
         self._next_prune = 0.0
         self._joined = False
+        self.last_heartbeat_mono = 0.0
+        """Monotonic time (seconds) of the last successful heartbeat; 0.0 before one."""
 
     def run_once(self) -> None:
         """Renew if due, then poll membership and rebalance if due.
@@ -313,6 +315,7 @@ class LeaseLoop:
             if not self._joined:
                 self._coord.join()
                 self._joined = True
+                self.last_heartbeat_mono = now
             if now >= self._next_renew:
                 self._renew(now)
                 self._next_renew = now + self._s.renew_interval_s
@@ -334,6 +337,7 @@ class LeaseLoop:
     def _renew(self, now: float) -> None:
         held = list(self._table.held().values())
         renewed = self._coord.renew(held)
+        self.last_heartbeat_mono = now
         self._table.grant(renewed, now, self._s.lease_ttl_s)
         kept = {pid for pid, _ in renewed}
         lost = [lease for lease in held if lease.partition_id not in kept]
