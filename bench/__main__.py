@@ -55,5 +55,31 @@ def herd(dsn, jobs, background_jobs, tenants, big_tenant_share, nodes, max_rate,
         sys.exit(1)
 
 
+STEADY_COLUMNS = ["rate", "jobs", "nodes", "seconds", "runs", "throughput_runs_per_s", "lag_p50_s",
+                  "lag_p99_s", "lag_max_s", "missing", "duplicates", "node_rss_mb_max"]
+
+
+@cli.command()
+@click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, required=True)
+@click.option("--rate", default=12_000, show_default=True, help="Runs due per second.")
+@click.option("--seconds", default=60, show_default=True, help="How long the nodes fire.")
+@click.option("--period-s", default=10, show_default=True, help="Interval of each job (jobs = rate × period).")
+@click.option("--nodes", default=1, show_default=True)
+@click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
+def steady(dsn, rate, seconds, period_s, nodes, out_dir, json_path) -> None:
+    """Sustained RATE runs/s for SECONDS; reports lateness percentiles and the audit."""
+    from bench.steady import run_steady
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = run_steady(dsn, rate, seconds, nodes, out_dir, period_s=period_s, progress=_progress())
+    row = dataclasses.asdict(result)
+    click.echo(report.markdown_table([row], STEADY_COLUMNS))
+    if json_path:
+        json_path.write_text(json.dumps(row, indent=2) + "\n")
+    if result.missing or result.duplicates:
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     cli()

@@ -1,0 +1,90 @@
+"""Steady load: a sustained firing rate (the seed's peak minute, 12,000 runs/s).
+
+``rate × period_s`` interval jobs with period ``period_s``, their anchors
+spread evenly over the period, so ``rate`` runs fall due every second.
+``nodes`` node processes fire them for ``seconds``; lateness percentiles and
+the audit come from the runs of the middle of the run (the first and last
+:data:`EDGE_S` seconds are left out: start-up and shutdown are not steady).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from bench.load import NodeProcess, copy_jobs, ensure_tenants, reset_store, wait_until
+from scheduler import store
+from scheduler.audit import verify
+from scheduler.partition import partition_of
+
+EDGE_S = 5
+
+
+@dataclasses.dataclass
+class SteadyResult:
+    rate: int
+    period_s: int
+    jobs: int
+    nodes: int
+    seconds: int
+    runs: int
+    missing: int
+    duplicates: int
+    throughput_runs_per_s: float
+    lag_p50_s: float | None
+    lag_p99_s: float | None
+    lag_max_s: float | None
+    node_rss_mb_max: float | None
+
+
+def run_steady(dsn: str, rate: int, seconds: int, nodes: int, out_dir: Path, period_s: int = 10,
+               tenants: int = 10, progress=None) -> SteadyResult:
+    """Load ``rate × period_s`` interval jobs, fire for ``seconds``, measure."""
+    if seconds <= 2 * EDGE_S:
+        raise ValueError(f"--seconds must exceed {2 * EDGE_S}")
+    conn = reset_store(dsn)
+    names = [f"tenant-{i:02d}" for i in range(tenants)]
+    ensure_tenants(conn, names)
+    now = store.execute(conn, "store_now")[0]["store_now"]
+    base = now.replace(microsecond=0) + timedelta(seconds=period_s)
+    jobs = rate * period_s
+
+    def rows():
+        for i in range(jobs):
+            job_id = uuid.uuid4()
+            anchor = base + timedelta(seconds=i % period_s)
+            yield (partition_of(job_id), job_id, names[i % tenants], "interval", None, None, None,
+                   period_s, anchor, "all", anchor, anchor, now, now)
+
+    bar = progress(total=jobs, desc="interval jobs (COPY)") if progress else None
+    copy_jobs(conn, rows(), bar.update if bar else None)
+    if bar:
+        bar.close()
+    conn.execute("VACUUM ANALYZE jobs")
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = [NodeProcess(dsn, f"steady-{i}", log_dir) for i in range(nodes)]
+    try:
+        wait_until(lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
+                   60, what="nodes to own all 1,024 partitions")
+        started = store.execute(conn, "store_now")[0]["store_now"]
+        time.sleep(seconds)
+        ended = store.execute(conn, "store_now")[0]["store_now"]
+        rss = [p.peak_rss_mb() for p in procs]
+    finally:
+        for proc in procs:
+            proc.stop()
+    since = max(started, base).replace(microsecond=0) + timedelta(seconds=EDGE_S)
+    until = ended.replace(microsecond=0) - timedelta(seconds=EDGE_S)
+    audit = verify(conn, since, until)
+    window_s = (until - since).total_seconds()
+    conn.close()
+    return SteadyResult(
+        rate=rate, period_s=period_s, jobs=jobs, nodes=nodes, seconds=seconds, runs=audit.runs,
+        missing=audit.missing, duplicates=audit.duplicates,
+        throughput_runs_per_s=audit.runs / window_s if window_s > 0 else 0.0,
+        lag_p50_s=audit.lateness_p50_s, lag_p99_s=audit.lateness_p99_s, lag_max_s=audit.lateness_max_s,
+        node_rss_mb_max=max((r for r in rss if r is not None), default=None))
