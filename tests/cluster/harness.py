@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+import psycopg.sql
 
 from scheduler import jobs, store
 from scheduler.audit import VerifyReport, verify
@@ -377,6 +378,33 @@ def hold_all_but(conn: psycopg.Connection, free: list[int], *, expired: bool, ho
     else:
         conn.execute("UPDATE partitions SET owner_node = NULL, lease_expires_at = NULL"
                      " WHERE partition_id = ANY(%s)", (free,))
+
+
+def install_firing_fault(conn: psycopg.Connection, node_id: str, sqlstate: str) -> Callable[[], None]:
+    """Make the next firing statement of ``node_id`` fail once with ``sqlstate``.
+
+    Installs a statement trigger on ``runs`` (in this test's database) that
+    raises for the session ``scheduler-fire:<node_id>``; disarmed until the
+    returned ``arm()`` is called, then fires exactly once.
+    """
+    conn.execute("CREATE SEQUENCE firing_fault MINVALUE 0 START 1000")
+    conn.execute(f"""
+        CREATE FUNCTION firing_fault() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          IF current_setting('application_name') = {psycopg.sql.quote(f'scheduler-fire:{node_id}')} THEN
+            IF nextval('firing_fault') = 1 THEN
+              RAISE EXCEPTION 'injected firing fault' USING ERRCODE = {psycopg.sql.quote(sqlstate)};
+            END IF;
+          END IF;
+          RETURN NULL;
+        END $$""")
+    conn.execute("CREATE TRIGGER firing_fault BEFORE INSERT ON runs"
+                 " FOR EACH STATEMENT EXECUTE FUNCTION firing_fault()")
+
+    def arm() -> None:
+        conn.execute("SELECT setval('firing_fault', 0)")
+
+    return arm
 
 
 def lagging_jobs(conn: psycopg.Connection, until: datetime) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import psycopg
 import pytest
