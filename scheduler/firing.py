@@ -166,11 +166,11 @@ class Firer:
                     self._metrics.error(getattr(exc, "sqlstate", None))
                     log.event("tick_failed", logging.WARNING, node=self._s.node_id,
                               error=(str(exc).splitlines() or [type(exc).__name__])[0])
+                    self.close()  # reopened next tick; a failed session is never reused
                 except Exception as exc:  # a bug must not stop the firing loop: log it loudly
                     log.event("tick_crashed", logging.ERROR, exc_info=True, node=self._s.node_id,
                               error=f"{type(exc).__name__}: {exc}")
-                    if isinstance(exc, psycopg.OperationalError) or any(c.closed for c in self._conns.values()):
-                        self.close()
+                    self.close()
         elapsed = self._clock.monotonic() - started
         self._metrics.tick_duration.observe(elapsed)
         if elapsed > self._s.tick_interval_s:
@@ -204,17 +204,24 @@ class Firer:
                         granted[tenant] += quota
                     self._stream(read, write, firable, extra, last, granted, fetched, used, last, sent, result)
         except psycopg.Error as exc:
+            failed = self._collect(sent, firable, result)
+            # An error inside the pipeline leaves the session in an aborted
+            # transaction (and psycopg's statement cache unsure): never reuse it.
+            self.close()
             if not store.is_retryable(exc):
-                self._collect(sent, firable, result)
                 raise
             self._metrics.retry(exc.sqlstate or "")
-        # Batches whose pipelined statement did not commit (a retryable error
-        # aborted the pipeline) are re-sent one by one, each retried whole.
-        for batch in self._collect(sent, firable, result):
-            params = batch.params(self._s.node_id, firable)
-            row = store.run_transaction(
-                write, lambda c: store.execute(c, "fire_runs", params)[0], on_retry=self._metrics.retry)
-            self._account(batch, row, result)
+            # Chunks that did not commit are re-sent one by one on a fresh
+            # session, each retried whole. Re-sending a chunk that did commit
+            # is harmless: the advance is idempotent and the run conflicts.
+            write = self._connection("write")
+            for batch in failed:
+                params = batch.params(self._s.node_id, firable)
+                row = store.run_transaction(
+                    write, lambda c: store.execute(c, "fire_runs", params)[0], on_retry=self._metrics.retry)
+                self._account(batch, row, result)
+        else:
+            self._collect(sent, firable, result)
         result.due_read = sum(fetched.values())
         self._drr.charge(used, quotas)
         for tenant, bucket in self._buckets.items():

@@ -301,10 +301,6 @@ def test_cut_store_connections_node_recovers_without_losing_runs(cluster: Cluste
     cluster.stop_all()  # and it still stops gracefully, exit 0
 
 
-@pytest.mark.xfail(reason="BUG (firing.py, pipelined write path): after a failed firing statement the write "
-                          "connection is reused inside the aborted transaction (25P02, then 26000 'prepared "
-                          "statement _pg3_0 does not exist'); every later tick fails while the node keeps "
-                          "renewing its leases. Remove this marker once fixed.")
 def test_serialization_failure_in_firing_statement_is_retried_node_keeps_firing(cluster: Cluster) -> None:
     arm = install_firing_fault(cluster.conn, VICTIM, "40001")
     since = _start(cluster, ["n1", VICTIM])
