@@ -303,6 +303,7 @@ class LeaseLoop:
         self._joined = False
         self.last_heartbeat_mono = 0.0
         """Monotonic time (seconds) of the last successful heartbeat; 0.0 before one."""
+        self._claiming = True
 
     def run_once(self) -> None:
         """Renew if due, then poll membership and rebalance if due.
@@ -348,6 +349,14 @@ class LeaseLoop:
                       partitions=len(lost), sample=[lease.partition_id for lease in lost[:8]])
         self._metrics.lease_events.labels(kind="renewed").inc(len(renewed))
 
+    def stop_claiming(self) -> None:
+        """Keep renewing but claim nothing more (the node is stopping).
+
+        Without this, a node that got SIGTERM while a peer's leases expired
+        could claim partitions only to release them a moment later.
+        """
+        self._claiming = False
+
     def _rebalance(self) -> None:
         live = self._coord.live_nodes()
         if self._coord.node_id not in live:
@@ -355,7 +364,7 @@ class LeaseLoop:
         self._metrics.live_nodes.set(len(live))
         share = fair_share(len(live))
         held = self._table.held()
-        if len(held) < share:
+        if len(held) < share and self._claiming:
             sent = self._clock.monotonic()
             claimed = self._coord.claim(share - len(held))
             if claimed:
