@@ -22,6 +22,7 @@ import psycopg
 
 from scheduler import __version__
 from scheduler import log as logmod
+from scheduler import settings as settings_mod
 from scheduler.errors import ConfigError, ConflictError, NotFoundError, SchedulerError, StoreError, ValidationError
 from scheduler.settings import Settings
 
@@ -31,7 +32,7 @@ DSN_HINT = "postgresql://user:password@localhost:5432/scheduler"
 
 
 def _fail(message: str, status: int) -> None:
-    click.echo(f"error: {message}", err=True)
+    click.echo(logmod.redact(f"error: {message}"), err=True)
     sys.exit(status)
 
 
@@ -87,8 +88,17 @@ def instant(field: str) -> Callable[[click.Context, click.Parameter, str | None]
     return callback
 
 
+def _register_dsn(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
+    """Click callback: remember the DSN's password so no output ever shows it (scheduler.log.redact)."""
+    from scheduler.store import dsn_secrets
+
+    if value:
+        logmod.add_secret(*dsn_secrets(value))
+    return value
+
+
 def dsn_option(func: Callable) -> Callable:
-    return click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, default="",
+    return click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, default="", callback=_register_dsn,
                         help=f"Store URI, e.g. {DSN_HINT}.")(func)
 
 
@@ -102,6 +112,7 @@ def open_store(dsn: str) -> psycopg.Connection:
 
     if not dsn:
         raise ConfigError(f"dsn: no store configured; pass --dsn or set SCHEDULER_DSN (e.g. {DSN_HINT})")
+    _register_dsn(None, None, dsn)
     return store.connect(dsn, application_name="scheduler-cli")
 
 
@@ -142,7 +153,8 @@ def _table(rows: list[dict], columns: list[str]) -> None:
               show_envvar=True, show_default=True, help="Log record format (stderr).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               envvar="SCHEDULER_LOG_LEVEL", show_envvar=True, show_default=True)
-def cli(log_format: str, log_level: str) -> None:
+@click.pass_context
+def cli(ctx: click.Context, log_format: str, log_level: str) -> None:
     """Distributed trigger engine: fires cron, interval and one-shot timers from a SQL store.
 
     Start with `scheduler demo` (needs no database), or point --dsn /
@@ -150,6 +162,9 @@ def cli(log_format: str, log_level: str) -> None:
     `scheduler jobs add ...` and `scheduler node`.
     """
     logmod.configure(log_format, log_level)
+    # `scheduler --log-format json node ...` counts as a flag of the node's settings.
+    ctx.obj = {"root_flags": {name: ctx.params[name] for name in ("log_format", "log_level")
+                              if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}}
 
 
 # ---------------------------------------------------------------- db
@@ -444,7 +459,7 @@ def jobs_next(cron: str | None, tz: str | None, dialect: str | None, after: date
 
 @cli.group(cls=OneLineErrors)
 def runs() -> None:
-    """Inspect runs (one row per fired (job, nominal time))."""
+    """Inspect and prune runs (one row per fired (job, nominal time))."""
 
 
 @runs.command("list")
@@ -465,51 +480,168 @@ def runs_list(dsn: str, job_id: str | None, since: datetime | None, limit: int, 
         _table(rows, ["job_id", "tenant", "nominal_time", "fired_at", "lateness_s", "node_id", "epoch"])
 
 
+@runs.command("prune")
+@dsn_option
+@click.option("--older-than", "older_than", required=True,
+              help="Age: 7d, 12h, 30m, 45s, 1d12h or plain seconds. Deletes runs whose nominal time is older, "
+                   "skip ranges that ended before, and jobs deleted before now minus this.")
+@click.option("--batch-rows", default=settings_mod.RETENTION_BATCH_ROWS, show_default=True,
+              type=click.IntRange(1, 100_000), help="Rows per DELETE (each its own transaction).")
+@json_option
+def runs_prune(dsn: str, older_than: str, batch_rows: int, as_json: bool) -> None:
+    """Delete old runs, skips and soft-deleted jobs in bounded batches; print the counts.
+
+    The cutoff is the store's now minus --older-than. Safe while nodes run
+    and safe to interrupt (committed batches stay deleted; re-run resumes).
+    A later `verify` of a pruned window reports its runs as missing.
+    """
+    from scheduler.retention import parse_duration, prune
+
+    seconds = parse_duration(older_than)
+    with open_store(dsn) as conn:
+        report = prune(conn, seconds, batch_rows=batch_rows)
+    if as_json:
+        _echo_json(report.as_dict())
+    else:
+        click.echo(f"pruned {report.runs} runs, {report.skips} skips, {report.jobs} deleted jobs "
+                   f"older than {_fmt(report.cutoff)} in {report.batches} batches")
+
+
 # ---------------------------------------------------------------- node
 
 
+SETTING_HELP = {
+    "dsn": f"Store URI, e.g. {DSN_HINT}.",
+    "node_id": "Node identity [default: hostname + random suffix].",
+    "lease_ttl_s": "Lease time-to-live.",
+    "renew_interval_s": "Heartbeat and lease renewal period.",
+    "poll_interval_s": "Membership poll / claim period.",
+    "tick_interval_s": "Firing tick period.",
+    "safety_margin_s": "Stop firing this long before the local lease deadline (>= 0.5).",
+    "max_rate_per_s": "Firing budget of this node in runs/s (pacing).",
+    "node_prune_after_s": "Delete heartbeat rows of nodes dead this long.",
+    "lock_timeout_s": "Store lock_timeout [default: 20% of the TTL].",
+    "statement_timeout_s": "Store statement_timeout [default: 40% of the TTL].",
+    "idle_in_transaction_timeout_s": "Store idle_in_transaction_session_timeout [default: 40% of the TTL].",
+    "metrics_host": "Interface of /metrics, /healthz, /readyz (0.0.0.0 inside a container).",
+    "metrics_port": "Serve /metrics, /healthz and /readyz on this port (0: any free port) [default: off].",
+    "log_format": "Log record format (stderr); also a global option.",
+    "log_level": "Log level; also a global option.",
+    "retention_s": "Delete runs, skips and deleted jobs older than this many seconds [default: off].",
+    "retention_batch_rows": "Rows per retention DELETE batch.",
+    "retention_batch_interval_s": "At most one retention batch per this many seconds.",
+}
+"""Help text of each Settings field's option (every field has one; a test checks)."""
+
+_CHOICES = {"log_format": settings_mod.LOG_FORMATS, "log_level": settings_mod.LOG_LEVELS}
+
+
 def _settings_options(func: Callable) -> Callable:
-    """One option per Settings field: --lease-ttl-s / SCHEDULER_LEASE_TTL_S, ..."""
-    helps = {
-        "node_id": "Node identity [default: hostname + random suffix].",
-        "lease_ttl_s": "Lease time-to-live.",
-        "renew_interval_s": "Heartbeat and lease renewal period.",
-        "poll_interval_s": "Membership poll / claim period.",
-        "tick_interval_s": "Firing tick period.",
-        "safety_margin_s": "Stop firing this long before the local lease deadline (>= 0.5).",
-        "max_rate_per_s": "Firing budget of this node in runs/s (pacing).",
-        "node_prune_after_s": "Delete heartbeat rows of nodes dead this long.",
-        "lock_timeout_s": "Store lock_timeout [default: 20% of the TTL].",
-        "statement_timeout_s": "Store statement_timeout [default: 40% of the TTL].",
-        "idle_in_transaction_timeout_s": "Store idle_in_transaction_session_timeout [default: 40% of the TTL].",
-    }
-    for field in reversed(dataclasses.fields(Settings)):
-        if field.name == "dsn":
-            continue
-        kind = str if field.name == "node_id" else float
-        default = None if field.default in ("", None) else field.default
+    """One option per Settings field (--lease-ttl-s / SCHEDULER_LEASE_TTL_S, ...) plus --config.
+
+    Options default to None, so :func:`_resolve_settings` can tell a flag or
+    an environment variable (click's parameter source) from a value to take
+    from the config file or the Settings default.
+    """
+    types = settings_mod.field_types()
+    defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
+    for name in reversed(list(types)):
+        kind = types[name]
+        param_type: Any = click.Choice(_CHOICES[name]) if name in _CHOICES else {
+            float: click.FLOAT, int: click.INT, str: click.STRING}[kind]
+        default = defaults[name]
+        shown = default not in ("", None)
         func = click.option(
-            f"--{field.name.replace('_', '-')}", field.name, type=kind, default=default,
-            envvar=f"SCHEDULER_{field.name.upper()}", show_envvar=True, show_default=default is not None,
-            help=helps.get(field.name, ""))(func)
-    return func
+            f"--{name.replace('_', '-')}", name, type=param_type, default=None,
+            envvar=f"SCHEDULER_{name.upper()}", show_envvar=True,
+            help=SETTING_HELP.get(name, "") + (f"  [default: {default}]" if shown else ""),
+            callback=_register_dsn if name == "dsn" else None)(func)
+    return click.option(
+        "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+        envvar="SCHEDULER_CONFIG", show_envvar=True,
+        help="TOML file of settings (keys: the setting names, e.g. lease_ttl_s = 10). "
+             "Precedence: flag > env > file > default.")(func)
 
 
-def _settings(dsn: str, **values: Any) -> Settings:
-    if not dsn:
-        raise ConfigError(f"dsn: no store configured; pass --dsn or set SCHEDULER_DSN (e.g. {DSN_HINT})")
-    fields = {k: v for k, v in values.items() if v is not None}
-    return Settings(dsn=dsn, **fields).validated()
+def _resolve_settings(ctx: click.Context, values: dict[str, Any]) -> tuple[Settings, dict[str, str]]:
+    """The effective settings and each one's source (flag/env/file/default); not validated."""
+    flags: dict[str, Any] = dict((ctx.obj or {}).get("root_flags", {}))
+    env: dict[str, Any] = {}
+    for name, value in values.items():
+        if name == "config_path" or value is None:
+            continue
+        source = ctx.get_parameter_source(name)
+        if source is click.core.ParameterSource.ENVIRONMENT:
+            env[name] = value
+        else:
+            flags[name] = value
+    config_path = values.get("config_path")
+    file_values = settings_mod.load_file(config_path) if config_path is not None else {}
+    settings, sources = settings_mod.resolve(flags, env, file_values)
+    _register_dsn(None, None, settings.dsn)
+    return settings, sources
 
 
 @cli.command("node")
-@dsn_option
 @_settings_options
-def node_cmd(dsn: str, **values: Any) -> None:
-    """Run a scheduler node until SIGTERM/SIGINT (then release leases, exit 0)."""
+@click.pass_context
+def node_cmd(ctx: click.Context, **values: Any) -> None:
+    """Run a scheduler node until SIGTERM/SIGINT (then release leases, exit 0).
+
+    With --metrics-port, serves /metrics (Prometheus), /healthz and /readyz.
+    """
     from scheduler.node import Node
 
-    Node(_settings(dsn, **values)).run_until_signalled()
+    settings, _ = _resolve_settings(ctx, values)
+    if not settings.dsn:
+        raise ConfigError(f"dsn: no store configured; pass --dsn or set SCHEDULER_DSN (e.g. {DSN_HINT})")
+    settings = settings.validated()
+    logmod.configure(settings.log_format, settings.log_level)
+    Node(settings).run_until_signalled()
+
+
+# ---------------------------------------------------------------- config
+
+
+@cli.group(cls=OneLineErrors)
+def config() -> None:
+    """Inspect the node's effective settings."""
+
+
+@config.command("show")
+@_settings_options
+@json_option
+@click.pass_context
+def config_show(ctx: click.Context, as_json: bool, **values: Any) -> None:
+    """Print every node setting with its effective value and source (flag, env, file, default).
+
+    Takes the same options, environment and --config file as `scheduler
+    node`; the store password is masked. Exits 2 with a one-line error if
+    the combination is invalid (as `scheduler node` would).
+    """
+    from scheduler.store import redact_dsn
+
+    settings, sources = _resolve_settings(ctx, values)
+    settings.check()
+    rows = []
+    for field in dataclasses.fields(Settings):
+        value = getattr(settings, field.name)
+        if field.name == "dsn":
+            value = redact_dsn(value)
+        row = {"setting": field.name, "value": value, "source": sources[field.name]}
+        derived = f"effective_{field.name}"
+        if value is None and hasattr(settings, derived):  # store timeouts derived from the TTL
+            row["effective"] = round(getattr(settings, derived), 6)
+        rows.append(row)
+    if as_json:
+        _echo_json({row.pop("setting"): row for row in rows})
+        return
+    for row in rows:
+        if "effective" in row:
+            row["value"] = f"{row['effective']} (from lease_ttl_s)"
+        elif row["value"] in ("", None):
+            row["value"] = {"node_id": "(generated at start)", "dsn": "(not set)"}.get(row["setting"], "off")
+    _table(rows, ["setting", "value", "source"])
 
 
 # ---------------------------------------------------------------- audit / status
@@ -527,8 +659,18 @@ def verify_cmd(dsn: str, since: datetime, until: datetime, as_json: bool) -> Non
     """
     from scheduler.audit import verify
 
+    from scheduler import store
+
     with open_store(dsn) as conn:
-        report = verify(conn, since, until)
+        # verify runs one read-only transaction (temp tables); under SERIALIZABLE
+        # (CockroachDB) even that may be asked to retry: re-run it whole.
+        for attempt in range(store.MAX_ATTEMPTS):
+            try:
+                report = verify(conn, since, until)
+                break
+            except psycopg.Error as exc:
+                if not store.is_retryable(exc) or attempt == store.MAX_ATTEMPTS - 1:
+                    raise
     if as_json:
         _echo_json(report.as_dict())
     else:

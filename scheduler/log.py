@@ -2,7 +2,11 @@
 
 Call :func:`event` with the event name and fields; :func:`configure` picks
 text (default) or JSON lines. Secrets never reach a record: DSNs are passed
-through :func:`scheduler.store.redact_dsn` before they are logged.
+through :func:`scheduler.store.redact_dsn` before they are logged, and, as a
+second line of defence, every formatted line (fields, error texts,
+tracebacks) has each secret registered with :func:`add_secret` (the store
+password, registered by the CLI as soon as it reads a DSN) replaced by
+``***``; the CLI's one-line errors go through :func:`redact` too.
 """
 
 from __future__ import annotations
@@ -10,9 +14,32 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 
 LOGGER = logging.getLogger("scheduler")
+
+MIN_SECRET_CHARS = 3
+"""Shorter secrets are not scrubbed from free text (they would mangle it);
+DSNs are still redacted structurally by ``store.redact_dsn``."""
+
+_secrets: set[str] = set()
+_secrets_lock = threading.Lock()
+
+
+def add_secret(*secrets: str | None) -> None:
+    """Register strings (e.g. the store password) never to appear in output."""
+    with _secrets_lock:
+        _secrets.update(s for s in secrets if s and len(s) >= MIN_SECRET_CHARS)
+
+
+def redact(text: str) -> str:
+    """Return ``text`` with every registered secret replaced by ``***``."""
+    with _secrets_lock:
+        secrets = sorted(_secrets, key=len, reverse=True)
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
 
 
 class JsonFormatter(logging.Formatter):
@@ -27,7 +54,9 @@ class JsonFormatter(logging.Formatter):
         payload.update(getattr(record, "fields", {}))
         if record.exc_info:
             payload["exc"] = self.formatException(record.exc_info)
-        return json.dumps(payload, default=str)
+        # Scrub values before encoding too: JSON escaping could hide a secret's spelling.
+        payload = {k: redact(v) if isinstance(v, str) else v for k, v in payload.items()}
+        return redact(json.dumps(payload, default=lambda v: redact(str(v))))
 
 
 class TextFormatter(logging.Formatter):
@@ -39,7 +68,7 @@ class TextFormatter(logging.Formatter):
         line = f"{ts} {record.levelname.lower():5} {getattr(record, 'event', record.getMessage())} {fields}".rstrip()
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
-        return line
+        return redact(line)
 
 
 def configure(fmt: str = "text", level: str = "info") -> None:

@@ -19,6 +19,14 @@ LAG_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 13.0, 20.0, 30.0, 60
 
 TICK_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 
+LEASE_EVENT_KINDS = ("claimed", "renewed", "released", "lost")
+"""Values of the ``kind`` label of ``scheduler_lease_events_total``."""
+
+STORE_ERROR_CLASSES = ("conn", "08", "40", "57")
+"""SQLSTATE classes pre-registered at 0: connection lost (no SQLSTATE), connection
+exception, transaction rollback (serialization/deadlock, retries exhausted),
+operator intervention (statement timeout, admin shutdown). Others appear when seen."""
+
 
 class BulkHistogram:
     """A histogram that takes a whole batch of observations at once.
@@ -110,6 +118,27 @@ class Metrics:
             "scheduler_store_errors_total",
             "Store operations that failed, by SQLSTATE class ('conn' = connection lost).",
             ["sqlstate_class"], registry=r)
+        self.heartbeat_age = Gauge(
+            "scheduler_membership_heartbeat_age_seconds",
+            "Seconds since the lease loop's last successful heartbeat (node monotonic clock); "
+            "-1 before the first. Above the lease TTL the node is not ready.", registry=r)
+        self.heartbeat_age.set(-1)
+        self.retention_pruned = Counter(
+            "scheduler_retention_pruned_rows_total",
+            "Rows deleted by the retention loop, by table (runs, skips, jobs).", ["table"], registry=r)
+        self.retention_batch_duration = Histogram(
+            "scheduler_retention_batch_duration_seconds", "Wall time of one retention DELETE batch.",
+            buckets=TICK_BUCKETS_S, registry=r)
+        # Bounded label sets, exposed at 0 from the start so dashboards and
+        # alerts see every series before its first event.
+        for kind in LEASE_EVENT_KINDS:
+            self.lease_events.labels(kind=kind)
+        for sqlstate_class in ("40",):
+            self.store_retries.labels(sqlstate_class=sqlstate_class)
+        for sqlstate_class in STORE_ERROR_CLASSES:
+            self.store_errors.labels(sqlstate_class=sqlstate_class)
+        for table in ("runs", "skips", "jobs"):
+            self.retention_pruned.labels(table=table)
 
     def retry(self, sqlstate: str) -> None:
         """Count one transaction retry for ``sqlstate``."""

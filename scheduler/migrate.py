@@ -14,7 +14,7 @@ from alembic import command
 from alembic.config import Config
 
 from scheduler.errors import StoreError
-from scheduler.store import redact_dsn, sqlalchemy_url
+from scheduler.store import redact_dsn, redact_text, sqlalchemy_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,4 +48,4 @@ def _run(action, dsn: str, revision: str) -> None:
     except Exception as exc:  # sqlalchemy/alembic errors carry the URL: redact it
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StoreError(f"migration to {revision} failed on {redact_dsn(dsn)}: "
-                         f"{message.replace(dsn, redact_dsn(dsn))}") from exc
+                         f"{redact_text(message, dsn)}") from exc

@@ -8,10 +8,21 @@ A node is two loops on two threads, each with its own store connection:
 * the firing loop (:class:`scheduler.firing.Firer`): one fenced firing
   transaction per ``tick_interval_s``.
 
-They share only the :class:`~scheduler.lease.LeaseTable`. Graceful stop
-(SIGTERM/SIGINT, DESIGN.md §6): the firing loop finishes its tick and exits,
-then the lease loop releases every lease and deletes the heartbeat, so peers
-claim the partitions on their next poll (lateness ≤ ~2 s).
+They share only the :class:`~scheduler.lease.LeaseTable`. Two optional
+pieces complete a production node:
+
+* the HTTP endpoint (:mod:`scheduler.health`, ``metrics_port`` set):
+  ``/metrics``, ``/healthz`` and ``/readyz`` (store answers + heartbeat
+  fresh + not stopping);
+* the retention loop (:class:`scheduler.retention.RetentionLoop`,
+  ``retention_s`` set): one bounded DELETE batch at most every
+  ``retention_batch_interval_s`` over the partitions this node holds, on a
+  third thread with its own connection, so it never stalls firing.
+
+Graceful stop (SIGTERM/SIGINT, DESIGN.md §6): ``/readyz`` turns 503, the
+firing loop finishes its tick and exits, then the lease loop releases every
+lease and deletes the heartbeat, so peers claim the partitions on their next
+poll (lateness ≤ ~2 s); the endpoint closes last.
 """
 
 from __future__ import annotations
@@ -23,8 +34,10 @@ from types import FrameType
 from scheduler import log
 from scheduler.clock import Clock, SystemClock
 from scheduler.firing import Firer
+from scheduler.health import HealthServer, StoreProbe
 from scheduler.lease import Coordinator, LeaseLoop, LeaseTable, SqlCoordinator
 from scheduler.metrics import Metrics
+from scheduler.retention import RetentionLoop
 from scheduler.settings import Settings
 from scheduler.store import redact_dsn
 
@@ -47,43 +60,104 @@ class Node:
         self.firer = Firer(self.settings, self.table, self.clock, self.metrics)
         self.lease_loop = LeaseLoop(self.settings, self.coordinator, self.table, self.clock,
                                     self.metrics, on_claimed=self.firer.wake)
+        self.retention = (RetentionLoop(self.settings, lambda: self.table.held().keys(), self.clock,
+                                        self.metrics)
+                          if self.settings.retention_s is not None else None)
+        self.probe = StoreProbe(self.settings.dsn, application_name=f"scheduler-probe:{self.node_id}"[:63])
+        self.health = (HealthServer(self.settings.metrics_host, self.settings.metrics_port, self.metrics,
+                                    self.readiness)
+                       if self.settings.metrics_port is not None else None)
+        self.metrics.heartbeat_age.set_function(self._heartbeat_age)
         self._stop_firing = threading.Event()
         self._stop_leases = threading.Event()
+        self._stop_retention = threading.Event()
         self._threads: list[threading.Thread] = []
 
     @property
     def node_id(self) -> str:
         return self.settings.node_id
 
+    def _heartbeat_age(self) -> float:
+        """Seconds since the lease loop's last successful heartbeat (monotonic); -1 before one."""
+        last = getattr(self.lease_loop, "last_heartbeat_mono", 0.0)
+        return self.clock.monotonic() - last if last else -1.0
+
+    def readiness(self) -> tuple[bool, list[str], dict]:
+        """``(ready, reasons, checks)`` for ``/readyz``: not stopping, store answers, heartbeat fresh."""
+        reasons: list[str] = []
+        if self._stop_firing.is_set():
+            reasons.append("stopping: the node is draining after a stop signal")
+        store_error = self.probe.check()
+        if store_error is not None:
+            reasons.append(store_error)
+        age = self._heartbeat_age()
+        ttl = self.settings.lease_ttl_s
+        if age < 0:
+            reasons.append("heartbeat: no successful membership heartbeat yet")
+        elif age >= ttl:
+            reasons.append(f"heartbeat: last successful heartbeat {age:.1f}s ago, lease TTL is {ttl:g}s")
+        checks = {
+            "store": "ok" if store_error is None else store_error,
+            "heartbeat_age_s": None if age < 0 else round(age, 3),
+            "lease_ttl_s": ttl,
+            "partitions_owned": len(self.table),
+            "node_id": self.node_id,
+        }
+        return not reasons, reasons, checks
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The endpoint's bound port (``metrics_port`` 0 binds a free one), or None without one."""
+        return self.health.port if self.health is not None else None
+
     def start(self) -> None:
-        """Start the lease and firing threads (the lease loop first joins membership)."""
+        """Start the endpoint (if configured), then the lease, firing and retention threads.
+
+        Raises :class:`~scheduler.errors.SchedulerError` if the metrics port
+        cannot be bound (nothing else is started then).
+        """
+        if self.health is not None:
+            self.health.start()
         log.event("node_started", node=self.node_id, dsn=redact_dsn(self.settings.dsn),
                   lease_ttl_s=self.settings.lease_ttl_s, renew_interval_s=self.settings.renew_interval_s,
                   poll_interval_s=self.settings.poll_interval_s,
-                  tick_interval_s=self.settings.tick_interval_s)
+                  tick_interval_s=self.settings.tick_interval_s, metrics_port=self.metrics_port,
+                  retention_s=self.settings.retention_s)
         self._threads = [
             threading.Thread(target=self.lease_loop.run, args=(self._stop_leases,),
                              name="lease-loop", daemon=True),
             threading.Thread(target=self.firer.run, args=(self._stop_firing,),
                              name="firing-loop", daemon=True),
         ]
+        if self.retention is not None:
+            self._threads.append(threading.Thread(target=self.retention.run, args=(self._stop_retention,),
+                                                  name="retention-loop", daemon=True))
         for thread in self._threads:
             thread.start()
 
     def stop(self) -> None:
         """Ask the loops to stop; safe from a signal handler and idempotent."""
         self._stop_firing.set()
+        self.lease_loop.stop_claiming()  # keep renewing until leave(), but take nothing new
+        self._stop_retention.set()
         self.firer.wake()
 
     def join(self, timeout_s: float | None = None) -> None:
         """Wait for the firing loop to finish its tick, then release leases and leave."""
-        leases, firing = self._threads
+        leases, firing, *others = self._threads
         firing.join(timeout_s)
+        for thread in others:
+            thread.join(timeout_s)
         self._stop_leases.set()
         leases.join(timeout_s)
         self.lease_loop.leave()
         self.firer.close()
         self.coordinator.close()
+        if self.retention is not None:
+            self.retention.close()
+        if self.health is not None:
+            self.health.stop()
+        self.probe.close()
         log.event("node_stopped", node=self.node_id,
                   runs_fired=int(self.metrics.value("scheduler_firing_runs_fired_total")))
 

@@ -3,7 +3,11 @@
 Every field carries its unit in its name; defaults are the named constants
 below and come from DESIGN.md §2 and §6. The CLI exposes each field as a flag
 and as an environment variable ``SCHEDULER_<FIELD>`` (upper case), e.g.
-``--lease-ttl-s`` / ``SCHEDULER_LEASE_TTL_S``.
+``--lease-ttl-s`` / ``SCHEDULER_LEASE_TTL_S``, and reads an optional TOML
+config file (``--config FILE`` / ``SCHEDULER_CONFIG``) whose keys are the
+field names. Precedence, highest first: flag, environment, file, default
+(:func:`resolve`, which also reports where each value came from for
+``scheduler config show``).
 
 Derived store timeouts: a paused node can hold the partition rows' share
 locks taken by its firing transaction, so every node session sets
@@ -16,9 +20,15 @@ frozen node's transaction and a takeover proceeds.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
+import tomllib
+import typing
 import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from scheduler.errors import ConfigError
 
@@ -39,6 +49,16 @@ MAX_RATE_PER_S = 100_000.0
 is capacity-bound (DESIGN.md §5)."""
 NODE_PRUNE_AFTER_S = 3600.0
 """Heartbeat rows older than this are deleted."""
+METRICS_HOST = "127.0.0.1"
+"""Interface of the metrics/health endpoint: loopback unless asked (containers bind 0.0.0.0)."""
+RETENTION_BATCH_ROWS = 1000
+"""Rows one retention DELETE removes at most."""
+RETENTION_BATCH_INTERVAL_S = 1.0
+"""The node's retention loop runs at most one batch per this many seconds."""
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+SOURCES = ("flag", "env", "file", "default")
+"""Where an effective setting came from, highest precedence first."""
 
 
 def default_node_id() -> str:
@@ -67,6 +87,13 @@ class Settings:
     lock_timeout_s: float | None = None
     statement_timeout_s: float | None = None
     idle_in_transaction_timeout_s: float | None = None
+    metrics_host: str = METRICS_HOST
+    metrics_port: int | None = None
+    log_format: str = "text"
+    log_level: str = "info"
+    retention_s: float | None = None
+    retention_batch_rows: int = RETENTION_BATCH_ROWS
+    retention_batch_interval_s: float = RETENTION_BATCH_INTERVAL_S
 
     @property
     def effective_lock_timeout_s(self) -> float:
@@ -92,6 +119,12 @@ class Settings:
 
     def validated(self) -> Settings:
         """Return self with ``node_id`` filled in; raise ConfigError if invalid."""
+        self.check()
+        node_id = self.node_id or default_node_id()
+        return dataclasses.replace(self, node_id=node_id)
+
+    def check(self) -> None:
+        """Raise ConfigError naming every setting involved if a value or a combination is invalid."""
         positive = (
             "lease_ttl_s",
             "renew_interval_s",
@@ -99,11 +132,28 @@ class Settings:
             "tick_interval_s",
             "max_rate_per_s",
             "node_prune_after_s",
+            "retention_batch_interval_s",
         )
         for name in positive:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
                 raise ConfigError(f"{name} must be a finite number > 0 (got {value!r})")
+        if self.retention_s is not None and not (
+                isinstance(self.retention_s, (int, float)) and 0 < self.retention_s < math.inf):
+            raise ConfigError(f"retention_s must be a finite number of seconds > 0, or unset (got {self.retention_s!r})")
+        if not (isinstance(self.retention_batch_rows, int) and 1 <= self.retention_batch_rows <= 100_000):
+            raise ConfigError(f"retention_batch_rows must be a whole number from 1 to 100000 "
+                              f"(got {self.retention_batch_rows!r})")
+        if self.metrics_port is not None and not (
+                isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535):
+            raise ConfigError(f"metrics_port must be a TCP port 0-65535 (0: any free port), or unset "
+                              f"(got {self.metrics_port!r})")
+        if not self.metrics_host:
+            raise ConfigError("metrics_host must not be empty (e.g. 127.0.0.1, or 0.0.0.0 in a container)")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)} (got {self.log_format!r})")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)} (got {self.log_level!r})")
         if self.safety_margin_s < 0.5:
             raise ConfigError(
                 f"safety_margin_s must be >= 0.5 (CockroachDB's max clock offset; got {self.safety_margin_s!r})"
@@ -125,10 +175,75 @@ class Settings:
                     f"{name.removeprefix('effective_')} ({value}) must be > 0 and below lease_ttl_s "
                     f"({self.lease_ttl_s}) so a frozen node cannot block a takeover"
                 )
-        node_id = self.node_id or default_node_id()
-        if len(node_id) > 200:
+        if len(self.node_id) > 200:
             raise ConfigError("node_id must be at most 200 characters")
-        return dataclasses.replace(self, node_id=node_id)
+
+
+def field_types() -> dict[str, type]:
+    """``{field: scalar type}`` (``float``, ``int`` or ``str``; ``X | None`` → ``X``)."""
+    hints = typing.get_type_hints(Settings)
+    out: dict[str, type] = {}
+    for field in dataclasses.fields(Settings):
+        hint = hints[field.name]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        out[field.name] = args[0] if args else hint
+    return out
+
+
+def _coerce(name: str, kind: type, value: Any, origin: str) -> Any:
+    """Check a config-file value's type (TOML gives typed values); ints are fine for floats."""
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind is str and isinstance(value, str):
+        return value
+    expected = {float: "a number", int: "a whole number", str: "a string"}[kind]
+    raise ConfigError(f"{name} must be {expected} (got {value!r} in {origin})")
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file whose keys are Settings field names.
+
+    Raises ConfigError (naming the file and the key) if the file cannot be
+    read or parsed, has an unknown key, or a value of the wrong type.
+    """
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
+    types = field_types()
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in types:
+            raise ConfigError(f"config: unknown setting {key!r} in {path} (keys are the setting names, "
+                              f"e.g. lease_ttl_s)")
+        out[key] = _coerce(key, types[key], value, str(path))
+    return out
+
+
+def resolve(flags: Mapping[str, Any], env: Mapping[str, Any],
+            file_values: Mapping[str, Any]) -> tuple[Settings, dict[str, str]]:
+    """Merge setting values by precedence: flag > env > file > default.
+
+    Each mapping holds only the values given at that level (already typed).
+    Returns the (unvalidated) :class:`Settings` and ``{field: source}`` with
+    source one of :data:`SOURCES`.
+    """
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for field in dataclasses.fields(Settings):
+        for source, level in (("flag", flags), ("env", env), ("file", file_values)):
+            if level.get(field.name) is not None:
+                values[field.name] = level[field.name]
+                sources[field.name] = source
+                break
+        else:
+            sources[field.name] = "default"
+    return Settings(**values), sources
 
 
 def env_dsn() -> str:

@@ -20,17 +20,19 @@ never on message text.
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import time
 from collections.abc import Callable
 from importlib import resources
 from typing import TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.rows import dict_row
 
+from scheduler import log
 from scheduler.errors import StoreError
 
 T = TypeVar("T")
@@ -90,6 +92,38 @@ def redact_dsn(dsn: str) -> str:
     return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
 
 
+def dsn_secrets(dsn: str) -> list[str]:
+    """The password(s) in ``dsn`` as written and percent-decoded (URI or key=value form).
+
+    Callers register them with :func:`scheduler.log.add_secret` so they are
+    scrubbed from every log line and error message.
+    """
+    found: list[str] = []
+    if "://" in dsn:
+        try:
+            password = urlsplit(dsn).password
+        except ValueError:
+            password = None
+        raw = ([password] if password else []) + re.findall(r"[?&]password=([^&#]*)", dsn)
+        for secret in raw:
+            found += [secret, unquote(secret)]
+    else:
+        for match in re.findall(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", dsn):
+            found.append(match)
+            if match.startswith("'") and match.endswith("'"):
+                found.append(re.sub(r"\\(.)", r"\1", match[1:-1]))
+    return [secret for secret in dict.fromkeys(found) if secret]
+
+
+def redact_text(text: str, dsn: str) -> str:
+    """Return ``text`` (an error message) without ``dsn`` or any of its passwords."""
+    if dsn:
+        text = text.replace(dsn, redact_dsn(dsn))
+        for secret in sorted(dsn_secrets(dsn), key=len, reverse=True):
+            text = text.replace(secret, "***")
+    return text
+
+
 def sqlalchemy_url(dsn: str) -> str:
     """Map a libpq DSN to a SQLAlchemy URL driven by psycopg 3.
 
@@ -126,11 +160,13 @@ def connect(
     statement_timeout_s: float | None = None,
     idle_in_transaction_timeout_s: float | None = None,
     connect_timeout_s: float = 5.0,
+    **conninfo: object,
 ) -> psycopg.Connection:
     """Open an autocommit connection with the node session settings.
 
     Timeouts are in seconds (sent to the store in milliseconds); ``None``
-    leaves the store's default. Rows come back as dicts. Raises
+    leaves the store's default. Extra keyword arguments are libpq connection
+    parameters (e.g. ``keepalives_idle``). Rows come back as dicts. Raises
     :class:`StoreError` (with the password redacted) if the store cannot be
     reached.
     """
@@ -150,9 +186,11 @@ def connect(
             application_name=application_name,
             connect_timeout=max(1, int(connect_timeout_s)),
             options=" ".join(options) or None,
+            **conninfo,
         )
     except psycopg.Error as exc:
-        raise StoreError(f"cannot connect to the store at {redact_dsn(dsn)}: {_first_line(exc)}",
+        raise StoreError(f"cannot connect to the store at {redact_dsn(dsn)}: "
+                         f"{redact_text(_first_line(exc), dsn)}",
                          getattr(exc, "sqlstate", None)) from exc
 
 
@@ -196,6 +234,7 @@ def run_transaction(
                 ) from exc
             if on_retry is not None:
                 on_retry(exc.sqlstate or "")
+            log.event("transaction_retry", logging.DEBUG, sqlstate=exc.sqlstate, attempt=attempt + 1)
             sleep(random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**attempt)))
     raise AssertionError("unreachable")
 

@@ -429,3 +429,78 @@ FROM runs
 WHERE nominal_time = %(nominal)s
 GROUP BY 1, 2
 ORDER BY 1, 2;
+
+-- name: partitions_of_node
+SELECT partition_id FROM partitions WHERE owner_node = %(node_id)s ORDER BY partition_id;
+
+-- name: count_orphans_among
+-- Of the given partitions, those not (yet) owned by another node with a live lease.
+SELECT count(*) AS orphans FROM partitions
+WHERE partition_id = ANY(%(partition_ids)s::int4[])
+  AND (owner_node IS NULL OR owner_node = %(node_id)s OR lease_expires_at <= now());
+
+-- name: lateness_in_partitions
+SELECT extract(epoch FROM (fired_at - scheduled_at))::float8 AS lateness_s
+FROM runs
+WHERE partition_id = ANY(%(partition_ids)s::int4[])
+  AND nominal_time >= %(since)s AND nominal_time < %(until)s;
+
+-- name: coordination_writes
+-- Row writes to the coordination tables so far (PostgreSQL statistics; the
+-- bench's measure of what leases and heartbeats cost the store).
+SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::int8 AS writes
+FROM pg_stat_user_tables
+WHERE relname IN ('partitions', 'nodes');
+
+-- ---------------------------------------------------------------- retention
+
+-- name: prune_runs
+-- One bounded batch of the retention walk (scheduler/retention.py): delete up
+-- to %(limit)s runs of the given partitions whose nominal time is before
+-- %(cutoff)s, walking the primary key after the keyset (%(after_pid)s,
+-- %(after_job)s, %(after_time)s) (NULL: from the start). Returns the deleted
+-- keys; the caller continues after the largest. Set-based and ctid-free, so
+-- valid on CockroachDB; retried whole on 40001 (deleting is idempotent).
+DELETE FROM runs
+WHERE (partition_id, job_id, nominal_time) IN (
+    SELECT partition_id, job_id, nominal_time
+    FROM runs
+    WHERE partition_id = ANY(%(partition_ids)b::int4[])
+      AND (%(after_pid)s::int4 IS NULL
+           OR (partition_id, job_id, nominal_time)
+              > (%(after_pid)s::int4, %(after_job)s::uuid, %(after_time)s::timestamptz))
+      AND nominal_time < %(cutoff)s
+    ORDER BY partition_id, job_id, nominal_time
+    LIMIT %(limit)s)
+RETURNING partition_id, job_id, nominal_time AS key_time;
+
+-- name: prune_skips
+-- As prune_runs for skip ranges that ended before %(cutoff)s.
+DELETE FROM skips
+WHERE (partition_id, job_id, first_nominal) IN (
+    SELECT partition_id, job_id, first_nominal
+    FROM skips
+    WHERE partition_id = ANY(%(partition_ids)b::int4[])
+      AND (%(after_pid)s::int4 IS NULL
+           OR (partition_id, job_id, first_nominal)
+              > (%(after_pid)s::int4, %(after_job)s::uuid, %(after_time)s::timestamptz))
+      AND until_nominal < %(cutoff)s
+    ORDER BY partition_id, job_id, first_nominal
+    LIMIT %(limit)s)
+RETURNING partition_id, job_id, first_nominal AS key_time;
+
+-- name: prune_jobs
+-- As prune_runs for jobs soft-deleted before %(cutoff)s (their runs and skips
+-- are older still, so they are pruned first). Jobs are keyed on
+-- (partition_id, job_id): key_time is always NULL.
+DELETE FROM jobs
+WHERE (partition_id, job_id) IN (
+    SELECT partition_id, job_id
+    FROM jobs
+    WHERE partition_id = ANY(%(partition_ids)b::int4[])
+      AND (%(after_pid)s::int4 IS NULL
+           OR (partition_id, job_id) > (%(after_pid)s::int4, %(after_job)s::uuid))
+      AND deleted_at < %(cutoff)s
+    ORDER BY partition_id, job_id
+    LIMIT %(limit)s)
+RETURNING partition_id, job_id, NULL::timestamptz AS key_time;

@@ -1,0 +1,174 @@
+"""The node's HTTP endpoint: ``/metrics``, ``/healthz``, ``/readyz`` on one port.
+
+Served by the standard library's :class:`~http.server.ThreadingHTTPServer`
+on a daemon thread (``scheduler node --metrics-port P``, bound to
+``--metrics-host``, 127.0.0.1 unless a container asks for 0.0.0.0):
+
+``GET /metrics``
+    the node's registry (:class:`scheduler.metrics.Metrics`) in the
+    Prometheus text format (``prometheus_client.generate_latest``).
+``GET /healthz``
+    200 ``ok`` while the process serves requests (liveness: restart me only
+    if this fails).
+``GET /readyz``
+    200 when the node can do its job, else 503; both with a JSON body
+    ``{"ready": bool, "reasons": [...], "checks": {...}}``. Ready means all of:
+
+    * not stopping (after SIGTERM the node reports 503 while it drains);
+    * the store answers a cheap query (``SELECT now()``) within
+      ``probe_timeout_s``, on the endpoint's own connection;
+    * the membership heartbeat is fresh: the lease loop's last successful
+      heartbeat (``LeaseLoop.last_heartbeat_mono``) is younger than the lease
+      TTL by the node's monotonic clock. Past the TTL peers consider the node
+      dead and take its partitions.
+
+A probe that hangs (a store that accepts but never answers) holds the probe
+connection for at most ``probe_timeout_s`` as far as the caller is concerned:
+the query runs on a worker thread, the request answers 503 when the timeout
+passes, and probes that arrive meanwhile answer 503 at once instead of
+queueing behind it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import psycopg
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from scheduler import log, store
+from scheduler.errors import SchedulerError
+from scheduler.metrics import Metrics
+
+PROBE_TIMEOUT_S = 1.0
+"""How long ``/readyz`` waits for the store to answer."""
+
+
+class StoreProbe:
+    """Answers "is the store reachable?" with a cheap query on a dedicated connection."""
+
+    def __init__(self, dsn: str, timeout_s: float = PROBE_TIMEOUT_S, application_name: str = "scheduler-probe") -> None:
+        self._dsn = dsn
+        self._timeout_s = timeout_s
+        self._application_name = application_name
+        self._conn: psycopg.Connection | None = None
+        self._busy = threading.Lock()
+
+    def check(self) -> str | None:
+        """Return ``None`` if the store answered in time, else a one-line reason."""
+        if not self._busy.acquire(blocking=False):
+            return "store: the previous probe has not returned yet"
+        outcome: list[str | None] = []
+        worker = threading.Thread(target=self._query, args=(outcome,), name="store-probe", daemon=True)
+        worker.start()  # the worker releases self._busy when the query returns or fails
+        worker.join(self._timeout_s)
+        if not outcome:
+            return f"store: no answer within {self._timeout_s:g}s"
+        return outcome[0]
+
+    def _query(self, outcome: list[str | None]) -> None:
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = store.connect(
+                    self._dsn, application_name=self._application_name,
+                    connect_timeout_s=max(2.0, self._timeout_s),  # libpq's minimum is 2 s
+                    statement_timeout_s=self._timeout_s, keepalives_idle=1, keepalives_interval=1,
+                    keepalives_count=2, tcp_user_timeout=int(self._timeout_s * 2000))
+            self._conn.execute("SELECT now()").fetchone()
+            outcome.append(None)
+        except (psycopg.Error, SchedulerError, OSError) as exc:
+            outcome.append("store: " + (str(exc).splitlines() or [type(exc).__name__])[0])
+            self.close()
+        finally:
+            self._busy.release()
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
+
+
+class HealthServer:
+    """``/metrics``, ``/healthz`` and ``/readyz`` (see the module doc) on ``host:port``.
+
+    ``readiness()`` returns ``(ready, reasons, checks)``; it is called per
+    ``/readyz`` request. ``port`` 0 binds any free port; :attr:`port` is the
+    bound one. :meth:`start` raises :class:`SchedulerError` if the address
+    cannot be bound.
+    """
+
+    def __init__(self, host: str, port: int, metrics: Metrics,
+                 readiness: Callable[[], tuple[bool, list[str], dict]]) -> None:
+        self._host = host
+        self._requested_port = port
+        self._metrics = metrics
+        self._readiness = readiness
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (after :meth:`start`)."""
+        if self._server is None:
+            raise RuntimeError("HealthServer not started")
+        return self._server.server_address[1]
+
+    def start(self) -> None:
+        handler = _handler(self._metrics, self._readiness)
+        try:
+            self._server = ThreadingHTTPServer((self._host, self._requested_port), handler)
+        except OSError as exc:
+            raise SchedulerError(f"metrics_port: cannot listen on {self._host}:{self._requested_port}: "
+                                 f"{exc.strerror or exc}") from exc
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="health-server", daemon=True)
+        self._thread.start()
+        log.event("metrics_listening", host=self._host, port=self.port)
+
+    def stop(self) -> None:
+        """Stop serving and close the socket; idempotent."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(5.0)
+            self._thread = None
+
+
+def _handler(metrics: Metrics, readiness: Callable[[], tuple[bool, list[str], dict]]) -> type:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "scheduler"
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry))
+            elif path == "/healthz":
+                self._send(200, "text/plain; charset=utf-8", b"ok\n")
+            elif path == "/readyz":
+                ready, reasons, checks = readiness()
+                body = json.dumps({"ready": ready, "reasons": reasons, "checks": checks}, default=str)
+                self._send(200 if ready else 503, "application/json", log.redact(body).encode() + b"\n")
+            else:
+                self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics, /healthz, /readyz\n")
+
+        def _send(self, status: int, content_type: str, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            log.event("http_request", logging.DEBUG, request=self.requestline, status=args[1] if len(args) > 1 else None)
+
+    return Handler
