@@ -1,0 +1,86 @@
+"""Structured logs and secret redaction (scheduler/log.py, store.redact_dsn / dsn_secrets)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+
+from scheduler import log
+from scheduler.store import dsn_secrets, redact_dsn, redact_text
+
+
+@pytest.fixture
+def captured():
+    """The scheduler logger writing to a buffer; restored afterwards."""
+    buffer = io.StringIO()
+
+    def configure(fmt: str) -> None:
+        log.configure(fmt, "debug")
+        log.LOGGER.handlers[0].setStream(buffer)
+
+    saved = (list(log.LOGGER.handlers), log.LOGGER.level, log.LOGGER.propagate)
+    yield configure, buffer
+    log.LOGGER.handlers[:], log.LOGGER.level, log.LOGGER.propagate = saved
+
+
+def test_json_records_carry_one_event_name_and_fields(captured):
+    configure, buffer = captured
+    configure("json")
+    log.event("lease_claimed", node="n1", partitions=3)
+    log.event("tick_failed", logging.WARNING, node="n1", error="boom")
+    records = [json.loads(line) for line in buffer.getvalue().splitlines()]
+    assert [r["event"] for r in records] == ["lease_claimed", "tick_failed"]
+    assert records[0]["partitions"] == 3 and records[0]["level"] == "info"
+    assert records[1]["level"] == "warning" and records[1]["error"] == "boom"
+    assert all(r["ts"].endswith("Z") for r in records)
+
+
+def test_text_records_start_with_level_and_event(captured):
+    configure, buffer = captured
+    configure("text")
+    log.event("node_started", node="n1")
+    (line,) = buffer.getvalue().splitlines()
+    assert line.split()[1:] == ["info", "node_started", "node=n1"]
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_registered_secrets_never_reach_a_record(captured, fmt):
+    configure, buffer = captured
+    configure(fmt)
+    log.add_secret("Tr0ub4dor&3-pw")
+    log.event("store_unavailable", error='connection to "u:Tr0ub4dor&3-pw@h" failed', dsn="x Tr0ub4dor&3-pw")
+    try:
+        raise RuntimeError("failed with Tr0ub4dor&3-pw")
+    except RuntimeError:
+        log.event("tick_crashed", logging.ERROR, exc_info=True)
+    text = buffer.getvalue()
+    assert "Tr0ub4dor" not in text and "***" in text
+
+
+def test_short_secrets_are_not_scrubbed_from_free_text():
+    log.add_secret("ab")
+    assert log.redact("abc cab") == "abc cab"
+
+
+@pytest.mark.parametrize("dsn, redacted, secrets", [
+    ("postgresql://u:pa%40ss@h:5432/db", "postgresql://u:***@h:5432/db", ["pa%40ss", "pa@ss"]),
+    ("postgresql://u@h/db?password=s3cret&sslmode=off", "postgresql://u@h/db?password=***&sslmode=off",
+     ["s3cret"]),
+    ("host=h user=u password=s3cret dbname=d", "host=h user=u password=*** dbname=d", ["s3cret"]),
+    ("host=h password='with space' dbname=d", "host=h password=*** dbname=d", ["'with space'", "with space"]),
+    ("postgresql://u@h/db", "postgresql://u@h/db", []),
+])
+def test_dsn_passwords_are_found_and_masked(dsn, redacted, secrets):
+    assert redact_dsn(dsn) == redacted
+    assert dsn_secrets(dsn) == secrets
+
+
+def test_redact_text_removes_the_dsn_and_its_password_in_any_spelling():
+    dsn = "postgresql://u:pa%40ss@h:5432/db"
+    text = f"at {dsn} (as postgresql+psycopg://u:pa%40ss@h:5432/db): password pa@ss rejected"
+    out = redact_text(text, dsn)
+    assert "pa%40ss" not in out and "pa@ss" not in out
+    assert "postgresql://u:***@h:5432/db" in out

@@ -1,0 +1,190 @@
+"""Settings: one validated object from flags, environment, a TOML file and defaults.
+
+Pins the precedence flag > env > file > default (``settings.resolve`` and
+``scheduler config show`` through the real CLI), the config file's checks,
+the one-line exit-2 error for invalid combinations, and the masked password.
+No store needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from scheduler import settings as settings_mod
+from scheduler.cli import SETTING_HELP, cli
+from scheduler.errors import ConfigError
+from scheduler.settings import Settings
+
+
+def run(args: list[str], env: dict[str, str] | None = None):
+    """Invoke the CLI in process with no SCHEDULER_* variable but ``env``."""
+    clean: dict[str, str | None] = {key: None for key in os.environ if key.startswith("SCHEDULER_")}
+    clean.update(env or {})
+    return CliRunner().invoke(cli, args, env=clean, catch_exceptions=False)
+
+
+def show(args: list[str], env: dict[str, str] | None = None) -> dict:
+    result = run(["config", "show", "--json", *args], env)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "scheduler.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------- precedence
+
+
+def test_resolve_takes_flag_then_env_then_file_then_default():
+    settings, sources = settings_mod.resolve(
+        flags={"lease_ttl_s": 20.0},
+        env={"lease_ttl_s": 30.0, "renew_interval_s": 4.0},
+        file_values={"lease_ttl_s": 40.0, "renew_interval_s": 5.0, "poll_interval_s": 2.0})
+    assert (settings.lease_ttl_s, sources["lease_ttl_s"]) == (20.0, "flag")
+    assert (settings.renew_interval_s, sources["renew_interval_s"]) == (4.0, "env")
+    assert (settings.poll_interval_s, sources["poll_interval_s"]) == (2.0, "file")
+    assert (settings.tick_interval_s, sources["tick_interval_s"]) == (settings_mod.TICK_INTERVAL_S, "default")
+    assert set(sources) == {f.name for f in dataclasses.fields(Settings)}
+
+
+def test_config_show_reports_each_source(tmp_path):
+    path = write(tmp_path, 'lease_ttl_s = 12\nrenew_interval_s = 2.5\npoll_interval_s = 0.75\n'
+                           'metrics_port = 9464\nlog_format = "json"\n')
+    out = show(["--config", str(path), "--lease-ttl-s", "15"],
+               {"SCHEDULER_RENEW_INTERVAL_S": "2", "SCHEDULER_METRICS_HOST": "0.0.0.0"})
+    assert out["lease_ttl_s"] == {"value": 15.0, "source": "flag"}
+    assert out["renew_interval_s"] == {"value": 2.0, "source": "env"}
+    assert out["poll_interval_s"] == {"value": 0.75, "source": "file"}
+    assert out["metrics_port"] == {"value": 9464, "source": "file"}
+    assert out["metrics_host"] == {"value": "0.0.0.0", "source": "env"}
+    assert out["log_format"] == {"value": "json", "source": "file"}
+    assert out["tick_interval_s"] == {"value": 1.0, "source": "default"}
+    # timeouts left unset are derived from the TTL, and shown so
+    assert out["lock_timeout_s"] == {"value": None, "source": "default", "effective": 3.0}
+
+
+def test_config_file_from_scheduler_config_env(tmp_path):
+    path = write(tmp_path, "max_rate_per_s = 500\n")
+    out = show([], {"SCHEDULER_CONFIG": str(path)})
+    assert out["max_rate_per_s"] == {"value": 500.0, "source": "file"}
+
+
+def test_root_log_format_flag_counts_as_a_flag(tmp_path):
+    path = write(tmp_path, 'log_format = "text"\n')
+    result = run(["--log-format", "json", "config", "show", "--json", "--config", str(path)],
+                 {"SCHEDULER_LOG_FORMAT": "text"})
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["log_format"] == {"value": "json", "source": "flag"}
+
+
+def test_every_setting_has_a_flag_an_env_var_and_help():
+    result = run(["node", "--help"])
+    assert result.exit_code == 0
+    for field in dataclasses.fields(Settings):
+        assert f"--{field.name.replace('_', '-')}" in result.stdout, field.name
+        assert f"SCHEDULER_{field.name.upper()}" in result.stdout.replace("\n", "").replace(" ", ""), field.name
+        assert SETTING_HELP.get(field.name), field.name
+    assert "SCHEDULER_CONFIG" in result.stdout
+
+
+def test_text_output_lists_every_setting_with_its_source(tmp_path):
+    result = run(["config", "show", "--metrics-port", "0"])
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["SETTING", "VALUE", "SOURCE"]
+    by_name = {line.split()[0]: line.split()[-1] for line in lines[1:]}
+    assert set(by_name) == {f.name for f in dataclasses.fields(Settings)}
+    assert by_name["metrics_port"] == "flag"
+    assert by_name["lease_ttl_s"] == "default"
+
+
+# ---------------------------------------------------------------- secrets
+
+
+@pytest.mark.parametrize("where", ["flag", "env", "file"])
+def test_config_show_masks_the_password(tmp_path, where):
+    dsn = "postgresql://scheduler:Hunter2-Secret@db.example:5432/scheduler"
+    args: list[str] = []
+    env: dict[str, str] = {}
+    if where == "flag":
+        args = ["--dsn", dsn]
+    elif where == "env":
+        env = {"SCHEDULER_DSN": dsn}
+    else:
+        args = ["--config", str(write(tmp_path, f'dsn = "{dsn}"\n'))]
+    for output in (run(["config", "show", *args], env), run(["config", "show", "--json", *args], env)):
+        assert output.exit_code == 0, output.stderr
+        assert "Hunter2-Secret" not in output.stdout + output.stderr
+        assert "postgresql://scheduler:***@db.example:5432/scheduler" in output.stdout
+
+
+# ---------------------------------------------------------------- invalid input
+
+
+def one_line_error(result) -> str:
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [["config", "show"], ["node", "--dsn", "postgresql://u@127.0.0.1:1/x"]])
+def test_renew_interval_not_below_ttl_is_one_line_naming_both(command):
+    line = one_line_error(run([*command, "--lease-ttl-s", "5", "--renew-interval-s", "5"]))
+    assert "renew_interval_s" in line and "lease_ttl_s" in line
+
+
+def test_invalid_combination_from_env_and_file(tmp_path):
+    path = write(tmp_path, "lease_ttl_s = 3\n")
+    line = one_line_error(run(["config", "show", "--config", str(path)], {"SCHEDULER_RENEW_INTERVAL_S": "2.8"}))
+    assert "renew_interval_s" in line and "lease_ttl_s" in line and "safety_margin_s" in line
+
+
+@pytest.mark.parametrize("text, words", [
+    ("bogus = 1\n", ["unknown setting 'bogus'"]),
+    ('lease_ttl_s = "ten"\n', ["lease_ttl_s", "must be a number"]),
+    ("metrics_port = 9464.5\n", ["metrics_port", "whole number"]),
+    ("metrics_port = 70000\n", ["metrics_port", "0-65535"]),
+    ('log_format = "xml"\n', ["log_format", "text, json"]),
+    ("retention_s = -1\n", ["retention_s", "> 0"]),
+    ("lease_ttl_s = \n", ["not valid TOML"]),
+])
+def test_bad_config_file_is_one_line(tmp_path, text, words):
+    line = one_line_error(run(["config", "show", "--config", str(write(tmp_path, text))]))
+    for word in words:
+        assert word in line, line
+
+
+def test_missing_config_file_is_one_line(tmp_path):
+    line = one_line_error(run(["config", "show", "--config", str(tmp_path / "nope.toml")]))
+    assert "nope.toml" in line
+
+
+def test_node_without_dsn_is_one_line():
+    line = one_line_error(run(["node", "--metrics-port", "0"]))
+    assert "dsn" in line and "SCHEDULER_DSN" in line
+
+
+def test_bad_env_value_is_one_line():
+    line = one_line_error(run(["config", "show"], {"SCHEDULER_METRICS_PORT": "http"}))
+    assert "metrics-port" in line or "metrics_port" in line
+
+
+def test_settings_check_messages_name_the_settings():
+    with pytest.raises(ConfigError, match="retention_batch_rows"):
+        Settings(retention_batch_rows=0).check()
+    with pytest.raises(ConfigError, match="metrics_host"):
+        Settings(metrics_host="").check()
+    with pytest.raises(ConfigError, match="lock_timeout_s .* lease_ttl_s"):
+        Settings(lock_timeout_s=20.0).check()
+    assert Settings(metrics_port=0, retention_s=86_400.0).validated().node_id
