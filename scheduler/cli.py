@@ -530,10 +530,15 @@ SETTING_HELP = {
     "retention_s": "Delete runs, skips and deleted jobs older than this many seconds [default: off].",
     "retention_batch_rows": "Rows per retention DELETE batch.",
     "retention_batch_interval_s": "At most one retention batch per this many seconds.",
+    "coordinator": "Who decides partition ownership: 'sql' (lease rows in the store) or 'etcd' "
+                   "(etcd leases and a watch; needs the etcd extra).",
+    "etcd_endpoints": "etcd client endpoints host:port[,host:port] (coordinator etcd).",
+    "etcd_prefix": "Key prefix of this fleet's keys in etcd (coordinator etcd).",
 }
 """Help text of each Settings field's option (every field has one; a test checks)."""
 
-_CHOICES = {"log_format": settings_mod.LOG_FORMATS, "log_level": settings_mod.LOG_LEVELS}
+_CHOICES = {"log_format": settings_mod.LOG_FORMATS, "log_level": settings_mod.LOG_LEVELS,
+            "coordinator": settings_mod.COORDINATORS}
 
 
 def _settings_options(func: Callable) -> Callable:

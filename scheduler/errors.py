@@ -64,3 +64,21 @@ class LeaseLostError(SchedulerError):
 
 class ConfigError(SchedulerError):
     """Invalid settings; the message names every setting involved."""
+
+
+class CoordinatorError(SchedulerError):
+    """The coordinator service (etcd) failed or could not be reached.
+
+    Raised by the etcd coordinator in place of the client's own errors, so the
+    lease loop treats it like a store failure: logged, counted, retried.
+    """
+
+
+class EpochRegressionError(CoordinatorError):
+    """The etcd revision is not above an epoch already stored.
+
+    A claim's epoch is its etcd revision; if the store holds an
+    ``owner_epoch`` at or above it (a reset etcd, or a switch from the SQL
+    coordinator's counters), writing it would not fence the previous owner.
+    See docs/operations.md for how to raise the etcd revision.
+    """

@@ -181,17 +181,16 @@ class Coordinator(Protocol):
         """Free connections."""
 
 
-class SqlCoordinator:
-    """Leases and membership as rows in the SQL store (the default coordinator).
+class StoreSession:
+    """A coordinator's own store connection: one autocommit session, reopened after a failure.
 
-    Uses one dedicated autocommit connection, reopened after a failure. Store
-    writes per second for N nodes holding P partitions: N heartbeats and N
-    renewal statements (P row writes) every ``renew_interval_s``, plus claims.
+    Shared by :class:`SqlCoordinator` and the etcd coordinator (which writes
+    only the claim's epoch and releases). The session carries the node
+    timeouts (lock, statement, idle in transaction) and the application name
+    ``scheduler-lease:<node id>``.
     """
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
-        self.node_id = settings.node_id
-        self.incarnation = uuid.uuid4()
         self._settings = settings
         self._metrics = metrics
         self._conn: psycopg.Connection | None = None
@@ -217,6 +216,27 @@ class SqlCoordinator:
             if conn.closed or isinstance(exc, psycopg.OperationalError):
                 self.close()
             raise
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+
+class SqlCoordinator(StoreSession):
+    """Leases and membership as rows in the SQL store (the default coordinator).
+
+    Uses one dedicated autocommit connection, reopened after a failure. Store
+    writes per second for N nodes holding P partitions: N heartbeats and N
+    renewal statements (P row writes) every ``renew_interval_s``, plus claims.
+    """
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        super().__init__(settings, metrics)
+        self.node_id = settings.node_id
+        self.incarnation = uuid.uuid4()
 
     def _heartbeat(self, conn: psycopg.Connection) -> None:
         store.execute(conn, "upsert_heartbeat", {
@@ -269,14 +289,6 @@ class SqlCoordinator:
         self._tx(lambda conn: store.execute(conn, "prune_nodes", {
             "prune_after_s": self._settings.node_prune_after_s}))
 
-    def close(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            finally:
-                self._conn = None
-
-
 class LeaseLoop:
     """Keeps this node's share of leases: renew, poll, claim, release.
 
@@ -287,6 +299,12 @@ class LeaseLoop:
     ``on_claimed`` is called after partitions are claimed, so the firing loop
     can tick at once instead of waiting for its next second: overdue jobs of a
     dead node fire one poll after its TTL, not one poll plus one tick.
+
+    A coordinator that *watches* membership and leases (etcd) offers
+    ``set_on_change(callback)``; the loop registers :meth:`wake` there, so a
+    member joining or leaving, or a partition key deleted (expired or
+    released), triggers a rebalance at once instead of at the next poll. With
+    such a coordinator, whoever sets ``stop`` must also call :meth:`wake`.
     """
 
     def __init__(self, settings: Settings, coordinator: Coordinator, table: LeaseTable,
@@ -304,6 +322,16 @@ class LeaseLoop:
         self.last_heartbeat_mono = 0.0
         """Monotonic time (seconds) of the last successful heartbeat; 0.0 before one."""
         self._claiming = True
+        self._wake = threading.Event()
+        self._poll_requested = False
+        self._watching = hasattr(coordinator, "set_on_change")
+        if self._watching:
+            coordinator.set_on_change(self.wake)
+
+    def wake(self) -> None:
+        """Rebalance as soon as possible (membership or a lease changed); any thread."""
+        self._poll_requested = True
+        self._wake.set()
 
     def run_once(self) -> None:
         """Renew if due, then poll membership and rebalance if due.
@@ -320,7 +348,8 @@ class LeaseLoop:
             if now >= self._next_renew:
                 self._renew(now)
                 self._next_renew = now + self._s.renew_interval_s
-            if now >= self._next_poll:
+            if now >= self._next_poll or self._poll_requested:
+                self._poll_requested = False
                 self._rebalance()
                 self._next_poll = now + self._s.poll_interval_s
             if now >= self._next_prune and hasattr(self._coord, "prune"):
@@ -389,11 +418,12 @@ class LeaseLoop:
                   reason=reason, **fields)
 
     def run(self, stop: threading.Event) -> None:
-        """Loop until ``stop`` is set, waking every ≤ ``poll_interval_s``."""
+        """Loop until ``stop`` is set, waking every ≤ ``poll_interval_s`` (or at :meth:`wake`)."""
         while not stop.is_set():
+            self._wake.clear()
             self.run_once()
             wake = min(self._next_renew, self._next_poll) - self._clock.monotonic()
-            self._clock.wait(stop, max(0.01, wake))
+            self._clock.wait(self._wake if self._watching else stop, max(0.01, wake))
 
     def leave(self) -> None:
         """Release all leases and withdraw membership; best effort, never raises."""
@@ -407,3 +437,16 @@ class LeaseLoop:
             log.event("leave_failed", logging.WARNING, node=self._s.node_id, error=str(exc))
         finally:
             self._metrics.partitions_owned.set(len(self._table))
+
+
+def make_coordinator(settings: Settings, metrics: Metrics) -> Coordinator:
+    """The coordinator ``settings.coordinator`` names: ``sql`` (default) or ``etcd``.
+
+    The etcd one needs the optional ``etcd`` extra (``pip install '.[etcd]'``).
+    """
+    kind = getattr(settings, "coordinator", "sql")
+    if kind == "etcd":
+        from scheduler.etcd_coordinator import EtcdCoordinator
+
+        return EtcdCoordinator(settings, metrics)
+    return SqlCoordinator(settings, metrics)

@@ -35,7 +35,7 @@ from scheduler import log
 from scheduler.clock import Clock, SystemClock
 from scheduler.firing import Firer
 from scheduler.health import HealthServer, StoreProbe
-from scheduler.lease import Coordinator, LeaseLoop, LeaseTable, SqlCoordinator
+from scheduler.lease import Coordinator, LeaseLoop, LeaseTable, make_coordinator
 from scheduler.metrics import Metrics
 from scheduler.retention import RetentionLoop
 from scheduler.settings import Settings
@@ -45,7 +45,8 @@ from scheduler.store import redact_dsn
 class Node:
     """One scheduler node process.
 
-    ``coordinator`` defaults to :class:`SqlCoordinator`; ``clock`` to the
+    ``coordinator`` defaults to the one ``settings.coordinator`` names
+    (:class:`~scheduler.lease.SqlCoordinator` or the etcd one); ``clock`` to the
     system clock. :meth:`start` launches the loops, :meth:`stop` asks them to
     end, :meth:`join` waits and then leaves the cluster.
     """
@@ -56,7 +57,7 @@ class Node:
         self.clock = clock or SystemClock()
         self.metrics = metrics or Metrics()
         self.table = LeaseTable(self.clock, self.settings.safety_margin_s)
-        self.coordinator = coordinator or SqlCoordinator(self.settings, self.metrics)
+        self.coordinator = coordinator or make_coordinator(self.settings, self.metrics)
         self.firer = Firer(self.settings, self.table, self.clock, self.metrics)
         self.lease_loop = LeaseLoop(self.settings, self.coordinator, self.table, self.clock,
                                     self.metrics, on_claimed=self.firer.wake)
@@ -114,11 +115,21 @@ class Node:
         """Start the endpoint (if configured), then the lease, firing and retention threads.
 
         Raises :class:`~scheduler.errors.SchedulerError` if the metrics port
-        cannot be bound (nothing else is started then).
+        cannot be bound, or if the coordinator's preflight refuses (the etcd
+        coordinator: etcd's revision not above the stored epochs); nothing
+        else is started then.
         """
+        preflight = getattr(self.coordinator, "preflight", None)
+        if preflight is not None:
+            try:
+                preflight()
+            except Exception:
+                self.coordinator.close()
+                raise
         if self.health is not None:
             self.health.start()
         log.event("node_started", node=self.node_id, dsn=redact_dsn(self.settings.dsn),
+                  coordinator=self.settings.coordinator,
                   lease_ttl_s=self.settings.lease_ttl_s, renew_interval_s=self.settings.renew_interval_s,
                   poll_interval_s=self.settings.poll_interval_s,
                   tick_interval_s=self.settings.tick_interval_s, metrics_port=self.metrics_port,
@@ -149,6 +160,7 @@ class Node:
         for thread in others:
             thread.join(timeout_s)
         self._stop_leases.set()
+        self.lease_loop.wake()  # a watching coordinator's lease loop waits on its wake-up
         leases.join(timeout_s)
         self.lease_loop.leave()
         self.firer.close()

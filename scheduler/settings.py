@@ -55,6 +55,10 @@ RETENTION_BATCH_ROWS = 1000
 """Rows one retention DELETE removes at most."""
 RETENTION_BATCH_INTERVAL_S = 1.0
 """The node's retention loop runs at most one batch per this many seconds."""
+COORDINATORS = ("sql", "etcd")
+"""Ownership coordinators (DESIGN.md §2): lease rows in the store, or etcd leases."""
+ETCD_PREFIX = "/scheduler/"
+"""Key prefix of one fleet's membership and partition keys in etcd."""
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 SOURCES = ("flag", "env", "file", "default")
@@ -94,6 +98,9 @@ class Settings:
     retention_s: float | None = None
     retention_batch_rows: int = RETENTION_BATCH_ROWS
     retention_batch_interval_s: float = RETENTION_BATCH_INTERVAL_S
+    coordinator: str = "sql"
+    etcd_endpoints: str = ""
+    etcd_prefix: str = ETCD_PREFIX
 
     @property
     def effective_lock_timeout_s(self) -> float:
@@ -154,6 +161,13 @@ class Settings:
             raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)} (got {self.log_format!r})")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)} (got {self.log_level!r})")
+        if self.coordinator not in COORDINATORS:
+            raise ConfigError(f"coordinator must be one of {', '.join(COORDINATORS)} (got {self.coordinator!r})")
+        if self.coordinator == "etcd" and not self.etcd_endpoints.strip():
+            raise ConfigError("etcd_endpoints: coordinator etcd needs host:port[,host:port] "
+                              "(--etcd-endpoints / SCHEDULER_ETCD_ENDPOINTS)")
+        if self.coordinator == "etcd" and not self.etcd_prefix.startswith("/"):
+            raise ConfigError(f"etcd_prefix must start with '/' (got {self.etcd_prefix!r})")
         if self.safety_margin_s < 0.5:
             raise ConfigError(
                 f"safety_margin_s must be >= 0.5 (CockroachDB's max clock offset; got {self.safety_margin_s!r})"
