@@ -18,9 +18,10 @@ time in ``[since, until)`` and compares them with ``runs`` in SQL:
 * **lateness**: fired_at − scheduled time of the audited runs, p50/p99/max
   in seconds (``None`` when there are none).
 
-Slots are computed once per distinct schedule (jobs sharing an expression
-share the work) and shipped to a temporary table with COPY; the comparison is
-set-based, so millions of runs cost seconds.
+Slots are computed in Python once per distinct cron schedule and expanded to
+jobs in SQL (jobs sharing an expression share the work); only interval,
+one-shot and jittered jobs are computed per job. Everything is compared
+set-based in temporary tables, so millions of jobs and runs cost seconds.
 """
 
 from __future__ import annotations
@@ -74,16 +75,15 @@ def _slots(schedule, start: datetime, until: datetime) -> list[datetime]:
     return out
 
 
-def expected_slots(jobs: list[dict], since: datetime, until: datetime):
-    """Yield ``(partition_id, job_id, nominal)`` for the audited ``jobs`` rows.
+def per_job_slots(jobs: list[dict], since: datetime, until: datetime):
+    """Yield ``(partition_id, job_id, nominal)`` for jobs audited one at a time.
 
-    Slots of one cron schedule are computed once and shared by every job
-    using it; per job only the creation cut-off and jitter are applied.
+    Interval and one-shot slots depend on the job; so does a cron slot's
+    jitter (a slot whose jittered time is after ``until`` is not expected
+    yet). Jitter-free cron jobs are expanded in SQL instead.
     """
     shared: dict[tuple, list[datetime]] = {}
     for job in jobs:
-        if job["paused_before"]:
-            continue
         start = max(since, job["counted_from"] + _EPSILON)
         if job["kind"] == "cron":
             key = (job["cron_expr"], job["cron_dialect"], job["tz"])
@@ -107,33 +107,41 @@ def verify(conn: psycopg.Connection, since: datetime, until: datetime) -> Verify
     """Audit the runs with nominal time in ``[since, until)``; see the module doc.
 
     Both bounds must be aware datetimes with ``since < until`` (else
-    ValidationError, fields ``since``/``until``). Read-only (uses a temporary
-    table dropped at commit).
+    ValidationError, fields ``since``/``until``). Read-only: its working
+    tables are temporary and dropped at commit. Cost: one pass over ``jobs``
+    and one over the window's runs in SQL; Python computes slots once per
+    distinct cron schedule, plus per job only for interval, one-shot and
+    jittered jobs.
     """
     for field, value in (("since", since), ("until", until)):
         if value.tzinfo is None:
             raise ValidationError(field, "must carry a UTC offset", value.isoformat())
     if since >= until:
         raise ValidationError("until", "must be later than --since", until.isoformat())
+    window = {"since": since, "until": until}
     report = VerifyReport()
     with conn.transaction():
-        jobs = store.execute(conn, "audit_jobs", {"since": since, "until": until})
-        audited = [job for job in jobs if not job["excluded"]]
-        report.jobs_excluded = len(jobs) - len(audited)
-        report.jobs_audited = len(audited)
+        store.execute(conn, "create_audit_candidates", window)
         store.execute(conn, "create_audit_tables")
+        schedules = store.execute(conn, "audit_cron_schedules")
+        per_job = store.execute(conn, "audit_per_job")
         with conn.cursor() as cur:
-            with cur.copy("COPY audit_jobs_tmp (partition_id, job_id) FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(["int4", "uuid"])
-                for job in audited:
-                    copy.write_row((job["partition_id"], job["job_id"]))
+            with cur.copy("COPY audit_cron_slots (cron_expr, cron_dialect, tz, nominal_time) "
+                          "FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["text", "text", "text", "timestamptz"])
+                for row in schedules:
+                    schedule = build_schedule("cron", row["cron_expr"], row["cron_dialect"], row["tz"],
+                                              None, None, None)
+                    for slot in _slots(schedule, since, until):
+                        copy.write_row((row["cron_expr"], row["cron_dialect"], row["tz"], slot))
             with cur.copy("COPY audit_expected_tmp (partition_id, job_id, nominal_time) "
                           "FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(["int4", "uuid", "timestamptz"])
-                for row in expected_slots(audited, since, until):
+                for row in per_job_slots(per_job, since, until):
                     copy.write_row(row)
+        store.execute(conn, "expand_audit_cron_slots")
         store.execute(conn, "analyze_audit_tables")
-        row = store.execute(conn, "compare_audit", {"since": since, "until": until})[0]
+        row = store.execute(conn, "compare_audit", window)[0]
     for key, value in row.items():
         setattr(report, key, value)
     return report

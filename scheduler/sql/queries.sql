@@ -314,14 +314,17 @@ LIMIT %(limit)s;
 
 -- ---------------------------------------------------------------- audit
 
--- name: audit_jobs
--- Jobs that may have runs with nominal time in [since, until). "excluded":
--- changed (paused, resumed, edited, deleted) inside the window, or edited
--- after it (their current spec may not be the one that fired); a deletion
--- after the window keeps the spec and does not exclude. "counted_from": the
--- instant after which the current spec's slots count.
-SELECT partition_id, job_id, kind, cron_expr, cron_dialect, tz, interval_s, anchor_at,
-       fire_at, jitter_s, paused AND changed_at < %(since)s AS paused_before,
+-- name: create_audit_candidates
+-- The audit's working tables (dropped at commit). audit_candidates holds
+-- every job that may have runs with nominal time in [since, until):
+-- "excluded" = changed (paused, resumed, edited, deleted) inside the window,
+-- or edited after it (its current spec may not be the one that fired; a
+-- deletion after the window keeps the spec and does not exclude);
+-- "counted_from" = the instant after which the current spec's slots count;
+-- "paused_before" = paused before the window began (no slots expected).
+CREATE TEMPORARY TABLE audit_candidates ON COMMIT DROP AS
+SELECT partition_id, job_id, kind, cron_expr, cron_dialect, tz, jitter_s,
+       paused AND changed_at < %(since)s AS paused_before,
        CASE WHEN changed_at < %(until)s THEN changed_at ELSE created_at END AS counted_from,
        (changed_at > created_at AND changed_at >= %(since)s
         AND NOT (deleted_at IS NOT NULL AND deleted_at = changed_at AND deleted_at >= %(until)s))
@@ -331,10 +334,13 @@ WHERE created_at < %(until)s
   AND (deleted_at IS NULL OR deleted_at >= %(since)s);
 
 -- name: create_audit_tables
-CREATE TEMPORARY TABLE audit_jobs_tmp (
-    partition_id INTEGER NOT NULL,
-    job_id UUID NOT NULL,
-    PRIMARY KEY (partition_id, job_id)
+CREATE TEMPORARY TABLE audit_excluded ON COMMIT DROP AS
+SELECT partition_id, job_id FROM audit_candidates WHERE excluded;
+CREATE TEMPORARY TABLE audit_cron_slots (
+    cron_expr TEXT NOT NULL,
+    cron_dialect TEXT NOT NULL,
+    tz TEXT NOT NULL,
+    nominal_time TIMESTAMPTZ NOT NULL
 ) ON COMMIT DROP;
 CREATE TEMPORARY TABLE audit_expected_tmp (
     partition_id INTEGER NOT NULL,
@@ -343,8 +349,34 @@ CREATE TEMPORARY TABLE audit_expected_tmp (
     PRIMARY KEY (partition_id, job_id, nominal_time)
 ) ON COMMIT DROP;
 
+-- name: audit_cron_schedules
+-- The distinct cron schedules of audited jobs without jitter: their slots are
+-- computed once per schedule, however many jobs share it.
+SELECT DISTINCT cron_expr, cron_dialect, tz
+FROM audit_candidates
+WHERE kind = 'cron' AND jitter_s = 0 AND NOT excluded AND NOT paused_before;
+
+-- name: audit_per_job
+-- Audited jobs whose slots are computed one job at a time (interval, one-shot,
+-- or jittered: jitter depends on the job).
+SELECT c.partition_id, c.job_id, c.kind, c.counted_from, j.cron_expr, j.cron_dialect, j.tz,
+       j.interval_s, j.anchor_at, j.fire_at, j.jitter_s
+FROM audit_candidates AS c
+JOIN jobs AS j ON j.partition_id = c.partition_id AND j.job_id = c.job_id
+WHERE NOT c.excluded AND NOT c.paused_before AND (c.kind <> 'cron' OR c.jitter_s > 0);
+
+-- name: expand_audit_cron_slots
+-- Every audited jitter-free cron job gets its schedule's slots after counted_from.
+INSERT INTO audit_expected_tmp (partition_id, job_id, nominal_time)
+SELECT c.partition_id, c.job_id, s.nominal_time
+FROM audit_candidates AS c
+JOIN audit_cron_slots AS s
+  ON s.cron_expr = c.cron_expr AND s.cron_dialect = c.cron_dialect AND s.tz = c.tz
+WHERE c.kind = 'cron' AND c.jitter_s = 0 AND NOT c.excluded AND NOT c.paused_before
+  AND s.nominal_time > c.counted_from;
+
 -- name: analyze_audit_tables
-ANALYZE audit_jobs_tmp;
+ANALYZE audit_excluded;
 ANALYZE audit_expected_tmp;
 
 -- name: compare_audit
@@ -353,11 +385,12 @@ WITH audited_runs AS (
     SELECT r.partition_id, r.job_id, r.nominal_time,
            extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s
     FROM runs AS r
-    JOIN audit_jobs_tmp AS j ON j.partition_id = r.partition_id AND j.job_id = r.job_id
     WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s
       -- a slot jittered past the window is not expected yet, so its run is
       -- not audited either (it may already have fired when auditing the past)
       AND r.scheduled_at <= %(until)s
+      AND NOT EXISTS (SELECT 1 FROM audit_excluded AS x
+                      WHERE x.partition_id = r.partition_id AND x.job_id = r.job_id)
 ), unfired AS (
     SELECT e.partition_id, e.job_id, e.nominal_time,
            EXISTS (SELECT 1 FROM skips AS s
@@ -380,6 +413,8 @@ SELECT (SELECT count(*) FROM audit_expected_tmp) AS expected,
         WHERE NOT EXISTS (SELECT 1 FROM audit_expected_tmp AS e
                           WHERE e.partition_id = a.partition_id AND e.job_id = a.job_id
                             AND e.nominal_time = a.nominal_time)) AS unexpected,
+       (SELECT count(*) FROM audit_candidates) - (SELECT count(*) FROM audit_excluded) AS jobs_audited,
+       (SELECT count(*) FROM audit_excluded) AS jobs_excluded,
        (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lateness_s) FROM audited_runs) AS lateness_p50_s,
        (SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY lateness_s) FROM audited_runs) AS lateness_p99_s,
        (SELECT max(lateness_s) FROM audited_runs) AS lateness_max_s;
