@@ -42,16 +42,28 @@ def redact(text: str) -> str:
     return text
 
 
+LIBRARY_LOGGERS = ("psycopg", "psycopg.pool", "alembic")
+"""Libraries whose warnings go through the same formatter (so ``--log-format
+json`` stays one JSON object per line), as event ``library_log``."""
+
+
+def _event_and_fields(record: logging.LogRecord) -> tuple[str, dict]:
+    if hasattr(record, "event"):
+        return record.event, getattr(record, "fields", {})
+    return "library_log", {"logger": record.name, "message": record.getMessage()}
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``ts``, ``level``, ``event``, then the fields."""
 
     def format(self, record: logging.LogRecord) -> str:
+        event_name, fields = _event_and_fields(record)
         payload = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
-            "event": getattr(record, "event", record.getMessage()),
+            "event": event_name,
         }
-        payload.update(getattr(record, "fields", {}))
+        payload.update(fields)
         if record.exc_info:
             payload["exc"] = self.formatException(record.exc_info)
         # Scrub values before encoding too: JSON escaping could hide a secret's spelling.
@@ -63,9 +75,10 @@ class TextFormatter(logging.Formatter):
     """``<time> <level> <event> key=value ...``."""
 
     def format(self, record: logging.LogRecord) -> str:
-        fields = " ".join(f"{k}={v}" for k, v in getattr(record, "fields", {}).items())
+        event_name, values = _event_and_fields(record)
+        fields = " ".join(f"{k}={v}" for k, v in values.items())
         ts = time.strftime("%H:%M:%S", time.localtime(record.created)) + f".{int(record.msecs):03d}"
-        line = f"{ts} {record.levelname.lower():5} {getattr(record, 'event', record.getMessage())} {fields}".rstrip()
+        line = f"{ts} {record.levelname.lower():5} {event_name} {fields}".rstrip()
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return redact(line)
@@ -78,6 +91,11 @@ def configure(fmt: str = "text", level: str = "info") -> None:
     LOGGER.handlers[:] = [handler]
     LOGGER.setLevel(level.upper())
     LOGGER.propagate = False
+    for name in LIBRARY_LOGGERS:
+        library = logging.getLogger(name)
+        library.handlers[:] = [handler]
+        library.setLevel(logging.WARNING)
+        library.propagate = False
 
 
 def event(name: str, level: int = logging.INFO, exc_info: bool = False, **fields: object) -> None:
