@@ -32,7 +32,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler import jobs
+from scheduler import jobs, store
 from scheduler.audit import verify
 from scheduler.cli import cli
 from scheduler.metrics import Metrics
@@ -110,12 +110,17 @@ def ready(port: int) -> tuple[int, dict]:
     return status, json.loads(body)
 
 
+def query(conn: psycopg.Connection, sql: str, params: tuple = ()) -> dict:
+    """First row of a read, retried on 40001: under SERIALIZABLE even a test's read may be asked to retry."""
+    return store.run_transaction(conn, lambda c: c.execute(sql, params).fetchone())
+
+
 def store_now(conn: psycopg.Connection) -> datetime:
-    return conn.execute("SELECT now() AS now").fetchone()["now"]
+    return query(conn, "SELECT now() AS now")["now"]
 
 
 def count_runs(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT count(*) AS n FROM runs").fetchone()["n"]
+    return query(conn, "SELECT count(*) AS n FROM runs")["n"]
 
 
 def with_host(dsn: str, host: str, port: int, password: str | None = None) -> str:
@@ -248,8 +253,8 @@ def test_metrics_endpoint_reads_the_same_runs_as_the_store(pg_dsn, conn, start_n
     assert sample(metrics, "scheduler_firing_dispatch_lag_seconds",
                   "scheduler_firing_dispatch_lag_seconds_count") == 6
     lag_sum = sample(metrics, "scheduler_firing_dispatch_lag_seconds", "scheduler_firing_dispatch_lag_seconds_sum")
-    stored = conn.execute("SELECT sum(extract(epoch FROM fired_at - scheduled_at))::float8 AS s FROM runs")
-    assert lag_sum == pytest.approx(stored.fetchone()["s"], abs=1e-3)
+    stored = query(conn, "SELECT sum(extract(epoch FROM fired_at - scheduled_at))::float8 AS s FROM runs")
+    assert lag_sum == pytest.approx(stored["s"], abs=1e-3)
     assert sample(metrics, "scheduler_lease_partitions_owned", "scheduler_lease_partitions_owned") == 1024
     assert sample(metrics, "scheduler_lease_events", "scheduler_lease_events_total", kind="claimed") == 1024
     assert sample(metrics, "scheduler_lease_events", "scheduler_lease_events_total", kind="renewed") >= 1024
@@ -315,12 +320,12 @@ def test_store_outage_makes_the_node_unready_and_it_recovers_without_losing_a_ru
         proxy.restore()
         wait_for("/readyz 200 again", lambda: ready(port)[0], lambda s: s == 200, timeout_s=15)
         until = store_now(conn)
-        wait_for("the node to catch up", lambda: conn.execute(
-            "SELECT count(*) AS n FROM jobs WHERE next_nominal_at < %s", (until,)).fetchone()["n"],
+        wait_for("the node to catch up", lambda: query(
+            conn, "SELECT count(*) AS n FROM jobs WHERE next_nominal_at < %s", (until,))["n"],
             lambda n: n == 0, timeout_s=15)
     finally:
         proxy.close()
-    report = verify(conn, since, until)
+    report = store.run_transaction(conn, lambda c: verify(c, since, until))
     assert report.expected >= 5 * 3
     assert (report.missing, report.duplicates, report.unexpected) == (0, 0, 0), report
     assert report.runs == report.expected

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from scheduler import jobs, retention
+from scheduler import jobs, retention, store
 from scheduler.cli import cli
 from scheduler.metrics import Metrics
 from scheduler.node import Node
@@ -36,10 +36,15 @@ def store_now(conn: psycopg.Connection) -> datetime:
     return conn.execute("SELECT now() AS now").fetchone()["now"]
 
 
+def read(conn: psycopg.Connection, sql: str) -> list[dict]:
+    """A read retried on 40001 (under SERIALIZABLE a read racing the node may be asked to retry)."""
+    return store.run_transaction(conn, lambda c: c.execute(sql).fetchall())
+
+
 def keys(conn: psycopg.Connection, table: str) -> set[tuple]:
     column = {"runs": "nominal_time", "skips": "first_nominal"}.get(table)
     cols = "partition_id, job_id" + (f", {column}" if column else "")
-    return {tuple(row.values()) for row in conn.execute(f"SELECT {cols} FROM {table}").fetchall()}
+    return {tuple(row.values()) for row in read(conn, f"SELECT {cols} FROM {table}")}
 
 
 class Aged:
