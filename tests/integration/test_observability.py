@@ -335,9 +335,10 @@ def test_store_outage_makes_the_node_unready_and_it_recovers_without_losing_a_ru
 # ---------------------------------------------------------------- secrets
 
 
-def test_node_with_a_password_and_no_store_never_prints_the_password(pg_dsn, tmp_path):
-    """A node pointed at a closed port logs store errors and serves 503, never the password."""
-    dsn = with_host(pg_dsn, "127.0.0.1", closed_port(), password=SECRET)
+@pytest.mark.parametrize("host", ["127.0.0.1", "no-such-host.invalid"])
+def test_node_with_a_password_and_no_store_never_prints_the_password(pg_dsn, host):
+    """A node pointed at a closed port or a bad host logs store errors and serves 503, never the password."""
+    dsn = with_host(pg_dsn, host, closed_port(), password=SECRET)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
     env["SCHEDULER_DSN"] = dsn
     cmd = [sys.executable, "-m", "scheduler", "--log-format", "json", "node", "--node-id", "secretive",
@@ -363,7 +364,7 @@ def test_node_with_a_password_and_no_store_never_prints_the_password(pg_dsn, tmp
     assert process.returncode == 0, output
     assert SECRET not in output
     started = [json.loads(line) for line in lines if '"node_started"' in line][0]
-    assert started["dsn"].startswith("postgresql://postgres:***@127.0.0.1:")
+    assert started["dsn"].startswith(f"postgresql://postgres:***@{host}:")
     assert any(json.loads(line)["event"] == "store_unavailable" for line in lines if line.startswith("{"))
 
 
