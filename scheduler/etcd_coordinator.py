@@ -20,7 +20,11 @@ partition key hang on it, so when a node dies they all expire together.
 * **Claim** = one etcd transaction per chunk of ≤ 128 free keys (etcd's
   default ``--max-txn-ops``): ``create_revision == 0`` for every key, then
   put each with our lease; on failure the transaction returns the keys' current
-  values, the taken ones are dropped and the rest retried. The claim's
+  values, the taken ones are dropped and the rest retried in smaller chunks.
+  Free keys are tried in rendezvous-hash order over the live members (each
+  node first tries the partitions it "wins"), so racing claimers rarely
+  collide. The mirror picks the candidates; if it shows nothing free while
+  the node is under its share, etcd is listed at most once per TTL. The claim's
   revision is the **epoch**, written with ``claim_partitions_at_epoch``
   (``SET owner_epoch = :rev WHERE owner_epoch < :rev``), so a new owner that
   pauses before writing cannot overwrite a newer one.
@@ -66,6 +70,7 @@ import math
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 
@@ -138,9 +143,7 @@ class EtcdCoordinator(StoreSession):
         self._ttl_s = max(1, math.ceil(settings.lease_ttl_s))
         # Each etcd request is bounded like a store statement: well below the TTL.
         self._timeout_s = settings.effective_statement_timeout_s
-        # A per-node permutation, so racing claimers rarely pick the same keys.
-        self._order = sorted(range(PARTITION_COUNT),
-                             key=lambda pid: hashlib.md5(f"{self.node_id}{pid}".encode()).digest())
+        self._scores: dict[str, list[bytes]] = {}  # member -> rendezvous score of each partition
         self._mirror_lock = threading.Lock()
         self._members: dict[str, bytes] = {}
         self._owners: dict[int, int] = {}  # partition -> lease id of its key (the mirror)
@@ -148,6 +151,7 @@ class EtcdCoordinator(StoreSession):
         self._lease_id: int | None = None
         self._granted_ttl_s: int | None = None
         self._join_revision = 0
+        self._last_listed = time.monotonic()
         self._epochs_checked = False
         self._on_change = None
         self._closing = False
@@ -339,15 +343,25 @@ class EtcdCoordinator(StoreSession):
             self.check_epochs()
             self._epochs_checked = True
 
+    async def _current_revision(self) -> int:
+        client = await self._get_client()
+        self.requests += 1
+        return (await client.get_prefix(self._members_prefix, keys_only=True)).header.revision
+
     def check_epochs(self) -> None:
         """Refuse (ERROR ``epoch_regression`` + :class:`EpochRegressionError`) if etcd's
-        revision at join is not above every ``owner_epoch`` in the store."""
+        current revision is not above every ``owner_epoch`` in the store.
+
+        The store is read first, then etcd: an epoch written by a peer's claim
+        in between came from a revision etcd has already passed, so racing
+        joiners never refuse each other.
+        """
         rows = self._tx(lambda conn: store.execute(conn, "partition_status",
                                                    {"ttl_s": self._settings.lease_ttl_s}))
         if not rows:
             return
         top = max(rows, key=lambda row: row["owner_epoch"])
-        revision = self._join_revision
+        revision = self._call(self._current_revision, what="revision")
         if revision <= top["owner_epoch"]:
             log.event("epoch_regression", logging.ERROR, node=self.node_id, partition=top["partition_id"],
                       stored_epoch=top["owner_epoch"], revision=revision,
@@ -454,6 +468,31 @@ class EtcdCoordinator(StoreSession):
                     taken[pid] = kv.lease
         return False, response.header.revision, taken
 
+    def _score(self, member: str) -> list[bytes]:
+        scores = self._scores.get(member)
+        if scores is None:
+            scores = [hashlib.md5(f"{member}/{pid}".encode()).digest() for pid in range(PARTITION_COUNT)]
+            if len(self._scores) > 1000:
+                self._scores.clear()
+            self._scores[member] = scores
+        return scores
+
+    def _candidates(self, taken: set[int], members: list[str]) -> list[int]:
+        """Free partitions in claim order: first those this node wins by rendezvous
+        hashing over the live members (disjoint between nodes that agree on the
+        members, so racing claimers rarely collide), then the rest, each group in
+        this node's own pseudo-random order."""
+        mine = self._score(self.node_id)
+        others = [self._score(m) for m in members if m != self.node_id]
+        free = [pid for pid in range(PARTITION_COUNT) if pid not in taken and pid not in self._held]
+        return sorted(free, key=lambda pid: (any(o[pid] > mine[pid] for o in others), mine[pid]))
+
+    async def _list_partitions(self) -> set[int]:
+        client = await self._get_client()
+        self.requests += 1
+        listed = await client.get_prefix(self._partitions_prefix, keys_only=True)
+        return {pid for pid in (self._pid(kv.key) for kv in listed) if pid is not None}
+
     def claim(self, limit: int) -> list[tuple[int, int]]:
         if limit <= 0:
             return []
@@ -461,23 +500,36 @@ class EtcdCoordinator(StoreSession):
             self._call(self._register, what="register")
         with self._mirror_lock:
             taken = set(self._owners)
-        candidates = [pid for pid in self._order if pid not in taken and pid not in self._held]
+            members = sorted(self._members)
+        candidates = self._candidates(taken, members)
+        now = time.monotonic()
+        if not candidates and now - self._last_listed > self._settings.lease_ttl_s:
+            # Under share and the mirror says nothing is free: check etcd itself now and
+            # then (bounds the harm of a stalled watch; never written into the mirror).
+            self._last_listed = now
+            candidates = self._candidates(self._call(self._list_partitions, what="list"), members)
         claimed: list[tuple[int, int]] = []
         error: Exception | None = None
         txns = 0
+        size = MAX_TXN_OPS
         while candidates and len(claimed) < limit and txns < CLAIM_TXNS_MAX:
             txns += 1
-            chunk = candidates[:min(MAX_TXN_OPS, limit - len(claimed))]
+            chunk = candidates[:min(size, limit - len(claimed))]
             try:
                 ok, revision, now_taken = self._call(self._claim_chunk, chunk, what="claim")
             except CoordinatorError as exc:
                 error = exc
                 break
-            if not ok:  # lost a race for some keys: drop those, retry the rest
-                with self._mirror_lock:
-                    self._owners.update(now_taken)
-                candidates = [pid for pid in candidates if pid not in now_taken]
+            if not ok:  # lost a race for some keys: drop those, retry the rest in smaller chunks
+                # (Not written into the mirror: the watch may already have applied a
+                # later delete of the same key, and would never correct it.)
+                lost = set(now_taken)
+                with self._mirror_lock:  # the watch has probably seen more by now
+                    lost |= set(self._owners)
+                candidates = [pid for pid in candidates if pid not in lost]
+                size = max(1, size // 4)
                 continue
+            size = min(MAX_TXN_OPS, size * 2)
             candidates = candidates[len(chunk):]
             try:
                 fenced = self._write_epochs(chunk, revision)
@@ -577,6 +629,13 @@ class EtcdCoordinator(StoreSession):
             with contextlib.suppress(Exception):
                 await self._client.close()
             self._client = None
+        # Let grpc's own tasks see their calls end, so none is destroyed pending.
+        current = asyncio.current_task()
+        pending = [task for task in asyncio.all_tasks() if task is not current]
+        if pending:
+            await asyncio.wait(pending, timeout=0.5)
+        for task in pending:
+            task.cancel()
 
     def close(self) -> None:
         """Stop the watch, close the etcd client and the event loop, then the store session."""

@@ -26,6 +26,15 @@ Pieces (the ``cluster`` fixture in ``conftest.py`` wires them per test):
     (partition, epoch) belongs to one node, no run carries an epoch the
     partition never reached.
 
+Every cluster scenario that is about ownership runs against both coordinators
+(the ``cluster`` fixture is parametrised ``sql`` / ``etcd``): with ``etcd``
+the nodes get ``--coordinator etcd --etcd-endpoints <the session's throwaway
+etcd> --etcd-prefix /t/<test>/``, and the ownership probes read etcd (the
+lease and membership live there; the store keeps only the epochs):
+:meth:`Cluster.ownership` counts partition keys per member, and
+:meth:`Cluster.partitions` judges ``lease_live`` by the partition's key
+existing for its store owner.
+
 All SQL the cluster tests run against the store lives in this module.
 """
 
@@ -49,9 +58,11 @@ from typing import Any, TypeVar
 
 import psycopg
 import psycopg.sql
+import pytest
 
 from scheduler import jobs, store
 from scheduler.audit import VerifyReport, verify
+from scheduler.etcd_server import range_prefix
 from scheduler.lease import fair_share
 from scheduler.partition import PARTITION_COUNT
 from scheduler.spec import JobSpec
@@ -96,6 +107,12 @@ MARGIN_S = 3.0
 
 AFTERMATH_S = 2.0
 """Every audited window extends at least this far past the test's last disruption."""
+
+
+COORDINATORS = ["sql", "etcd"]
+
+both_coordinators = pytest.mark.parametrize("cluster", COORDINATORS, indirect=True)
+"""Run a cluster test once per coordinator (the ``cluster`` fixture's parameter)."""
 
 
 # ---------------------------------------------------------------- waiting
@@ -533,23 +550,66 @@ def check_history(conn: psycopg.Connection, since: datetime, until: datetime) ->
 # ---------------------------------------------------------------- cluster
 
 
-class Cluster:
-    """The node processes of one test on one database (see the ``cluster`` fixture)."""
+@dataclasses.dataclass(frozen=True)
+class EtcdKeys:
+    """One read of a fleet's keys in etcd: live members and partition owners."""
 
-    def __init__(self, dsn: str, conn: psycopg.Connection, log_dir: Path, timings: Timings = TIMINGS) -> None:
+    revision: int
+    members: frozenset[str]
+    owners: dict[int, str]
+    """``{partition: node id}`` of every partition key present."""
+
+
+def etcd_keys(endpoint: str, prefix: str) -> EtcdKeys:
+    """Read ``<prefix>members/`` and ``<prefix>partitions/`` (JSON gateway)."""
+    revision, kvs = range_prefix(endpoint, prefix)
+    members, owners = set(), {}
+    for kv in kvs:
+        rest = kv["key"][len(prefix):]
+        if rest.startswith("members/"):
+            members.add(rest[len("members/"):])
+        elif rest.startswith("partitions/"):
+            owners[int(rest[len("partitions/"):])] = kv["value"]
+    return EtcdKeys(revision, frozenset(members), owners)
+
+
+class Cluster:
+    """The node processes of one test on one database (see the ``cluster`` fixture).
+
+    ``coordinator`` is ``sql`` or ``etcd`` (then ``etcd_endpoint`` and
+    ``etcd_prefix`` say where this test's keys live).
+    """
+
+    def __init__(self, dsn: str, conn: psycopg.Connection, log_dir: Path, timings: Timings = TIMINGS,
+                 coordinator: str = "sql", etcd_endpoint: str | None = None,
+                 etcd_prefix: str | None = None) -> None:
         self.dsn = dsn
         self.conn = conn
         self.log_dir = log_dir
         self.timings = timings
+        self.coordinator = coordinator
+        self.etcd_endpoint = etcd_endpoint
+        self.etcd_prefix = etcd_prefix
         self.nodes: dict[str, NodeProcess] = {}
         self._retired: list[NodeProcess] = []
         self._generation: Counter = Counter()
+
+    @property
+    def etcd(self) -> bool:
+        return self.coordinator == "etcd"
+
+    def coordinator_flags(self) -> list[str]:
+        """The ``scheduler node`` flags choosing this cluster's coordinator."""
+        if not self.etcd:
+            return []
+        return ["--coordinator", "etcd", "--etcd-endpoints", self.etcd_endpoint, "--etcd-prefix", self.etcd_prefix]
 
     def spawn(self, node_id: str, extra_flags: list[str] | None = None) -> NodeProcess:
         """Start a node (a restart under an existing id gets a fresh NodeProcess)."""
         self._generation[node_id] += 1
         log_path = self.log_dir / f"{node_id}.{self._generation[node_id]}.log"
-        node = NodeProcess(self.dsn, node_id, log_path, self.timings, extra_flags)
+        node = NodeProcess(self.dsn, node_id, log_path, self.timings,
+                           [*self.coordinator_flags(), *(extra_flags or [])])
         old = self.nodes.get(node_id)
         if old is not None:
             self._retired.append(old)
@@ -573,8 +633,38 @@ class Cluster:
     def now(self) -> datetime:
         return store_now(self.conn)
 
+    def etcd_keys(self) -> EtcdKeys:
+        assert self.etcd, "not an etcd cluster"
+        return etcd_keys(self.etcd_endpoint, self.etcd_prefix)
+
     def ownership(self) -> dict[str, int]:
-        return ownership(self.conn, self.timings.lease_ttl_s)
+        """``{node_id: partitions it owns live}`` for live nodes.
+
+        SQL: ``scheduler status``'s view (heartbeats and lease rows, store
+        time). etcd: members and partition keys in etcd, counting a partition
+        only if the store's row names the same owner (its epoch was written).
+        """
+        if not self.etcd:
+            return ownership(self.conn, self.timings.lease_ttl_s)
+        keys = self.etcd_keys()
+        rows = partitions(self.conn)
+        counts = {member: 0 for member in keys.members}
+        for pid, owner in keys.owners.items():
+            if owner in counts and rows[pid].owner_node == owner:
+                counts[owner] += 1
+        return counts
+
+    def partitions(self) -> dict[int, PartitionRow]:
+        """:func:`partitions`; with etcd, ``lease_live`` means the partition's key
+        exists in etcd for the owner the store names (the store's lease columns
+        are only written at claim time)."""
+        rows = partitions(self.conn)
+        if not self.etcd:
+            return rows
+        owners = self.etcd_keys().owners
+        return {pid: dataclasses.replace(row, lease_live=row.owner_node is not None
+                                         and owners.get(pid) == row.owner_node)
+                for pid, row in rows.items()}
 
     def wait_balanced(self, nodes: list[str], timeout_s: float = 15.0) -> dict[str, int]:
         """Wait until exactly ``nodes`` are live, own all 1,024 partitions, none above its share."""

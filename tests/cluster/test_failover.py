@@ -24,6 +24,10 @@ generous bounds, and ends with ``check_history`` over its whole window
 
 Mid-tick failures are placed deterministically with
 :meth:`harness.Cluster.at_mid_tick` (a lock the node's tick waits for).
+
+The kill, restart and pause scenarios run against both coordinators
+(``@both_coordinators``: SQL lease rows, and etcd leases with a watch); the
+connection-cut and 40001 ones are about the store session and run with SQL.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from harness import (
     PartitionRow,
     add_interval_jobs,
     backend_pids,
+    both_coordinators,
     in_transaction,
     install_firing_fault,
     lagging_jobs,
@@ -88,18 +93,28 @@ def _start(cluster: Cluster, node_ids: list[str], victim_flags: list[str] | None
     return since
 
 
-def _taken_over(cluster: Cluster, old: dict[int, PartitionRow], by: tuple[str, ...]) -> dict[int, PartitionRow]:
+def _taken_over(cluster: Cluster, old: dict[int, PartitionRow], by: tuple[str, ...],
+                failed_at: datetime) -> dict[int, PartitionRow]:
     """Wait until every partition of ``old`` is leased live by one of ``by`` under a newer epoch;
-    check each was claimed only once its old lease had expired (store time)."""
+    check each was claimed only once its old lease had expired.
+
+    SQL: after the old row's ``lease_expires_at`` (store time). etcd: the
+    store's lease columns are not renewed, so the bound is the etcd lease's:
+    at least TTL − renew interval after the failure at ``failed_at`` (the
+    victim's last keep-alive was at most one renew interval before it)."""
     def done(rows: dict[int, PartitionRow]) -> bool:
         return all(rows[pid].owner_node in by and rows[pid].lease_live
                    and rows[pid].owner_epoch > row.owner_epoch for pid, row in old.items())
 
     rows = cluster.wait_for(f"the {len(old)} partitions to be claimed by {by} under new epochs",
-                            lambda: partitions(cluster.conn), done, timeout_s=TAKEOVER_TIMEOUT_S)
+                            cluster.partitions, done, timeout_s=TAKEOVER_TIMEOUT_S)
     new = {pid: rows[pid] for pid in old}
-    early = [(pid, row.acquired_at, old[pid].lease_expires_at) for pid, row in new.items()
-             if row.acquired_at < old[pid].lease_expires_at]
+    if cluster.etcd:
+        not_before = failed_at + timedelta(seconds=TIMINGS.lease_ttl_s - TIMINGS.renew_interval_s - 0.2)
+        early = [(pid, row.acquired_at, not_before) for pid, row in new.items() if row.acquired_at < not_before]
+    else:
+        early = [(pid, row.acquired_at, old[pid].lease_expires_at) for pid, row in new.items()
+                 if row.acquired_at < old[pid].lease_expires_at]
     assert early == [], f"claimed before the old lease expired: {early[:5]}"
     return new
 
@@ -119,6 +134,7 @@ def _wait_caught_up(cluster: Cluster) -> None:
                      lambda n: n == 0, timeout_s=MARGIN_S)
 
 
+@both_coordinators
 def test_kill_9_partitions_claimed_after_lease_expiry_overdue_jobs_fire(cluster: Cluster) -> None:
     since = _start(cluster, NODES)
 
@@ -128,7 +144,7 @@ def test_kill_9_partitions_claimed_after_lease_expiry_overdue_jobs_fire(cluster:
     old = owned_by(cluster.conn, VICTIM)  # final: nobody renews them any more
     assert len(old) >= 340
 
-    new = _taken_over(cluster, old, ("n1", "n3"))
+    new = _taken_over(cluster, old, ("n1", "n3"), killed_at)
     taken_over_at = max(row.acquired_at for row in new.values())
     cluster.wait_balanced(["n1", "n3"])
     _wait_caught_up(cluster)
@@ -143,6 +159,7 @@ def test_kill_9_partitions_claimed_after_lease_expiry_overdue_jobs_fire(cluster:
     cluster.stop_all()
 
 
+@both_coordinators
 def test_restart_under_same_node_id_claims_new_epochs(cluster: Cluster) -> None:
     since = _start(cluster, NODES)
 
@@ -155,7 +172,7 @@ def test_restart_under_same_node_id_claims_new_epochs(cluster: Cluster) -> None:
     # Its predecessor's leases are never renewed (they expire: each partition is
     # claimed afresh after its old lease's expiry, checked in _taken_over), and
     # are claimed under new epochs, normally by the successor (under its share).
-    new = _taken_over(cluster, old, tuple(NODES))
+    new = _taken_over(cluster, old, tuple(NODES), killed_at)
     taken_over_at = max(row.acquired_at for row in new.values())
     successor.wait_event("lease_claimed", timeout_s=MARGIN_S)
     cluster.wait_balanced(NODES)
@@ -179,6 +196,7 @@ def test_restart_under_same_node_id_claims_new_epochs(cluster: Cluster) -> None:
     cluster.stop_all()
 
 
+@both_coordinators
 def test_paused_between_read_and_commit_is_fenced_out_then_rejoins(cluster: Cluster) -> None:
     since = _start(cluster, NODES, MID_TICK_FLAGS)
     victim = cluster.nodes[VICTIM]
@@ -189,7 +207,7 @@ def test_paused_between_read_and_commit_is_fenced_out_then_rejoins(cluster: Clus
                                     waiting_mode="AccessShareLock")
     old = owned_by(cluster.conn, VICTIM)
 
-    new = _taken_over(cluster, old, ("n1", "n3"))
+    new = _taken_over(cluster, old, ("n1", "n3"), paused_at)
     taken_over_at = max(row.acquired_at for row in new.values())
     _wait_caught_up(cluster)  # the new owners fired the overdue jobs
     assert victim.state() in ("T", "t"), "n2 must still be stopped after the takeover"
@@ -223,6 +241,7 @@ def test_paused_between_read_and_commit_is_fenced_out_then_rejoins(cluster: Clus
     cluster.stop_all()
 
 
+@both_coordinators
 def test_paused_mid_commit_holds_nothing_takeover_not_delayed(cluster: Cluster) -> None:
     since = _start(cluster, NODES, MID_TICK_FLAGS)
     victim = cluster.nodes[VICTIM]
@@ -237,7 +256,7 @@ def test_paused_mid_commit_holds_nothing_takeover_not_delayed(cluster: Cluster) 
     cluster.wait_for("the frozen node to hold no open transaction",
                      lambda: in_transaction(cluster.conn, f"scheduler-fire:{VICTIM}"), lambda pids: not pids,
                      timeout_s=TIMINGS.lease_ttl_s * 0.4 + 1.0)
-    new = _taken_over(cluster, old, ("n1", "n3"))
+    new = _taken_over(cluster, old, ("n1", "n3"), paused_at)
     taken_over_at = max(row.acquired_at for row in new.values())
     _wait_caught_up(cluster)
     assert victim.state() in ("T", "t"), "n2 must still be stopped after the takeover"

@@ -1,0 +1,254 @@
+"""The etcd coordinator in process, on one PostgreSQL and the session's throwaway etcd.
+
+* racing claimers (:meth:`EtcdCoordinator.claim` on threads released by a
+  barrier): every partition is won by exactly one, its epoch is the claim's
+  etcd revision, and the store and etcd agree; after releases, the next
+  claims carry higher revisions;
+* epoch regression at claim time: a partition whose stored epoch is already
+  ≥ the revision is logged at ERROR (partition, stored epoch, revision), not
+  returned, and its key is deleted; the others are claimed;
+* epoch regression at start: a node refuses to start (exit status ≠ 0, one
+  line saying what to do) when etcd's revision is below the stored epochs;
+* renew: keys still on our lease are returned; an expired (here: revoked)
+  lease returns nothing and the node re-registers under a new lease; keys on
+  our lease the loop does not hold are deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from harness import TIMINGS, etcd_keys, partitions, run_cli
+
+from scheduler import log
+from scheduler.errors import EpochRegressionError
+from scheduler.etcd_server import ThrowawayEtcd
+from scheduler.lease import Lease, fair_share
+from scheduler.metrics import Metrics
+from scheduler.partition import PARTITION_COUNT
+from scheduler.settings import Settings
+
+pytestmark = pytest.mark.cluster
+
+RACERS = 4
+
+
+@pytest.fixture
+def make(pg_dsn: str, etcd_server: ThrowawayEtcd, etcd_prefix: str) -> Iterator:
+    """``make(node_id) -> EtcdCoordinator`` on this test's database and prefix; all closed after."""
+    from scheduler.etcd_coordinator import EtcdCoordinator
+
+    made = []
+
+    def factory(node_id: str) -> EtcdCoordinator:
+        settings = Settings(dsn=pg_dsn, node_id=node_id, lease_ttl_s=TIMINGS.lease_ttl_s,
+                            renew_interval_s=TIMINGS.renew_interval_s, safety_margin_s=TIMINGS.safety_margin_s,
+                            coordinator="etcd", etcd_endpoints=etcd_server.endpoint,
+                            etcd_prefix=etcd_prefix).validated()
+        coordinator = EtcdCoordinator(settings, Metrics())
+        made.append(coordinator)
+        return coordinator
+
+    yield factory
+    for coordinator in made:
+        coordinator.close()
+
+
+@pytest.fixture
+def events() -> Iterator[list[dict]]:
+    """Every ``scheduler`` log event recorded during the test, as ``{"event", **fields, "level"}``."""
+    records: list[dict] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append({"event": record.getMessage(), "level": record.levelname,
+                            **getattr(record, "fields", {})})
+
+    handler = Capture(logging.DEBUG)
+    log.LOGGER.addHandler(handler)
+    level = log.LOGGER.level
+    log.LOGGER.setLevel(logging.DEBUG)
+    try:
+        yield records
+    finally:
+        log.LOGGER.removeHandler(handler)
+        log.LOGGER.setLevel(level)
+
+
+def _race(coordinators, limit: int) -> list[list[tuple[int, int]]]:
+    barrier = threading.Barrier(len(coordinators))
+    results: list = [[] for _ in coordinators]
+
+    def claim(i: int) -> None:
+        try:
+            barrier.wait(10)
+            results[i] = coordinators[i].claim(limit)
+        except BaseException as exc:  # re-raised in the test thread
+            results[i] = exc
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(len(coordinators))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+def _check(conn: psycopg.Connection, endpoint: str, prefix: str, coordinators, results) -> None:
+    """Each partition claimed at most once; store rows and etcd keys agree with the winners."""
+    wins = Counter(pid for result in results for pid, _ in result)
+    assert not wins or max(wins.values()) == 1, [pid for pid, n in wins.items() if n > 1]
+    rows = partitions(conn)
+    keys = etcd_keys(endpoint, prefix)
+    for coordinator, result in zip(coordinators, results):
+        for pid, epoch in result:
+            assert (rows[pid].owner_node, rows[pid].owner_epoch) == (coordinator.node_id, epoch), pid
+            assert keys.owners[pid] == coordinator.node_id, pid
+            assert epoch <= keys.revision
+
+
+def test_racing_claimers_win_each_partition_once_at_their_revision(
+        make, conn: psycopg.Connection, etcd_server: ThrowawayEtcd, etcd_prefix: str) -> None:
+    coordinators = [make(f"racer-{i}") for i in range(RACERS)]
+    for coordinator in coordinators:
+        coordinator.join()
+    assert sorted(coordinators[0].live_nodes()) == [f"racer-{i}" for i in range(RACERS)]
+
+    # Round 0: all free; each asks for its share: no partition is won twice, and
+    # (as the lease loop would, on its next polls) asking again fills every share.
+    results = _race(coordinators, fair_share(RACERS))
+    _check(conn, etcd_server.endpoint, etcd_prefix, coordinators, results)
+    held = [{pid: epoch for pid, epoch in result} for result in results]
+    for _ in range(5):
+        if sum(map(len, held)) == PARTITION_COUNT:
+            break
+        time.sleep(0.1)  # the watch catches up
+        more = [c.claim(fair_share(RACERS) - len(h)) for c, h in zip(coordinators, held)]
+        for h, result in zip(held, more):
+            assert not set(h) & {pid for pid, _ in result}
+            h.update(result)
+    assert sum(map(len, held)) == PARTITION_COUNT
+    assert [len(h) for h in held] == [fair_share(RACERS)] * RACERS
+    _check(conn, etcd_server.endpoint, etcd_prefix, coordinators, [list(h.items()) for h in held])
+
+    # Rounds 1..3: racer-0 releases a few; the others race greedily for everything.
+    for round_no in range(1, 4):
+        give_back = sorted(held[0])[:8]
+        released = coordinators[0].release([Lease(pid, held[0][pid], 0.0) for pid in give_back])
+        assert sorted(released) == give_back
+        for pid in give_back:
+            del held[0][pid]
+        before = {pid: row.owner_epoch for pid, row in partitions(conn).items()}
+        results = _race(coordinators[1:], PARTITION_COUNT)
+        _check(conn, etcd_server.endpoint, etcd_prefix, coordinators[1:], results)
+        won = sorted(pid for result in results for pid, _ in result)
+        assert won == give_back, round_no
+        assert all(epoch > before[pid] for result in results for pid, epoch in result)
+        for i, result in enumerate(results, start=1):
+            held[i].update(result)
+
+
+def test_claim_with_stored_epoch_above_revision_is_refused_loudly(
+        make, conn: psycopg.Connection, events: list[dict], etcd_server: ThrowawayEtcd,
+        etcd_prefix: str) -> None:
+    coordinator = make("regress")
+    coordinator.join()
+    regressed = [3, 7, 900]
+    conn.execute("UPDATE partitions SET owner_epoch = 1000000000000 WHERE partition_id = ANY(%s)", (regressed,))
+
+    claimed = coordinator.claim(PARTITION_COUNT)
+    pids = {pid for pid, _ in claimed}
+    assert pids == set(range(PARTITION_COUNT)) - set(regressed)
+    errors = [e for e in events if e["event"] == "epoch_regression"]
+    assert sorted(e["partition"] for e in errors) == regressed
+    assert all(e["level"] == "ERROR" and e["stored_epoch"] == 10**12 and 0 < e["revision"] < 10**12
+               for e in errors), errors
+    keys = etcd_keys(etcd_server.endpoint, etcd_prefix)
+    assert not set(regressed) & set(keys.owners), "a regressed partition's key must not be held"
+    rows = partitions(conn)
+    assert all((rows[pid].owner_node, rows[pid].owner_epoch) == (None, 10**12) for pid in regressed)
+
+
+def test_node_refuses_to_start_when_etcd_revision_is_below_stored_epochs(
+        pg_dsn: str, conn: psycopg.Connection, etcd_server: ThrowawayEtcd, etcd_prefix: str) -> None:
+    conn.execute("UPDATE partitions SET owner_epoch = owner_epoch + 1000000000000")  # e.g. SQL epochs, reset etcd
+    result = run_cli("--log-format", "json", "node", "--dsn", pg_dsn, "--node-id", "late",
+                     "--coordinator", "etcd", "--etcd-endpoints", etcd_server.endpoint,
+                     "--etcd-prefix", etcd_prefix, *TIMINGS_FLAGS, timeout_s=30)
+    assert result.returncode != 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    regression = [r for r in records if r["event"] == "epoch_regression"]
+    assert regression and regression[0]["level"] == "error", result.stderr
+    assert regression[0]["stored_epoch"] >= 10**12 and regression[0]["revision"] < 10**12
+    assert lines[-1].startswith("error: etcd revision") and "docs/operations.md" in lines[-1], lines[-1]
+    assert not etcd_keys(etcd_server.endpoint, etcd_prefix).owners  # nothing claimed
+    assert all(row.owner_node is None for row in partitions(conn).values())
+
+
+TIMINGS_FLAGS = ["--lease-ttl-s", str(TIMINGS.lease_ttl_s), "--renew-interval-s", str(TIMINGS.renew_interval_s),
+                 "--safety-margin-s", str(TIMINGS.safety_margin_s)]
+
+
+def test_renew_keeps_keys_on_lease_drops_expired_lease_and_orphans(
+        make, events: list[dict], etcd_server: ThrowawayEtcd, etcd_prefix: str) -> None:
+    coordinator = make("renewer")
+    coordinator.join()
+    claimed = coordinator.claim(10)
+    leases = [Lease(pid, epoch, 0.0) for pid, epoch in claimed]
+    assert sorted(coordinator.renew(leases)) == sorted(claimed)
+
+    # The loop holds only 6 of them: the other 4 keys are orphans, deleted by renew.
+    assert sorted(coordinator.renew(leases[:6])) == sorted(claimed[:6])
+    owners = etcd_keys(etcd_server.endpoint, etcd_prefix).owners
+    assert sorted(owners) == sorted(pid for pid, _ in claimed[:6])
+    assert [e["partitions"] for e in events if e["event"] == "etcd_orphan_keys"] == [4]
+
+    # The lease expires (revoked behind its back, as a long pause would): nothing is
+    # renewed, and the node is a member again under a new lease.
+    import aetcd
+
+    async def revoke() -> None:
+        async with aetcd.Client(host="127.0.0.1", port=etcd_server.port) as client:
+            await client.revoke_lease(coordinator._lease_id)
+
+    old_lease = coordinator._lease_id
+    asyncio.run(revoke())
+    assert coordinator.renew(leases[:6]) == []
+    assert [e["event"] for e in events if e["event"] == "etcd_lease_expired"] == ["etcd_lease_expired"]
+    keys = etcd_keys(etcd_server.endpoint, etcd_prefix)
+    assert keys.members == {"renewer"} and not keys.owners
+    assert coordinator._lease_id not in (None, old_lease)
+    assert len(coordinator.claim(3)) == 3  # and claims again
+
+
+def test_leave_revokes_membership_and_keys(make, etcd_server: ThrowawayEtcd, etcd_prefix: str) -> None:
+    stayer, leaver = make("stayer"), make("leaver")
+    stayer.join()
+    leaver.join()
+    woken = threading.Event()
+    stayer.set_on_change(woken.set)
+    assert leaver.claim(5)
+    leaver.leave()
+    assert woken.wait(5), "the watch did not report the leave"
+    keys = etcd_keys(etcd_server.endpoint, etcd_prefix)
+    assert keys.members == {"stayer"} and not keys.owners
+    assert stayer.live_nodes() == ["stayer"]
+
+
+def test_refusal_error_is_epoch_regression_error(make, conn: psycopg.Connection) -> None:
+    conn.execute("UPDATE partitions SET owner_epoch = 1000000000000 WHERE partition_id = 5")
+    coordinator = make("refused")
+    with pytest.raises(EpochRegressionError, match="not above the store's owner_epoch 1000000000000"):
+        coordinator.join()
