@@ -104,6 +104,15 @@ class _Batch:
         return params
 
 
+@dataclasses.dataclass(frozen=True)
+class _Sent:
+    """A chunk queued on the pipeline: its statement's and its COMMIT's cursors."""
+
+    batch: _Batch
+    statement: psycopg.Cursor
+    commit: psycopg.Cursor
+
+
 class Firer:
     """Runs firing ticks for one node.
 
@@ -191,7 +200,7 @@ class Firer:
         fetched: Counter = Counter()
         used: Counter = Counter()
         last: dict[str, tuple] = {}
-        sent: list[tuple[psycopg.Cursor, _Batch]] = []
+        sent: list[_Sent] = []
         self._plan_memo.clear()
         try:
             with write.pipeline():
@@ -262,32 +271,36 @@ class Firer:
                 last[tenant] = (row["next_due_at"], row["job_id"])
                 self._plan_row(batch, row, firable, granted, used, result)
                 if len(batch.pids) >= CHUNK_JOBS:
-                    sent.append((self._send(write, batch, firable), batch))
+                    sent.append(self._send(write, batch, firable))
                     batch = _Batch()
         if batch.pids:
-            sent.append((self._send(write, batch, firable), batch))
+            sent.append(self._send(write, batch, firable))
 
-    def _send(self, write: psycopg.Connection, batch: _Batch, firable: dict[int, int]) -> psycopg.Cursor:
+    def _send(self, write: psycopg.Connection, batch: _Batch, firable: dict[int, int]) -> _Sent:
         """Queue one chunk's transaction on the pipelined ``write`` connection."""
         write.execute("BEGIN")
         cur = write.cursor()
         cur.execute(store.QUERIES["fire_runs"], batch.params(self._s.node_id, firable))
-        write.execute("COMMIT")
-        return cur
+        return _Sent(batch, cur, write.execute("COMMIT"))
 
-    def _collect(self, sent: list[tuple[psycopg.Cursor, _Batch]], firable: dict[int, int],
-                 result: TickResult) -> list[_Batch]:
-        """Account the committed chunks; return the chunks that did not commit."""
+    def _collect(self, sent: list[_Sent], firable: dict[int, int], result: TickResult) -> list[_Batch]:
+        """Account the chunks whose COMMIT succeeded; return the others.
+
+        A chunk counts only once its COMMIT is known to have succeeded: under
+        SERIALIZABLE (CockroachDB) a 40001 can come at COMMIT, after the
+        statement itself returned its counts.
+        """
         failed = []
-        for cur, batch in sent:
+        for item in sent:
             try:
-                row = cur.fetchone()
+                row = item.statement.fetchone()
+                committed = item.commit.statusmessage == "COMMIT"
             except psycopg.Error:
-                row = None
-            if row is None:
-                failed.append(batch)
+                row, committed = None, False
+            if row is None or not committed:
+                failed.append(item.batch)
             else:
-                self._account(batch, row, result)
+                self._account(item.batch, row, result)
         sent.clear()
         return failed
 

@@ -65,7 +65,7 @@ import psycopg
 
 from scheduler import log, store
 from scheduler.clock import Clock
-from scheduler.errors import SchedulerError
+from scheduler.errors import SchedulerError, StoreError
 from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT
 from scheduler.settings import Settings
@@ -208,12 +208,13 @@ class StoreSession:
         return self._conn
 
     def _tx(self, body):
-        conn = self._connection()
         try:
+            conn = self._connection()
             return store.run_transaction(conn, body, on_retry=self._metrics.retry)
-        except psycopg.Error as exc:
+        except (psycopg.Error, StoreError) as exc:
             self._metrics.error(getattr(exc, "sqlstate", None))
-            if conn.closed or isinstance(exc, psycopg.OperationalError):
+            if isinstance(exc, StoreError) or isinstance(exc, psycopg.OperationalError) \
+                    or (self._conn is not None and self._conn.closed):
                 self.close()
             raise
 
@@ -359,8 +360,8 @@ class LeaseLoop:
             log.event("store_unavailable", logging.WARNING, component="lease",
                       error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             # Try again soon; the table's deadlines keep firing safe meanwhile.
-            self._next_renew = min(self._next_renew, now + min(1.0, self._s.renew_interval_s))
-            self._next_poll = min(self._next_poll, now + self._s.poll_interval_s)
+            self._next_renew = now + min(1.0, self._s.renew_interval_s)
+            self._next_poll = now + self._s.poll_interval_s
         finally:
             self._metrics.partitions_owned.set(len(self._table))
 
