@@ -10,22 +10,35 @@ for the jobs in the partitions the victim owned (the *affected* jobs):
 * missing / duplicate runs from ``verify`` over the whole trial window;
 * ``coordination_writes_per_s``: row writes to ``partitions`` and ``nodes``
   per second during the trial (pg_stat_user_tables), the cost of the
-  coordinator in the store.
+  coordinator in the store;
+* ``etcd_requests_per_s`` (etcd coordinator): gRPC messages etcd received per
+  second during the trial (its ``/metrics``: unary calls, keep-alives,
+  watch requests), the cost of the coordinator in etcd.
+
+:func:`run_comparison` runs both kinds under each coordinator (``sql``,
+``etcd``): with ``etcd`` and no endpoints it starts a throwaway etcd. Each
+etcd trial uses its own key prefix, and first raises etcd's revision above
+the store's largest ``owner_epoch`` (the epochs the SQL coordinator left
+behind), as an operator switching coordinators would (docs/operations.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import time
 import uuid
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
 from bench.load import NodeProcess, copy_jobs, ensure_tenants, reset_store, wait_until
 from scheduler import store
 from scheduler.audit import verify
-from scheduler.partition import partition_of
+from scheduler.etcd_server import ThrowawayEtcd, raise_revision, scrape_requests
+from scheduler.lease import fair_share
+from scheduler.partition import PARTITION_COUNT, partition_of
 
 STEADY_S = 6.0
 AFTER_S = 6.0
@@ -45,6 +58,7 @@ class FailoverResult:
     missing: int
     duplicates: int
     coordination_writes_per_s: float
+    etcd_requests_per_s: float | None = None
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -54,20 +68,40 @@ def _percentile(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
+def _balanced(conn, nodes: int) -> bool:
+    rows = store.execute(conn, "partition_status", {"ttl_s": 3600.0})
+    counts = Counter(row["owner_node"] for row in rows if row["owner_node"] is not None)
+    return (len(counts) == nodes and sum(counts.values()) == PARTITION_COUNT
+            and max(counts.values()) <= fair_share(nodes))
+
+
+def _etcd_requests(endpoint: str) -> float:
+    return sum(scrape_requests(endpoint).values())
+
+
 def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_dir: Path,
-                 node_args: tuple[str, ...] = (), coordinator_args=None) -> FailoverResult:
+                 node_args: tuple[str, ...] = (), coordinator_args=None,
+                 etcd_endpoint: str | None = None) -> FailoverResult:
     """Run ``trials`` failures of ``kind`` (``crash`` or ``graceful``); see the module doc.
 
     ``coordinator_args(i)`` may return extra ``scheduler node`` arguments for
-    node ``i`` (e.g. ``--coordinator etcd --etcd-endpoints ...``).
+    node ``i``. With ``etcd_endpoint`` the nodes run the etcd coordinator
+    there (a fresh key prefix per trial) and etcd's request rate is measured.
     """
     lateness: list[float] = []
     reowns: list[float] = []
     missing = duplicates = 0
     writes = seconds = 0.0
+    etcd_requests = 0.0
     for trial in range(trials):
         conn = reset_store(dsn)
         ensure_tenants(conn, ["failover"])
+        etcd_flags: list[str] = []
+        if etcd_endpoint is not None:
+            top = conn.execute("SELECT coalesce(max(owner_epoch), 0) AS top FROM partitions").fetchone()["top"]
+            raise_revision(etcd_endpoint, above=top)
+            etcd_flags = ["--coordinator", "etcd", "--etcd-endpoints", etcd_endpoint,
+                          "--etcd-prefix", f"/bench/{uuid.uuid4().hex[:12]}/"]
         now = store.execute(conn, "store_now")[0]["store_now"]
         anchor = now.replace(microsecond=0) + timedelta(seconds=1)
 
@@ -82,13 +116,16 @@ def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_di
         log_dir.mkdir(parents=True, exist_ok=True)
         procs = []
         for i in range(nodes):
-            extra = [*node_args, *(coordinator_args(i) if coordinator_args else ())]
+            extra = [*node_args, *etcd_flags, *(coordinator_args(i) if coordinator_args else ())]
             procs.append(NodeProcess(dsn, f"bench-{i}", log_dir, extra))
         try:
             wait_until(lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
                        60, what="nodes to own all 1,024 partitions")
+            # ... each within its share (the start-up rebalancing is not part of the measure).
+            wait_until(lambda: _balanced(conn, nodes), 60, what="every node to hold its fair share")
             started = store.execute(conn, "store_now")[0]["store_now"]
             w0 = store.execute(conn, "coordination_writes")[0]["writes"]
+            e0 = _etcd_requests(etcd_endpoint) if etcd_endpoint else 0.0
             time.sleep(STEADY_S)
             victim = procs[0]
             owned = [r["partition_id"] for r in store.execute(conn, "partitions_of_node",
@@ -103,10 +140,12 @@ def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_di
             time.sleep(AFTER_S)
             ended = store.execute(conn, "store_now")[0]["store_now"]
             w1 = store.execute(conn, "coordination_writes")[0]["writes"]
+            e1 = _etcd_requests(etcd_endpoint) if etcd_endpoint else 0.0
         finally:
             for proc in procs:
                 proc.stop()
         writes += w1 - w0
+        etcd_requests += e1 - e0
         seconds += (ended - started).total_seconds()
         window = (killed_at - timedelta(seconds=1), ended - timedelta(seconds=2))
         rows_ = store.execute(conn, "lateness_in_partitions", {
@@ -122,4 +161,28 @@ def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_di
         lateness_p50_s=_percentile(lateness, 0.5), lateness_p99_s=_percentile(lateness, 0.99),
         lateness_max_s=max(lateness) if lateness else None,
         reown_s=max(reowns) if reowns else float("nan"), missing=missing, duplicates=duplicates,
-        coordination_writes_per_s=writes / seconds if seconds else 0.0)
+        coordination_writes_per_s=writes / seconds if seconds else 0.0,
+        etcd_requests_per_s=(etcd_requests / seconds if seconds else 0.0) if etcd_endpoint else None)
+
+
+def run_comparison(dsn: str, coordinators: list[str], kinds: list[str], nodes: int, jobs: int, trials: int,
+                   out_dir: Path, etcd_endpoints: str | None = None,
+                   node_args: tuple[str, ...] = ()) -> dict[str, dict[str, FailoverResult]]:
+    """``{coordinator: {kind: result}}`` for each coordinator (``sql``, ``etcd``) and kind.
+
+    For ``etcd`` without ``etcd_endpoints`` a throwaway etcd is started (and
+    stopped); with several endpoints the first is measured.
+    """
+    out: dict[str, dict[str, FailoverResult]] = {}
+    with contextlib.ExitStack() as stack:
+        for coordinator in coordinators:
+            endpoint = None
+            if coordinator == "etcd":
+                if etcd_endpoints:
+                    endpoint = etcd_endpoints.split(",")[0].strip().removeprefix("http://")
+                else:
+                    endpoint = stack.enter_context(ThrowawayEtcd()).endpoint
+            logs = out_dir / coordinator
+            out[coordinator] = {kind: run_failover(dsn, kind, nodes, jobs, trials, logs, node_args,
+                                                   etcd_endpoint=endpoint) for kind in kinds}
+    return out

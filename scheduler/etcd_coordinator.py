@@ -33,7 +33,7 @@ partition key hang on it, so when a node dies they all expire together.
   is not fenced by our write: it is logged at ERROR (``epoch_regression``
   with the partition, the stored epoch and the revision), not returned (so
   never fired) and its key is deleted (so it is not held unfenced). At join,
-  if etcd's current revision is not above the store's largest
+  if etcd's current revision is below the store's largest
   ``owner_epoch``, the node refuses to start (:meth:`preflight`) or, if it
   learns it later, to join. See docs/operations.md for the way out.
 * **Renew** = one keep-alive plus one ``LeaseTimeToLive(keys=True)``: the
@@ -350,7 +350,8 @@ class EtcdCoordinator(StoreSession):
 
     def check_epochs(self) -> None:
         """Refuse (ERROR ``epoch_regression`` + :class:`EpochRegressionError`) if etcd's
-        current revision is not above every ``owner_epoch`` in the store.
+        current revision is below an ``owner_epoch`` in the store (its next
+        claims would not be above it).
 
         The store is read first, then etcd: an epoch written by a peer's claim
         in between came from a revision etcd has already passed, so racing
@@ -362,13 +363,16 @@ class EtcdCoordinator(StoreSession):
             return
         top = max(rows, key=lambda row: row["owner_epoch"])
         revision = self._call(self._current_revision, what="revision")
-        if revision <= top["owner_epoch"]:
+        # Every epoch this etcd produced is ≤ its current revision, and every
+        # later claim is above it: only a revision *below* a stored epoch is a
+        # regression (an epoch equal to it was this etcd's own last claim).
+        if revision < top["owner_epoch"]:
             log.event("epoch_regression", logging.ERROR, node=self.node_id, partition=top["partition_id"],
                       stored_epoch=top["owner_epoch"], revision=revision,
                       hint="etcd's revision must exceed every stored owner_epoch (a reset etcd, or a switch "
                            "from the SQL coordinator): see docs/operations.md, 'Switching coordinators'")
             raise EpochRegressionError(
-                f"etcd revision {revision} is not above the store's owner_epoch {top['owner_epoch']} "
+                f"etcd revision {revision} is below the store's owner_epoch {top['owner_epoch']} "
                 f"(partition {top['partition_id']}): claims would not fence the previous owners; raise the "
                 f"etcd revision above {top['owner_epoch']} first (docs/operations.md, 'Switching coordinators')")
 

@@ -176,3 +176,22 @@ def range_prefix(endpoint: str, prefix: str) -> tuple[int, list[dict]]:
             "lease": int(kv.get("lease", 0)), "create_revision": int(kv.get("create_revision", 0))}
            for kv in body.get("kvs", [])]
     return int(body["header"]["revision"]), kvs
+
+
+def raise_revision(endpoint: str, above: int, key: str = "/scheduler-revision-bump") -> int:
+    """Put ``key`` until etcd's revision is above ``above``; return the revision.
+
+    What an operator does before switching a store with SQL-coordinator epochs
+    to the etcd coordinator (docs/operations.md): every put is one revision.
+    """
+    import base64
+    import json
+
+    body = json.dumps({"key": base64.b64encode(key.encode()).decode(),
+                       "value": base64.b64encode(b"bump").decode()}).encode()
+    revision, _ = range_prefix(endpoint, key)
+    while revision <= above:
+        request = urllib.request.Request(f"http://{endpoint}/v3/kv/put", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            revision = int(json.loads(response.read())["header"]["revision"])
+    return revision

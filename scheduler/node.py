@@ -116,7 +116,7 @@ class Node:
 
         Raises :class:`~scheduler.errors.SchedulerError` if the metrics port
         cannot be bound, or if the coordinator's preflight refuses (the etcd
-        coordinator: etcd's revision not above the stored epochs); nothing
+        coordinator: etcd's revision below the stored epochs); nothing
         else is started then.
         """
         preflight = getattr(self.coordinator, "preflight", None)

@@ -250,5 +250,5 @@ def test_leave_revokes_membership_and_keys(make, etcd_server: ThrowawayEtcd, etc
 def test_refusal_error_is_epoch_regression_error(make, conn: psycopg.Connection) -> None:
     conn.execute("UPDATE partitions SET owner_epoch = 1000000000000 WHERE partition_id = 5")
     coordinator = make("refused")
-    with pytest.raises(EpochRegressionError, match="not above the store's owner_epoch 1000000000000"):
+    with pytest.raises(EpochRegressionError, match="is below the store's owner_epoch 1000000000000"):
         coordinator.join()
