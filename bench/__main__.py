@@ -81,5 +81,74 @@ def steady(dsn, rate, seconds, period_s, nodes, out_dir, json_path) -> None:
         sys.exit(1)
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise click.BadParameter(f"{text!r}: at least one count, each >= 1")
+    return values
+
+
+def _name_list(choices):
+    def parse(ctx, param, text: str) -> list[str]:
+        names = [v.strip() for v in text.split(",") if v.strip()]
+        unknown = sorted(set(names) - set(choices))
+        if unknown or not names:
+            raise click.BadParameter(f"{', '.join(unknown) or text!r}: choose from {', '.join(choices)}")
+        return names
+    return parse
+
+
+@cli.command()
+@click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, required=True)
+@click.option("--systems", default="naive,ours,pgqueuer,apscheduler", show_default=True,
+              callback=_name_list(("naive", "ours", "pgqueuer", "apscheduler")),
+              help="Systems to run (naive × 1 is the baseline of the ratios).")
+@click.option("--workloads", default="herd,steady", show_default=True,
+              callback=_name_list(("herd", "steady")))
+@click.option("--processes", default="1,4", show_default=True,
+              help="Node / worker processes of ours and naive.")
+@click.option("--pgqueuer-processes", default="1", show_default=True, help="pgqueuer worker processes.")
+@click.option("--herd-jobs", default=100_000, show_default=True, help="Herd size of ours and naive.")
+@click.option("--herd-jobs-pgqueuer", default=100_000, show_default=True)
+@click.option("--herd-jobs-apscheduler", default=2_000, show_default=True)
+@click.option("--steady-rate", default=1_000, show_default=True, help="Timers each due every second.")
+@click.option("--steady-rate-apscheduler", type=int, default=None, help="[default: --steady-rate]")
+@click.option("--steady-seconds", default=30, show_default=True, help="Seconds of the steady window.")
+@click.option("--bound-s", default=60.0, show_default=True,
+              help="Not fired this long after the last nominal instant = lost.")
+@click.option("--lead-s", default=5.0, show_default=True, help="Slack between loading and T.")
+@click.option("--naive-batch", default=1_000, show_default=True, help="Due rows per naive transaction.")
+@click.option("--pgqueuer-batch", default=100, show_default=True, help="pgqueuer dequeue batch size.")
+@click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
+              help="Write the rows here.")
+def compare(dsn, systems, workloads, processes, pgqueuer_processes, herd_jobs, herd_jobs_pgqueuer,
+            herd_jobs_apscheduler, steady_rate, steady_rate_apscheduler, steady_seconds, bound_s,
+            lead_s, naive_batch, pgqueuer_batch, out_dir, json_path) -> None:
+    """The same herd and steady work against ours, the naive SKIP LOCKED loop, pgqueuer and
+    APScheduler 4, one after the other; each as a ratio to the naive loop (1 process)."""
+    import time
+
+    from bench.compare import COLUMNS, Config, Work, plan, run_compare, table_rows
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    works = {"herd": Work("herd", herd_jobs), "steady": Work("steady", steady_rate, steady_seconds)}
+    runs = plan(systems, [works[w] for w in workloads], _int_list(processes),
+                {"pgqueuer": _int_list(pgqueuer_processes), "apscheduler": [1]},
+                {("pgqueuer", "herd"): herd_jobs_pgqueuer, ("apscheduler", "herd"): herd_jobs_apscheduler,
+                 ("apscheduler", "steady"): steady_rate_apscheduler or steady_rate})
+    cfg = Config(dsn, out_dir, bound_s=bound_s, lead_s=lead_s, naive_batch=naive_batch,
+                 pgqueuer_batch=pgqueuer_batch, echo=lambda line: click.echo(line, err=True))
+    start = time.monotonic()
+    rows = run_compare(cfg, runs)
+    click.echo(report.markdown_table(table_rows(rows), COLUMNS))
+    click.echo(f"\n{len(rows)} runs in {time.monotonic() - start:.0f}s", err=True)
+    if json_path:
+        json_path.write_text(json.dumps(rows, indent=2) + "\n")
+
+
 if __name__ == "__main__":
     cli()

@@ -1,0 +1,494 @@
+"""The ``compare`` workload: the same herd and steady work, side by side, in one run.
+
+Systems, each from a clean state of its own tables on the same PostgreSQL:
+
+* ``ours``: the engine, as real ``scheduler node`` processes (1 and 4), jobs
+  COPYed into its tables as :mod:`bench.herd` does;
+* ``naive``: the design the seed rejects (:mod:`bench.naive`), every worker
+  process racing on due rows with ``FOR UPDATE SKIP LOCKED`` (1 and 4);
+* ``pgqueuer`` and ``apscheduler``: the peers (:mod:`bench.peers`).
+
+Workloads (:class:`Work`):
+
+* ``herd``: ``jobs`` timers due at one instant T. For ``ours`` and ``naive``
+  they are the corpus-like cron expressions of :func:`bench.herd.herd_expressions`
+  (five zones, all matching T, so T is a minute boundary), one big tenant with
+  90 % of them and 50 small ones; the peers get one deferred job (pgqueuer) or
+  one ``DateTrigger`` schedule (APScheduler) per timer at T.
+* ``steady``: ``jobs`` timers each due every second for ``seconds`` seconds
+  (a seconds-dialect ``* * * * * *`` cron for ``ours`` and ``naive``; one
+  deferred job per occurrence for pgqueuer; a 1 s ``IntervalTrigger`` for
+  APScheduler).
+
+Measures, the same for every system: an *occurrence* is a (timer, nominal
+time) of the window; its lateness is fire time − nominal time (``ours`` and
+``naive``: the run row's ``fired_at``, the store's clock at the firing
+statement; peers: the wall clock on entry to the task, same host). An
+occurrence that has not fired by ``bound_s`` after the last nominal instant
+is *lost* and counts as infinitely late in the percentiles, so no system
+improves its p99 by dropping work (a percentile that falls on a lost
+occurrence is reported as ``null``). Throughput is occurrences fired / (last
+fire − first nominal instant). ``ratio_vs_naive`` is a row's throughput over
+that of ``naive`` with one process on the same workload, in the same run;
+``lag_p99_vs_naive`` the same for the p99 lateness (lower is better).
+``small_tenants_lag_p99_s`` is the p99 over the 50 small tenants' occurrences
+(timer ``i``'s tenant is the same in every system, and every system registers
+the timers in the same shuffled order, so no first-in-first-out order favours
+a tenant); ``duplicates`` counts extra calls of an occurrence.
+
+Every system's tables are VACUUM ANALYZEd after loading, as :mod:`bench.herd`
+does for the engine (a real herd hits tables analysed long ago; without it
+pgqueuer's dequeue plan on a freshly filled queue is 3-4x slower).
+
+A system that cannot run here (missing package, crash, ``ours``/``naive``
+loading past T) gets a row with every occurrence lost and a ``note``; the run
+goes on. A peer whose loading ends after T is measured anyway, with a note.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from psycopg import sql
+
+from bench import naive, peers
+from bench.herd import herd_expressions
+from bench.load import NodeProcess, copy_jobs, ensure_tenants, reset_store, wait_until
+from scheduler import store
+from scheduler.partition import partition_of
+
+SYSTEMS = ("naive", "ours", "pgqueuer", "apscheduler")
+"""In run order: the baseline first."""
+WORKLOADS = ("herd", "steady")
+TENANTS = 51
+BIG_TENANT_SHARE = 0.9
+PARTITIONS = 1024
+
+COLUMNS = ["system", "workload", "processes", "jobs", "occurrences", "fired", "lost",
+           "throughput_runs_per_s", "lag_p50_s", "lag_p99_s", "lag_max_s", "ratio_vs_naive",
+           "lag_p99_vs_naive", "small_tenants_lag_p99_s", "note"]
+
+# Measurement SQL of the bench itself (the engine's own queries are in scheduler/sql).
+OURS_TRUNCATE = "TRUNCATE runs, skips, jobs, tenants, nodes"
+OURS_OWNERS = """
+SELECT owner_node, count(*) AS owned FROM partitions
+WHERE owner_node IS NOT NULL AND lease_expires_at > now()
+GROUP BY owner_node
+"""
+OURS_FIRES = """
+SELECT tenant || '/' || job_id::text AS key, extract(epoch FROM nominal_time)::float8 AS nominal_s,
+       extract(epoch FROM fired_at)::float8 AS fired_s
+FROM runs
+WHERE nominal_time >= %(first)s AND nominal_time <= %(last)s
+"""
+NAIVE_DUE = "SELECT count(*) AS due FROM jobs WHERE next_fire_at <= %(last)s"
+NAIVE_FIRES = """
+SELECT tenant || '/' || job_id::text AS key, extract(epoch FROM nominal_time)::float8 AS nominal_s,
+       extract(epoch FROM fired_at)::float8 AS fired_s
+FROM runs
+WHERE nominal_time >= %(first)s AND nominal_time <= %(last)s
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """``jobs`` timers, each due at ``seconds`` nominal instants 1 s apart (herd: 1)."""
+
+    name: str
+    jobs: int
+    seconds: int = 1
+
+    @property
+    def occurrences(self) -> int:
+        return self.jobs * self.seconds
+
+
+@dataclasses.dataclass
+class Config:
+    """Where and how: the store, logs (``out_dir/compare-logs``), the loss bound and the
+    slack between loading and T (seconds), and the naive loop's / pgqueuer's batch sizes."""
+
+    dsn: str
+    out_dir: Path
+    bound_s: float = 60.0
+    lead_s: float = 5.0
+    naive_batch: int = naive.BATCH
+    naive_poll_s: float = naive.POLL_S
+    pgqueuer_batch: int = peers.PGQUEUER_BATCH
+    echo: Callable[[str], None] = print
+
+    @property
+    def log_dir(self) -> Path:
+        return self.out_dir / "compare-logs"
+
+
+@dataclasses.dataclass
+class Fires:
+    """What one system did with one workload: fire records of the window."""
+
+    expected: int
+    first_nominal: float  # epoch s
+    deadline: float  # epoch s: later fires count as lost
+    records: list[tuple[str, float, float]]  # (timer key, nominal epoch s, fired epoch s)
+    note: str | None = None
+
+
+# ---------------------------------------------------------------- statistics
+
+def percentile(values: list[float], q: float) -> float:
+    """``percentile_cont`` of sorted ``values`` (may end in ``inf``); ``nan`` if empty."""
+    if not values:
+        return math.nan
+    pos = q * (len(values) - 1)
+    lo = math.floor(pos)
+    frac = pos - lo
+    if frac == 0 or lo + 1 >= len(values):
+        return values[lo]
+    hi = values[lo + 1]
+    if math.isinf(hi):
+        return math.inf
+    return values[lo] + (hi - values[lo]) * frac
+
+
+def tenant_of_key(key: str, jobs: int) -> str:
+    """The tenant of a fire record's timer key: ``tenant/job_id`` (ours, naive), ``i``
+    (pgqueuer) or ``s<i>`` (APScheduler)."""
+    if "/" in key:
+        return key.split("/", 1)[0]
+    return tenant_of(int(key.lstrip("s")), jobs)
+
+
+def _lags(first: dict, expected: int) -> list[float]:
+    """Sorted lateness of the first fire of each occurrence, ``inf`` for each one lost."""
+    lags = sorted(fired - occ[1] for occ, fired in first.items())[:expected]
+    return lags + [math.inf] * (expected - len(lags))
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) or math.isinf(value) else value
+
+
+def summarize(system: str, work: Work, processes: int, fires: Fires, wall_s: float) -> dict:
+    """One comparison row (see the module doc)."""
+    first: dict[tuple[str, float], float] = {}
+    calls = 0
+    for key, nominal, fired in fires.records:
+        if fired > fires.deadline:
+            continue
+        calls += 1
+        occ = (key, round(nominal, 3))
+        if occ not in first or fired < first[occ]:
+            first[occ] = fired
+    lags = _lags(first, fires.expected)
+    fired_n = sum(1 for lag in lags if not math.isinf(lag))
+    small = {occ: f for occ, f in first.items() if tenant_of_key(occ[0], work.jobs) != "big"}
+    small_expected = (work.jobs - big_count(work.jobs)) * work.seconds
+    last = max(first.values(), default=None)
+    span = None if last is None else last - fires.first_nominal
+    return {
+        "system": system, "workload": work.name, "processes": processes, "jobs": work.jobs,
+        "occurrences": fires.expected, "fired": fired_n, "lost": fires.expected - fired_n,
+        "duplicates": calls - len(first),
+        "throughput_runs_per_s": fired_n / span if span and span > 0 else None,
+        "lag_p50_s": _finite(percentile(lags, 0.50)),
+        "lag_p99_s": _finite(percentile(lags, 0.99)),
+        "lag_max_s": _finite(lags[-1]) if lags else None,
+        "small_tenants_lag_p99_s": _finite(percentile(_lags(small, small_expected), 0.99)),
+        "ratio_vs_naive": None, "lag_p99_vs_naive": None,
+        "nominal_first": datetime.fromtimestamp(fires.first_nominal, timezone.utc).isoformat(),
+        "bound_s": round(fires.deadline - fires.first_nominal - (work.seconds - 1), 3),
+        "wall_s": round(wall_s, 1), "note": fires.note,
+    }
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """Fill ``ratio_vs_naive`` and ``lag_p99_vs_naive`` against naive × 1 of the same workload."""
+    for workload in {r["workload"] for r in rows}:
+        base = next((r for r in rows if r["workload"] == workload and r["system"] == "naive"
+                     and r["processes"] == 1), None)
+        if base is None:
+            continue
+        for row in rows:
+            if row["workload"] != workload:
+                continue
+            if row["throughput_runs_per_s"] and base["throughput_runs_per_s"]:
+                row["ratio_vs_naive"] = row["throughput_runs_per_s"] / base["throughput_runs_per_s"]
+            if row["lag_p99_s"] is not None and base["lag_p99_s"]:
+                row["lag_p99_vs_naive"] = row["lag_p99_s"] / base["lag_p99_s"]
+
+
+def table_rows(rows: list[dict]) -> list[dict]:
+    """Rows for the Markdown table: a lateness lost in the bound reads "lost"."""
+    out = []
+    for row in rows:
+        row = dict(row)
+        for col in ("lag_p50_s", "lag_p99_s", "lag_max_s", "small_tenants_lag_p99_s"):
+            if row[col] is None and row["lost"]:
+                row[col] = f"> {row['bound_s']:.0f} (lost)"
+        out.append(row)
+    return out
+
+
+# ---------------------------------------------------------------- the work
+
+def big_count(jobs: int) -> int:
+    return int(round(jobs * BIG_TENANT_SHARE))
+
+
+def tenant_of(i: int, jobs: int) -> str:
+    """Timer ``i``'s tenant: the first 90 % go to ``big``, the rest round-robin to 50 small ones."""
+    big = big_count(jobs)
+    return "big" if i < big else f"small-{(i - big) % (TENANTS - 1):03d}"
+
+
+def tenants() -> list[str]:
+    return ["big", *(f"small-{i:03d}" for i in range(TENANTS - 1))]
+
+
+def timers(work: Work, t0: datetime) -> Iterator[tuple[str, str, str, str]]:
+    """(tenant, cron expression, dialect, zone) of each timer, all first due at ``t0``,
+    in :func:`bench.peers.registration_order`."""
+    exprs = herd_expressions(t0) if work.name == "herd" else [("* * * * * *", "UTC")]
+    dialect = "unix" if work.name == "herd" else "seconds"
+    for i in peers.registration_order(work.jobs):
+        expr, zone = exprs[i % len(exprs)]
+        yield tenant_of(i, work.jobs), expr, dialect, zone
+
+
+def first_instant(now: datetime, work: Work, load_s: float, lead_s: float) -> datetime:
+    """T for ``ours``/``naive``: herd, the next minute boundary (the herd's crons are
+    minute-grained) after loading; steady, the next whole second."""
+    ready = now + timedelta(seconds=load_s + lead_s)
+    if work.name == "herd":
+        return ready.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    return ready.replace(microsecond=0) + timedelta(seconds=1)
+
+
+def _epoch(dt: datetime) -> float:
+    return dt.timestamp()
+
+
+def _sleep_until(epoch_s: float) -> None:
+    time.sleep(max(0.0, epoch_s - time.time()))
+
+
+def _wait_done(done: Callable[[], bool], deadline: float, interval_s: float = 0.5) -> None:
+    """Poll ``done()`` until true or ``deadline`` (epoch s) passes; never raises on timeout."""
+    while not done() and time.time() < deadline:
+        time.sleep(interval_s)
+
+
+def _exit_note(codes: dict[str, int | None]) -> str | None:
+    """A note naming processes that did not exit cleanly on SIGTERM (they died mid-run)."""
+    bad = {name: code for name, code in codes.items() if code != 0}
+    if not bad:
+        return None
+    return "exited abnormally (see logs): " + ", ".join(f"{n} ({c})" for n, c in sorted(bad.items()))
+
+
+# ---------------------------------------------------------------- ours
+
+def run_ours(cfg: Config, work: Work, nodes: int) -> Fires:
+    conn = reset_store(cfg.dsn)
+    try:
+        ensure_tenants(conn, tenants())
+        created = store.execute(conn, "store_now")[0]["store_now"]
+        procs = [NodeProcess(cfg.dsn, f"cmp-{i}", cfg.log_dir) for i in range(nodes)]
+        try:
+            share = math.ceil(PARTITIONS / nodes)
+
+            def balanced() -> bool:
+                owned = [r["owned"] for r in conn.execute(OURS_OWNERS).fetchall()]
+                return sum(owned) == PARTITIONS and len(owned) == nodes and max(owned) <= share
+
+            wait_until(balanced, 90, what=f"{nodes} node(s) to own {PARTITIONS} partitions")
+            now = store.execute(conn, "store_now")[0]["store_now"]
+            t0 = first_instant(now, work, work.jobs / 40_000, cfg.lead_s)
+            last = t0 + timedelta(seconds=work.seconds - 1)
+            cfg.echo(f"  {work.jobs:,} timers first due at {t0:%H:%M:%S}Z")
+
+            def rows():
+                for tenant, expr, dialect, zone in timers(work, t0):
+                    job_id = uuid.uuid4()
+                    yield (partition_of(job_id), job_id, tenant, "cron", expr, dialect, zone, None,
+                           None, "all", t0, t0, created, created)
+
+            copy_jobs(conn, rows())
+            conn.execute("VACUUM ANALYZE jobs")
+            loaded = store.execute(conn, "store_now")[0]["store_now"]
+            if loaded >= t0:
+                raise RuntimeError(f"loading took past T ({loaded} >= {t0}): raise --lead-s")
+            deadline = _epoch(last) + cfg.bound_s
+            _sleep_until(_epoch(t0))
+            _wait_done(lambda: store.execute(conn, "count_due_at", {"nominal": last})[0]["due"] == 0,
+                       deadline)
+        finally:
+            codes = {proc.node_id: proc.stop() for proc in procs}
+        records = [(r["key"], r["nominal_s"], r["fired_s"])
+                   for r in conn.execute(OURS_FIRES, {"first": t0, "last": last}).fetchall()]
+        return Fires(work.occurrences, _epoch(t0), deadline, records, _exit_note(codes))
+    finally:
+        conn.execute(OURS_TRUNCATE)
+        conn.close()
+
+
+# ---------------------------------------------------------------- naive
+
+def run_naive(cfg: Config, work: Work, processes: int) -> Fires:
+    conn = naive.reset_schema(cfg.dsn)
+    try:
+        procs = [naive.NaiveProcess(cfg.dsn, f"naive-{i}", cfg.log_dir, cfg.naive_batch,
+                                    cfg.naive_poll_s) for i in range(processes)]
+        try:
+            now = store.execute(conn, "store_now")[0]["store_now"]
+            t0 = first_instant(now, work, work.jobs / 40_000, cfg.lead_s)
+            last = t0 + timedelta(seconds=work.seconds - 1)
+            cfg.echo(f"  {work.jobs:,} timers first due at {t0:%H:%M:%S}Z")
+            naive.copy_jobs(conn, ((uuid.uuid4(), tenant, expr, dialect, zone, t0)
+                                   for tenant, expr, dialect, zone in timers(work, t0)))
+            conn.execute("VACUUM ANALYZE jobs")
+            loaded = store.execute(conn, "store_now")[0]["store_now"]
+            if loaded >= t0:
+                raise RuntimeError(f"loading took past T ({loaded} >= {t0}): raise --lead-s")
+            deadline = _epoch(last) + cfg.bound_s
+            _sleep_until(_epoch(t0))
+            _wait_done(lambda: conn.execute(NAIVE_DUE, {"last": last}).fetchone()["due"] == 0, deadline)
+        finally:
+            codes = {proc.worker: proc.stop() for proc in procs}
+        records = [(r["key"], r["nominal_s"], r["fired_s"])
+                   for r in conn.execute(NAIVE_FIRES, {"first": t0, "last": last}).fetchall()]
+        return Fires(work.occurrences, _epoch(t0), deadline, records, _exit_note(codes))
+    finally:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(naive.SCHEMA)))
+        conn.close()
+
+
+# ---------------------------------------------------------------- peers
+
+LOAD_RATE = {"pgqueuer": 20_000.0, "apscheduler": 150.0}
+"""Conservative occurrences (pgqueuer) / schedules (APScheduler) registered per second,
+to choose T so that loading ends before it (measured here: 45k-60k/s and 450-520/s)."""
+
+
+def run_peer(cfg: Config, system: str, work: Work, processes: int) -> Fires:
+    log = cfg.log_dir / f"{system}.log"
+    dsn = cfg.dsn
+    peers.run_step(system, ["setup", system, "--dsn", dsn], log, 120)
+    try:
+        registered = work.occurrences if system == "pgqueuer" else work.jobs
+        load_s = registered / LOAD_RATE[system]
+        t0 = math.ceil(time.time() + cfg.lead_s + load_s + 3.0)  # + worker start-up
+        last = t0 + work.seconds - 1
+        deadline = last + cfg.bound_s
+        cfg.echo(f"  {work.jobs:,} timers first due at "
+                 f"{datetime.fromtimestamp(t0, timezone.utc):%H:%M:%S}Z")
+        load_args = ["load", system, "--dsn", dsn, "--jobs", str(work.jobs), "--t0", str(t0),
+                     "--seconds", str(work.seconds)]
+        workers: list[peers.PeerWorker] = []
+        note = None
+        try:
+            if system == "pgqueuer":  # workers wait on an installed, empty queue
+                workers = _start_workers(cfg, system, processes, deadline)
+                peers.run_step(system, load_args, log, max(60.0, 10 * load_s))
+            else:  # APScheduler: a scheduler only learns of schedules present at start
+                peers.run_step(system, load_args, log, max(60.0, 10 * load_s))
+                workers = _start_workers(cfg, system, processes, deadline)
+            if time.time() >= t0:
+                note = f"loading ended {time.time() - t0:.1f}s after T (lateness includes it)"
+            _wait_done(lambda: sum(w.count() for w in workers) >= work.occurrences, deadline)
+        finally:
+            records = []
+            errors = []
+            for w in workers:
+                try:
+                    records += w.stop()
+                except RuntimeError as exc:
+                    errors.append(str(exc))
+            if errors:
+                raise RuntimeError("; ".join(errors))
+        return Fires(work.occurrences, float(t0), deadline, records, note)
+    finally:
+        conn = store.connect(dsn, application_name="bench-compare")
+        schema = peers.PGQUEUER_SCHEMA if system == "pgqueuer" else peers.APSCHEDULER_SCHEMA
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        conn.close()
+
+
+def _start_workers(cfg: Config, system: str, processes: int, deadline: float) -> list:
+    workers = [peers.PeerWorker(system, cfg.dsn, cfg.log_dir / f"{system}-{i}.tsv", deadline,
+                                cfg.log_dir / f"{system}-{i}.log", cfg.pgqueuer_batch)
+               for i in range(processes)]
+    try:
+        wait_until(lambda: all(w.ready() for w in workers), 60, what=f"{system} workers to start")
+    except (RuntimeError, TimeoutError):
+        for w in workers:
+            try:
+                w.stop(5)
+            except RuntimeError:
+                pass
+        raise
+    return workers
+
+
+# ---------------------------------------------------------------- the comparison
+
+def _fmt(value: float | None) -> str:
+    return "lost" if value is None else f"{value:.3f}s"
+
+
+def run_one(cfg: Config, system: str, work: Work, processes: int) -> dict:
+    """Run one (system, workload, processes); a failure becomes a row with everything lost."""
+    label = f"{system} × {processes}, {work.name}"
+    cfg.echo(f"{label}: {work.occurrences:,} occurrences")
+    start = time.monotonic()
+    try:
+        if system == "ours":
+            fires = run_ours(cfg, work, processes)
+        elif system == "naive":
+            fires = run_naive(cfg, work, processes)
+        else:
+            fires = run_peer(cfg, system, work, processes)
+    except Exception as exc:  # noqa: BLE001 - one system failing must not end the comparison
+        with (cfg.log_dir / f"{system}-error.log").open("a") as log:
+            log.write(traceback.format_exc())
+        now = time.time()
+        fires = Fires(work.occurrences, now, now + work.seconds - 1 + cfg.bound_s, [],
+                      note=f"did not run: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                      if str(exc) else f"did not run: {type(exc).__name__}")
+    row = summarize(system, work, processes, fires, time.monotonic() - start)
+    cfg.echo(f"{label}: fired {row['fired']:,}, lost {row['lost']:,}, "
+             f"p99 {_fmt(row['lag_p99_s'])}, took {row['wall_s']}s"
+             + (f" ({row['note']})" if row["note"] else ""))
+    return row
+
+
+def plan(systems: list[str], workloads: list[Work], processes: list[int],
+         peer_processes: dict[str, list[int]], peer_jobs: dict[tuple[str, str], int]
+         ) -> list[tuple[str, Work, int]]:
+    """The runs in order: per workload, naive × 1 first (the baseline), then the rest."""
+    runs = []
+    for work in workloads:
+        for system in sorted(systems, key=SYSTEMS.index):
+            counts = processes if system in ("ours", "naive") else peer_processes[system]
+            jobs = peer_jobs.get((system, work.name), work.jobs)
+            for n in sorted(counts):
+                runs.append((system, dataclasses.replace(work, jobs=jobs), n))
+    return runs
+
+
+def run_compare(cfg: Config, runs: list[tuple[str, Work, int]]) -> list[dict]:
+    cfg.log_dir.mkdir(parents=True, exist_ok=True)
+    rows = [run_one(cfg, system, work, n) for system, work, n in runs]
+    add_ratios(rows)
+    return rows
+
+
+__all__ = ["COLUMNS", "Config", "SYSTEMS", "WORKLOADS", "Work", "plan", "run_compare",
+           "table_rows", "percentile", "summarize"]
