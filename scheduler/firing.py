@@ -45,6 +45,7 @@ from collections import Counter
 from datetime import datetime
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from scheduler import log, store
 from scheduler.clock import Clock
@@ -63,6 +64,14 @@ far below statement_timeout; large enough to amortise the round trip."""
 
 STREAM_ROWS = 1_000
 """Rows per network chunk when streaming the due scan."""
+
+# Column positions in a ``select_due_jobs`` row (tuples: a dict per row costs
+# more than the rest of the per-row work in a herd).
+_PARTITION, _JOB_ID, _TENANT = 0, 1, 2
+_SCHEDULE = slice(3, 10)  # kind, cron_expr, cron_dialect, tz, interval_s, anchor_at, fire_at
+_MISFIRE, _CATCHUP, _GRACE, _JITTER_S = 10, 11, 12, 13
+_NEXT_NOMINAL, _NEXT_DUE, _REVISION, _STORE_NOW = 14, 15, 16, 17
+
 
 TICK_PHASE_S = 0.02
 """Ticks start this long after each wall-clock second, when second-aligned
@@ -264,11 +273,11 @@ class Firer:
             "partition_ids": list(firable),
         }
         batch = _Batch()
-        with read.cursor() as cur:
+        with read.cursor(row_factory=tuple_row) as cur:
             for row in cur.stream(store.QUERIES["select_due_jobs"], params, size=STREAM_ROWS):
-                tenant = row["tenant"]
+                tenant = row[_TENANT]
                 fetched[tenant] += 1
-                last[tenant] = (row["next_due_at"], row["job_id"])
+                last[tenant] = (row[_NEXT_DUE], row[_JOB_ID])
                 self._plan_row(batch, row, firable, granted, used, result)
                 if len(batch.pids) >= CHUNK_JOBS:
                     sent.append(self._send(write, batch, firable))
@@ -321,38 +330,38 @@ class Firer:
             limits[tenant] = int(bucket.refill(now_s))
         return limits or None
 
-    def _plan_row(self, batch: _Batch, row: dict, firable: dict[int, int], granted: dict[str, int],
+    def _plan_row(self, batch: _Batch, row: tuple, firable: dict[int, int], granted: dict[str, int],
                   used: Counter, result: TickResult) -> None:
-        """Plan one due job within its tenant's granted runs and add it to ``batch``."""
-        tenant = row["tenant"]
+        """Plan one due job (a ``select_due_jobs`` tuple) within its tenant's granted runs."""
+        tenant = row[_TENANT]
         remaining = granted.get(tenant, 0) - used[tenant]
         if remaining <= 0:
             result.budget_exhausted = True
             return
         try:
-            schedule = self._schedules.for_row(row)
+            schedule = self._schedules.for_key(row[_SCHEDULE])
         except ValidationError as exc:  # a row that no longer parses (e.g. tzdata change)
-            log.event("job_invalid", logging.ERROR, job_id=str(row["job_id"]), error=str(exc))
+            log.event("job_invalid", logging.ERROR, job_id=str(row[_JOB_ID]), error=str(exc))
             return
+        now, jitter_s = row[_STORE_NOW], row[_JITTER_S]
         # Without jitter a plan depends on the schedule, the slot, the policy and
         # now, not on the job: in a herd, thousands of jobs share one plan.
-        key = None
-        if row["jitter_s"] == 0:
-            key = (id(schedule), row["next_nominal_at"], row["misfire"], row["catchup_window_s"],
-                   row["misfire_grace_s"], row["store_now"])
+        key = plan = None
+        if jitter_s == 0:
+            key = (id(schedule), row[_NEXT_NOMINAL], row[_MISFIRE], row[_CATCHUP], row[_GRACE], now)
             plan = self._plan_memo.get(key)
-        if key is None or plan is None:
+        if plan is None:
             plan = plan_job(
-                schedule, job_id=row["job_id"], next_nominal=row["next_nominal_at"], now=row["store_now"],
-                misfire=row["misfire"], catchup_window_s=row["catchup_window_s"],
-                misfire_grace_s=row["misfire_grace_s"], jitter_s=row["jitter_s"], limit=remaining)
+                schedule, job_id=row[_JOB_ID], next_nominal=row[_NEXT_NOMINAL], now=now,
+                misfire=row[_MISFIRE], catchup_window_s=row[_CATCHUP], misfire_grace_s=row[_GRACE],
+                jitter_s=jitter_s, limit=remaining)
             if key is not None and len(plan.fires) <= 1 and plan.skip is None:
                 self._plan_memo[key] = plan
-        pid = row["partition_id"]
+        pid = row[_PARTITION]
         batch.partitions.add(pid)
         batch.pids.append(pid)
-        batch.jids.append(row["job_id"])
-        batch.revs.append(row["revision"])
+        batch.jids.append(row[_JOB_ID])
+        batch.revs.append(row[_REVISION])
         batch.next_nominal.append(plan.next_nominal)
         batch.next_due.append(plan.next_due)
         idx = len(batch.pids)
@@ -367,7 +376,7 @@ class Firer:
             batch.s_until.append(plan.skip.until)
             batch.s_slots.append(plan.skip.slots)
             batch.s_reasons.append(plan.skip.reason)
-        if plan.next_due is not None and plan.next_due <= row["store_now"] and used[tenant] >= granted[tenant]:
+        if plan.next_due is not None and plan.next_due <= now and used[tenant] >= granted[tenant]:
             result.budget_exhausted = True
 
     def _account(self, batch: _Batch, row: dict, result: TickResult) -> None:

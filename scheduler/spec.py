@@ -207,9 +207,13 @@ class ScheduleCache:
         self._max_instants = max_instants
 
     def for_row(self, row: dict[str, Any]) -> _Memo:
-        """The schedule of a ``jobs`` row (keys as in ``select_due_jobs``)."""
-        key = (row["kind"], row["cron_expr"], row["cron_dialect"], row["tz"], row["interval_s"],
-               row["anchor_at"], row["fire_at"])
+        """The schedule of a ``jobs`` row (a dict with the ``jobs`` column names)."""
+        return self.for_key((row["kind"], row["cron_expr"], row["cron_dialect"], row["tz"],
+                             row["interval_s"], row["anchor_at"], row["fire_at"]))
+
+    def for_key(self, key: tuple) -> _Memo:
+        """The schedule for ``(kind, cron_expr, cron_dialect, tz, interval_s, anchor_at, fire_at)``,
+        the arguments of :func:`build_schedule` in order."""
         memo = self._schedules.get(key)
         if memo is None:
             memo = _Memo(build_schedule(*key), self._max_instants)

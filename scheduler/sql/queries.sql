@@ -127,7 +127,8 @@ ORDER BY node_id;
 -- at most %(quotas)s[i] for tenant %(tenants)s[i] (the fairness allocator's
 -- quotas), continuing after (%(after_due)s[i], %(after_job)s[i]) when given
 -- (a second pass in the same tick). Walks jobs_tenant_due_idx; reads only:
--- the fence is in fire_runs. Returns the store's clock.
+-- the fence is in fire_runs. Returns the store's clock. The column ORDER is
+-- part of the contract (scheduler/firing.py reads rows as tuples).
 SELECT j.partition_id, j.job_id, j.tenant, j.kind, j.cron_expr, j.cron_dialect,
        j.tz, j.interval_s, j.anchor_at, j.fire_at, j.misfire,
        j.catchup_window_s, j.misfire_grace_s, j.jitter_s,
