@@ -32,15 +32,32 @@ JOB_TYPES = ("int4", "uuid", "text", "text", "text", "text", "text", "int8", "ti
              "timestamptz", "timestamptz", "timestamptz", "timestamptz")
 
 
+BENCH_MARKER_TENANT = "bench.reserved"
+"""A tenant every bench run creates: a database holding jobs but not this
+tenant was not made by bench, and bench refuses to empty it."""
+
+
 def reset_store(dsn: str) -> psycopg.Connection:
     """Migrate, then empty jobs/runs/skips/tenants/nodes and free every lease.
 
-    Epochs are kept (they only ever increase). Returns an autocommit connection.
+    Epochs are kept (they only ever increase). Returns an autocommit
+    connection. Raises SystemExit with a message, touching nothing, if the
+    database holds jobs that bench did not create (a DSN pointing at a real
+    store by mistake).
     """
     upgrade(dsn)
     conn = store.connect(dsn, application_name="bench")
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM jobs) AS jobs,"
+        " EXISTS (SELECT 1 FROM tenants WHERE tenant = %s) AS marked", (BENCH_MARKER_TENANT,)).fetchone()
+    if row["jobs"] and not row["marked"]:
+        conn.close()
+        raise SystemExit(
+            f"bench: refusing to empty {store.redact_dsn(dsn)}: it holds {row['jobs']} jobs that bench did not "
+            "create. Point --dsn / SCHEDULER_DSN at a dedicated database.")
     conn.execute("TRUNCATE runs, skips, jobs, tenants, nodes")
     conn.execute("UPDATE partitions SET owner_node = NULL, lease_expires_at = NULL")
+    ensure_tenants(conn, [BENCH_MARKER_TENANT])
     return conn
 
 

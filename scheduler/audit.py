@@ -38,6 +38,8 @@ from scheduler.planner import scheduled_time
 from scheduler.spec import build_schedule
 
 _EPSILON = timedelta(microseconds=1)
+MAX_WINDOW = timedelta(days=31)
+"""Longest window one audit accepts (its cost grows with the slots in it)."""
 
 
 @dataclasses.dataclass
@@ -106,7 +108,8 @@ def per_job_slots(jobs: list[dict], since: datetime, until: datetime):
 def verify(conn: psycopg.Connection, since: datetime, until: datetime) -> VerifyReport:
     """Audit the runs with nominal time in ``[since, until)``; see the module doc.
 
-    Both bounds must be aware datetimes with ``since < until`` (else
+    Both bounds must be aware datetimes with ``since < until``, at most
+    :data:`MAX_WINDOW` apart, and ``until`` not after the store's now (else
     ValidationError, fields ``since``/``until``). Read-only: its working
     tables are temporary and dropped at commit. Cost: one pass over ``jobs``
     and one over the window's runs in SQL; Python computes slots once per
@@ -118,9 +121,16 @@ def verify(conn: psycopg.Connection, since: datetime, until: datetime) -> Verify
             raise ValidationError(field, "must carry a UTC offset", value.isoformat())
     if since >= until:
         raise ValidationError("until", "must be later than --since", until.isoformat())
+    if until - since > MAX_WINDOW:
+        raise ValidationError("until", f"the window may span at most {MAX_WINDOW.days} days; "
+                              "audit a long period as several windows", until.isoformat())
     window = {"since": since, "until": until}
     report = VerifyReport()
     with conn.transaction():
+        now = store.execute(conn, "store_now")[0]["store_now"]
+        if until > now:
+            raise ValidationError("until", "must not be in the future: slots after now (store time "
+                                  f"{now.isoformat()}) cannot have fired yet", until.isoformat())
         store.execute(conn, "create_audit_candidates", window)
         store.execute(conn, "create_audit_tables")
         schedules = store.execute(conn, "audit_cron_schedules")

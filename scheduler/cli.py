@@ -1,7 +1,10 @@
 """The ``scheduler`` command line (click).
 
-Every option can also come from an environment variable ``SCHEDULER_<NAME>``
-(shown in ``--help``); the store is ``--dsn`` / ``SCHEDULER_DSN``. Errors are
+Every option can also come from an environment variable: the store and node
+settings from ``SCHEDULER_<SETTING>`` (``SCHEDULER_DSN``, ``SCHEDULER_LEASE_TTL_S``,
+shown in ``--help``), every other option from
+``SCHEDULER_<COMMAND>_<SUBCOMMAND>_<OPTION>`` (click's automatic names, e.g.
+``SCHEDULER_JOBS_ADD_TZ``). Errors are
 one line on stderr: ``error: <field>: <rule>``; exit status 2 for invalid
 input, 1 for failures (store unreachable, conflicts, not found).
 """
@@ -53,6 +56,9 @@ class OneLineErrors(click.Group):
             _fail(str(exc), EXIT_INVALID)
         except (ConflictError, NotFoundError, StoreError) as exc:
             _fail(str(exc), EXIT_FAILED)
+        except psycopg.errors.UndefinedTable as exc:
+            _fail(f"store: the schema is missing or old ({str(exc).strip().splitlines()[0]}); "
+                  "run `scheduler db upgrade` first", EXIT_FAILED)
         except psycopg.Error as exc:
             _fail(f"store: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
                   EXIT_FAILED)
@@ -147,7 +153,8 @@ def _table(rows: list[dict], columns: list[str]) -> None:
 # ---------------------------------------------------------------- root
 
 
-@group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
+                         "auto_envvar_prefix": "SCHEDULER"})
 @click.version_option(__version__, prog_name="scheduler")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", envvar="SCHEDULER_LOG_FORMAT",
               show_envvar=True, show_default=True, help="Log record format (stderr).")
@@ -220,7 +227,10 @@ def tenants_add(dsn: str, tenant: str, weight: int, max_rate: float | None) -> N
 
     with open_store(dsn) as conn:
         created = jobs.add_tenant(conn, tenant, weight, max_rate)
-    click.echo(f"tenant {tenant} {'created' if created else 'exists'}")
+    if created:
+        click.echo(f"tenant {tenant} created")
+    else:
+        click.echo(f"tenant {tenant} exists (unchanged; use `scheduler tenants set {tenant}` to change it)")
 
 
 @tenants.command("set")
@@ -358,6 +368,8 @@ def jobs_list(dsn: str, tenant: str | None, limit: int, as_json: bool) -> None:
         _echo_json(rows)
     else:
         _table(rows, ["job_id", "tenant", "name", "schedule", "misfire", "paused", "next_nominal_at"])
+    if len(rows) == limit:
+        click.echo(f"(showing the first {limit} jobs; there may be more: raise --limit)", err=True)
 
 
 def _schedule_text(row: dict) -> str:
@@ -445,7 +457,7 @@ def jobs_next(cron: str | None, tz: str | None, dialect: str | None, after: date
 
     if cron is None:
         raise ValidationError("cron", "is required (--cron EXPR)")
-    schedule = CronSchedule(cron, tz or "UTC", dialect or "unix")
+    schedule = CronSchedule(cron, "UTC" if tz is None else tz, dialect or "unix")
     instant_ = after
     for _ in range(count):
         instant_ = schedule.next_after(instant_)

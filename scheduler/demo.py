@@ -31,6 +31,7 @@ import click
 
 from scheduler import jobs, store
 from scheduler.audit import verify
+from scheduler.errors import ConfigError
 from scheduler.migrate import upgrade
 from scheduler.node import Node
 from scheduler.schedule import format_instant
@@ -79,6 +80,11 @@ def run_demo(seconds: int, dsn: str | None = None, out=None) -> int:
         echo("migrating the schema ...")
         upgrade(dsn)
         conn = stack.enter_context(store.connect(dsn, application_name="scheduler-demo"))
+        existing = store.execute(conn, "count_jobs")[0]["n"]
+        if existing:
+            raise ConfigError(f"dsn: the demo needs an empty database, and {store.redact_dsn(dsn)} already "
+                              f"holds {existing} jobs (they would keep firing with the demo's); "
+                              "use a disposable database or no --dsn")
 
         report = jobs.import_csv(conn, corpus_path(), "corpus")
         echo(f"imported {len(report.imported)} cron jobs from the real corpus, "

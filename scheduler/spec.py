@@ -82,7 +82,7 @@ class JobSpec:
                                   "applies to --cron schedules only")
         spec = cls(
             tenant=tenant, kind=kind, cron=cron,
-            tz=(tz or "UTC") if kind == "cron" else None,
+            tz=("UTC" if tz is None else tz) if kind == "cron" else None,
             dialect=(dialect or "unix") if kind == "cron" else None,
             interval_s=_whole_seconds("interval", interval_s, minimum=1) if kind == "interval" else None,
             at=at, name=name, misfire=misfire,

@@ -540,3 +540,7 @@ WHERE (partition_id, job_id) IN (
     ORDER BY partition_id, job_id
     LIMIT %(limit)s)
 RETURNING partition_id, job_id, NULL::timestamptz AS key_time;
+
+-- name: count_jobs
+-- Jobs in the store, deleted ones included.
+SELECT count(*) AS n FROM jobs;

@@ -220,7 +220,8 @@ def test_jobs_import_reports_every_bad_line(pg_dsn, conn) -> None:
 
 def test_tenants_add_list_set(pg_dsn) -> None:
     assert run(["tenants", "add", "acme", "--weight", "2"], pg_dsn).stdout == "tenant acme created\n"
-    assert run(["tenants", "add", "acme", "--weight", "5"], pg_dsn).stdout == "tenant acme exists\n"
+    assert run(["tenants", "add", "acme", "--weight", "5"], pg_dsn).stdout == (
+        "tenant acme exists (unchanged; use `scheduler tenants set acme` to change it)\n")
     assert run(["tenants", "add", "globex", "--max-rate", "10"], pg_dsn).stdout == "tenant globex created\n"
     listed = json.loads(run(["tenants", "list", "--json"], pg_dsn).stdout)
     assert [(t["tenant"], t["weight"], t["max_rate"], t["jobs"]) for t in listed] == [
@@ -429,3 +430,18 @@ def test_verify_a_window_ending_between_a_slots_nominal_and_jittered_time(pg_dsn
     assert (report["expected"], report["runs"], report["missing"], report["unexpected"]) == (
         len(due), len(due), 0, 0), report
     assert result.exit_code == 0
+
+
+def test_verify_refuses_future_and_overlong_windows(pg_dsn) -> None:
+    future = run(["verify", "--since", "2020-01-01T00:00:00Z", "--until", "2999-01-01T00:00:00Z"], pg_dsn)
+    assert future.exit_code == 2
+    assert future.stderr.startswith("error: until: the window may span at most 31 days")
+    ahead = run(["verify", "--since", "2999-01-01T00:00:00Z", "--until", "2999-01-02T00:00:00Z"], pg_dsn)
+    assert ahead.exit_code == 2
+    assert ahead.stderr.startswith("error: until: must not be in the future")
+
+
+def test_commands_on_an_unmigrated_store_say_to_upgrade(empty_pg_dsn) -> None:
+    result = run(["jobs", "list"], empty_pg_dsn)
+    assert result.exit_code == 1
+    assert "run `scheduler db upgrade` first" in result.stderr
