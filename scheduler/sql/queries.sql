@@ -488,6 +488,19 @@ SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::int8 AS writes
 FROM pg_stat_user_tables
 WHERE relname IN ('partitions', 'nodes');
 
+-- name: partition_claims
+-- Owner, claim time and lease expiry (store time) of the given partitions.
+SELECT partition_id, owner_node, owner_epoch, acquired_at, lease_expires_at
+FROM partitions
+WHERE partition_id = ANY(%(partition_ids)s::int4[]);
+
+-- name: store_transactions
+-- Transactions this database has run so far, every session (PostgreSQL
+-- statistics; the bench compares coordinators' and poll intervals' load).
+SELECT (xact_commit + xact_rollback)::int8 AS xacts
+FROM pg_stat_database
+WHERE datname = current_database();
+
 -- ---------------------------------------------------------------- retention
 
 -- name: prune_runs
