@@ -275,7 +275,7 @@ def run_load(dsn: str, nodes: int, jobs: int, seconds: float, out_dir: Path, nod
     procs = [NodeProcess(dsn, f"load-{i}", log_dir, [*node_args, *flags]) for i in range(nodes)]
     try:
         wait_until(lambda: _balanced(conn, nodes), 60, what="every node to hold its fair share")
-        time.sleep(2.0)
+        time.sleep(STATS_SETTLE_S)
         w0 = store.execute(conn, "coordination_writes")[0]["writes"]
         x0 = store.execute(conn, "store_transactions")[0]["xacts"]
         e0 = _etcd_requests(etcd_endpoint) if etcd_endpoint else 0.0
