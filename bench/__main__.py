@@ -81,6 +81,46 @@ def steady(dsn, rate, seconds, period_s, nodes, out_dir, json_path) -> None:
         sys.exit(1)
 
 
+FAILOVER_COLUMNS = ["coordinator", "kind", "trials", "affected_runs", "lateness_p50_s", "lateness_p99_s",
+                    "lateness_max_s", "reown_s", "detect_s", "missing", "duplicates", "coordination_writes_per_s",
+                    "store_transactions_per_s", "etcd_requests_per_s"]
+
+
+@cli.command()
+@click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, required=True)
+@click.option("--coordinator", type=click.Choice(["sql", "etcd", "both"]), default="sql", show_default=True,
+              help="Coordinator(s) to measure; 'both' runs sql, then etcd.")
+@click.option("--etcd-endpoints", default=None, envvar="SCHEDULER_ETCD_ENDPOINTS", show_envvar=True,
+              help="etcd host:port[,host:port] for the etcd runs [default: start a throwaway etcd].")
+@click.option("--kind", type=click.Choice(["crash", "graceful", "both"]), default="both", show_default=True)
+@click.option("--nodes", default=3, show_default=True)
+@click.option("--jobs", default=600, show_default=True, help="Interval jobs firing every second.")
+@click.option("--trials", default=1, show_default=True)
+@click.option("--poll-interval-s", type=float, default=None,
+              help="Nodes' --poll-interval-s [default: the node default, 1 s].")
+@click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
+              help='Write {"sql": {"crash": {...}, "graceful": {...}}, "etcd": {...}} here.')
+def failover(dsn, coordinator, etcd_endpoints, kind, nodes, jobs, trials, poll_interval_s, out_dir,
+             json_path) -> None:
+    """Kill (crash) or stop (graceful) one of NODES nodes while jobs fire every second, per coordinator."""
+    from bench.failover import run_comparison
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    coordinators = ["sql", "etcd"] if coordinator == "both" else [coordinator]
+    kinds = ["crash", "graceful"] if kind == "both" else [kind]
+    node_args = ("--poll-interval-s", str(poll_interval_s)) if poll_interval_s is not None else ()
+    results = run_comparison(dsn, coordinators, kinds, nodes, jobs, trials, out_dir,
+                             etcd_endpoints=etcd_endpoints, node_args=node_args)
+    summary = {c: {k: dataclasses.asdict(r) for k, r in by_kind.items()} for c, by_kind in results.items()}
+    rows = [{"coordinator": c, **r} for c, by_kind in summary.items() for r in by_kind.values()]
+    click.echo(report.markdown_table(rows, FAILOVER_COLUMNS))
+    if json_path:
+        json_path.write_text(json.dumps(summary, indent=2) + "\n")
+    if any(r["missing"] or r["duplicates"] for r in rows):
+        sys.exit(1)
+
+
 def _int_list(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
