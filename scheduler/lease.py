@@ -261,8 +261,19 @@ class SqlCoordinator(StoreSession):
         return self._tx(body)
 
     def live_nodes(self) -> list[str]:
+        """Nodes that heartbeat on time: age below :meth:`Settings.responsive_s`.
+
+        Shares are computed over these. A node that stopped heartbeating (dead
+        or frozen) stops counting a few seconds after its last heartbeat, long
+        before its leases expire, so when its leases (or a dead peer's) expire
+        the responsive nodes' shares already cover them: overlapping failures
+        (one node killed, another frozen) do not leave partitions unclaimed
+        until the frozen node's heartbeat reaches the TTL. Only free or
+        expired partitions are ever claimed, so a slow heartbeat costs nothing
+        but a share computed a little high for a moment.
+        """
         rows = self._tx(lambda conn: store.execute(
-            conn, "list_live_nodes", {"ttl_s": self._settings.lease_ttl_s}))
+            conn, "list_live_nodes", {"ttl_s": self._settings.responsive_s}))
         return [row["node_id"] for row in rows]
 
     def claim(self, limit: int) -> list[tuple[int, int]]:

@@ -120,6 +120,18 @@ class Settings:
         return self.lease_ttl_s * 0.4
 
     @property
+    def responsive_s(self) -> float:
+        """Heartbeat age under which a node counts when shares are computed.
+
+        ``min(lease_ttl_s, renew_interval_s + 2 × poll_interval_s)``: a
+        healthy node heartbeats every ``renew_interval_s``; one that missed its
+        beat by two polls is dead or frozen as far as dividing work goes (its
+        leases still protect what it holds until they expire). See
+        :meth:`scheduler.lease.SqlCoordinator.live_nodes`.
+        """
+        return min(self.lease_ttl_s, self.renew_interval_s + 2 * self.poll_interval_s)
+
+    @property
     def tick_budget(self) -> int:
         """Runs one tick may fire: ``max_rate_per_s × tick_interval_s`` (≥ 1)."""
         return max(1, int(self.max_rate_per_s * self.tick_interval_s))

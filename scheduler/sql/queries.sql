@@ -24,7 +24,7 @@ SET incarnation = excluded.incarnation,
 RETURNING now() AS store_now;
 
 -- name: list_live_nodes
--- Nodes whose heartbeat is younger than the lease TTL, by store time.
+-- Nodes whose heartbeat is younger than %(ttl_s)s seconds, by store time.
 SELECT node_id, incarnation
 FROM nodes
 WHERE heartbeat_at > now() - %(ttl_s)s * interval '1 second'

@@ -344,3 +344,39 @@ def test_serialization_failure_in_firing_statement_is_retried_node_keeps_firing(
     assert late_s <= TIMINGS.tick_interval_s + MARGIN_S
     assert victim.problems() == []
     cluster.stop_all()
+
+
+def test_overlapping_failures_kill_one_freeze_another(cluster: Cluster) -> None:
+    """kill -9 one node, then freeze another past the TTL before the first's leases expire.
+
+    The survivor must not wait for the frozen node's heartbeat to reach the
+    TTL before taking the dead node's partitions: shares are computed over
+    nodes that heartbeat on time (Settings.responsive_s), so the dead node's
+    partitions are claimed on the poll after their leases expire, and the
+    frozen node's on the poll after its own expire.
+    """
+    since = _start(cluster, NODES)
+    dead, frozen, survivor = cluster.nodes["n1"], cluster.nodes[VICTIM], "n3"
+    sleep_until_wall_fraction(0.9)
+    dead.kill()
+    killed_at = cluster.now()
+    old_dead = owned_by(cluster.conn, "n1")
+    time.sleep(TIMINGS.lease_ttl_s / 2)  # the freeze lands while the dead node's leases are still live
+    frozen.pause()
+    paused_at = cluster.now()
+    old_frozen = owned_by(cluster.conn, VICTIM)
+    try:
+        _taken_over(cluster, old_dead, (survivor,), killed_at)
+        _taken_over(cluster, old_frozen, (survivor,), paused_at)
+    finally:
+        frozen.resume()
+    cluster.wait_balanced([VICTIM, survivor])
+    _wait_caught_up(cluster)
+    history = cluster.finish(since, covering=cluster.now())
+    late_dead = max_lateness_s(cluster.conn, sorted(old_dead), killed_at - timedelta(seconds=1))
+    late_frozen = max_lateness_s(cluster.conn, sorted(old_frozen), paused_at - timedelta(seconds=1))
+    print(f"\noverlapping failures: max lateness dead {late_dead:.3f}s, frozen {late_frozen:.3f}s "
+          f"(bound {TIMINGS.crash_lateness_bound_s}s + {MARGIN_S}s); window {history.report}")
+    assert late_dead <= TIMINGS.crash_lateness_bound_s + MARGIN_S
+    assert late_frozen <= TIMINGS.crash_lateness_bound_s + MARGIN_S
+    cluster.stop_all()  # the killed node is skipped (already exited)
