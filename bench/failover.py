@@ -99,6 +99,26 @@ def _etcd_requests(endpoint: str) -> float:
     return sum(scrape_requests(endpoint).values())
 
 
+def _prepare(dsn: str, jobs: int, etcd_endpoint: str | None) -> tuple:
+    """Reset the store and load ``jobs`` 1 s interval jobs; return the connection
+    and the extra ``scheduler node`` flags for the coordinator (etcd: its
+    revision raised above every stored epoch, a fresh key prefix)."""
+    conn = reset_store(dsn)
+    ensure_tenants(conn, ["failover"])
+    flags: list[str] = []
+    if etcd_endpoint is not None:
+        top = conn.execute("SELECT coalesce(max(owner_epoch), 0) AS top FROM partitions").fetchone()["top"]
+        raise_revision(etcd_endpoint, above=top)
+        flags = ["--coordinator", "etcd", "--etcd-endpoints", etcd_endpoint,
+                 "--etcd-prefix", f"/bench/{uuid.uuid4().hex[:12]}/"]
+    now = store.execute(conn, "store_now")[0]["store_now"]
+    anchor = now.replace(microsecond=0) + timedelta(seconds=1)
+    copy_jobs(conn, ((partition_of(job_id), job_id, "failover", "interval", None, None, None, 1,
+                      anchor, "all", anchor, anchor, now, now)
+                     for job_id in (uuid.uuid4() for _ in range(jobs))))
+    return conn, flags
+
+
 def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_dir: Path,
                  node_args: tuple[str, ...] = (), coordinator_args=None,
                  etcd_endpoint: str | None = None) -> FailoverResult:
@@ -116,24 +136,7 @@ def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_di
     etcd_requests = 0.0
     for trial in range(trials):
         own_queries = own_etcd = 0
-        conn = reset_store(dsn)
-        ensure_tenants(conn, ["failover"])
-        etcd_flags: list[str] = []
-        if etcd_endpoint is not None:
-            top = conn.execute("SELECT coalesce(max(owner_epoch), 0) AS top FROM partitions").fetchone()["top"]
-            raise_revision(etcd_endpoint, above=top)
-            etcd_flags = ["--coordinator", "etcd", "--etcd-endpoints", etcd_endpoint,
-                          "--etcd-prefix", f"/bench/{uuid.uuid4().hex[:12]}/"]
-        now = store.execute(conn, "store_now")[0]["store_now"]
-        anchor = now.replace(microsecond=0) + timedelta(seconds=1)
-
-        def rows():
-            for _ in range(jobs):
-                job_id = uuid.uuid4()
-                yield (partition_of(job_id), job_id, "failover", "interval", None, None, None, 1,
-                       anchor, "all", anchor, anchor, now, now)
-
-        copy_jobs(conn, rows())
+        conn, etcd_flags = _prepare(dsn, jobs, etcd_endpoint)
         log_dir = out_dir / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         procs = []
@@ -257,19 +260,7 @@ def run_load(dsn: str, nodes: int, jobs: int, seconds: float, out_dir: Path, nod
              etcd_endpoint: str | None = None) -> LoadResult:
     """Start ``nodes`` nodes on ``jobs`` 1 s interval jobs, wait until balanced, then
     measure ``seconds`` of steady state (the bench sends two queries in the window)."""
-    conn = reset_store(dsn)
-    ensure_tenants(conn, ["failover"])
-    flags: list[str] = []
-    if etcd_endpoint is not None:
-        top = conn.execute("SELECT coalesce(max(owner_epoch), 0) AS top FROM partitions").fetchone()["top"]
-        raise_revision(etcd_endpoint, above=top)
-        flags = ["--coordinator", "etcd", "--etcd-endpoints", etcd_endpoint,
-                 "--etcd-prefix", f"/bench/{uuid.uuid4().hex[:12]}/"]
-    now = store.execute(conn, "store_now")[0]["store_now"]
-    anchor = now.replace(microsecond=0) + timedelta(seconds=1)
-    copy_jobs(conn, ((partition_of(job_id), job_id, "failover", "interval", None, None, None, 1,
-                      anchor, "all", anchor, anchor, now, now)
-                     for job_id in (uuid.uuid4() for _ in range(jobs))))
+    conn, flags = _prepare(dsn, jobs, etcd_endpoint)
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = [NodeProcess(dsn, f"load-{i}", log_dir, [*node_args, *flags]) for i in range(nodes)]
