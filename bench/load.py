@@ -61,12 +61,16 @@ def reset_store(dsn: str) -> psycopg.Connection:
     return conn
 
 
-def copy_jobs(conn: psycopg.Connection, rows: Iterable[tuple], progress=None) -> int:
-    """COPY job rows (``JOB_COLUMNS`` order) into ``jobs``; return the count."""
+def copy_rows(conn: psycopg.Connection, table: str, columns: Iterable[str], types: Iterable[str],
+              rows: Iterable[tuple], progress=None) -> int:
+    """COPY ``rows`` (binary, ``columns`` order) into ``table``; return the count.
+
+    ``progress(n)`` is called every 10,000 rows and once at the end.
+    """
     count = 0
     with conn.cursor() as cur, cur.copy(
-            f"COPY jobs ({', '.join(JOB_COLUMNS)}) FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types(list(JOB_TYPES))
+            f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(list(types))
         for row in rows:
             copy.write_row(row)
             count += 1
@@ -75,6 +79,11 @@ def copy_jobs(conn: psycopg.Connection, rows: Iterable[tuple], progress=None) ->
     if progress is not None:
         progress(count % 10_000)
     return count
+
+
+def copy_jobs(conn: psycopg.Connection, rows: Iterable[tuple], progress=None) -> int:
+    """COPY job rows (``JOB_COLUMNS`` order) into ``jobs``; return the count."""
+    return copy_rows(conn, "jobs", JOB_COLUMNS, JOB_TYPES, rows, progress)
 
 
 def cron_row(tenant: str, expr: str, tz: str, nominal: datetime, created: datetime,
@@ -121,14 +130,20 @@ class NodeProcess:
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM, wait, then SIGKILL; return the exit status."""
-        self.signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+        return stop_child(self.proc, self._log, timeout_s)
+
+
+def stop_child(proc: subprocess.Popen, log_file, timeout_s: float = 30.0) -> int | None:
+    """SIGTERM ``proc``, wait ``timeout_s``, then SIGKILL; close its log; return the exit status."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    log_file.close()
+    return proc.returncode
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.1, what: str = "condition") -> float:

@@ -32,7 +32,6 @@ SIGTERM/SIGINT; :class:`NaiveProcess` starts one as a child process.
 from __future__ import annotations
 
 import functools
-import os
 import signal
 import subprocess
 import sys
@@ -46,6 +45,7 @@ import click
 import psycopg
 from psycopg import sql
 
+from bench.load import copy_rows, stop_child
 from scheduler import store
 from scheduler.schedule import CronSchedule
 
@@ -125,14 +125,7 @@ def reset_schema(dsn: str) -> psycopg.Connection:
 
 def copy_jobs(conn: psycopg.Connection, rows: Iterable[tuple]) -> int:
     """COPY ``(job_id, tenant, cron_expr, cron_dialect, tz, next_fire_at)`` rows; return the count."""
-    count = 0
-    with conn.cursor() as cur, cur.copy(
-            f"COPY jobs ({', '.join(JOB_COLUMNS)}) FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types(list(JOB_TYPES))
-        for row in rows:
-            copy.write_row(row)
-            count += 1
-    return count
+    return copy_rows(conn, "jobs", JOB_COLUMNS, JOB_TYPES, rows)
 
 
 @functools.lru_cache(maxsize=4_096)
@@ -201,15 +194,7 @@ class NaiveProcess:
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM, wait, then SIGKILL; return the exit status."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+        return stop_child(self.proc, self._log, timeout_s)
 
 
 @click.command()

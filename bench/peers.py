@@ -47,6 +47,8 @@ from pathlib import Path
 
 import click
 
+from bench.load import stop_child
+
 PGQUEUER_SCHEMA = "bench_pgqueuer"
 APSCHEDULER_SCHEMA = "bench_apscheduler"
 ENTRYPOINT = "bench_fire"
@@ -369,14 +371,7 @@ class PeerWorker:
 
     def stop(self, timeout_s: float = 30.0) -> list[tuple[str, float, float]]:
         """SIGTERM, wait (SIGKILL after ``timeout_s``); return the records it wrote."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self._log.close()
+        stop_child(self.proc, self._log, timeout_s)
         if not self.records.exists():
             raise RuntimeError(f"worker wrote no records: {log_tail(self.log_path)}")
         out = []

@@ -40,9 +40,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import uuid
 from collections import Counter
-from datetime import datetime
 
 import psycopg
 from psycopg.rows import tuple_row
