@@ -37,9 +37,11 @@ are re-sent at once on a fresh session, each retried whole with backoff.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
+import uuid
 from collections import Counter
 
 import psycopg
@@ -59,6 +61,21 @@ CHUNK_JOBS = 5_000
 """Jobs per firing statement (and transaction): small enough that the first
 chunk of a herd commits within tens of milliseconds and each statement stays
 far below statement_timeout; large enough to amortise the round trip."""
+
+WRITE_LANES = 2
+"""Write connections a tick's chunks are spread over, round robin, each in
+pipeline mode. Measured on the 2-core box (docs/performance.md): the store's
+share of a run (~25 µs of backend CPU) is the longest stage, so one write
+backend left the second core idle at the end of every tick; two keep both
+cores busy. More would only add lock-free contention here; a store with
+more cores could use more."""
+
+FIRE_RUNS_PREPARE = False
+"""Never prepare ``fire_runs`` server-side. psycopg prepares a statement on
+its 5th execution, and PostgreSQL then switches to a generic plan, whose
+per-row cost for this statement was measured at twice the custom plan's
+(the herd's second and later ticks ran at half speed). Planning it costs
+~1 ms per 5,000-job chunk."""
 
 STREAM_ROWS = 1_000
 """Rows per network chunk when streaming the due scan."""
@@ -89,25 +106,66 @@ class TickResult:
     budget_exhausted: bool = False
 
 
-class _Batch:
-    """Column arrays for one ``fire_runs`` statement (runs and skips refer to
-    their job by its 1-based position ``idx`` in the job arrays)."""
+def _array_literal(values: list) -> str:
+    """``values`` (ints or UUID strings) as a PostgreSQL array literal ``'{a,b,...}'``.
 
-    __slots__ = ("pids", "jids", "revs", "next_nominal", "next_due", "r_idx", "r_nominal",
-                 "r_scheduled", "s_idx", "s_first", "s_until", "s_slots", "s_reasons", "partitions")
+    One ``str.join`` in C: psycopg's binary list dumper walks the list in
+    Python (~1 µs per element, a third of the node's CPU in a herd), while the
+    store parses a literal of 5,000 ints in well under a millisecond.
+    """
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+class _Batch:
+    """Column arrays for one ``fire_runs`` statement (see its comment in sql/queries.sql).
+
+    Jobs are scalars (partition, id, revision, plan number); what to do with
+    them is in the plan arrays, one entry per distinct outcome (next slot,
+    runs, skip), so a herd of jobs sharing a schedule and slot shares one
+    plan. A plan's runs are ``f_*[p_fire_lo - 1 : p_fire_hi]``; its skip is
+    ``s_*[p_skip - 1]`` (0: none). Numbers are 1-based (SQL arrays).
+    """
+
+    __slots__ = ("pids", "jids", "revs", "plans", "p_next_nominal", "p_next_due", "p_fire_lo",
+                 "p_fire_hi", "p_skip", "f_nominal", "f_scheduled", "s_first", "s_until", "s_slots",
+                 "s_reasons", "partitions", "plan_numbers")
 
     def __init__(self) -> None:
-        for name in self.__slots__[:-1]:
+        for name in self.__slots__[:-2]:
             setattr(self, name, [])
         self.partitions: set[int] = set()
+        self.plan_numbers: dict[tuple, int] = {}
 
     def __len__(self) -> int:
         return len(self.pids)
 
+    def add_plan(self, plan) -> int:
+        """Append ``plan`` (a :class:`scheduler.planner.Plan`); return its number (1-based)."""
+        self.p_next_nominal.append(plan.next_nominal)
+        self.p_next_due.append(plan.next_due)
+        self.p_fire_lo.append(len(self.f_nominal) + 1)
+        for nominal, scheduled in plan.fires:
+            self.f_nominal.append(nominal)
+            self.f_scheduled.append(scheduled)
+        self.p_fire_hi.append(len(self.f_nominal))
+        if plan.skip is None:
+            self.p_skip.append(0)
+        else:
+            self.s_first.append(plan.skip.first)
+            self.s_until.append(plan.skip.until)
+            self.s_slots.append(plan.skip.slots)
+            self.s_reasons.append(plan.skip.reason)
+            self.p_skip.append(len(self.s_first))
+        return len(self.p_next_nominal)
+
     def params(self, node_id: str, firable: dict[int, int]) -> dict:
         fence = sorted(self.partitions)
-        params = {name: getattr(self, name) for name in self.__slots__[:-1]}
-        params.update(node_id=node_id, fence_pids=fence, fence_epochs=[firable[pid] for pid in fence])
+        position = {pid: i for i, pid in enumerate(fence, 1)}
+        params = {name: getattr(self, name) for name in self.__slots__[4:-2]}
+        params.update(pids=_array_literal(self.pids), jids=_array_literal(self.jids),
+                      revs=_array_literal(self.revs), plans=_array_literal(self.plans),
+                      fpos=_array_literal([position[pid] for pid in self.pids]),
+                      node_id=node_id, fence_pids=fence, fence_epochs=[firable[pid] for pid in fence])
         return params
 
 
@@ -197,7 +255,8 @@ class Firer:
         return result
 
     def _tick(self, firable: dict[int, int], result: TickResult) -> None:
-        read, write = self._connection("read"), self._connection("write")
+        read = self._connection("read")
+        lanes = [self._connection(f"write{i}") for i in range(WRITE_LANES)]
         budget = self._s.tick_budget
         tenants = {row["tenant"]: row for row in store.execute(read, "tenant_weights")}
         weights = {tenant: row["weight"] for tenant, row in tenants.items()}
@@ -210,8 +269,10 @@ class Firer:
         sent: list[_Sent] = []
         self._plan_memo.clear()
         try:
-            with write.pipeline():
-                self._stream(read, write, firable, quotas, {}, granted, fetched, used, last, sent, result)
+            with contextlib.ExitStack() as pipelines:
+                for lane in lanes:
+                    pipelines.enter_context(lane.pipeline())
+                self._stream(read, lanes, firable, quotas, {}, granted, fetched, used, last, sent, result)
                 saturated = {t: weights[t] for t, q in quotas.items() if q > 0 and fetched[t] >= q}
                 leftover = budget - sum(fetched.values())
                 if leftover > 0 and saturated:
@@ -220,7 +281,7 @@ class Firer:
                     extra = DeficitRoundRobin.redistribute(leftover, saturated, left_limits)
                     for tenant, quota in extra.items():
                         granted[tenant] += quota
-                    self._stream(read, write, firable, extra, last, granted, fetched, used, last, sent, result)
+                    self._stream(read, lanes, firable, extra, last, granted, fetched, used, last, sent, result)
         except psycopg.Error as exc:
             failed = self._collect(sent, firable, result)
             # An error inside the pipeline leaves the session in an aborted
@@ -232,11 +293,12 @@ class Firer:
             # Chunks that did not commit are re-sent one by one on a fresh
             # session, each retried whole. Re-sending a chunk that did commit
             # is harmless: the advance is idempotent and the run conflicts.
-            write = self._connection("write")
+            write = self._connection("write0")
             for batch in failed:
                 params = batch.params(self._s.node_id, firable)
                 row = store.run_transaction(
-                    write, lambda c: store.execute(c, "fire_runs", params)[0], on_retry=self._metrics.retry)
+                    write, lambda c: store.execute(c, "fire_runs", params, prepare=FIRE_RUNS_PREPARE)[0],
+                    on_retry=self._metrics.retry)
                 self._account(batch, row, result)
         else:
             self._collect(sent, firable, result)
@@ -248,7 +310,7 @@ class Firer:
             result.budget_exhausted = True
         self._metrics.due_backlog.set(sum(granted.values()) if result.budget_exhausted else 0)
 
-    def _stream(self, read: psycopg.Connection, write: psycopg.Connection, firable: dict[int, int],
+    def _stream(self, read: psycopg.Connection, lanes: list[psycopg.Connection], firable: dict[int, int],
                 quotas: dict[str, int], after: dict[str, tuple], granted: dict[str, int], fetched: Counter,
                 used: Counter, last: dict[str, tuple], sent: list, result: TickResult) -> None:
         """Stream due rows for ``quotas``; plan and send a firing statement per chunk.
@@ -267,7 +329,7 @@ class Firer:
             "tenants": tenants,
             "quotas": [quotas[t] for t in tenants],
             "after_due": [after.get(t, (None, None))[0] for t in tenants],
-            "after_job": [after.get(t, (None, None))[1] for t in tenants],
+            "after_job": [None if t not in after else uuid.UUID(after[t][1]) for t in tenants],
             "partition_ids": list(firable),
         }
         batch = _Batch()
@@ -278,16 +340,16 @@ class Firer:
                 last[tenant] = (row[_NEXT_DUE], row[_JOB_ID])
                 self._plan_row(batch, row, firable, granted, used, result)
                 if len(batch.pids) >= CHUNK_JOBS:
-                    sent.append(self._send(write, batch, firable))
+                    sent.append(self._send(lanes[len(sent) % len(lanes)], batch, firable))
                     batch = _Batch()
         if batch.pids:
-            sent.append(self._send(write, batch, firable))
+            sent.append(self._send(lanes[len(sent) % len(lanes)], batch, firable))
 
     def _send(self, write: psycopg.Connection, batch: _Batch, firable: dict[int, int]) -> _Sent:
         """Queue one chunk's transaction on the pipelined ``write`` connection."""
         write.execute("BEGIN")
         cur = write.cursor()
-        cur.execute(store.QUERIES["fire_runs"], batch.params(self._s.node_id, firable))
+        cur.execute(store.QUERIES["fire_runs"], batch.params(self._s.node_id, firable), prepare=FIRE_RUNS_PREPARE)
         return _Sent(batch, cur, write.execute("COMMIT"))
 
     def _collect(self, sent: list[_Sent], firable: dict[int, int], result: TickResult) -> list[_Batch]:
@@ -343,37 +405,33 @@ class Firer:
             return
         now, jitter_s = row[_STORE_NOW], row[_JITTER_S]
         # Without jitter a plan depends on the schedule, the slot, the policy and
-        # now, not on the job: in a herd, thousands of jobs share one plan.
+        # now, not on the job: in a herd, thousands of jobs share one plan,
+        # computed once per tick and sent once per statement.
         key = plan = None
         if jitter_s == 0:
             key = (id(schedule), row[_NEXT_NOMINAL], row[_MISFIRE], row[_CATCHUP], row[_GRACE], now)
             plan = self._plan_memo.get(key)
         if plan is None:
             plan = plan_job(
-                schedule, job_id=row[_JOB_ID], next_nominal=row[_NEXT_NOMINAL], now=now,
+                schedule, job_id=uuid.UUID(row[_JOB_ID]), next_nominal=row[_NEXT_NOMINAL], now=now,
                 misfire=row[_MISFIRE], catchup_window_s=row[_CATCHUP], misfire_grace_s=row[_GRACE],
                 jitter_s=jitter_s, limit=remaining)
             if key is not None and len(plan.fires) <= 1 and plan.skip is None:
                 self._plan_memo[key] = plan
+            else:
+                key = None  # a plan of this job alone (jitter, catch-up, skip)
+        number = batch.plan_numbers.get(key) if key is not None else None
+        if number is None:
+            number = batch.add_plan(plan)
+            if key is not None:
+                batch.plan_numbers[key] = number
         pid = row[_PARTITION]
         batch.partitions.add(pid)
         batch.pids.append(pid)
         batch.jids.append(row[_JOB_ID])
         batch.revs.append(row[_REVISION])
-        batch.next_nominal.append(plan.next_nominal)
-        batch.next_due.append(plan.next_due)
-        idx = len(batch.pids)
-        for nominal, scheduled in plan.fires:
-            batch.r_idx.append(idx)
-            batch.r_nominal.append(nominal)
-            batch.r_scheduled.append(None if scheduled == nominal else scheduled)
+        batch.plans.append(number)
         used[tenant] += len(plan.fires)
-        if plan.skip is not None:
-            batch.s_idx.append(idx)
-            batch.s_first.append(plan.skip.first)
-            batch.s_until.append(plan.skip.until)
-            batch.s_slots.append(plan.skip.slots)
-            batch.s_reasons.append(plan.skip.reason)
         if plan.next_due is not None and plan.next_due <= now and used[tenant] >= granted[tenant]:
             result.budget_exhausted = True
 

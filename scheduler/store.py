@@ -239,10 +239,15 @@ def run_transaction(
     raise AssertionError("unreachable")
 
 
-def execute(conn: psycopg.Connection, name: str, params: dict | None = None) -> list[dict]:
-    """Execute the named query and return its rows (``[]`` if it returns none)."""
+def execute(conn: psycopg.Connection, name: str, params: dict | None = None, *,
+            prepare: bool | None = None) -> list[dict]:
+    """Execute the named query and return its rows (``[]`` if it returns none).
+
+    ``prepare`` is psycopg's: ``None`` prepares server-side after a few
+    executions, ``False`` never (see ``FIRE_RUNS_PREPARE`` in firing.py).
+    """
     with conn.cursor() as cur:
-        cur.execute(QUERIES[name], params)
+        cur.execute(QUERIES[name], params, prepare=prepare)
         return cur.fetchall() if cur.description is not None else []
 
 

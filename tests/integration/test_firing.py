@@ -415,6 +415,32 @@ def test_fence_a_taken_over_partition_commits_nothing(conn, node) -> None:
     assert runs_of(conn, victim) == []
 
 
+def test_fence_refusing_the_lowest_partition_still_fires_every_other_one(conn, node) -> None:
+    """The statement finds a job's partition at its position in the fenced list;
+    a refused partition shifts every later position, so the exact test must
+    take over for them (sql/queries.sql, fire_runs)."""
+    made = {}
+    while len(made) < 12:
+        job_id, anchor = interval_job(conn, 60, slots_before_now=2)
+        pid = job_row(conn, job_id)["partition_id"]
+        if pid in made:
+            jobs.delete_job(conn, job_id)
+        else:
+            made[pid] = (job_id, anchor)
+    victim_pid = min(made)
+    conn.execute("UPDATE partitions SET owner_node = 'thief', owner_epoch = owner_epoch + 1 "
+                 "WHERE partition_id = %s", (victim_pid,))
+
+    result = node.firer.tick()
+
+    assert result.fence_rejected == [victim_pid]
+    assert runs_of(conn, made[victim_pid][0]) == []
+    for pid, (job_id, anchor) in made.items():
+        if pid != victim_pid:
+            assert nominals(conn, job_id) == [anchor + timedelta(seconds=60 * k) for k in (1, 2)], pid
+    assert (result.fired, result.stale_jobs) == (2 * 11, 0)
+
+
 def test_fence_with_the_same_owner_but_an_older_epoch_commits_nothing(conn, node) -> None:
     """A restart under the same node id claims afresh: the old process's epoch is stale."""
     job_id, _ = interval_job(conn, 60, slots_before_now=3)
