@@ -88,7 +88,7 @@ SELECT tenant || '/' || job_id::text AS key, extract(epoch FROM nominal_time)::f
 FROM runs
 WHERE nominal_time >= %(first)s AND nominal_time <= %(last)s
 """
-NAIVE_DUE = "SELECT count(*) AS due FROM jobs WHERE next_fire_at <= %(last)s"
+NAIVE_DUE = "SELECT EXISTS (SELECT 1 FROM jobs WHERE next_fire_at <= %(last)s) AS due"
 NAIVE_FIRES = """
 SELECT tenant || '/' || job_id::text AS key, extract(epoch FROM nominal_time)::float8 AS nominal_s,
        extract(epoch FROM fired_at)::float8 AS fired_s
@@ -327,7 +327,7 @@ def run_ours(cfg: Config, work: Work, nodes: int) -> Fires:
                 raise RuntimeError(f"loading took past T ({loaded} >= {t0}): raise --lead-s")
             deadline = _epoch(last) + cfg.bound_s
             _sleep_until(_epoch(t0))
-            _wait_done(lambda: store.execute(conn, "count_due_at", {"nominal": last})[0]["due"] == 0,
+            _wait_done(lambda: not store.execute(conn, "any_due_at", {"nominal": last})[0]["due"],
                        deadline)
         finally:
             codes = {proc.node_id: proc.stop() for proc in procs}
@@ -359,7 +359,7 @@ def run_naive(cfg: Config, work: Work, processes: int) -> Fires:
                 raise RuntimeError(f"loading took past T ({loaded} >= {t0}): raise --lead-s")
             deadline = _epoch(last) + cfg.bound_s
             _sleep_until(_epoch(t0))
-            _wait_done(lambda: conn.execute(NAIVE_DUE, {"last": last}).fetchone()["due"] == 0, deadline)
+            _wait_done(lambda: not conn.execute(NAIVE_DUE, {"last": last}).fetchone()["due"], deadline)
         finally:
             codes = {proc.worker: proc.stop() for proc in procs}
         records = [(r["key"], r["nominal_s"], r["fired_s"])

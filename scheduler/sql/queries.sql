@@ -472,6 +472,14 @@ CROSS JOIN LATERAL (
     WHERE d.tenant = t.tenant AND d.next_due_at <= %(nominal)s
 ) AS c;
 
+-- name: any_due_at
+-- Whether any job is still due at or before an instant: one index probe per
+-- tenant (the bench's drain check, polled twice a second).
+SELECT EXISTS (
+    SELECT 1 FROM tenants AS t
+    WHERE EXISTS (SELECT 1 FROM jobs AS d WHERE d.tenant = t.tenant AND d.next_due_at <= %(nominal)s)
+) AS due;
+
 -- name: herd_stats
 -- Drain time (last fired_at − nominal) and lateness of the runs of one
 -- nominal instant, overall and for the 'big' tenant vs the others.
