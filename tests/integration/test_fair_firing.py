@@ -13,7 +13,7 @@ import uuid
 from collections import Counter
 from datetime import timedelta
 
-from scheduler import jobs
+from scheduler import firing, jobs
 from scheduler.clock import ManualClock, SystemClock
 from scheduler.firing import Firer
 from scheduler.lease import LeaseTable, SqlCoordinator
@@ -75,6 +75,37 @@ def test_big_tenant_does_not_delay_small_ones(pg_dsn, conn) -> None:
     assert (first.fired, first.budget_exhausted) == (500, True)
     assert after_second["big"] == 950
     assert second.fired == 500
+
+
+def test_surplus_is_read_only_after_the_fair_shares_committed(pg_dsn, conn, monkeypatch) -> None:
+    """Budget 200, six tenants: the first pass (a share of 33 each: the five
+    small tenants' 10 runs and 33 of the big one's) goes out in chunks of 20;
+    the big tenant's surplus (117) is read only once all of them committed."""
+    _load_due(conn, "big", 300, due_ago_s=30)
+    for i in range(5):
+        _load_due(conn, f"small{i}", 10, due_ago_s=5)
+    monkeypatch.setattr(firing, "CHUNK_JOBS", 20)
+    passes = []
+    real_stream = Firer._stream
+
+    def stream(self, read, lanes, firable, quotas, *rest):
+        sent = rest[-2]
+        passes.append(({t for t, q in quotas.items() if q > 0}, len(sent),
+                       sum(item.outcome is not None for item in sent)))
+        return real_stream(self, read, lanes, firable, quotas, *rest)
+
+    monkeypatch.setattr(Firer, "_stream", stream)
+    firer, coord = _node(pg_dsn, max_rate_per_s=200.0)
+    try:
+        result = firer.tick()
+    finally:
+        firer.close()
+        coord.close()
+    first, second = passes
+    assert first == ({"big", *(f"small{i}" for i in range(5))}, 0, 0)
+    assert second == ({"big"}, 5, 5)  # 83 rows in 5 chunks, each answered
+    assert _runs_by_tenant(conn) == Counter({"big": 150, **{f"small{i}": 10 for i in range(5)}})
+    assert result.fired == 200
 
 
 def test_weights_split_a_saturated_tick(pg_dsn, conn) -> None:
