@@ -219,7 +219,7 @@ class Firer:
     # ------------------------------------------------------------------ store
 
     def _connection(self, role: str) -> psycopg.Connection:
-        """The ``read`` (due scan) or ``write`` (firing statements) connection."""
+        """The ``read`` (due scan) or ``write0``, ``write1`` (firing lanes) connection."""
         conn = self._conns.get(role)
         if conn is None or conn.closed:
             s = self._s
@@ -274,8 +274,12 @@ class Firer:
 
     def _tick(self, firable: dict[int, int], result: TickResult) -> None:
         read = self._connection("read")
-        lanes = [self._connection(f"write{i}")
-                 for i in range(WRITE_LANES if len(firable) > PARTITION_COUNT // 2 else 1)]
+        count = WRITE_LANES if len(firable) > PARTITION_COUNT // 2 else 1
+        lanes = [self._connection(f"write{i}") for i in range(count)]
+        for i in range(count, WRITE_LANES):  # a lane no longer needed is not kept open
+            idle = self._conns.pop(f"write{i}", None)
+            if idle is not None:
+                idle.close()
         budget = self._s.tick_budget
         tenants = {row["tenant"]: row for row in store.execute(read, "tenant_weights")}
         weights = {tenant: row["weight"] for tenant, row in tenants.items()}
