@@ -533,3 +533,26 @@ def test_paused_and_deleted_jobs_do_not_fire(conn, node) -> None:
     assert runs_of(conn, paused) == [] and runs_of(conn, deleted) == []
     assert nominals(conn, live) == [anchor + timedelta(seconds=60), anchor + timedelta(seconds=120)]
     assert result.fired == 2
+
+
+def test_write_lanes_follow_the_share_of_partitions_held(conn, node) -> None:
+    """Two firing connections while holding more than half of the partitions, one otherwise
+    (firing.WRITE_LANES), and the work is the same either way."""
+
+    def lanes() -> list[str]:
+        return sorted(role for role, c in node.firer._conns.items() if role.startswith("write") and not c.closed)
+
+    job_id, anchor = interval_job(conn, 60, slots_before_now=1)
+    pid = job_row(conn, job_id)["partition_id"]
+    assert node.firer.tick().fired == 1
+    assert lanes() == ["write0", "write1"]
+
+    node.table.drop([p for p in range(1024) if p != pid][:600])  # 424 held, the job's among them
+    later, _ = interval_job(conn, 60, slots_before_now=1)
+    while job_row(conn, later)["partition_id"] not in node.table.held():
+        jobs.delete_job(conn, later)
+        later, _ = interval_job(conn, 60, slots_before_now=1)
+    result = node.firer.tick()
+    assert lanes() == ["write0"]
+    assert result.fired == 1
+    assert nominals(conn, later) == [job_row(conn, later)["anchor_at"] + timedelta(seconds=60)]
