@@ -77,7 +77,10 @@ store's share of a run (~25 µs of backend CPU) is the longest stage, so a
 lone node with one write backend left the second core idle (300,000-run
 herd: 9.4-10 s with one, 5.6-6.9 s with two; three gained nothing), while
 four nodes with two each oversubscribed it (37-43 k runs/s against 47 k
-with one each)."""
+with one each). A node's chunks touch disjoint jobs and runs, so lanes never
+block each other; at SERIALIZABLE on PostgreSQL, whose predicate locks are
+page-grained, two lanes' chunks can still fail with 40001, which takes the
+retry path (the tick ends after re-sending what did not commit)."""
 
 FIRE_RUNS_PREPARE = False
 """Never prepare ``fire_runs`` server-side. psycopg prepares a statement on
