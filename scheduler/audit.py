@@ -111,7 +111,8 @@ def verify(conn: psycopg.Connection, since: datetime, until: datetime) -> Verify
     Both bounds must be aware datetimes with ``since < until``, at most
     :data:`MAX_WINDOW` apart, and ``until`` not after the store's now (else
     ValidationError, fields ``since``/``until``). Read-only: its working
-    tables are temporary and dropped at commit. Cost: one pass over ``jobs``
+    tables are temporary and dropped at commit; retried whole on 40001/40P01
+    (store.run_transaction). Cost: one pass over ``jobs``
     and one over the window's runs in SQL; Python computes slots once per
     distinct cron schedule, plus per job only for interval, one-shot and
     jittered jobs.
@@ -126,7 +127,8 @@ def verify(conn: psycopg.Connection, since: datetime, until: datetime) -> Verify
                               "audit a long period as several windows", until.isoformat())
     window = {"since": since, "until": until}
     report = VerifyReport()
-    with conn.transaction():
+
+    def audit(conn: psycopg.Connection) -> dict:
         now = store.execute(conn, "store_now")[0]["store_now"]
         if until > now:
             raise ValidationError("until", "must not be in the future: slots after now (store time "
@@ -151,7 +153,12 @@ def verify(conn: psycopg.Connection, since: datetime, until: datetime) -> Verify
                     copy.write_row(row)
         store.execute(conn, "expand_audit_cron_slots")
         store.execute(conn, "analyze_audit_tables")
-        row = store.execute(conn, "compare_audit", window)[0]
+        return store.execute(conn, "compare_audit", window)[0]
+
+    # Read-only, but at SERIALIZABLE (CockroachDB, or PostgreSQL set so) a
+    # concurrent firing transaction can cancel it with 40001: retried whole
+    # (its working tables vanish with the aborted transaction).
+    row = store.run_transaction(conn, audit)
     for key, value in row.items():
         setattr(report, key, value)
     return report

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from scheduler import jobs
+from scheduler import audit, jobs, store
 from scheduler.cli import cli
 from scheduler.clock import SystemClock
 from scheduler.firing import Firer
@@ -353,6 +353,26 @@ def test_verify_counts_and_exit_status(pg_dsn, conn) -> None:
     text = run(["verify", "--since", since, "--until", until], pg_dsn)
     assert text.exit_code == 1
     assert "missing: 1" in text.stdout.splitlines() and "unexpected: 1" in text.stdout.splitlines()
+
+
+def test_verify_is_retried_whole_after_a_serialization_failure(pg_dsn, conn, monkeypatch) -> None:
+    """At SERIALIZABLE a concurrent firing transaction can cancel the audit with
+    40001 midway (its temporary tables already made): it runs again from the start."""
+    a, b, anchor = fire_two_jobs(pg_dsn, conn)
+    real_execute = store.execute
+    failed = []
+
+    def execute(c, name, params=None, **kwargs):
+        if name == "audit_per_job" and not failed:
+            failed.append(name)
+            raise psycopg.errors.SerializationFailure("could not serialize access (injected)")
+        return real_execute(c, name, params, **kwargs)
+
+    monkeypatch.setattr(store, "execute", execute)
+    with psycopg.connect(pg_dsn, autocommit=True, row_factory=psycopg.rows.dict_row) as other:
+        report = audit.verify(other, anchor, anchor + timedelta(seconds=330))
+    assert failed == ["audit_per_job"]
+    assert (report.expected, report.runs, report.missing, report.duplicates) == (10, 10, 0, 0)
 
 
 def test_verify_accounts_for_skipped_slots(pg_dsn, conn) -> None:
