@@ -676,18 +676,8 @@ def verify_cmd(dsn: str, since: datetime, until: datetime, as_json: bool) -> Non
     """
     from scheduler.audit import verify
 
-    from scheduler import store
-
     with open_store(dsn) as conn:
-        # verify runs one read-only transaction (temp tables); under SERIALIZABLE
-        # (CockroachDB) even that may be asked to retry: re-run it whole.
-        for attempt in range(store.MAX_ATTEMPTS):
-            try:
-                report = verify(conn, since, until)
-                break
-            except psycopg.Error as exc:
-                if not store.is_retryable(exc) or attempt == store.MAX_ATTEMPTS - 1:
-                    raise
+        report = verify(conn, since, until)  # retried whole on 40001/40P01 by verify itself
     if as_json:
         _echo_json(report.as_dict())
     else:
