@@ -32,12 +32,15 @@ def cli() -> None:
 
 @cli.command()
 @click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, required=True)
-@click.option("--jobs", default=300_000, show_default=True, help="Jobs due at the herd instant.")
-@click.option("--background-jobs", default=0, show_default=True, help="Jobs not due (months away).")
-@click.option("--tenants", default=51, show_default=True, help="One big tenant plus small ones.")
-@click.option("--big-tenant-share", default=0.9, show_default=True, help="Big tenant's share of the herd.")
-@click.option("--nodes", default=1, show_default=True, help="Node processes.")
-@click.option("--max-rate", type=float, default=None, help="Per-node --max-rate-per-s (pacing).")
+@click.option("--jobs", default=300_000, show_default=True, type=click.IntRange(min=1), help="Jobs due at the herd instant.")
+@click.option("--background-jobs", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Jobs not due (months away).")
+@click.option("--tenants", default=51, show_default=True, type=click.IntRange(min=1), help="One big tenant plus small ones.")
+@click.option("--big-tenant-share", default=0.9, show_default=True, type=click.FloatRange(0, 1),
+              help="Big tenant's share of the herd.")
+@click.option("--nodes", default=1, show_default=True, type=click.IntRange(1, 64), help="Node processes.")
+@click.option("--max-rate", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Per-node --max-rate-per-s (pacing).")
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the summary here.")
 def herd(dsn, jobs, background_jobs, tenants, big_tenant_share, nodes, max_rate, out_dir, json_path) -> None:
@@ -61,10 +64,12 @@ STEADY_COLUMNS = ["rate", "jobs", "nodes", "seconds", "runs", "throughput_runs_p
 
 @cli.command()
 @click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, required=True)
-@click.option("--rate", default=12_000, show_default=True, help="Runs due per second.")
-@click.option("--seconds", default=60, show_default=True, help="How long the nodes fire.")
-@click.option("--period-s", default=10, show_default=True, help="Interval of each job (jobs = rate × period).")
-@click.option("--nodes", default=1, show_default=True)
+@click.option("--rate", default=12_000, show_default=True, type=click.IntRange(min=1), help="Runs due per second.")
+@click.option("--seconds", default=60, show_default=True, type=click.IntRange(min=11),
+              help="How long the nodes fire (the first and last 5 s are left out).")
+@click.option("--period-s", default=10, show_default=True, type=click.IntRange(min=1),
+              help="Interval of each job (jobs = rate × period).")
+@click.option("--nodes", default=1, show_default=True, type=click.IntRange(1, 64))
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
 def steady(dsn, rate, seconds, period_s, nodes, out_dir, json_path) -> None:
@@ -93,10 +98,12 @@ FAILOVER_COLUMNS = ["coordinator", "kind", "trials", "affected_runs", "lateness_
 @click.option("--etcd-endpoints", default=None, envvar="SCHEDULER_ETCD_ENDPOINTS", show_envvar=True,
               help="etcd host:port[,host:port] for the etcd runs [default: start a throwaway etcd].")
 @click.option("--kind", type=click.Choice(["crash", "graceful", "both"]), default="both", show_default=True)
-@click.option("--nodes", default=3, show_default=True)
-@click.option("--jobs", default=600, show_default=True, help="Interval jobs firing every second.")
-@click.option("--trials", default=1, show_default=True)
-@click.option("--poll-interval-s", type=float, default=None,
+@click.option("--nodes", default=3, show_default=True, type=click.IntRange(2, 64),
+              help="Node processes (one is killed or stopped, so at least 2).")
+@click.option("--jobs", default=600, show_default=True, type=click.IntRange(min=1),
+              help="Interval jobs firing every second.")
+@click.option("--trials", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--poll-interval-s", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Nodes' --poll-interval-s [default: the node default, 1 s].")
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
@@ -151,17 +158,23 @@ def _name_list(choices):
 @click.option("--processes", default="1,4", show_default=True,
               help="Node / worker processes of ours and naive.")
 @click.option("--pgqueuer-processes", default="1", show_default=True, help="pgqueuer worker processes.")
-@click.option("--herd-jobs", default=100_000, show_default=True, help="Herd size of ours and naive.")
-@click.option("--herd-jobs-pgqueuer", default=100_000, show_default=True)
-@click.option("--herd-jobs-apscheduler", default=2_000, show_default=True)
-@click.option("--steady-rate", default=1_000, show_default=True, help="Timers each due every second.")
-@click.option("--steady-rate-apscheduler", type=int, default=None, help="[default: --steady-rate]")
-@click.option("--steady-seconds", default=30, show_default=True, help="Seconds of the steady window.")
-@click.option("--bound-s", default=60.0, show_default=True,
+@click.option("--herd-jobs", default=100_000, show_default=True, type=click.IntRange(min=1),
+              help="Herd size of ours and naive.")
+@click.option("--herd-jobs-pgqueuer", default=100_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--herd-jobs-apscheduler", default=2_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--steady-rate", default=1_000, show_default=True, type=click.IntRange(min=1),
+              help="Timers each due every second.")
+@click.option("--steady-rate-apscheduler", type=click.IntRange(min=1), default=None, help="[default: --steady-rate]")
+@click.option("--steady-seconds", default=30, show_default=True, type=click.IntRange(min=1),
+              help="Seconds of the steady window.")
+@click.option("--bound-s", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Not fired this long after the last nominal instant = lost.")
-@click.option("--lead-s", default=5.0, show_default=True, help="Slack between loading and T.")
-@click.option("--naive-batch", default=1_000, show_default=True, help="Due rows per naive transaction.")
-@click.option("--pgqueuer-batch", default=100, show_default=True, help="pgqueuer dequeue batch size.")
+@click.option("--lead-s", default=5.0, show_default=True, type=click.FloatRange(min=0),
+              help="Slack between loading and T.")
+@click.option("--naive-batch", default=1_000, show_default=True, type=click.IntRange(min=1),
+              help="Due rows per naive transaction.")
+@click.option("--pgqueuer-batch", default=100, show_default=True, type=click.IntRange(min=1),
+              help="pgqueuer dequeue batch size.")
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Write the rows here.")
@@ -190,5 +203,26 @@ def compare(dsn, systems, workloads, processes, pgqueuer_processes, herd_jobs, h
         json_path.write_text(json.dumps(rows, indent=2) + "\n")
 
 
+def main() -> None:
+    """Run the CLI. SIGTERM stops like Ctrl-C (node processes are stopped on
+    the way out); the engine's own errors and timeouts print as one line."""
+    import signal
+
+    from scheduler.errors import SchedulerError
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        cli(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except (SchedulerError, TimeoutError) as exc:
+        click.echo(f"bench: error: {exc}", err=True)
+        sys.exit(1)
+
+
 if __name__ == "__main__":
-    cli()
+    main()

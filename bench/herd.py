@@ -144,6 +144,10 @@ def run_herd(dsn: str, jobs: int, background_jobs: int, tenants: int, big_share:
         for proc in procs:
             proc.stop()
     stats = store.execute(conn, "herd_stats", {"nominal": t})[0]
+    # The audit window [t, t + 1 s) must be over (store clock) before it is
+    # audited: a small herd drains in well under a second.
+    wait_until(lambda: store.execute(conn, "store_now")[0]["store_now"] >= t + timedelta(seconds=1), 5,
+               interval_s=0.05, what="the herd second to pass")
     audit = verify(conn, t, t + timedelta(seconds=1))
     series = store.execute(conn, "herd_series", {"nominal": t})
     result = HerdResult(

@@ -245,6 +245,8 @@ def tenants_set(dsn: str, tenant: str, weight: int | None, max_rate: float | Non
 
     if weight is None and max_rate is None and not no_max_rate:
         raise click.UsageError("give --weight, --max-rate or --no-max-rate")
+    if max_rate is not None and no_max_rate:
+        raise click.UsageError("--max-rate and --no-max-rate contradict each other: give one")
     with open_store(dsn) as conn:
         row = jobs.set_tenant(conn, tenant, weight=weight, max_rate=max_rate, clear_max_rate=no_max_rate)
     click.echo(f"tenant {row['tenant']} weight={row['weight']} max_rate={_fmt(row['max_rate'])}")

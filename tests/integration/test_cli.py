@@ -218,7 +218,7 @@ def test_jobs_import_reports_every_bad_line(pg_dsn, conn) -> None:
 # ---------------------------------------------------------------- tenants
 
 
-def test_tenants_add_list_set(pg_dsn) -> None:
+def test_tenants_add_list_set(pg_dsn, conn) -> None:
     assert run(["tenants", "add", "acme", "--weight", "2"], pg_dsn).stdout == "tenant acme created\n"
     assert run(["tenants", "add", "acme", "--weight", "5"], pg_dsn).stdout == (
         "tenant acme exists (unchanged; use `scheduler tenants set acme` to change it)\n")
@@ -236,6 +236,9 @@ def test_tenants_add_list_set(pg_dsn) -> None:
 
     one_line_error(run(["tenants", "set", "initech", "--weight", "2"], pg_dsn), 1, "error: tenant: no tenant")
     one_line_error(run(["tenants", "set", "acme"], pg_dsn), 2, "error: give --weight, --max-rate or --no-max-rate")
+    one_line_error(run(["tenants", "set", "acme", "--max-rate", "5", "--no-max-rate"], pg_dsn), 2,
+                   "error: --max-rate and --no-max-rate contradict each other")
+    assert conn.execute("SELECT max_rate FROM tenants WHERE tenant = 'acme'").fetchone()["max_rate"] is None
     one_line_error(run(["tenants", "add", "bad tenant"], pg_dsn), 2, "error: tenant: must be 1-200 characters")
     one_line_error(run(["tenants", "add", "initech", "--weight", "0"], pg_dsn), 2, "error: weight: ")
     one_line_error(run(["tenants", "set", "acme", "--max-rate", "inf"], pg_dsn), 2, "error: max_rate: ")
