@@ -124,16 +124,24 @@ def wait_for(what: str, probe: Callable[[], T], predicate: Callable[[T], bool] =
     """Poll ``probe()`` until ``predicate(value)``; return that value.
 
     ``check()`` runs before each probe and may raise to fail early (e.g. a
-    node died). Raises AssertionError naming ``what``, the timeout and the
-    last value seen.
+    node died). A probe the store cancels with 40001/40P01 (at SERIALIZABLE
+    even a read can be, CI's second pass) counts as "not yet" and is asked
+    again. Raises AssertionError naming ``what``, the timeout and the last
+    value seen.
     """
     deadline = time.monotonic() + timeout_s
+    value = None
     while True:
         if check is not None:
             check()
-        value = probe()
-        if predicate(value):
-            return value
+        try:
+            value = probe()
+        except psycopg.Error as exc:
+            if not store.is_retryable(exc) or time.monotonic() >= deadline:
+                raise
+        else:
+            if predicate(value):
+                return value
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s:.1f}s waiting for {what}; last seen: {value!r}")
         time.sleep(interval_s)
