@@ -285,6 +285,22 @@ def _wait_done(done: Callable[[], bool], deadline: float, interval_s: float = 0.
         time.sleep(interval_s)
 
 
+def _fire_loaded(conn, cfg: Config, t0: datetime, last: datetime, still_due: Callable[[], bool]) -> float:
+    """After loading ``jobs``: VACUUM ANALYZE it, check loading ended before ``t0``, sleep to
+    ``t0`` and wait until ``still_due()`` is false or the bound after ``last`` passes.
+
+    Returns that deadline (epoch s). Raises RuntimeError if loading ran past ``t0``.
+    """
+    conn.execute("VACUUM ANALYZE jobs")
+    loaded = store.execute(conn, "store_now")[0]["store_now"]
+    if loaded >= t0:
+        raise RuntimeError(f"loading took past T ({loaded} >= {t0}): raise --lead-s")
+    deadline = _epoch(last) + cfg.bound_s
+    _sleep_until(_epoch(t0))
+    _wait_done(lambda: not still_due(), deadline)
+    return deadline
+
+
 def _exit_note(codes: dict[str, int | None]) -> str | None:
     """A note naming processes that did not exit cleanly on SIGTERM (they died mid-run)."""
     bad = {name: code for name, code in codes.items() if code != 0}
@@ -321,14 +337,8 @@ def run_ours(cfg: Config, work: Work, nodes: int) -> Fires:
                            None, "all", t0, t0, created, created)
 
             copy_jobs(conn, rows())
-            conn.execute("VACUUM ANALYZE jobs")
-            loaded = store.execute(conn, "store_now")[0]["store_now"]
-            if loaded >= t0:
-                raise RuntimeError(f"loading took past T ({loaded} >= {t0}): raise --lead-s")
-            deadline = _epoch(last) + cfg.bound_s
-            _sleep_until(_epoch(t0))
-            _wait_done(lambda: not store.execute(conn, "any_due_at", {"nominal": last})[0]["due"],
-                       deadline)
+            deadline = _fire_loaded(conn, cfg, t0, last,
+                                    lambda: store.execute(conn, "any_due_at", {"nominal": last})[0]["due"])
         finally:
             codes = {proc.node_id: proc.stop() for proc in procs}
         records = [(r["key"], r["nominal_s"], r["fired_s"])
@@ -353,13 +363,8 @@ def run_naive(cfg: Config, work: Work, processes: int) -> Fires:
             cfg.echo(f"  {work.jobs:,} timers first due at {t0:%H:%M:%S}Z")
             naive.copy_jobs(conn, ((uuid.uuid4(), tenant, expr, dialect, zone, t0)
                                    for tenant, expr, dialect, zone in timers(work, t0)))
-            conn.execute("VACUUM ANALYZE jobs")
-            loaded = store.execute(conn, "store_now")[0]["store_now"]
-            if loaded >= t0:
-                raise RuntimeError(f"loading took past T ({loaded} >= {t0}): raise --lead-s")
-            deadline = _epoch(last) + cfg.bound_s
-            _sleep_until(_epoch(t0))
-            _wait_done(lambda: not conn.execute(NAIVE_DUE, {"last": last}).fetchone()["due"], deadline)
+            deadline = _fire_loaded(conn, cfg, t0, last,
+                                    lambda: conn.execute(NAIVE_DUE, {"last": last}).fetchone()["due"])
         finally:
             codes = {proc.worker: proc.stop() for proc in procs}
         records = [(r["key"], r["nominal_s"], r["fired_s"])

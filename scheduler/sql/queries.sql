@@ -462,7 +462,7 @@ WHERE owner_node IS NOT NULL AND lease_expires_at > now();
 -- name: count_due_at
 -- Jobs still due at or before an instant. One range scan of
 -- jobs_tenant_due_idx per tenant, over the due entries only: its cost falls
--- as a herd drains, so the bench can poll it every second. (A plain
+-- as a herd drains, so the bench can poll it during one. (A plain
 -- `WHERE next_due_at <= t` has no index to use and scans the whole table:
 -- 1.3 s of store CPU per poll on 5 M jobs, stolen from the herd it measures.)
 SELECT coalesce(sum(c.n), 0)::int8 AS due

@@ -147,6 +147,30 @@ def wait_for(what: str, probe: Callable[[], T], predicate: Callable[[T], bool] =
         time.sleep(interval_s)
 
 
+def race_claims(coordinators: list, limit: int) -> list[list[tuple[int, int]]]:
+    """All coordinators (SQL or etcd) call ``claim(limit)`` at once (a barrier);
+    return each one's grants. An exception in a claimer is re-raised here."""
+    barrier = threading.Barrier(len(coordinators))
+    results: list = [[] for _ in coordinators]
+
+    def claim(i: int) -> None:
+        try:
+            barrier.wait(10)
+            results[i] = coordinators[i].claim(limit)
+        except BaseException as exc:  # re-raised in the test thread
+            results[i] = exc
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(len(coordinators))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
 def sleep_until_wall_fraction(fraction: float) -> None:
     """Sleep until the wall clock's fractional second is ``fraction`` (0..1).
 

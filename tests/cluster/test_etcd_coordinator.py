@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from harness import TIMINGS, etcd_keys, partitions, run_cli
+from harness import TIMINGS, etcd_keys, partitions, race_claims, run_cli
 
 from scheduler import log
 from scheduler.errors import EpochRegressionError
@@ -83,28 +83,6 @@ def events() -> Iterator[list[dict]]:
         log.LOGGER.setLevel(level)
 
 
-def _race(coordinators, limit: int) -> list[list[tuple[int, int]]]:
-    barrier = threading.Barrier(len(coordinators))
-    results: list = [[] for _ in coordinators]
-
-    def claim(i: int) -> None:
-        try:
-            barrier.wait(10)
-            results[i] = coordinators[i].claim(limit)
-        except BaseException as exc:  # re-raised in the test thread
-            results[i] = exc
-
-    threads = [threading.Thread(target=claim, args=(i,)) for i in range(len(coordinators))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
-
-
 def _check(conn: psycopg.Connection, endpoint: str, prefix: str, coordinators, results) -> None:
     """Each partition claimed at most once; store rows and etcd keys agree with the winners."""
     wins = Counter(pid for result in results for pid, _ in result)
@@ -127,7 +105,7 @@ def test_racing_claimers_win_each_partition_once_at_their_revision(
 
     # Round 0: all free; each asks for its share: no partition is won twice, and
     # (as the lease loop would, on its next polls) asking again fills every share.
-    results = _race(coordinators, fair_share(RACERS))
+    results = race_claims(coordinators, fair_share(RACERS))
     _check(conn, etcd_server.endpoint, etcd_prefix, coordinators, results)
     held = [{pid: epoch for pid, epoch in result} for result in results]
     for _ in range(5):
@@ -150,7 +128,7 @@ def test_racing_claimers_win_each_partition_once_at_their_revision(
         for pid in give_back:
             del held[0][pid]
         before = {pid: row.owner_epoch for pid, row in partitions(conn).items()}
-        results = _race(coordinators[1:], PARTITION_COUNT)
+        results = race_claims(coordinators[1:], PARTITION_COUNT)
         _check(conn, etcd_server.endpoint, etcd_prefix, coordinators[1:], results)
         won = sorted(pid for result in results for pid, _ in result)
         assert won == give_back, round_no

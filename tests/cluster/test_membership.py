@@ -15,7 +15,6 @@ the etcd coordinator's own claim races and epoch checks are in
 from __future__ import annotations
 
 import json
-import threading
 from collections import Counter
 from datetime import datetime
 
@@ -31,6 +30,7 @@ from harness import (
     max_lateness_s,
     owned_by,
     partitions,
+    race_claims,
     run_cli,
 )
 
@@ -121,29 +121,6 @@ def test_nodes_converge_fourth_joins_one_leaves_gracefully(cluster: Cluster) -> 
 RACERS = 4
 
 
-def _race(coordinators: list[SqlCoordinator], limit: int) -> list[list[tuple[int, int]]]:
-    """All coordinators call ``claim(limit)`` at once; return each one's result."""
-    barrier = threading.Barrier(len(coordinators))
-    results: list[list[tuple[int, int]] | BaseException] = [[] for _ in coordinators]
-
-    def claim(i: int) -> None:
-        try:
-            barrier.wait(10)
-            results[i] = coordinators[i].claim(limit)
-        except BaseException as exc:  # reported below, in the test thread
-            results[i] = exc
-
-    threads = [threading.Thread(target=claim, args=(i,)) for i in range(len(coordinators))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results  # type: ignore[return-value]
-
-
 def _check_round(conn: psycopg.Connection, coordinators: list[SqlCoordinator],
                  results: list[list[tuple[int, int]]], free: list[int], before: dict[int, int]) -> None:
     """Each free partition won by exactly one claimer, epoch +1, and the store agrees."""
@@ -171,7 +148,7 @@ def test_racing_claimers_win_each_partition_once_with_increasing_epochs(
         assert set(epochs.values()) == {0}
 
         # Round 0: all 1,024 free, every claimer asks for its fair share.
-        results = _race(coordinators, fair_share(RACERS))
+        results = race_claims(coordinators, fair_share(RACERS))
         assert all(len(result) <= fair_share(RACERS) for result in results)
         _check_round(conn, coordinators, results, list(range(PARTITION_COUNT)), epochs)
         epochs = {pid: row.owner_epoch for pid, row in partitions(conn).items()}
@@ -181,7 +158,7 @@ def test_racing_claimers_win_each_partition_once_with_increasing_epochs(
         for round_no in range(1, 13):
             free = sorted({(round_no * 37 + k * 101) % PARTITION_COUNT for k in range(8)})
             hold_all_but(conn, free, expired=round_no % 2 == 0)
-            results = _race(coordinators, PARTITION_COUNT)
+            results = race_claims(coordinators, PARTITION_COUNT)
             _check_round(conn, coordinators, results, free, epochs)
             after = {pid: row.owner_epoch for pid, row in partitions(conn).items()}
             assert all(after[pid] > epochs[pid] for pid in free)
