@@ -8,9 +8,10 @@ A tick
    between tenants with :class:`scheduler.fairness.DeficitRoundRobin`
    (weights and rate caps are rows of ``tenants``), and read due timers of
    all firable partitions in one query (``select_due_jobs``): per tenant,
-   oldest due first, up to its quota; budget left by tenants with little due
-   work goes to the others in a second pass, read once the first pass's
-   chunks have committed (fair shares first).
+   oldest due first ((next_due_at, partition_id, job_id) order), up to its
+   quota; budget left by tenants with little due work goes to the others in
+   a second pass, sent once the first pass's chunks have committed (fair
+   shares first). Herds (below) are taken out of this path first.
 3. Plan each job in Python (:func:`scheduler.planner.plan_job`): runs to
    fire, slots to skip under its misfire policy, its next slot. Next-fire
    computations are memoized per (schedule, instant), and jitter-free plans
@@ -27,6 +28,34 @@ A tick
    its own transaction, pipelined over :data:`WRITE_LANES` connections so
    the store executes chunks while the node plans the next. The statement
    is never prepared (:data:`FIRE_RUNS_PREPARE`).
+
+Herds
+-----
+At a midnight the timers due in a tick are mostly *herds*: thousands of one
+tenant's timers due at the same instant, sharing a few dozen schedules.
+Shipping each timer to the node and back (steps 2-4) costs more than firing
+it, so each pass first looks at the head of the fair set of every tenant
+whose quota is at least :data:`HERD_MIN_JOBS`: its oldest due instant, if at
+least that many of its timers are due then (``herd_heads``: index entries
+only). For such a herd the node counts the instant's timers per firable
+partition in partition order and takes whole partitions while they fit in
+the quota (``herd_counts``), learns the herd's schedules from a sample of
+its timers (``herd_schedules``, :data:`HERD_SAMPLE`), plans each schedule
+once, and fires the herd with ``fire_group``: per slice of its partitions,
+one fenced statement in which the store finds the herd's timers itself
+(exact index probes per partition, so a node never reads another node's
+rows), advances each to its schedule's next slot and inserts its run. No
+timer travels; the store does ~14 µs of work per run instead of ~25 µs, and
+the node almost none. A timer is fired this way only if it is jitter-free
+and its schedule's plan is exactly "fire this slot, then the next one" (on
+time, no catch-up, nothing skipped); every other timer of the instant stays
+due, and once too few are left to form a herd the per-timer path fires them
+(a tick later at most). A tenant's timers due after its herd's instant wait
+for the next pass or tick; the herd's partitions come in partition order,
+so within an instant a tenant is served in (partition, job id) order by
+both paths. A timer edited between the plan and the statement no longer
+matches its plan row (or its slot) and is left due for the next tick.
+Measured effect in docs/performance.md.
 
 Why a stale owner commits nothing: see scheduler/lease.py. Partitions the
 statement did not fence are counted (``scheduler_firing_fence_rejections_total``),
@@ -92,6 +121,31 @@ per-row cost for this statement was measured at twice the custom plan's
 STREAM_ROWS = 1_000
 """Rows per network chunk when streaming the due scan."""
 
+HERD_MIN_JOBS = 1_000
+"""A tenant's timers due at one instant form a *herd* (fired by ``fire_group``,
+see "Herds" in the module doc) when at least this many of them are in one
+pass's fair set; smaller groups go through the per-timer path, whose fixed
+costs are lower. Each herd costs a few index probes per firable partition
+(``herd_heads``, ``herd_schedules``, ``fire_group``): ~6 ms with 1,024
+partitions, what the per-timer path spends on ~300 timers. Tenants with a
+smaller quota are not probed; the others' size is tested by walking at most
+this many index entries first."""
+
+HERD_MAX_SCHEDULES = 1_000
+"""Plans sent with a herd's chunks at most (they travel with every chunk);
+timers of further schedules stay due for the per-timer path."""
+
+HERD_COUNT_BATCH = 256
+"""Partitions counted per ``herd_counts`` query while sizing a herd."""
+
+HERD_SAMPLE = 4_096
+"""Timers read (spread evenly over the herd's partitions) to learn a herd's
+schedules. A schedule held by fewer than ~1/1000 of the herd's timers may be
+missed; its timers then stay due and go through the per-timer path."""
+
+_LAST_UUID = "ffffffff-ffff-ffff-ffff-ffffffffffff"
+_NIL_UUID = uuid.UUID(int=0)  # plan_job's job id where jitter is 0 (unused)
+
 # Column positions in a ``select_due_jobs`` row (tuples: a dict per row costs
 # more than the rest of the per-row work in a herd).
 _PARTITION, _JOB_ID, _TENANT = 0, 1, 2
@@ -111,6 +165,7 @@ class TickResult:
 
     due_read: int = 0
     fired: int = 0
+    herd_fired: int = 0  # of ``fired``, through fire_group (see "Herds")
     skipped_ranges: int = 0
     fence_rejected: list[int] = dataclasses.field(default_factory=list)
     stale_jobs: int = 0
@@ -126,6 +181,14 @@ def _array_literal(values: list) -> str:
     store parses a literal of 5,000 ints in well under a millisecond.
     """
     return "{" + ",".join(map(str, values)) + "}"
+
+
+def _epochs_literal(firable: dict[int, int]) -> str:
+    """The fencing epoch of every partition, ``'{e0,e1,...}'`` indexed by partition id
+    (1-based in SQL: partition p at p + 1), NULL where not held: the fences'
+    expected epochs, looked up by subscript."""
+    return _array_literal(["NULL" if firable.get(pid) is None else firable[pid]
+                           for pid in range(PARTITION_COUNT)])
 
 
 class _Batch:
@@ -177,16 +240,42 @@ class _Batch:
         params.update(pids=_array_literal(self.pids), jids=_array_literal(self.jids),
                       revs=_array_literal(self.revs), plans=_array_literal(self.plans),
                       fpos=_array_literal([position[pid] for pid in self.pids]),
-                      node_id=node_id, fence_pids=fence, fence_epochs=[firable[pid] for pid in fence])
+                      node_id=node_id, fence_pids=fence, fence_epochs=[firable[pid] for pid in fence],
+                      epochs=_epochs_literal(firable))
         return params
 
 
 @dataclasses.dataclass
-class _Sent:
-    """A chunk queued on the pipeline: its statement's and its COMMIT's cursors,
-    and once waited for, ``outcome`` = (the statement's row, COMMIT succeeded)."""
+class _Herd:
+    """One herd of a pass (see "Herds" above): the ``jobs`` timers of ``tenant`` due
+    at ``due`` in the firable partitions ``lo``..``hi`` (whole partitions, but
+    in ``lo`` only those after ``after_job`` when given: the pass's cursor),
+    and the ``fire_group`` plan arrays of their schedules. ``cut``: the pass's
+    quota ran out inside the instant (the tenant is saturated)."""
 
-    batch: _Batch
+    tenant: str
+    due: object  # datetime (aware UTC)
+    lo: int
+    hi: int
+    cut: bool
+    jobs: int = 0
+    after_job: str | None = None  # in partition ``lo``, only the timers after this job id
+    pids: list[int] = dataclasses.field(default_factory=list)  # firable, lo..hi, ascending
+    plans: dict[str, list] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class _Sent:
+    """A chunk queued on the pipeline: its statement (``query`` name and
+    ``params``, for a re-send), the partitions it fences, the per-timer
+    ``batch`` (``None`` for a herd chunk), its statement's and its COMMIT's
+    cursors, and once waited for, ``outcome`` = (the statement's row, COMMIT
+    succeeded)."""
+
+    query: str
+    params: dict
+    partitions: set[int]
+    batch: _Batch | None
     statement: psycopg.Cursor
     commit: psycopg.Cursor
     outcome: tuple[dict | None, bool] | None = None
@@ -298,7 +387,7 @@ class Firer:
             with contextlib.ExitStack() as pipelines:
                 for lane in lanes:
                     pipelines.enter_context(lane.pipeline())
-                self._stream(read, lanes, firable, quotas, {}, granted, fetched, used, last, sent, result)
+                self._pass(read, lanes, firable, quotas, {}, granted, fetched, used, last, sent, result)
                 saturated = {t: weights[t] for t, q in quotas.items() if q > 0 and fetched[t] >= q}
                 leftover = budget - sum(fetched.values())
                 if leftover > 0 and saturated:
@@ -309,16 +398,20 @@ class Firer:
                         granted[tenant] += quota
                     # Fair shares first: the first pass holds every tenant's
                     # share, so all of a small tenant's due work. Its chunks
-                    # commit before the surplus is read and planned, so the
-                    # big tenants' extra runs never take the CPU from them.
-                    # Costs one pipeline bubble in a tick that redistributes;
-                    # measured in the 5 M-job herd: small tenants' lag p99
-                    # 1.0-1.24 s -> 0.72-0.85 s (docs/performance.md).
+                    # commit before the surplus is streamed, planned and sent,
+                    # so the big tenants' extra runs never take the CPU from
+                    # them; measured in the 5 M-job herd: small tenants' lag
+                    # p99 1.0-1.24 s -> 0.72-0.85 s (docs/performance.md).
+                    # The surplus's herds (index probes and a small sample)
+                    # are looked up meanwhile, shortening the bubble.
+                    after = dict(last)
+                    herds = self._find_herds(read, firable, extra, after)
                     for item in sent:
                         item.wait()
-                    self._stream(read, lanes, firable, extra, last, granted, fetched, used, last, sent, result)
+                    self._pass(read, lanes, firable, extra, after, granted, fetched, used, last, sent,
+                               result, herds)
         except psycopg.Error as exc:
-            failed = self._collect(sent, firable, result)
+            failed = self._collect(sent, result)
             # An error inside the pipeline leaves the session in an aborted
             # transaction (and psycopg's statement cache unsure): never reuse it.
             self.close()
@@ -327,16 +420,17 @@ class Firer:
             self._metrics.retry(exc.sqlstate or "")
             # Chunks that did not commit are re-sent one by one on a fresh
             # session, each retried whole. Re-sending a chunk that did commit
-            # is harmless: the advance is idempotent and the run conflicts.
+            # is harmless: fire_runs' advance is idempotent and its runs
+            # conflict; fire_group finds nothing left at the herd's instant.
             write = self._connection("write0")
-            for batch in failed:
-                params = batch.params(self._s.node_id, firable)
+            for item in failed:
                 row = store.run_transaction(
-                    write, lambda c: store.execute(c, "fire_runs", params, prepare=FIRE_RUNS_PREPARE)[0],
+                    write, lambda c, item=item: store.execute(c, item.query, item.params,
+                                                              prepare=FIRE_RUNS_PREPARE)[0],
                     on_retry=self._metrics.retry)
-                self._account(batch, row, result)
+                self._account(item, row, result)
         else:
-            self._collect(sent, firable, result)
+            self._collect(sent, result)
         result.due_read = sum(fetched.values())
         self._drr.charge(used, quotas)
         for tenant, bucket in self._buckets.items():
@@ -345,10 +439,164 @@ class Firer:
             result.budget_exhausted = True
         self._metrics.due_backlog.set(sum(granted.values()) if result.budget_exhausted else 0)
 
+    def _pass(self, read: psycopg.Connection, lanes: list[psycopg.Connection], firable: dict[int, int],
+              quotas: dict[str, int], after: dict[str, tuple], granted: dict[str, int], fetched: Counter,
+              used: Counter, last: dict[str, tuple], sent: list, result: TickResult,
+              herds: dict[str, _Herd] | None = None) -> None:
+        """One pass over ``quotas`` (after the cursors ``after``): herds through
+        ``fire_group``, every other tenant's fair set per timer.
+
+        A herd is the head of its tenant's fair set; the tenant's timers due
+        after it wait for the next pass or tick, and its cursor moves past
+        the herd's last partition. Tenants are served smallest quota first
+        throughout (the per-timer chunks of small tenants go out before the
+        herds').
+        """
+        if herds is None:
+            herds = self._find_herds(read, firable, quotas, after)
+        rest = {t: q for t, q in quotas.items() if t not in herds}
+        self._stream(read, lanes, firable, rest, after, granted, fetched, used, last, sent, result)
+        for tenant in sorted(herds, key=lambda t: (quotas[t], t)):
+            herd = herds[tenant]
+            self._send_herd(lanes, firable, herd, sent)
+            before = fetched[tenant]
+            fetched[tenant] += herd.jobs
+            used[tenant] += herd.jobs
+            if herd.cut:  # the quota ran out in the herd: saturated, whatever it fetched
+                fetched[tenant] = max(fetched[tenant], before + quotas[tenant])
+            last[tenant] = (herd.due, herd.hi, _LAST_UUID)
+
+    def _find_herds(self, read: psycopg.Connection, firable: dict[int, int], quotas: dict[str, int],
+                    after: dict[str, tuple]) -> dict[str, _Herd]:
+        """This pass's herds, at most one per tenant, planned.
+
+        A tenant's herd is its oldest due instant after its cursor (the head
+        of its fair set), whole partitions of it in partition order, from the
+        one after the cursor's (if the cursor is inside the instant) while
+        they fit in its quota, when that is at least :data:`HERD_MIN_JOBS`
+        timers. Its plans are those of the schedules found in a sample of
+        its jitter-free timers (:data:`HERD_SAMPLE`) whose plan is exactly
+        "fire this slot, then the next" (at most :data:`HERD_MAX_SCHEDULES`);
+        a candidate with none is dropped and the per-timer path serves the
+        tenant. Timers the plans do not cover stay due: when too few are left
+        at the instant to form a herd, the per-timer path fires them. Reads
+        ``herd_heads``, then per herd ``herd_counts`` (:meth:`_herd_extent`)
+        and ``herd_schedules``.
+        """
+        tenants = sorted(t for t, q in quotas.items() if q >= HERD_MIN_JOBS)
+        if not tenants:
+            return {}
+        cursors = [after.get(t, (None, None, None)) for t in tenants]
+        heads = store.execute(read, "herd_heads", {
+            "tenants": tenants, "after_due": [c[0] for c in cursors], "after_pid": [c[1] for c in cursors],
+            "after_job": [None if c[2] is None else uuid.UUID(c[2]) for c in cursors],
+            "partition_ids": list(firable), "min_jobs": HERD_MIN_JOBS,
+        })
+        herds: dict[str, _Herd] = {}
+        for head in heads:
+            herd = self._herd_extent(read, firable, head["tenant"], head["due"], quotas[head["tenant"]],
+                                     after.get(head["tenant"]))
+            if herd is not None:
+                herds[herd.tenant] = herd
+        for tenant, herd in list(herds.items()):
+            rows = store.execute(read, "herd_schedules", {
+                "tenant": tenant, "due": herd.due, "pids": herd.pids,
+                "per_partition": max(1, -(-HERD_SAMPLE // max(1, len(herd.pids))))})
+            plans = [(row, self._herd_plan(row, herd.due)) for row in rows]
+            plans = [(row, nxt) for row, nxt in plans if nxt is not False][:HERD_MAX_SCHEDULES]
+            if not plans:
+                del herds[tenant]
+                continue
+            for row, next_nominal in plans:
+                for name, value in (("kinds", row["kind"]), ("cron_exprs", row["cron_expr"]),
+                                    ("cron_dialects", row["cron_dialect"]), ("tzs", row["tz"]),
+                                    ("interval_ss", row["interval_s"]), ("anchor_ats", row["anchor_at"]),
+                                    ("fire_ats", row["fire_at"]), ("misfires", row["misfire"]),
+                                    ("catchup_window_ss", row["catchup_window_s"]),
+                                    ("misfire_grace_ss", row["misfire_grace_s"]),
+                                    ("next_nominals", next_nominal)):
+                    herd.plans.setdefault(name, []).append(value)
+        return herds
+
+    def _herd_extent(self, read: psycopg.Connection, firable: dict[int, int], tenant: str, due, quota: int,
+                     cursor: tuple | None) -> _Herd | None:
+        """The partitions of ``tenant``'s herd at ``due`` that fit in ``quota``.
+
+        Counts the herd's timers per firable partition in partition order
+        (``herd_counts``, :data:`HERD_COUNT_BATCH` partitions a query) from
+        the cursor's partition (if the cursor is inside the instant) until
+        the quota is reached, so the probes follow what the pass can fire.
+        Returns ``None`` if fewer than :data:`HERD_MIN_JOBS` timers fit.
+        """
+        inside = cursor is not None and cursor[0] == due
+        lo = cursor[1] if inside else 0
+        pids = [pid for pid in sorted(firable) if pid >= lo]
+        taken: list[int] = []
+        jobs, cut = 0, False
+        for i in range(0, len(pids), HERD_COUNT_BATCH):
+            batch = pids[i:i + HERD_COUNT_BATCH]
+            rows = store.execute(read, "herd_counts", {
+                "tenant": tenant, "due": due, "pids": batch,
+                "after_pid": cursor[1] if inside else None,
+                "after_job": uuid.UUID(cursor[2]) if inside else None})
+            counts = {row["partition_id"]: row["n"] for row in rows}
+            for pid in batch:
+                n = counts.get(pid, 0)
+                if jobs + n > quota:
+                    cut = True
+                    break
+                jobs += n
+                taken.append(pid)
+            if cut:
+                break
+        if jobs < HERD_MIN_JOBS:
+            return None
+        herd = _Herd(tenant, due, lo, taken[-1], cut, jobs, after_job=cursor[2] if inside else None)
+        herd.pids = taken
+        return herd
+
+    def _herd_plan(self, row: dict, due):
+        """The next slot after ``due`` of a ``herd_schedules`` row (``None``: the
+        schedule ends), or ``False`` if its timers need the per-timer planner."""
+        key = (row["kind"], row["cron_expr"], row["cron_dialect"], row["tz"], row["interval_s"],
+               row["anchor_at"], row["fire_at"])
+        try:
+            schedule = self._schedules.for_key(key)
+        except ValidationError:
+            return False  # the per-timer path logs it, per job
+        now = row["store_now"]
+        plan = plan_job(schedule, job_id=_NIL_UUID, next_nominal=due, now=now,
+                        misfire=row["misfire"], catchup_window_s=row["catchup_window_s"],
+                        misfire_grace_s=row["misfire_grace_s"], jitter_s=0, limit=2)
+        if plan.skip is not None or plan.fires != [(due, due)]:
+            return False  # catch-up, skipped slots, a policy's choice of slot
+        if plan.next_nominal is not None and plan.next_nominal <= now:
+            return False  # the next slot is due too: catch-up
+        return plan.next_nominal
+
+    def _send_herd(self, lanes: list[psycopg.Connection], firable: dict[int, int], herd: _Herd,
+                   sent: list) -> None:
+        """Queue ``herd``'s ``fire_group`` chunks: its firable partitions in
+        contiguous slices of about :data:`CHUNK_JOBS` timers."""
+        pids = herd.pids
+        if not pids:
+            return
+        slices = min(len(pids), max(1, -(-herd.jobs // CHUNK_JOBS)))
+        size = -(-len(pids) // slices)
+        epochs = _epochs_literal(firable)
+        for i in range(0, len(pids), size):
+            chunk = pids[i:i + size]
+            bounded = herd.after_job is not None and chunk[0] == herd.lo
+            params = dict(herd.plans, tenant=herd.tenant, due=herd.due, pids=chunk,
+                          lo_pid=herd.lo if bounded else None, lo_job=herd.after_job if bounded else None,
+                          epochs=epochs, node_id=self._s.node_id)
+            sent.append(self._send(lanes[len(sent) % len(lanes)], "fire_group", params, set(chunk)))
+
     def _stream(self, read: psycopg.Connection, lanes: list[psycopg.Connection], firable: dict[int, int],
                 quotas: dict[str, int], after: dict[str, tuple], granted: dict[str, int], fetched: Counter,
                 used: Counter, last: dict[str, tuple], sent: list, result: TickResult) -> None:
-        """Stream due rows for ``quotas``; plan and send a firing statement per chunk.
+        """Stream due rows for ``quotas`` (after the cursors ``after``);
+        plan and send a firing statement per chunk.
 
         Tenants with the smallest quotas come first, so small tenants' runs are
         in the first statements of the tick. Chunks are pipelined on
@@ -358,11 +606,13 @@ class Firer:
         tenants = sorted((t for t, q in quotas.items() if q > 0), key=lambda t: (quotas[t], t))
         if not tenants:
             return
+        cursors = [after.get(t, (None, None, None)) for t in tenants]
         params = {
             "tenants": tenants,
             "quotas": [quotas[t] for t in tenants],
-            "after_due": [after.get(t, (None, None))[0] for t in tenants],
-            "after_job": [None if t not in after else uuid.UUID(after[t][1]) for t in tenants],
+            "after_due": [c[0] for c in cursors],
+            "after_pid": [c[1] for c in cursors],
+            "after_job": [None if c[2] is None else uuid.UUID(c[2]) for c in cursors],
             "partition_ids": list(firable),
         }
         batch = _Batch()
@@ -370,22 +620,28 @@ class Firer:
             for row in cur.stream(store.QUERIES["select_due_jobs"], params, size=STREAM_ROWS):
                 tenant = row[_TENANT]
                 fetched[tenant] += 1
-                last[tenant] = (row[_NEXT_DUE], row[_JOB_ID])
+                last[tenant] = (row[_NEXT_DUE], row[_PARTITION], row[_JOB_ID])
                 self._plan_row(batch, row, firable, granted, used, result)
                 if len(batch.pids) >= CHUNK_JOBS:
-                    sent.append(self._send(lanes[len(sent) % len(lanes)], batch, firable))
+                    sent.append(self._send_batch(lanes[len(sent) % len(lanes)], batch, firable))
                     batch = _Batch()
         if batch.pids:
-            sent.append(self._send(lanes[len(sent) % len(lanes)], batch, firable))
+            sent.append(self._send_batch(lanes[len(sent) % len(lanes)], batch, firable))
 
-    def _send(self, write: psycopg.Connection, batch: _Batch, firable: dict[int, int]) -> _Sent:
-        """Queue one chunk's transaction on the pipelined ``write`` connection."""
+    def _send_batch(self, write: psycopg.Connection, batch: _Batch, firable: dict[int, int]) -> _Sent:
+        """Queue one per-timer chunk (``fire_runs``) on the pipelined ``write`` connection."""
+        sent = self._send(write, "fire_runs", batch.params(self._s.node_id, firable), batch.partitions)
+        sent.batch = batch
+        return sent
+
+    def _send(self, write: psycopg.Connection, query: str, params: dict, partitions: set[int]) -> _Sent:
+        """Queue one chunk's transaction (BEGIN; ``query``; COMMIT) on the pipelined ``write`` connection."""
         write.execute("BEGIN")
         cur = write.cursor()
-        cur.execute(store.QUERIES["fire_runs"], batch.params(self._s.node_id, firable), prepare=FIRE_RUNS_PREPARE)
-        return _Sent(batch, cur, write.execute("COMMIT"))
+        cur.execute(store.QUERIES[query], params, prepare=FIRE_RUNS_PREPARE)
+        return _Sent(query, params, partitions, None, cur, write.execute("COMMIT"))
 
-    def _collect(self, sent: list[_Sent], firable: dict[int, int], result: TickResult) -> list[_Batch]:
+    def _collect(self, sent: list[_Sent], result: TickResult) -> list[_Sent]:
         """Account the chunks whose COMMIT succeeded; return the others.
 
         A chunk counts only once its COMMIT is known to have succeeded: under
@@ -399,9 +655,9 @@ class Firer:
             except psycopg.Error:
                 row, committed = None, False
             if row is None or not committed:
-                failed.append(item.batch)
+                failed.append(item)
             else:
-                self._account(item.batch, row, result)
+                self._account(item, row, result)
         sent.clear()
         return failed
 
@@ -467,10 +723,10 @@ class Firer:
         if plan.next_due is not None and plan.next_due <= now and used[tenant] >= granted[tenant]:
             result.budget_exhausted = True
 
-    def _account(self, batch: _Batch, row: dict, result: TickResult) -> None:
+    def _account(self, item: _Sent, row: dict, result: TickResult) -> None:
         """Count one committed chunk; drop leases the fence rejected."""
         fenced = set(row["fenced"])
-        rejected = sorted(batch.partitions - fenced)
+        rejected = sorted(item.partitions - fenced)
         if rejected:
             self._table.drop(rejected)
             result.fence_rejected.extend(rejected)
@@ -478,16 +734,20 @@ class Firer:
             self._metrics.lease_events.labels(kind="lost").inc(len(rejected))
             log.event("fence_rejected", logging.WARNING, node=self._s.node_id,
                       partitions=len(rejected), sample=rejected[:8])
-        stale = sum(1 for pid in batch.pids if pid in fenced) - row["advanced"]
-        if stale > 0:
-            result.stale_jobs += stale
-            self._metrics.stale_jobs.inc(stale)
+        if item.batch is not None:
+            stale = sum(1 for pid in item.batch.pids if pid in fenced) - row["advanced"]
+            if stale > 0:
+                result.stale_jobs += stale
+                self._metrics.stale_jobs.inc(stale)
+            result.skipped_ranges += row["skipped"]
+            self._metrics.slots_skipped.inc(row["skipped"])
+        else:
+            result.herd_fired += row["inserted"]
+        lags = row["lags_s"] if item.batch is not None else [row["lag_s"]] * row["inserted"]
         result.fired += row["inserted"]
-        result.skipped_ranges += row["skipped"]
-        result.lags_s.extend(row["lags_s"])
+        result.lags_s.extend(lags)
         self._metrics.runs_fired.inc(row["inserted"])
-        self._metrics.slots_skipped.inc(row["skipped"])
-        self._metrics.dispatch_lag.observe_many(row["lags_s"])
+        self._metrics.dispatch_lag.observe_many(lags)
 
     # ------------------------------------------------------------------ loop
 

@@ -68,11 +68,13 @@ TAKEOVER_TIMEOUT_S = TIMINGS.lease_ttl_s + TIMINGS.poll_interval_s + MARGIN_S
 
 VICTIM_TICK_S = 1.0
 MID_TICK_FLAGS = ["--tick-interval-s", str(VICTIM_TICK_S),
-                  "--lock-timeout-s", "1.5", "--statement-timeout-s", "1.5"]
+                  "--lock-timeout-s", "1.5", "--statement-timeout-s", "1.5", "--max-rate-per-s", "500"]
 """For a node frozen or cut mid-tick: one tick a second, so every tick has due
 work (the 1 s jobs) and fires it; lock and statement timeouts (still below the
 TTL) that outlast the milliseconds between "waiting on the test's lock" and
-the injected failure."""
+the injected failure; a budget (500 runs a tick, ~7x the load) below
+``scheduler.firing.HERD_MIN_JOBS``, so no tenant is probed for a herd and the
+tick's first read of ``jobs`` is the due read these tests hold up."""
 
 LOCK_JOBS_TABLE = "LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE"
 """Holds up the firing loop's read of due jobs (it waits for an AccessShareLock)."""

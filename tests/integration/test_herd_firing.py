@@ -1,0 +1,314 @@
+"""Herds: many timers of one tenant due at one instant, fired by ``fire_group``
+(scheduler/firing.py, "Herds"; sql/queries.sql herd_heads, herd_counts,
+herd_schedules, fire_group).
+
+Herds are sized down (``HERD_MIN_JOBS``) so a few dozen timers form one. Each
+test asserts the exact runs and next slots in the store, and that the herd
+path (``TickResult.herd_fired``) or the per-timer path fired them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+import psycopg
+import pytest
+
+from scheduler import firing, jobs, store
+from scheduler.clock import SystemClock
+from scheduler.firing import Firer
+from scheduler.lease import LeaseTable, SqlCoordinator
+from scheduler.metrics import Metrics
+from scheduler.partition import partition_of
+from scheduler.planner import scheduled_time
+from scheduler.schedule import CronSchedule
+from scheduler.settings import Settings
+from scheduler.spec import JobSpec
+
+HOUR = timedelta(hours=1)
+
+
+@pytest.fixture(autouse=True)
+def small_herds(monkeypatch) -> None:
+    monkeypatch.setattr(firing, "HERD_MIN_JOBS", 20)
+
+
+class Node:
+    """A node's firing half, holding all 1,024 leases."""
+
+    def __init__(self, dsn: str, **overrides) -> None:
+        self.settings = Settings(dsn=dsn, node_id="herd", **overrides).validated()
+        self.metrics = Metrics()
+        self.table = LeaseTable(SystemClock(), self.settings.safety_margin_s)
+        self.coord = SqlCoordinator(self.settings, self.metrics)
+        self.coord.join()
+        self.table.grant(self.coord.claim(1024), SystemClock().monotonic(), self.settings.lease_ttl_s)
+        self.firer = Firer(self.settings, self.table, SystemClock(), self.metrics)
+
+    def close(self) -> None:
+        self.firer.close()
+        self.coord.close()
+
+
+@pytest.fixture
+def node(pg_dsn: str):
+    n = Node(pg_dsn)
+    yield n
+    n.close()
+
+
+def instant(conn: psycopg.Connection, ago_s: int = 120) -> datetime:
+    """A whole second ``ago_s`` before the store's now: the herd's instant."""
+    return conn.execute("SELECT date_trunc('second', now()) - make_interval(secs => %s) AS t",
+                        (ago_s,)).fetchone()["t"]
+
+
+def job_id_in(partitions: set[int] | None) -> uuid.UUID:
+    while True:
+        job_id = uuid.uuid4()
+        if partitions is None or partition_of(job_id) in partitions:
+            return job_id
+
+
+def load_herd(conn: psycopg.Connection, tenant: str, count: int, due: datetime,
+              intervals: tuple[int, ...] = (3600, 7200, 86400),
+              partitions: set[int] | None = None) -> dict[uuid.UUID, int]:
+    """``count`` interval jobs of ``tenant`` (in ``partitions`` if given) whose next
+    slot is ``due`` (their anchor one interval earlier), intervals taken in turn;
+    returns {job id: interval}."""
+    jobs.add_tenant(conn, tenant)
+    made = {}
+    rows = []
+    for i in range(count):
+        job_id = job_id_in(partitions)
+        interval = intervals[i % len(intervals)]
+        made[job_id] = interval
+        created = due - timedelta(seconds=interval) - HOUR
+        rows.append((partition_of(job_id), job_id, tenant, interval, due - timedelta(seconds=interval),
+                     due, due, created, created))
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO jobs (partition_id, job_id, tenant, kind, interval_s, anchor_at, next_nominal_at,"
+            " next_due_at, created_at, changed_at) VALUES (%s, %s, %s, 'interval', %s, %s, %s, %s, %s, %s)",
+            rows)
+    return made
+
+
+def runs(conn: psycopg.Connection, tenant: str | None = None) -> list[dict]:
+    return conn.execute(
+        "SELECT * FROM runs WHERE %(t)s::text IS NULL OR tenant = %(t)s ORDER BY partition_id, job_id, nominal_time",
+        {"t": tenant}).fetchall()
+
+
+def job(conn: psycopg.Connection, job_id: uuid.UUID) -> dict:
+    return jobs.get_job(conn, job_id)
+
+
+def in_order(job_ids) -> list[uuid.UUID]:
+    """Job ids in (partition, job id) order: the order of a herd's timers."""
+    return sorted(job_ids, key=lambda j: (partition_of(j), str(j)))
+
+
+def epochs(conn: psycopg.Connection) -> dict[int, int]:
+    return {r["partition_id"]: r["owner_epoch"] for r in conn.execute(
+        "SELECT partition_id, owner_epoch FROM partitions").fetchall()}
+
+
+def test_a_herd_fires_every_timer_once_with_its_schedules_next_slot(conn, node) -> None:
+    """60 interval and 6 cron timers of one tenant due at the top of the hour (one
+    herd, four schedules); 5 of another tenant (too few: per timer)."""
+    due = conn.execute("SELECT date_trunc('hour', now()) AS t").fetchone()["t"]
+    herd = load_herd(conn, "big", 60, due)
+    cron_ids = []
+    for _ in range(6):
+        created = jobs.add_job(conn, JobSpec.build(tenant="big", cron="0 * * * *"))
+        cron_ids.append(created.job_id)
+    conn.execute("UPDATE jobs SET next_nominal_at = %(d)s, next_due_at = %(d)s WHERE job_id = ANY(%(ids)s)",
+                 {"d": due, "ids": cron_ids})
+    small = load_herd(conn, "small", 5, due)
+
+    result = node.firer.tick()
+
+    assert (result.fired, result.herd_fired) == (71, 66)
+    epoch_of = epochs(conn)
+    fired = runs(conn)
+    assert len(fired) == 71
+    assert {r["job_id"] for r in fired} == {*herd, *small, *cron_ids}
+    for run in fired:
+        assert run["nominal_time"] == run["scheduled_at"] == due
+        assert run["node_id"] == "herd"
+        assert run["epoch"] == epoch_of[run["partition_id"]]
+        assert run["fired_at"] >= run["scheduled_at"]
+    for job_id, interval in {**herd, **small}.items():
+        row = job(conn, job_id)
+        assert row["next_nominal_at"] == row["next_due_at"] == due + timedelta(seconds=interval)
+        assert row["revision"] == 1
+    for job_id in cron_ids:
+        row = job(conn, job_id)
+        assert row["next_nominal_at"] == row["next_due_at"] == CronSchedule("0 * * * *").next_after(due) == due + HOUR
+    assert node.metrics.value("scheduler_firing_runs_fired_total") == 71
+    again = node.firer.tick()
+    assert (again.fired, again.herd_fired) == (0, 0)
+    assert len(runs(conn)) == 71
+
+
+def test_the_quota_takes_whole_partitions_in_partition_order(pg_dsn, conn) -> None:
+    """Budget 40 a tick, one tenant with 100 timers at one instant: each tick fires
+    the next partitions, whole, while they fit; every timer fires exactly once."""
+    due = instant(conn)
+    herd = load_herd(conn, "big", 100, due)
+    order = in_order(herd)
+    n = Node(pg_dsn, max_rate_per_s=40.0)
+    try:
+        fired_so_far: list[uuid.UUID] = []
+        for _ in range(20):
+            result = n.firer.tick()
+            now_fired = [r["job_id"] for r in runs(conn)]
+            new = [j for j in in_order(now_fired) if j not in fired_so_far]
+            assert len(new) == result.fired <= 40
+            # The tick's timers continue the (partition, job id) order exactly ...
+            assert new == order[len(fired_so_far):len(fired_so_far) + len(new)]
+            fired_so_far += new
+            if len(fired_so_far) == 100:
+                break
+            if result.herd_fired:
+                # ... and a herd stops at a partition boundary, short of the next partition's timers.
+                assert result.herd_fired == result.fired
+                nxt = order[len(fired_so_far)]
+                assert partition_of(nxt) != partition_of(fired_so_far[-1])
+                left = [j for j in order[len(fired_so_far):] if partition_of(j) == partition_of(nxt)]
+                assert result.fired + len(left) > 40
+        assert fired_so_far == order
+        assert len(runs(conn)) == 100
+    finally:
+        n.close()
+
+
+def test_a_pass_continues_a_herd_from_the_per_timer_cursor_inside_a_partition(pg_dsn, conn, monkeypatch) -> None:
+    """Budget 100, four tenants: the first pass's shares (25) are below the herd
+    size (30), so the big tenant's first 25 timers go per timer and its cursor
+    stops inside a partition; its surplus (60) is a herd that must start right
+    after that cursor, in the same partition."""
+    monkeypatch.setattr(firing, "HERD_MIN_JOBS", 30)
+    due = instant(conn)
+    # 40 timers in partition 0, the first partition in order: the cursor (the
+    # 25th timer) stops inside it; 160 more in partitions 1-9.
+    herd = {**load_herd(conn, "big", 40, due, partitions={0}),
+            **load_herd(conn, "big", 160, due, partitions=set(range(1, 10)))}
+    for tenant in ("s1", "s2", "s3"):
+        load_herd(conn, tenant, 5, due)
+    order = in_order(herd)
+    n = Node(pg_dsn, max_rate_per_s=100.0)
+    try:
+        result = n.firer.tick()
+    finally:
+        n.close()
+    fired = in_order(r["job_id"] for r in runs(conn, "big"))
+    assert result.herd_fired > 0
+    assert result.fired == len(fired) + 15
+    assert fired == order[:len(fired)]  # an exact prefix: nothing skipped, nothing twice
+    assert 25 + firing.HERD_MIN_JOBS <= len(fired) <= 85
+    assert partition_of(order[24]) == partition_of(order[39]) == 0
+
+
+def test_a_jittered_timer_at_the_herds_instant_is_fired_per_timer(conn, node) -> None:
+    due = instant(conn)
+    herd = load_herd(conn, "big", 40, due)
+    jittered = jobs.add_job(conn, JobSpec.build(tenant="big", interval_s=3600, jitter_s=30)).job_id
+    # Its slot is the herd's instant and, as it happens, its due time too.
+    conn.execute("UPDATE jobs SET anchor_at = %(a)s, next_nominal_at = %(d)s, next_due_at = %(d)s,"
+                 " created_at = %(c)s, changed_at = %(c)s WHERE job_id = %(j)s",
+                 {"a": due - HOUR, "d": due, "c": due - 2 * HOUR, "j": jittered})
+
+    first = node.firer.tick()
+    second = node.firer.tick()
+
+    assert (first.fired, first.herd_fired) == (40, 40)
+    assert (second.fired, second.herd_fired) == (1, 0)
+    [run] = [r for r in runs(conn) if r["job_id"] == jittered]
+    assert run["nominal_time"] == due
+    assert run["scheduled_at"] == scheduled_time(jittered, due, 30)
+    assert job(conn, jittered)["next_nominal_at"] == due + HOUR
+    assert {r["job_id"] for r in runs(conn)} == {*herd, jittered}
+
+
+def test_a_herd_needing_catch_up_goes_per_timer(conn, node) -> None:
+    """Every-minute timers three slots behind: the herd's plan would leave them due,
+    so the per-timer planner fires all three slots of each."""
+    anchor = instant(conn, ago_s=3 * 60 + 30)
+    load_herd(conn, "big", 30, anchor + timedelta(seconds=60), intervals=(60,))
+    conn.execute("UPDATE jobs SET anchor_at = %s", (anchor,))
+
+    result = node.firer.tick()
+
+    assert (result.fired, result.herd_fired) == (90, 0)
+    got = conn.execute("SELECT nominal_time, count(*) AS n FROM runs GROUP BY 1 ORDER BY 1").fetchall()
+    assert [(r["nominal_time"], r["n"]) for r in got] == [(anchor + timedelta(seconds=60 * k), 30) for k in (1, 2, 3)]
+
+
+def test_a_herd_partition_taken_over_commits_nothing(conn, node) -> None:
+    due = instant(conn)
+    herd = load_herd(conn, "big", 50, due)
+    victim = partition_of(next(iter(herd)))
+    in_victim = {j for j in herd if partition_of(j) == victim}
+    conn.execute("UPDATE partitions SET owner_node = 'thief', owner_epoch = owner_epoch + 1 "
+                 "WHERE partition_id = %s", (victim,))
+
+    result = node.firer.tick()
+
+    assert result.fence_rejected == [victim]
+    assert result.fired == result.herd_fired == 50 - len(in_victim)
+    assert {r["job_id"] for r in runs(conn)} == set(herd) - in_victim
+    for job_id in in_victim:
+        assert job(conn, job_id)["next_nominal_at"] == due
+    assert victim not in node.table.held()
+    assert node.metrics.value("scheduler_firing_fence_rejections_total") == 1
+
+
+def test_a_timer_edited_after_the_herd_was_planned_is_left_to_its_new_schedule(pg_dsn, conn, node,
+                                                                            monkeypatch) -> None:
+    due = instant(conn)
+    herd = load_herd(conn, "big", 30, due)
+    edited = jobs.add_job(conn, JobSpec.build(tenant="big", name="edited", interval_s=3600)).job_id
+    conn.execute("UPDATE jobs SET anchor_at = %(a)s, next_nominal_at = %(d)s, next_due_at = %(d)s,"
+                 " created_at = %(c)s, changed_at = %(c)s WHERE job_id = %(j)s",
+                 {"a": due - HOUR, "d": due, "c": due - 2 * HOUR, "j": edited})
+    real = Firer._herd_plan
+    edits = []
+
+    def herd_plan(self, row, slot):
+        if not edits:  # someone replaces the job's spec between the plan and the statement
+            with store.connect(pg_dsn, application_name="editor") as other:
+                edits.append(jobs.add_job(other, JobSpec.build(tenant="big", name="edited", interval_s=7200),
+                                          replace=True))
+        return real(self, row, slot)
+
+    monkeypatch.setattr(Firer, "_herd_plan", herd_plan)
+    result = node.firer.tick()
+
+    assert [e.outcome for e in edits] == ["replaced"]
+    assert (result.fired, result.herd_fired) == (30, 30)
+    assert {r["job_id"] for r in runs(conn)} == set(herd)
+    row = job(conn, edited)
+    assert row["interval_s"] == 7200
+    assert row["next_nominal_at"] == row["anchor_at"] + timedelta(seconds=7200)
+    assert row["next_nominal_at"] > conn.execute("SELECT now() AS n").fetchone()["n"]
+
+
+def test_a_tick_that_spends_its_budget_on_herds_reports_it_exhausted(pg_dsn, conn) -> None:
+    """Budget 100: the big tenant's fair share and its surplus are both herds cut
+    short by their quota; the tick must report its budget spent, so the
+    loop starts the next tick one interval later instead of waiting for the next
+    second (docs: Firer.run)."""
+    due = instant(conn)
+    load_herd(conn, "big", 300, due, partitions=set(range(20)))  # ~15 a partition: cuts fall short
+    load_herd(conn, "small", 5, due)
+    n = Node(pg_dsn, max_rate_per_s=100.0)
+    try:
+        result = n.firer.tick()
+    finally:
+        n.close()
+    assert result.herd_fired == result.fired - 5
+    assert 2 * firing.HERD_MIN_JOBS <= result.herd_fired <= 95
+    assert result.budget_exhausted
