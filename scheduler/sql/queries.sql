@@ -126,9 +126,13 @@ ORDER BY node_id;
 -- Due timers of the node's firable partitions, per tenant, oldest due first
 -- ((next_due_at, partition_id, job_id) order: jobs_tenant_due_part_idx), at
 -- most %(quotas)s[i] for tenant %(tenants)s[i] (the fairness allocator's
--- quotas), continuing after (%(after_due)s[i],
--- %(after_pid)s[i], %(after_job)s[i]) when given (a second pass in the same
--- tick). Reads only: the fence is in fire_runs. Returns the store's clock.
+-- quotas), after the cursor (%(after_due)s[i], %(after_pid)s[i],
+-- %(after_job)s[i]) (a second pass in the same tick continues where the
+-- first stopped; the first passes the NO_CURSOR sentinel of
+-- scheduler/firing.py, older than any timer: a cursor that is never NULL
+-- keeps the row comparison an index qualifier, so a scan starts at the
+-- cursor instead of walking, and filtering, everything before it). Reads
+-- only: the fence is in fire_runs. Returns the store's clock.
 -- The column ORDER is part of the contract (scheduler/firing.py reads rows
 -- as tuples); job_id comes as text, which is how fire_runs takes it back.
 SELECT j.partition_id, j.job_id::text, j.tenant, j.kind, j.cron_expr, j.cron_dialect,
@@ -144,8 +148,7 @@ CROSS JOIN LATERAL (
     FROM jobs AS d
     WHERE d.tenant = q.tenant
       AND d.next_due_at <= now()
-      AND (q.after_due IS NULL
-           OR (d.next_due_at, d.partition_id, d.job_id) > (q.after_due, q.after_pid, q.after_job))
+      AND (d.next_due_at, d.partition_id, d.job_id) > (q.after_due, q.after_pid, q.after_job)
       AND d.partition_id = ANY(%(partition_ids)b::int4[])
     ORDER BY d.next_due_at, d.partition_id, d.job_id
     LIMIT q.quota
@@ -155,7 +158,8 @@ CROSS JOIN LATERAL (
 -- The herd finder (scheduler/firing.py, "Herds"). For each tenant
 -- %(tenants)s[i]: the instant (next_due_at) of its oldest due timer in the
 -- node's firable partitions after the cursor (%(after_due)s[i],
--- %(after_pid)s[i], %(after_job)s[i]) when given, returned only if at least
+-- %(after_pid)s[i], %(after_job)s[i]) (never NULL, as in select_due_jobs),
+-- returned only if at least
 -- %(min_jobs)s of its timers there are due at that instant (after the
 -- cursor). Index entries only (index-only scans of jobs_tenant_due_part_idx
 -- while pages are all-visible): per tenant one ordered probe, then a walk
@@ -170,8 +174,7 @@ FROM (
         FROM jobs AS x
         WHERE x.tenant = q.tenant
           AND x.next_due_at <= now()
-          AND (q.after_due IS NULL
-               OR (x.next_due_at, x.partition_id, x.job_id) > (q.after_due, q.after_pid, q.after_job))
+          AND (x.next_due_at, x.partition_id, x.job_id) > (q.after_due, q.after_pid, q.after_job)
           AND x.partition_id = ANY(%(partition_ids)b::int4[])
         ORDER BY x.next_due_at, x.partition_id, x.job_id
         LIMIT 1
@@ -184,8 +187,7 @@ CROSS JOIN LATERAL (
         FROM jobs AS y
         WHERE y.tenant = h.tenant
           AND y.next_due_at = h.due
-          AND (h.after_due IS NULL
-               OR (y.next_due_at, y.partition_id, y.job_id) > (h.after_due, h.after_pid, h.after_job))
+          AND (y.next_due_at, y.partition_id, y.job_id) > (h.after_due, h.after_pid, h.after_job)
           AND y.partition_id = ANY(%(partition_ids)b::int4[])
         LIMIT %(min_jobs)s
     ) AS z

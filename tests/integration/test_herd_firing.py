@@ -32,6 +32,7 @@ HOUR = timedelta(hours=1)
 @pytest.fixture(autouse=True)
 def small_herds(monkeypatch) -> None:
     monkeypatch.setattr(firing, "HERD_MIN_JOBS", 20)
+    monkeypatch.setattr(firing, "FIRST_PASS_HERD_QUOTA", 20)
 
 
 class Node:
@@ -312,3 +313,23 @@ def test_a_tick_that_spends_its_budget_on_herds_reports_it_exhausted(pg_dsn, con
     assert result.herd_fired == result.fired - 5
     assert 2 * firing.HERD_MIN_JOBS <= result.herd_fired <= 95
     assert result.budget_exhausted
+
+
+def test_by_default_a_big_tenants_herd_is_found_in_the_surplus_pass(pg_dsn, conn, monkeypatch) -> None:
+    """With first-pass herds reserved for shares of FIRST_PASS_HERD_QUOTA, the
+    big tenant's fair share (50 of 100) goes per timer and its surplus (45) is
+    a herd continuing from that cursor: together an exact prefix of its timers."""
+    monkeypatch.setattr(firing, "FIRST_PASS_HERD_QUOTA", 1_000)
+    due = instant(conn)
+    herd = load_herd(conn, "big", 300, due)
+    load_herd(conn, "small", 5, due)
+    n = Node(pg_dsn, max_rate_per_s=100.0)
+    try:
+        result = n.firer.tick()
+    finally:
+        n.close()
+    fired = in_order(r["job_id"] for r in runs(conn, "big"))
+    assert fired == in_order(herd)[:len(fired)]
+    assert 50 + firing.HERD_MIN_JOBS <= len(fired) <= 95
+    assert result.herd_fired == len(fired) - 50
+    assert result.fired == len(fired) + 5
