@@ -52,6 +52,15 @@ class Node:
         self.coord.close()
 
 
+def tick_once(dsn: str, **overrides):
+    """One tick of a fresh node with these settings; returns its TickResult."""
+    n = Node(dsn, **overrides)
+    try:
+        return n.firer.tick()
+    finally:
+        n.close()
+
+
 @pytest.fixture
 def node(pg_dsn: str):
     n = Node(pg_dsn)
@@ -200,11 +209,7 @@ def test_a_pass_continues_a_herd_from_the_per_timer_cursor_inside_a_partition(pg
     for tenant in ("s1", "s2", "s3"):
         load_herd(conn, tenant, 5, due)
     order = in_order(herd)
-    n = Node(pg_dsn, max_rate_per_s=100.0)
-    try:
-        result = n.firer.tick()
-    finally:
-        n.close()
+    result = tick_once(pg_dsn, max_rate_per_s=100.0)
     fired = in_order(r["job_id"] for r in runs(conn, "big"))
     assert result.herd_fired > 0
     assert result.fired == len(fired) + 15
@@ -305,11 +310,7 @@ def test_a_tick_that_spends_its_budget_on_herds_reports_it_exhausted(pg_dsn, con
     due = instant(conn)
     load_herd(conn, "big", 300, due, partitions=set(range(20)))  # ~15 a partition: cuts fall short
     load_herd(conn, "small", 5, due)
-    n = Node(pg_dsn, max_rate_per_s=100.0)
-    try:
-        result = n.firer.tick()
-    finally:
-        n.close()
+    result = tick_once(pg_dsn, max_rate_per_s=100.0)
     assert result.herd_fired == result.fired - 5
     assert 2 * firing.HERD_MIN_JOBS <= result.herd_fired <= 95
     assert result.budget_exhausted
@@ -323,11 +324,7 @@ def test_by_default_a_big_tenants_herd_is_found_in_the_surplus_pass(pg_dsn, conn
     due = instant(conn)
     herd = load_herd(conn, "big", 300, due)
     load_herd(conn, "small", 5, due)
-    n = Node(pg_dsn, max_rate_per_s=100.0)
-    try:
-        result = n.firer.tick()
-    finally:
-        n.close()
+    result = tick_once(pg_dsn, max_rate_per_s=100.0)
     fired = in_order(r["job_id"] for r in runs(conn, "big"))
     assert fired == in_order(herd)[:len(fired)]
     assert 50 + firing.HERD_MIN_JOBS <= len(fired) <= 95
