@@ -464,7 +464,9 @@ class Firer:
         after it wait for the next pass or tick, and its cursor moves past
         the herd's last partition. Tenants are served smallest quota first
         throughout (the per-timer chunks of small tenants go out before the
-        herds').
+        herds'). ``herds``: this pass's, if already looked up (the surplus
+        pass); otherwise looked up here among shares of at least
+        :data:`FIRST_PASS_HERD_QUOTA` (the first pass).
         """
         if herds is None:
             herds = self._find_herds(read, firable, quotas, after, FIRST_PASS_HERD_QUOTA)
