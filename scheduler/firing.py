@@ -375,7 +375,7 @@ class Firer:
         self._metrics.tick_duration.observe(elapsed)
         if elapsed > self._s.tick_interval_s:
             log.event("tick_slow", logging.WARNING, node=self._s.node_id, seconds=round(elapsed, 3),
-                      fired=result.fired)
+                      fired=result.fired, herd_fired=result.herd_fired)
         return result
 
     def _tick(self, firable: dict[int, int], result: TickResult) -> None:
@@ -761,6 +761,7 @@ class Firer:
             self._metrics.slots_skipped.inc(row["skipped"])
         else:
             result.herd_fired += row["inserted"]
+            self._metrics.herd_runs_fired.inc(row["inserted"])
         lags = row["lags_s"] if item.batch is not None else [row["lag_s"]] * row["inserted"]
         result.fired += row["inserted"]
         result.lags_s.extend(lags)

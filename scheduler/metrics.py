@@ -83,6 +83,9 @@ class Metrics:
         r = self.registry
         self.runs_fired = Counter(
             "scheduler_firing_runs_fired_total", "Runs committed by this node.", registry=r)
+        self.herd_runs_fired = Counter(
+            "scheduler_firing_herd_runs_fired_total",
+            "Of the runs committed by this node, those fired as part of a herd (fire_group).", registry=r)
         self.slots_skipped = Counter(
             "scheduler_firing_slots_skipped_total",
             "Misfire decisions recorded as skipped (one per skip range).", registry=r)

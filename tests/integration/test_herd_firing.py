@@ -158,6 +158,7 @@ def test_a_herd_fires_every_timer_once_with_its_schedules_next_slot(conn, node) 
         row = job(conn, job_id)
         assert row["next_nominal_at"] == row["next_due_at"] == CronSchedule("0 * * * *").next_after(due) == due + HOUR
     assert node.metrics.value("scheduler_firing_runs_fired_total") == 71
+    assert node.metrics.value("scheduler_firing_herd_runs_fired_total") == 66
     again = node.firer.tick()
     assert (again.fired, again.herd_fired) == (0, 0)
     assert len(runs(conn)) == 71
