@@ -262,19 +262,18 @@ class _Batch:
 @dataclasses.dataclass
 class _Herd:
     """One herd of a pass (see "Herds" above): the ``jobs`` timers of ``tenant`` due
-    at ``due`` in the firable partitions ``lo``..``hi`` (whole partitions, but
-    in ``lo`` only those after ``after_job`` when given: the pass's cursor),
-    and the ``fire_group`` plan arrays of their schedules. ``cut``: the pass's
-    quota ran out inside the instant (the tenant is saturated)."""
+    at ``due`` in the firable partitions ``pids`` (ascending, whole partitions;
+    when the pass's cursor is inside the instant, ``after`` = its (partition,
+    job id) and only the timers after it), and the ``fire_group`` plan arrays
+    of their schedules. ``cut``: the pass's quota ran out inside the instant
+    (the tenant is saturated)."""
 
     tenant: str
     due: object  # datetime (aware UTC)
-    lo: int
-    hi: int
+    pids: list[int]
+    jobs: int
     cut: bool
-    jobs: int = 0
-    after_job: str | None = None  # in partition ``lo``, only the timers after this job id
-    pids: list[int] = dataclasses.field(default_factory=list)  # firable, lo..hi, ascending
+    after: tuple[int, str] | None = None
     plans: dict[str, list] = dataclasses.field(default_factory=dict)
 
 
@@ -480,7 +479,7 @@ class Firer:
             used[tenant] += herd.jobs
             if herd.cut:  # the quota ran out in the herd: saturated, whatever it fetched
                 fetched[tenant] = max(fetched[tenant], before + quotas[tenant])
-            last[tenant] = (herd.due, herd.hi, _LAST_UUID)
+            last[tenant] = (herd.due, herd.pids[-1], _LAST_UUID)
 
     def _find_herds(self, read: psycopg.Connection, firable: dict[int, int], quotas: dict[str, int],
                     after: dict[str, tuple], min_quota: int = 0) -> dict[str, _Herd]:
@@ -569,9 +568,7 @@ class Firer:
                 break
         if jobs < HERD_MIN_JOBS:
             return None
-        herd = _Herd(tenant, due, lo, taken[-1], cut, jobs, after_job=cursor[2] if inside else None)
-        herd.pids = taken
-        return herd
+        return _Herd(tenant, due, taken, jobs, cut, after=(cursor[1], cursor[2]) if inside else None)
 
     def _herd_plan(self, row: dict, due):
         """The next slot after ``due`` of a ``herd_schedules`` row (``None``: the
@@ -597,16 +594,15 @@ class Firer:
         """Queue ``herd``'s ``fire_group`` chunks: its firable partitions in
         contiguous slices of about :data:`CHUNK_JOBS` timers."""
         pids = herd.pids
-        if not pids:
-            return
         slices = min(len(pids), max(1, -(-herd.jobs // CHUNK_JOBS)))
         size = -(-len(pids) // slices)
         epochs = _epochs_literal(firable)
         for i in range(0, len(pids), size):
             chunk = pids[i:i + size]
-            bounded = herd.after_job is not None and chunk[0] == herd.lo
+            # The cursor bound holds trivially for partitions after the
+            # cursor's, so every chunk carries it.
             params = dict(herd.plans, tenant=herd.tenant, due=herd.due, pids=chunk,
-                          lo_pid=herd.lo if bounded else None, lo_job=herd.after_job if bounded else None,
+                          lo_pid=herd.after and herd.after[0], lo_job=herd.after and herd.after[1],
                           epochs=epochs, node_id=self._s.node_id)
             sent.append(self._send(lanes[len(sent) % len(lanes)], "fire_group", params, set(chunk)))
 
