@@ -215,7 +215,7 @@ class _Batch:
     ``s_*[p_skip - 1]`` (0: none). Numbers are 1-based (SQL arrays).
     """
 
-    __slots__ = ("pids", "jids", "revs", "plans", "p_next_nominal", "p_next_due", "p_fire_lo",
+    __slots__ = ("pids", "jids", "revs", "plans", "p_from", "p_next_nominal", "p_next_due", "p_fire_lo",
                  "p_fire_hi", "p_skip", "f_nominal", "f_scheduled", "s_first", "s_until", "s_slots",
                  "s_reasons", "partitions", "plan_numbers")
 
@@ -228,8 +228,14 @@ class _Batch:
     def __len__(self) -> int:
         return len(self.pids)
 
-    def add_plan(self, plan) -> int:
-        """Append ``plan`` (a :class:`scheduler.planner.Plan`); return its number (1-based)."""
+    def add_plan(self, plan, from_nominal) -> int:
+        """Append ``plan`` (a :class:`scheduler.planner.Plan`) made for jobs whose
+        stored next slot was ``from_nominal``; return its number (1-based).
+
+        The statement advances a job only if its slot is still ``from_nominal``
+        and the plan's next slot is later (compare-and-set, forward only).
+        """
+        self.p_from.append(from_nominal)
         self.p_next_nominal.append(plan.next_nominal)
         self.p_next_due.append(plan.next_due)
         self.p_fire_lo.append(len(self.f_nominal) + 1)
@@ -724,7 +730,7 @@ class Firer:
                 key = None  # a plan of this job alone (jitter, catch-up, skip)
         number = batch.plan_numbers.get(key) if key is not None else None
         if number is None:
-            number = batch.add_plan(plan)
+            number = batch.add_plan(plan, row[_NEXT_NOMINAL])
             if key is not None:
                 batch.plan_numbers[key] = number
         pid = row[_PARTITION]

@@ -13,9 +13,11 @@ scheduled time (nominal + jitter) is ≤ now.
     Fire every overdue slot, oldest first. Slots whose nominal time is older
     than ``now − catchup_window_s`` (default 24 h) are recorded as skipped.
 ``once``
-    If several slots are overdue, fire one run carrying the *latest* overdue
-    nominal time; the earlier ones are recorded as skipped. One overdue slot
-    fires normally.
+    Slots *missed* by more than ``misfire_grace_s`` (default 60 s) past their
+    scheduled time collapse into one run carrying the *latest* missed
+    nominal time; the earlier missed ones are recorded as skipped (reason
+    ``once``). Overdue slots still within the grace fire normally, each, so
+    slow ticks and pacing (seconds late) never drop a slot.
 ``skip``
     Slots later than ``misfire_grace_s`` (default 60 s) past their scheduled
     time are recorded as skipped; the rest fire.
@@ -168,7 +170,7 @@ def plan_job(
         if slot > now:
             return Plan([], None, slot, slot)
         late_s = (now - slot).total_seconds()
-        if (misfire == "all" and late_s <= catchup_window_s) or (misfire == "skip" and late_s <= misfire_grace_s):
+        if (misfire == "all" and late_s <= catchup_window_s) or (misfire != "all" and late_s <= misfire_grace_s):
             following = schedule.next_after(slot)
             if following is None or following > now:
                 return Plan([(slot, slot)], None, following, following)
@@ -176,16 +178,31 @@ def plan_job(
         return done([], None, slot)
 
     if misfire == "once":
-        latest = _latest_at_or_before(schedule, slot, now)
-        while sched(latest) > now:  # jitter can push the latest slot past now
-            prior = _latest_at_or_before(schedule, slot, latest - _EPSILON) if latest > slot else None
-            if prior is None or prior == latest:
-                break
-            latest = prior
+        # A slot is *missed* when it is more than the grace past its scheduled
+        # time; only missed slots collapse into one run (the latest missed
+        # nominal time), the rest of the overdue slots fire as they are, so
+        # slow ticks or pacing (seconds) never drop a slot.
+        horizon = now - timedelta(seconds=misfire_grace_s)
         skip = None
-        if latest > slot:
-            skip = SkipRange(slot, latest, _count(schedule, slot, latest), "once")
-        return done([(latest, sched(latest))], skip, schedule.next_after(latest))
+        fires: list[tuple[datetime, datetime]] = []
+        if sched(slot) < horizon:
+            latest = _latest_at_or_before(schedule, slot, horizon - _EPSILON)
+            while latest > slot and sched(latest) >= horizon:  # jitter pushed it into the grace
+                prior = _latest_at_or_before(schedule, slot, latest - _EPSILON)
+                if prior == latest:
+                    break
+                latest = prior
+            if latest > slot:
+                skip = SkipRange(slot, latest, _count(schedule, slot, latest), "once")
+            fires.append((latest, sched(latest)))
+            slot = schedule.next_after(latest)
+        while slot is not None and len(fires) < limit:
+            at = sched(slot)
+            if at > now or at < horizon:  # not due yet, or missed after a fire: next tick's
+                break
+            fires.append((slot, at))
+            slot = schedule.next_after(slot)
+        return done(fires, skip, slot)
 
     if misfire == "all":
         horizon = now - timedelta(seconds=catchup_window_s)

@@ -257,7 +257,12 @@ SELECT now() AS store_now;
 --            unnest there cost 15 ms a chunk).
 --   fenced   the same as one row: the fenced partition ids, ascending;
 --   advanced moves each job to its plan's next slot, only if its partition
---            is fenced and nobody edited it since it was read (revision);
+--            is fenced, nobody edited it since it was read (revision), its
+--            slot is still the one the plan was made from (p_from) and the
+--            new slot is later: a compare-and-set that only moves forward,
+--            so a chunk whose client gave up but which the store commits
+--            after a later tick advanced the job changes nothing (and cannot
+--            fire again a slot whose run retention pruned);
 --            returns its tenant, fencing epoch and its plan's fires/skip;
 --   skipped  records misfire decisions of advanced jobs;
 --   inserted writes one run per (job, nominal time) of advanced jobs; the
@@ -297,6 +302,9 @@ WITH fence AS (
     WHERE j.partition_id = a.pid
       AND j.job_id = a.jid
       AND j.revision = a.rev
+      AND j.next_nominal_at = (%(p_from)b::timestamptz[])[a.plan]
+      AND ((%(p_next_nominal)b::timestamptz[])[a.plan] IS NULL
+           OR (%(p_next_nominal)b::timestamptz[])[a.plan] > j.next_nominal_at)
       AND (fd.pids[a.fpos] = a.pid OR a.pid = ANY(fd.pids))
     RETURNING j.partition_id, j.job_id, j.tenant,
               (%(fence_epochs)b::int8[])[a.fpos] AS epoch,

@@ -258,15 +258,17 @@ def test_misfire_all_fires_the_window_and_records_older_slots(conn, node) -> Non
     assert node.metrics.value("scheduler_firing_slots_skipped_total") == 1
 
 
-def test_misfire_once_fires_the_latest_slot_only(conn, node) -> None:
+def test_misfire_once_collapses_the_missed_slots_into_the_latest(conn, node) -> None:
+    # now = anchor+630, grace 60 s: slots 1-9 are missed (90 s late and more):
+    # one run for slot 9, 1-8 skipped; slot 10 (30 s late) is within the grace.
     job_id, anchor = interval_job(conn, 60, slots_before_now=10, misfire="once")
     at = lambda k: anchor + timedelta(seconds=60 * k)  # noqa: E731
 
     result = node.firer.tick()
 
-    assert nominals(conn, job_id) == [at(10)]
-    assert skips_of(conn, job_id) == [(at(1), at(10), 9, "once")]
-    assert (result.fired, result.skipped_ranges) == (1, 1)
+    assert nominals(conn, job_id) == [at(9), at(10)]
+    assert skips_of(conn, job_id) == [(at(1), at(9), 8, "once")]
+    assert (result.fired, result.skipped_ranges) == (2, 1)
     assert job_row(conn, job_id)["next_nominal_at"] == at(11)
 
 
@@ -294,12 +296,12 @@ def test_each_policy_in_one_tick(conn, node) -> None:
         return ids[policy][1] + timedelta(seconds=60 * k)
 
     assert nominals(conn, ids["all"][0]) == [at("all", k) for k in range(1, 5)]
-    assert nominals(conn, ids["once"][0]) == [at("once", 4)]
+    assert nominals(conn, ids["once"][0]) == [at("once", k) for k in range(2, 5)]
     assert nominals(conn, ids["skip"][0]) == [at("skip", 3), at("skip", 4)]
     assert skips_of(conn, ids["all"][0]) == []
-    assert skips_of(conn, ids["once"][0]) == [(at("once", 1), at("once", 4), 3, "once")]
+    assert skips_of(conn, ids["once"][0]) == [(at("once", 1), at("once", 2), 1, "once")]
     assert skips_of(conn, ids["skip"][0]) == [(at("skip", 1), at("skip", 3), 2, "grace")]
-    assert (result.fired, result.skipped_ranges) == (7, 2)
+    assert (result.fired, result.skipped_ranges) == (9, 2)
 
 
 # ---------------------------------------------------------------- jitter
@@ -500,6 +502,38 @@ def test_a_job_edited_between_read_and_fire_is_not_advanced(conn, node, pg_dsn, 
     assert after["next_nominal_at"] == after["anchor_at"] + timedelta(seconds=7200)
     assert after["next_nominal_at"] > store_now(conn)
     assert result.fence_rejected == []
+
+
+def test_a_chunk_committing_late_never_moves_a_job_backwards(pg_dsn, conn, monkeypatch) -> None:
+    """A chunk whose client gave up but which the store still commits later, under
+    the same epoch, after the next tick has advanced the job: it must neither move
+    the job's next slot back nor fire again a slot whose run retention pruned."""
+    paced = OneNode(pg_dsn, max_rate_per_s=1.0)
+    try:
+        job_id, anchor = interval_job(conn, 60, slots_before_now=3)
+        at = lambda k: anchor + timedelta(seconds=60 * k)  # noqa: E731
+        chunks: list[tuple[str, dict]] = []
+        real_send = Firer._send
+
+        def send(self, write, query, params, partitions):
+            chunks.append((query, params))
+            return real_send(self, write, query, params, partitions)
+
+        monkeypatch.setattr(Firer, "_send", send)
+        assert paced.firer.tick().fired == 1  # slot 1; next: slot 2
+        monkeypatch.undo()
+        assert paced.firer.tick().fired == 1  # slot 2; next: slot 3
+    finally:
+        paced.close()
+    assert job_row(conn, job_id)["next_nominal_at"] == at(3)
+    conn.execute("DELETE FROM runs WHERE job_id = %s AND nominal_time = %s", (job_id, at(1)))  # pruned
+
+    [(query, params)] = chunks  # the first tick's chunk, delivered again (the late commit)
+    [row] = store.execute(conn, query, params)
+
+    assert (row["advanced"], row["inserted"]) == (0, 0)
+    assert job_row(conn, job_id)["next_nominal_at"] == at(3)
+    assert nominals(conn, job_id) == [at(2)]
 
 
 def test_a_second_tick_with_nothing_due_writes_nothing(conn, node) -> None:

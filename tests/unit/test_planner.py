@@ -103,12 +103,45 @@ def test_all_respects_the_limit_and_resumes_at_the_first_unfired_slot() -> None:
     assert rest.next_nominal == t("2030-01-01T00:06:00Z")
 
 
-def test_once_fires_the_latest_overdue_slot_and_skips_the_rest() -> None:
+def test_once_collapses_the_missed_slots_and_fires_those_within_the_grace() -> None:
+    # now 00:05:30, grace 60 s: 00:01-00:04 are missed (more than 60 s late):
+    # one run for the latest of them (00:04), 00:01-00:03 skipped; 00:05 is
+    # 30 s late, within the grace: it fires as it is.
     plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"),
-                    now=t("2030-01-01T00:05:30Z"), misfire="once")
+                    now=t("2030-01-01T00:05:30Z"), misfire="once", misfire_grace_s=60)
+    assert plan.fires == [(t("2030-01-01T00:04:00Z"), t("2030-01-01T00:04:00Z")),
+                          (t("2030-01-01T00:05:00Z"), t("2030-01-01T00:05:00Z"))]
+    assert plan.skip == SkipRange(t("2030-01-01T00:01:00Z"), t("2030-01-01T00:04:00Z"), 3, "once")
+    assert plan.next_nominal == t("2030-01-01T00:06:00Z")
+
+
+def test_once_with_a_zero_grace_fires_only_the_latest_overdue_slot() -> None:
+    plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"),
+                    now=t("2030-01-01T00:05:30Z"), misfire="once", misfire_grace_s=0)
     assert plan.fires == [(t("2030-01-01T00:05:00Z"), t("2030-01-01T00:05:00Z"))]
     assert plan.skip == SkipRange(t("2030-01-01T00:01:00Z"), t("2030-01-01T00:05:00Z"), 4, "once")
     assert plan.next_nominal == t("2030-01-01T00:06:00Z")
+
+
+def test_once_under_slow_ticks_loses_no_slot() -> None:
+    """An every-second job ticked every 1.3 s (or 2 s) for 10 minutes: every
+    slot is seconds late, never missed, so every slot fires exactly once
+    (before the grace rule, 138 of 599 were collapsed away at 1.3 s)."""
+    every_second = IntervalSchedule(1, t("2030-01-01T00:00:00Z"))
+    for step_s in (1.3, 2.0):
+        slot, fired, skipped = t("2030-01-01T00:00:01Z"), [], []
+        now = t("2030-01-01T00:00:01Z")
+        end = t("2030-01-01T00:10:00Z")
+        while now < end:
+            now += timedelta(seconds=step_s)
+            plan = plan_job(every_second, job_id=JOB, next_nominal=slot, now=now, misfire="once")
+            fired += [n for n, _ in plan.fires]
+            skipped.append(plan.skip)
+            slot = plan.next_nominal
+        expected = [t("2030-01-01T00:00:01Z") + i * S for i in range(len(fired))]
+        assert fired == expected, step_s
+        assert fired[-1] >= end - 2 * S
+        assert skipped == [None] * len(skipped)
 
 
 def test_once_with_a_single_overdue_slot_fires_it_normally() -> None:
@@ -171,19 +204,22 @@ def test_a_year_long_outage_costs_one_uncounted_skip_range() -> None:
     assert plan.next_nominal == t("2029-12-31T00:00:11Z")
 
     once = plan_job(every_second, job_id=JOB, next_nominal=t("2029-01-01T00:00:00Z"), now=now, misfire="once")
-    assert once.fires == [(t("2030-01-01T00:00:00Z"), t("2030-01-01T00:00:00Z"))]
-    assert once.skip == SkipRange(t("2029-01-01T00:00:00Z"), t("2030-01-01T00:00:00Z"), None, "once")
+    # Missed: everything before 23:59:00.5 (grace 60 s); the latest of those,
+    # 23:59:00, carries the collapsed run; the 60 slots in the grace fire.
+    latest_missed = t("2029-12-31T23:59:00Z")
+    assert once.fires == [(latest_missed + i * S, latest_missed + i * S) for i in range(61)]
+    assert once.skip == SkipRange(t("2029-01-01T00:00:00Z"), latest_missed, None, "once")
     assert once.next_nominal == t("2030-01-01T00:00:01Z")
 
 
 def test_skip_count_is_exact_up_to_the_cap() -> None:
     every_second = IntervalSchedule(1, t("2030-01-01T00:00:00Z"))
     first = t("2030-01-01T00:00:00Z")
-    plan = plan_job(every_second, job_id=JOB, next_nominal=first, now=first + COUNT_CAP * S,
-                    misfire="once")
+    plan = plan_job(every_second, job_id=JOB, next_nominal=first, now=first + COUNT_CAP * S + S / 2,
+                    misfire="once", misfire_grace_s=0)
     assert plan.skip == SkipRange(first, first + COUNT_CAP * S, COUNT_CAP, "once")
-    plan = plan_job(every_second, job_id=JOB, next_nominal=first, now=first + (COUNT_CAP + 1) * S,
-                    misfire="once")
+    plan = plan_job(every_second, job_id=JOB, next_nominal=first, now=first + (COUNT_CAP + 1) * S + S / 2,
+                    misfire="once", misfire_grace_s=0)
     assert plan.skip.slots is None
 
 
@@ -343,14 +379,19 @@ def test_all_with_a_window_covering_the_outage_skips_nothing(sit: dict) -> None:
 def test_once_matches_the_reference(sit: dict) -> None:
     plan = plan_for(sit, "once")
     check_invariants(plan, sit)
-    due = walk(sit["schedule"], sit["first"], lambda s: s > sit["now"])
-    assert plan.fires == [(due[-1], due[-1])]
-    if len(due) > 1:
-        assert plan.skip == SkipRange(due[0], due[-1], len(due) - 1, "once")
+    now, grace = sit["now"], timedelta(seconds=sit["grace_s"])
+    due = walk(sit["schedule"], sit["first"], lambda s: s > now)
+    missed = [s for s in due if now - s > grace]
+    fired = missed[-1:] + [s for s in due if now - s <= grace]
+    fired = fired[: sit["limit"]]
+    assert [n for n, _ in plan.fires] == fired
+    if len(missed) > 1:
+        assert plan.skip == SkipRange(due[0], missed[-1], len(missed) - 1, "once")
     else:
         assert plan.skip is None
-    assert plan.next_nominal == sit["schedule"].next_after(due[-1])
-    assert plan.next_nominal > sit["now"]
+    assert plan.next_nominal == sit["schedule"].next_after(fired[-1])
+    if len(fired) < sit["limit"]:
+        assert plan.next_nominal > now
 
 
 @settings(max_examples=250, deadline=None)
