@@ -5,6 +5,21 @@ transaction with the store's clock, retried whole on 40001/40P01; a bad job
 raises :class:`~scheduler.errors.ValidationError` and writes nothing.
 A job's first slot is the first fire strictly after its creation (store
 time); an interval job's slots are ``created_at + k × interval_s``.
+
+Rewrites (``add_job(replace=True)``, :func:`set_paused`, :func:`delete_job`)
+never lose a due slot silently. Each keeps the revision it supersedes in
+``job_revisions`` (with the store-time interval it was in force, for
+``verify``), and:
+
+* an edit that keeps the schedule (kind, expression, dialect, zone,
+  interval, one-shot instant; an interval keeps its anchor) keeps the
+  pending slot, overdue or not: a policy or jitter change applies to it;
+* an edit that changes the schedule, a pause and a delete drop the pending
+  slot; if it was due (nominal ≤ the rewrite's store time), the old
+  schedule's slots from it up to that time are recorded in ``skips`` with
+  reason ``edited``, ``paused`` or ``deleted`` (node ``operator``, epoch 0);
+  the new schedule starts strictly after the edit (a resume: after the
+  resume).
 """
 
 from __future__ import annotations
@@ -15,7 +30,7 @@ import math
 import re
 import uuid
 from collections.abc import Iterable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -23,8 +38,8 @@ import psycopg
 from scheduler import store
 from scheduler.errors import ConflictError, NotFoundError, ValidationError
 from scheduler.partition import partition_of
-from scheduler.planner import scheduled_time
-from scheduler.spec import JobSpec, validate_tenant
+from scheduler.planner import count_slots, scheduled_time
+from scheduler.spec import JobSpec, build_schedule, validate_tenant
 
 IMPORT_BATCH = 1_000
 """Jobs per transaction in :func:`import_csv`."""
@@ -35,6 +50,45 @@ CORPUS_DIALECTS = {"unix5": "unix", "macro": "unix", "seconds6": "seconds"}
 
 def _store_now(conn: psycopg.Connection) -> datetime:
     return store.execute(conn, "store_now")[0]["store_now"]
+
+
+SCHEDULE_COLUMNS = ("kind", "cron_expr", "cron_dialect", "tz", "interval_s", "fire_at")
+"""The ``jobs`` columns that define which instants are slots (with ``anchor_at``,
+which an edit keeps when these are unchanged)."""
+
+
+def _row_schedule(row: dict):
+    """The schedule of a ``jobs`` (or ``job_revisions``) row."""
+    return build_schedule(row["kind"], row["cron_expr"], row["cron_dialect"], row["tz"],
+                          row["interval_s"], row["anchor_at"], row["fire_at"])
+
+
+def _retire(conn: psycopg.Connection, row: dict, now: datetime, reason: str | None) -> None:
+    """Keep ``row``'s revision in ``job_revisions`` (in force until ``now``); with a
+    ``reason`` (``edited``, ``paused``, ``deleted``) the rewrite drops the pending
+    slot, and the slots from it through ``now``, if it was due, are recorded as
+    one skip range ``[slot, first slot after now)``. Call inside the rewrite's
+    transaction, before it, with ``row`` read FOR UPDATE."""
+    key = {"partition_id": row["partition_id"], "job_id": row["job_id"]}
+    store.execute(conn, "insert_job_revision", {**key, "now": now})
+    slot = row["next_nominal_at"]
+    if reason is None or slot is None or slot > now:
+        return
+    schedule = _row_schedule(row)
+    until = schedule.next_after(now) or now + timedelta(microseconds=1)
+    store.execute(conn, "insert_rewrite_skip", {
+        **key, "first": slot, "until": until, "slots": count_slots(schedule, slot, until),
+        "reason": reason, "now": now})
+
+
+def _get_for_update(conn: psycopg.Connection, job_id: uuid.UUID) -> dict:
+    """The live ``jobs`` row of ``job_id``, locked; raises NotFoundError if unknown or deleted."""
+    rows = store.execute(conn, "get_job_for_update", {"partition_id": partition_of(job_id), "job_id": job_id})
+    if not rows:
+        raise NotFoundError(f"job_id: no job {job_id}")
+    if rows[0]["deleted_at"] is not None:
+        raise NotFoundError(f"job_id: job {job_id} is deleted")
+    return rows[0]
 
 
 def _job_row(spec: JobSpec, job_id: uuid.UUID, now: datetime) -> dict:
@@ -72,7 +126,10 @@ def add_job(conn: psycopg.Connection, spec: JobSpec, *, replace: bool = False) -
     With a name, the call is idempotent: the same name and spec return the
     existing id (``exists``); a different spec raises
     :class:`~scheduler.errors.ConflictError` unless ``replace`` is set, which
-    edits the job in place (``replaced``; next slot recomputed from now).
+    edits the job in place (``replaced``): the pending slot is kept when the
+    schedule is unchanged, else the next slot is the new schedule's first
+    after now and a due pending slot is recorded as skipped (``edited``; see
+    the module doc).
     """
     spec = spec.validated()
 
@@ -89,10 +146,21 @@ def add_job(conn: psycopg.Connection, spec: JobSpec, *, replace: bool = False) -
                     raise ConflictError(
                         f"name: job {spec.name!r} of tenant {spec.tenant!r} already exists with a different "
                         f"spec (id {existing['job_id']}); pass --replace to change it")
-                params = _job_row(spec, existing["job_id"], now)
+                job_id = existing["job_id"]
+                fields = spec.row_fields()
+                if all(fields[column] == existing[column] for column in SCHEDULE_COLUMNS):
+                    pending = existing["next_nominal_at"]
+                    params = {**fields, "partition_id": existing["partition_id"], "job_id": job_id,
+                              "anchor_at": existing["anchor_at"], "next_nominal_at": pending,
+                              "next_due_at": None if pending is None
+                              else scheduled_time(job_id, pending, spec.jitter_s)}
+                    _retire(c, existing, now, None)
+                else:
+                    params = _job_row(spec, job_id, now)
+                    _retire(c, existing, now, "edited")
                 params["changed_at"] = now
                 store.execute(c, "replace_job_spec", params)
-                return AddResult(existing["job_id"], "replaced")
+                return AddResult(job_id, "replaced")
         job_id = uuid.uuid4()
         store.execute(c, "insert_job", _job_row(spec, job_id, now))
         return AddResult(job_id, "created")
@@ -235,25 +303,23 @@ def list_jobs(conn: psycopg.Connection, tenant: str | None = None, limit: int = 
 def set_paused(conn: psycopg.Connection, job_id: uuid.UUID, paused: bool) -> None:
     """Pause (no slot fires while paused) or resume (next slot strictly after now).
 
-    Pausing a paused job or resuming a running one changes nothing (a running
-    job keeps its next slot, overdue or not). Raises NotFoundError for an
-    unknown or deleted job.
+    Pausing drops the pending slot; if it was due, it and the slots through
+    now are recorded as skipped (``paused``). Slots that pass while paused are
+    not expected at all. Pausing a paused job or resuming a running one
+    changes nothing (a running job keeps its next slot, overdue or not).
+    Raises NotFoundError for an unknown or deleted job.
     """
     def body(c: psycopg.Connection) -> None:
         now = _store_now(c)
-        row = get_job(c, job_id)
-        if row["deleted_at"] is not None:
-            raise NotFoundError(f"job_id: job {job_id} is deleted")
+        row = _get_for_update(c, job_id)
         if row["paused"] == paused:
             return
         next_nominal = next_due = None
         if not paused:
-            schedule = JobSpec(tenant=row["tenant"], kind=row["kind"], cron=row["cron_expr"],
-                               tz=row["tz"], dialect=row["cron_dialect"], interval_s=row["interval_s"],
-                               at=row["fire_at"]).schedule(anchor=row["anchor_at"])
-            next_nominal = schedule.next_after(now)
+            next_nominal = _row_schedule(row).next_after(now)
             if next_nominal is not None:
                 next_due = scheduled_time(job_id, next_nominal, row["jitter_s"])
+        _retire(c, row, now, "paused" if paused else None)
         store.execute(c, "set_job_paused", {
             "partition_id": row["partition_id"], "job_id": job_id, "paused": paused,
             "next_nominal_at": next_nominal, "next_due_at": next_due, "changed_at": now})
@@ -262,12 +328,17 @@ def set_paused(conn: psycopg.Connection, job_id: uuid.UUID, paused: bool) -> Non
 
 
 def delete_job(conn: psycopg.Connection, job_id: uuid.UUID) -> None:
-    """Delete a job (soft: it stops firing at once; its runs stay). Raises NotFoundError."""
+    """Delete a job (soft: it stops firing at once; its runs stay). A due pending
+    slot is recorded as skipped (``deleted``). Raises NotFoundError."""
     def body(c: psycopg.Connection) -> None:
-        rows = store.execute(c, "delete_job", {"partition_id": partition_of(job_id), "job_id": job_id,
-                                               "changed_at": _store_now(c)})
-        if not rows:
-            raise NotFoundError(f"job_id: no job {job_id}")
+        now = _store_now(c)
+        try:
+            row = _get_for_update(c, job_id)
+        except NotFoundError:
+            raise NotFoundError(f"job_id: no job {job_id}") from None
+        _retire(c, row, now, "deleted")
+        store.execute(c, "delete_job", {"partition_id": row["partition_id"], "job_id": job_id,
+                                        "changed_at": now})
 
     store.run_transaction(conn, body)
 

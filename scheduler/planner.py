@@ -107,8 +107,8 @@ def scheduled_time(job_id: uuid.UUID, nominal: datetime, jitter_s: int) -> datet
     return nominal + timedelta(seconds=jitter_offset_s(job_id, nominal, jitter_s))
 
 
-def _count(schedule: Schedule, first: datetime, until: datetime) -> int | None:
-    """Slots in ``[first, until)`` given ``first`` is a slot; ``None`` past COUNT_CAP."""
+def count_slots(schedule: Schedule, first: datetime, until: datetime) -> int | None:
+    """Slots in ``[first, until)`` given ``first`` is a slot; ``None`` past :data:`COUNT_CAP`."""
     count, slot = 0, first
     while slot is not None and slot < until:
         count += 1
@@ -193,7 +193,7 @@ def plan_job(
                     break
                 latest = prior
             if latest > slot:
-                skip = SkipRange(slot, latest, _count(schedule, slot, latest), "once")
+                skip = SkipRange(slot, latest, count_slots(schedule, slot, latest), "once")
             fires.append((latest, sched(latest)))
             slot = schedule.next_after(latest)
         while slot is not None and len(fires) < limit:
@@ -214,7 +214,7 @@ def plan_job(
     if slot < horizon:
         kept = schedule.next_after(horizon - _EPSILON)
         until = kept if kept is not None else horizon
-        skip = SkipRange(slot, until, _count(schedule, slot, until), reason)
+        skip = SkipRange(slot, until, count_slots(schedule, slot, until), reason)
         slot = kept
 
     fires: list[tuple[datetime, datetime]] = []

@@ -477,8 +477,10 @@ WHERE tenant = %(tenant)s AND name = %(name)s AND deleted_at IS NULL
 FOR UPDATE;
 
 -- name: replace_job_spec
--- Edit a job in place (jobs add --replace): new spec, next slot recomputed,
--- revision bumped so an in-flight firing of the old spec does not advance it.
+-- Edit a job in place (jobs add --replace): new spec and next slot (the
+-- caller keeps the pending slot when the schedule is unchanged, see
+-- scheduler/jobs.py), revision bumped so an in-flight firing of the old
+-- spec does not advance it.
 UPDATE jobs
 SET kind = %(kind)s, cron_expr = %(cron_expr)s, cron_dialect = %(cron_dialect)s, tz = %(tz)s,
     interval_s = %(interval_s)s, anchor_at = %(anchor_at)s, fire_at = %(fire_at)s,
@@ -489,8 +491,37 @@ SET kind = %(kind)s, cron_expr = %(cron_expr)s, cron_dialect = %(cron_dialect)s,
     revision = revision + 1, changed_at = %(changed_at)s
 WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s AND deleted_at IS NULL;
 
+-- name: insert_job_revision
+-- Keep the revision a rewrite (replace, pause, resume, delete) supersedes,
+-- in force from its changed_at until %(now)s (alembic revision 0013). Same
+-- transaction as the rewrite, before it.
+INSERT INTO job_revisions (partition_id, job_id, revision, valid_from, valid_until, tenant, kind,
+                           cron_expr, cron_dialect, tz, interval_s, anchor_at, fire_at, misfire,
+                           catchup_window_s, misfire_grace_s, jitter_s, paused)
+SELECT partition_id, job_id, revision, changed_at, %(now)s, tenant, kind,
+       cron_expr, cron_dialect, tz, interval_s, anchor_at, fire_at, misfire,
+       catchup_window_s, misfire_grace_s, jitter_s, paused
+FROM jobs
+WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s
+ON CONFLICT (partition_id, job_id, revision) DO NOTHING;
+
+-- name: insert_rewrite_skip
+-- Slots [first, until) that were due when a rewrite dropped them (reason
+-- edited, paused or deleted), recorded at the rewrite's store time by no
+-- node (node_id 'operator', epoch 0).
+INSERT INTO skips (partition_id, job_id, first_nominal, until_nominal, slots, reason,
+                   recorded_at, node_id, epoch)
+VALUES (%(partition_id)s, %(job_id)s, %(first)s, %(until)s, %(slots)s, %(reason)s, %(now)s,
+        'operator', 0)
+ON CONFLICT (partition_id, job_id, first_nominal) DO NOTHING;
+
 -- name: get_job
 SELECT * FROM jobs WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;
+
+-- name: get_job_for_update
+-- A job about to be rewritten: locked, so a firing statement waits (or has
+-- committed and the rewrite sees its advance).
+SELECT * FROM jobs WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s FOR UPDATE;
 
 -- name: list_jobs
 SELECT * FROM jobs

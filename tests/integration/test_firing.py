@@ -502,6 +502,9 @@ def test_a_job_edited_between_read_and_fire_is_not_advanced(conn, node, pg_dsn, 
     assert after["next_nominal_at"] == after["anchor_at"] + timedelta(seconds=7200)
     assert after["next_nominal_at"] > store_now(conn)
     assert result.fence_rejected == []
+    # The edit dropped the three overdue slots of the old spec: recorded, not lost.
+    assert [(first, until, slots, reason) for first, until, slots, reason in skips_of(conn, job_id)] == [
+        (anchor + timedelta(seconds=60), anchor + timedelta(seconds=240), 3, "edited")]
 
 
 def test_a_chunk_committing_late_never_moves_a_job_backwards(pg_dsn, conn, monkeypatch) -> None:

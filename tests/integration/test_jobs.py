@@ -196,6 +196,103 @@ def test_replace_edits_in_place_and_bumps_the_revision(conn) -> None:
     assert jobs.get_job(conn, first.job_id)["revision"] == after["revision"]
 
 
+def overdue(conn: psycopg.Connection, job_id: uuid.UUID, slot: datetime) -> dict:
+    """Put ``job_id``'s pending slot at ``slot`` (an outage left it due; an interval
+    job is re-anchored there); its row."""
+    conn.execute("UPDATE jobs SET next_nominal_at = %(t)s, next_due_at = %(t)s, created_at = %(c)s, "
+                 "changed_at = %(c)s, anchor_at = CASE WHEN kind = 'interval' THEN %(t)s END "
+                 "WHERE job_id = %(j)s",
+                 {"t": slot, "c": slot - timedelta(minutes=1), "j": job_id})
+    return jobs.get_job(conn, job_id)
+
+
+def skips(conn: psycopg.Connection, job_id: uuid.UUID) -> list[tuple]:
+    return [(r["first_nominal"], r["until_nominal"], r["slots"], r["reason"], r["recorded_at"])
+            for r in conn.execute("SELECT * FROM skips WHERE job_id = %s ORDER BY first_nominal",
+                                  (job_id,)).fetchall()]
+
+
+def revisions(conn: psycopg.Connection, job_id: uuid.UUID) -> list[dict]:
+    return conn.execute("SELECT * FROM job_revisions WHERE job_id = %s ORDER BY revision", (job_id,)).fetchall()
+
+
+def test_replace_of_an_overdue_job_keeping_its_schedule_keeps_the_due_slot(conn) -> None:
+    """A policy change alone (--catchup-window-s) must not drop the slot an outage left due."""
+    job_id = jobs.add_job(conn, JobSpec.build(tenant="acme", name="n", cron="*/5 * * * *")).job_id
+    slot = store_now(conn).replace(second=0, microsecond=0) - timedelta(minutes=30)
+    slot -= timedelta(minutes=slot.minute % 5)
+    before = overdue(conn, job_id, slot)
+
+    jobs.add_job(conn, JobSpec.build(tenant="acme", name="n", cron="*/5 * * * *", catchup_window_s=7200,
+                                     jitter_s=30), replace=True)
+
+    after = jobs.get_job(conn, job_id)
+    assert (after["next_nominal_at"], after["catchup_window_s"]) == (slot, 7200)
+    assert after["next_due_at"] == scheduled_time(job_id, slot, 30)
+    assert skips(conn, job_id) == []
+    [old] = revisions(conn, job_id)
+    assert (old["revision"], old["catchup_window_s"], old["jitter_s"]) == (before["revision"], 86_400, 0)
+    assert (old["valid_from"], old["valid_until"]) == (before["changed_at"], after["changed_at"])
+
+
+def test_replace_of_an_overdue_interval_job_keeping_its_interval_keeps_anchor_and_slot(conn) -> None:
+    job_id = jobs.add_job(conn, JobSpec.build(tenant="acme", name="n", interval_s=60)).job_id
+    slot = jobs.get_job(conn, job_id)["anchor_at"] - timedelta(seconds=600)
+    overdue(conn, job_id, slot)
+    jobs.add_job(conn, JobSpec.build(tenant="acme", name="n", interval_s=60, misfire="skip"), replace=True)
+    after = jobs.get_job(conn, job_id)
+    assert (after["anchor_at"], after["next_nominal_at"], after["misfire"]) == (slot, slot, "skip")
+    assert skips(conn, job_id) == []
+
+
+def test_replace_of_an_overdue_job_with_a_new_schedule_records_the_dropped_slots(conn) -> None:
+    job_id = jobs.add_job(conn, JobSpec.build(tenant="acme", name="n", cron="*/5 * * * *")).job_id
+    slot = store_now(conn).replace(second=0, microsecond=0) - timedelta(minutes=30)
+    slot -= timedelta(minutes=slot.minute % 5)
+    before = overdue(conn, job_id, slot)
+
+    jobs.add_job(conn, JobSpec.build(tenant="acme", name="n", cron="0 3 * * *"), replace=True)
+
+    after = jobs.get_job(conn, job_id)
+    edit = after["changed_at"]
+    old = CronSchedule("*/5 * * * *")
+    until = old.next_after(edit)
+    dropped = int((until - slot).total_seconds() // 300)
+    assert skips(conn, job_id) == [(slot, until, dropped, "edited", edit)]
+    assert after["next_nominal_at"] == CronSchedule("0 3 * * *").next_after(edit)
+    [rev] = revisions(conn, job_id)
+    assert (rev["cron_expr"], rev["valid_from"], rev["valid_until"]) == ("*/5 * * * *", before["changed_at"], edit)
+
+
+def test_pause_and_delete_of_an_overdue_job_record_the_dropped_slots(conn) -> None:
+    for action, reason in (("pause", "paused"), ("delete", "deleted")):
+        job_id = jobs.add_job(conn, JobSpec.build(tenant="acme", interval_s=60)).job_id
+        slot = anchor = jobs.get_job(conn, job_id)["anchor_at"] - timedelta(seconds=600)
+        overdue(conn, job_id, slot)
+        if action == "pause":
+            jobs.set_paused(conn, job_id, True)
+        else:
+            jobs.delete_job(conn, job_id)
+        row = jobs.get_job(conn, job_id)
+        edit = row["changed_at"]
+        until = anchor + timedelta(seconds=60 * (int((edit - anchor).total_seconds()) // 60 + 1))
+        dropped = int((until - slot).total_seconds()) // 60
+        assert skips(conn, job_id) == [(slot, until, dropped, reason, edit)], action
+        assert [(r["paused"], r["valid_until"]) for r in revisions(conn, job_id)] == [(False, edit)]
+
+
+def test_resume_records_the_paused_revision_and_drops_nothing(conn) -> None:
+    job_id = jobs.add_job(conn, JobSpec.build(tenant="acme", interval_s=60)).job_id
+    jobs.set_paused(conn, job_id, True)
+    paused = jobs.get_job(conn, job_id)
+    jobs.set_paused(conn, job_id, False)
+    resumed = jobs.get_job(conn, job_id)
+    assert [(r["revision"], r["paused"], r["valid_from"], r["valid_until"]) for r in revisions(conn, job_id)] == [
+        (1, False, paused["created_at"], paused["changed_at"]),
+        (2, True, paused["changed_at"], resumed["changed_at"])]
+    assert skips(conn, job_id) == []
+
+
 def test_a_deleted_name_can_be_reused(conn) -> None:
     first = jobs.add_job(conn, JobSpec.build(tenant="acme", name="nightly", cron="0 2 * * *"))
     jobs.delete_job(conn, first.job_id)
