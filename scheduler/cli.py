@@ -444,6 +444,38 @@ def jobs_delete(dsn: str, job_id: str) -> None:
     click.echo(f"deleted {job_id}")
 
 
+@jobs.command("replan-slots")
+@dsn_option
+@click.option("--dry-run", is_flag=True, help="Count the slots that would move; change nothing.")
+@click.option("--force", is_flag=True,
+              help="Check every cron job even if the store already records this tzdata release.")
+@json_option
+def jobs_replan_slots(dsn: str, dry_run: bool, force: bool, as_json: bool) -> None:
+    """Replan stored cron slots computed under another tzdata release.
+
+    A zone's rules change between tzdata releases; a stored slot computed
+    under the old rules can be an hour off. This walks every cron job with a
+    pending slot and moves each whose slot is no slot under this host's
+    bundled tzdata to its true slot (a compare-and-set; a concurrent edit or
+    firing wins), then records the release in the store. Nodes do the same
+    by themselves at start when the recorded release differs, and never fire
+    a wrong slot meanwhile (docs/operations.md, "Time-zone database updates").
+    """
+    from scheduler import tzreplan
+
+    with open_store(dsn) as conn:
+        report = tzreplan.replan_store(conn, force=force, dry_run=dry_run)
+    if as_json:
+        _echo_json(dataclasses.asdict(report) | {"dry_run": dry_run})
+        return
+    if report.previous == report.current and not force:
+        click.echo(f"slots already computed with tzdata {report.current}: nothing to do (--force checks anyway)")
+        return
+    verb = "would move" if dry_run else "moved"
+    click.echo(f"checked {report.checked} cron jobs; {verb} {report.replanned} to their true slot "
+               f"(tzdata {report.previous or 'unrecorded'} -> {report.current})")
+
+
 @jobs.command("next")
 @_schedule_options
 @click.option("--after", required=True, callback=instant("after"),

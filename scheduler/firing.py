@@ -82,7 +82,7 @@ from datetime import datetime, timezone
 import psycopg
 from psycopg.rows import tuple_row
 
-from scheduler import log, store
+from scheduler import log, store, tzreplan
 from scheduler.clock import Clock
 from scheduler.errors import SchedulerError, ValidationError
 from scheduler.fairness import DeficitRoundRobin, TokenBucket, node_share_of_cap
@@ -185,6 +185,7 @@ class TickResult:
     stale_jobs: int = 0
     lags_s: list[float] = dataclasses.field(default_factory=list)
     budget_exhausted: bool = False
+    replanned: int = 0  # jobs moved to their true slot (scheduler/tzreplan.py)
 
 
 def _array_literal(values: list) -> str:
@@ -326,6 +327,7 @@ class Firer:
         self._buckets: dict[str, TokenBucket] = {}
         self._conns: dict[str, psycopg.Connection] = {}
         self._wake = threading.Event()
+        self._replan: list[tuple[int, str]] = []  # this tick's jobs whose stored slot is no slot
 
     # ------------------------------------------------------------------ store
 
@@ -402,6 +404,7 @@ class Firer:
         last: dict[str, tuple] = {}
         sent: list[_Sent] = []
         self._plan_memo.clear()
+        self._replan.clear()
         try:
             with contextlib.ExitStack() as pipelines:
                 for lane in lanes:
@@ -450,6 +453,8 @@ class Firer:
                 self._account(item, row, result)
         else:
             self._collect(sent, result)
+        if self._replan:
+            self._replan_slots(result)
         result.due_read = sum(fetched.values())
         self._drr.charge(used, quotas)
         for tenant, bucket in self._buckets.items():
@@ -585,6 +590,8 @@ class Firer:
             schedule = self._schedules.for_key(key)
         except ValidationError:
             return False  # the per-timer path logs it, per job
+        if row["kind"] == "cron" and not tzreplan.is_slot(schedule, due):
+            return False  # stored under other tzdata rules: the per-timer path replans it
         now = row["store_now"]
         plan = plan_job(schedule, job_id=_NIL_UUID, next_nominal=due, now=now,
                         misfire=row["misfire"], catchup_window_s=row["catchup_window_s"],
@@ -681,6 +688,26 @@ class Firer:
         sent.clear()
         return failed
 
+    def _replan_slots(self, result: TickResult) -> None:
+        """Move this tick's jobs whose stored slot is not a slot under this node's
+        tzdata (set aside by :meth:`_plan_row`) to their true slot; a later tick
+        fires it (scheduler/tzreplan.py). Re-reads them: one compare-and-set
+        transaction on the first write connection."""
+        conn = self._connection("write0")
+        rows = store.execute(conn, "jobs_by_keys", {"pids": [pid for pid, _ in self._replan],
+                                                     "jids": [uuid.UUID(j) for _, j in self._replan]})
+        items = []
+        for row in rows:
+            if row["kind"] != "cron" or row["next_nominal_at"] is None:
+                continue
+            try:
+                if not tzreplan.is_slot(self._schedules.for_row(row), row["next_nominal_at"]):
+                    items.append(tzreplan.replan_item(row))
+            except ValidationError:
+                continue
+        result.replanned = tzreplan.replan_jobs(conn, items, self._schedules)
+        self._metrics.slots_replanned.inc(result.replanned)
+
     def _cap_limits(self, tenants: dict[str, dict], owned: int) -> dict[str, int] | None:
         """This tick's run limits of rate-capped tenants (token buckets; see fairness.py)."""
         now_s = self._clock.monotonic()
@@ -710,6 +737,11 @@ class Firer:
             schedule = self._schedules.for_key(row[_SCHEDULE])
         except ValidationError as exc:  # a row that no longer parses (e.g. tzdata change)
             log.event("job_invalid", logging.ERROR, job_id=str(row[_JOB_ID]), error=str(exc))
+            return
+        if row[_SCHEDULE][0] == "cron" and not tzreplan.is_slot(schedule, row[_NEXT_NOMINAL]):
+            # Stored under other tzdata rules: never fired as stored (an early
+            # run, then a second one); replanned at the end of the tick.
+            self._replan.append((row[_PARTITION], row[_JOB_ID]))
             return
         now, jitter_s = row[_STORE_NOW], row[_JITTER_S]
         # Without jitter a plan depends on the schedule, the slot, the policy and

@@ -106,6 +106,10 @@ class Metrics:
         self.stale_jobs = Counter(
             "scheduler_firing_stale_jobs_total",
             "Due jobs not advanced because they were edited between read and fire.", registry=r)
+        self.slots_replanned = Counter(
+            "scheduler_firing_slots_replanned_total",
+            "Due cron jobs whose stored slot was no slot under this node's tzdata, moved to their "
+            "true slot (scheduler/tzreplan.py).", registry=r)
         self.partitions_owned = Gauge(
             "scheduler_lease_partitions_owned", "Partitions whose lease this node holds.", registry=r)
         self.lease_events = Counter(

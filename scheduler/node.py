@@ -27,6 +27,7 @@ poll (lateness ≤ ~2 s); the endpoint closes last.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from types import FrameType
@@ -145,6 +146,26 @@ class Node:
                                                   name="retention-loop", daemon=True))
         for thread in self._threads:
             thread.start()
+        # Not joined at stop: a daemon that dies with the process (the pass is re-runnable).
+        threading.Thread(target=self._replan_slots, name="tz-replan", daemon=True).start()
+
+    def _replan_slots(self) -> None:
+        """Once at start, on its own connection: if the store's slots were computed
+        with another tzdata release, replan them (scheduler/tzreplan.py). Never
+        blocks firing (which checks every slot it fires anyway); failures are
+        logged and left to the next start or ``scheduler jobs replan-slots``."""
+        from scheduler import store, tzreplan
+
+        try:
+            s = self.settings
+            with store.connect(s.dsn, application_name=f"scheduler-replan:{s.node_id}"[:63],
+                               lock_timeout_s=s.effective_lock_timeout_s,
+                               statement_timeout_s=s.effective_statement_timeout_s,
+                               idle_in_transaction_timeout_s=s.effective_idle_in_transaction_timeout_s) as conn:
+                tzreplan.replan_store(conn)
+        except Exception as exc:  # noqa: BLE001 - a failed pass is retried at the next start
+            log.event("slots_replan_failed", logging.WARNING, node=self.node_id,
+                      error=(str(exc).splitlines() or [type(exc).__name__])[0])
 
     def stop(self) -> None:
         """Ask the loops to stop; safe from a signal handler and idempotent."""

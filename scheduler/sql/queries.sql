@@ -427,6 +427,57 @@ SELECT (SELECT pids FROM fenced) AS fenced,
        (SELECT count(*) FROM inserted) AS inserted,
        extract(epoch FROM (statement_timestamp() - %(due)s::timestamptz))::float8 AS lag_s;
 
+-- name: last_handled
+-- Per job (pids[i], jids[i]): the latest nominal time of its runs and the
+-- latest end of its skip ranges (scheduler/tzreplan.py, the true slot).
+-- One primary-key probe each.
+SELECT a.pid AS partition_id, a.jid AS job_id,
+       (SELECT max(r.nominal_time) FROM runs AS r
+        WHERE r.partition_id = a.pid AND r.job_id = a.jid) AS last_run,
+       (SELECT max(s.until_nominal) FROM skips AS s
+        WHERE s.partition_id = a.pid AND s.job_id = a.jid) AS last_skip_until
+FROM unnest(%(pids)b::int4[], %(jids)b::uuid[]) AS a (pid, jid);
+
+-- name: jobs_by_keys
+-- The jobs rows of (pids[i], jids[i]).
+SELECT j.*
+FROM unnest(%(pids)b::int4[], %(jids)b::uuid[]) AS a (pid, jid)
+JOIN jobs AS j ON j.partition_id = a.pid AND j.job_id = a.jid;
+
+-- name: replan_slots
+-- Move jobs to their true slot (scheduler/tzreplan.py): a compare-and-set on
+-- the revision and the stored slot read, so a concurrent edit or firing
+-- advance wins. Returns the jobs moved.
+UPDATE jobs AS j
+SET next_nominal_at = a.nominal, next_due_at = a.due
+FROM unnest(%(pids)b::int4[], %(jids)b::uuid[], %(revs)b::int8[], %(froms)b::timestamptz[],
+            %(nominals)b::timestamptz[], %(dues)b::timestamptz[])
+     AS a (pid, jid, rev, from_nominal, nominal, due)
+WHERE j.partition_id = a.pid
+  AND j.job_id = a.jid
+  AND j.revision = a.rev
+  AND j.next_nominal_at = a.from_nominal
+RETURNING j.partition_id, j.job_id;
+
+-- name: cron_jobs_page
+-- Cron jobs with a pending slot after the key (after_pid, after_job), in
+-- primary-key order: one page of the tzdata replan pass.
+SELECT partition_id, job_id, revision, kind, cron_expr, cron_dialect, tz, interval_s,
+       anchor_at, fire_at, jitter_s, next_nominal_at, created_at, changed_at
+FROM jobs
+WHERE (partition_id, job_id) > (%(after_pid)s::int4, %(after_job)s::uuid)
+  AND kind = 'cron'
+  AND next_nominal_at IS NOT NULL
+ORDER BY partition_id, job_id
+LIMIT %(limit)s;
+
+-- name: get_store_meta
+SELECT value, updated_at FROM store_meta WHERE key = %(key)s;
+
+-- name: set_store_meta
+INSERT INTO store_meta (key, value, updated_at) VALUES (%(key)s, %(value)s, now())
+ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at;
+
 -- ---------------------------------------------------------------- tenants
 
 -- name: ensure_tenant

@@ -17,7 +17,6 @@ exact outcomes are accepted.
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import datetime, timedelta
 
@@ -25,40 +24,15 @@ import psycopg
 import pytest
 
 from scheduler import firing, jobs, store
-from scheduler.clock import SystemClock
 from scheduler.firing import Firer
-from scheduler.lease import LeaseTable, SqlCoordinator
-from scheduler.metrics import Metrics
 from scheduler.planner import scheduled_time
 from scheduler.schedule import CronSchedule
-from scheduler.settings import Settings
 from scheduler.spec import JobSpec
+
+from helpers import OneNode
 
 S = timedelta(seconds=1)
 MINUTE = timedelta(minutes=1)
-
-
-class OneNode:
-    """A node's firing half, driven by hand: joined, holding all 1,024 leases."""
-
-    def __init__(self, dsn: str, **overrides) -> None:
-        self.settings = Settings(dsn=dsn, node_id="t1", **overrides).validated()
-        self.metrics = Metrics()
-        self.table = LeaseTable(SystemClock(), self.settings.safety_margin_s)
-        self.coord = SqlCoordinator(self.settings, self.metrics)
-        self.coord.join()
-        sent = time.monotonic()
-        grants = self.coord.claim(1024)
-        assert len(grants) == 1024
-        self.table.grant(grants, sent, self.settings.lease_ttl_s)
-        self.firer = Firer(self.settings, self.table, SystemClock(), self.metrics)
-
-    def epoch(self, partition_id: int) -> int:
-        return self.table.held()[partition_id].epoch
-
-    def close(self) -> None:
-        self.firer.close()
-        self.coord.close()
 
 
 @pytest.fixture
