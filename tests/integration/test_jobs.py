@@ -216,7 +216,9 @@ BAD = [
     ("cron-step-0", {"cron": "*/0 * * * *"}, "cron", "step 0"),
     ("cron-never", {"cron": "0 0 31 2 *"}, "cron", "never fires"),
     ("cron-reboot", {"cron": "@reboot"}, "cron", "@reboot"),
-    ("cron-quartz", {"cron": "0 0 12 * * ?", "dialect": "seconds"}, "cron", "Quartz"),
+    ("cron-quartz", {"cron": "0 0 12 * * ? 2024", "dialect": "seconds"}, "cron", "Quartz with a year"),
+    ("cron-question-minute", {"cron": "? 0 * * *"}, "cron", "only allowed as a whole day-of-month or day-of-week"),
+    ("cron-spring-never", {"cron": "0 0 0 31 2 FRI", "dialect": "seconds"}, "cron", "never fires"),
     ("cron-reversed", {"cron": "0 0 * * FRI-MON"}, "cron", "reversed"),
     ("cron-out-of-range", {"cron": "61 * * * *"}, "cron", "minute"),
     ("dialect", {"cron": "* * * * *", "dialect": "quartz"}, "dialect", "one of unix, seconds"),
@@ -310,26 +312,26 @@ def test_tenants_add_list_set(conn) -> None:
 # ---------------------------------------------------------------- the corpus import
 
 # The corpus has 1,500 data lines (1,501 physical lines with the header).
-# Computed once with `corpus_specs` and checked by hand: 1,353 parse as
+# Computed once with `corpus_specs` and checked by hand: 1,356 parse as
 # schedules (unix5 and macro lines as unix, seconds6 as seconds, empty zone =
-# UTC) and 147 do not — 102 Python/YAML/JSON snippets (celery `crontab(...)`,
+# UTC) and 144 do not — 102 Python/YAML/JSON snippets (celery `crontab(...)`,
 # `h: 16, m: 30`, `[{hour: ...}]`), Go-style durations (`3h`, `1h`, `168h`,
-# `1m`), words (`hourly`, `daily`, `once`, `nil`), `@reboot`, Quartz `?`
-# lines, zone suffixes (`30 8 * * * Europe/London`), templated values
+# `1m`), words (`hourly`, `daily`, `once`, `nil`), `@reboot`, 6-field Quartz
+# lines (dialect `quartz`, read as unix), zone suffixes (`30 8 * * * Europe/London`), templated values
 # (`${scheduleExpression}`, `%%CRONTAB_INT%%`, `#{rand(60)}`), Jenkins `H/15`,
 # a 4-field line and `0 22, 10 * * *` (a space after a comma: 6 tokens).
 CORPUS_LINES = 1_500
-CORPUS_IMPORTED = 1_353
-CORPUS_REJECTED = 147
+CORPUS_IMPORTED = 1_356
+CORPUS_REJECTED = 144
 
 KNOWN_BAD = {
     2: ("3h", "cron: expected 5 fields for dialect 'unix', got 1"),
-    157: ("0 0 0 * * ?", "cron: '?' is Quartz syntax and is not supported"),
     210: ("@reboot", "cron: @reboot is not a timer"),
     228: ("*/%%CRONTAB_INT%% * * * *", "cron: step '%%CRONTAB_INT%%' in the minute field must be a whole number"),
     302: ("30 8 * * * Europe/London", "cron: 6 fields given, but the unix dialect takes 5"),
     392: ("0 22, 10 * * *", "cron: 6 fields given, but the unix dialect takes 5"),
     617: ("${scheduleExpression}", "cron: expected 5 fields for dialect 'unix', got 1"),
+    1169: ("0/30 * * * * ?", "cron: 6 fields given, but the unix dialect takes 5"),
     1173: ("1 * * 1-5", "cron: expected 5 fields for dialect 'unix', got 4"),
     1174: ("H/15 * * * 1-5", "cron: 'H' is not a valid value in the minute field"),
 }
@@ -360,18 +362,19 @@ def test_corpus_import_exact_outcome(conn) -> None:
     # A seconds-dialect line with its zone (line 156) and a macro line (line 138) came in as such.
     assert count(conn, "jobs", "cron_expr = '0 0 8 * * *' AND cron_dialect = 'seconds' AND tz = 'Europe/Madrid'") == 1
     assert count(conn, "jobs", "cron_expr = '@yearly' AND cron_dialect = 'unix' AND tz = 'UTC'") == 1
-    assert count(conn, "jobs", "cron_dialect = 'seconds'") == 8  # 11 seconds6 lines, 3 with Quartz '?'
+    assert count(conn, "jobs", "cron_dialect = 'seconds'") == 11  # every seconds6 line, 3 with '?' (= *)
+    assert count(conn, "jobs", "cron_expr = '0 0 0 * * ?' AND cron_dialect = 'seconds'") == 1  # line 157
 
 
 def test_corpus_import_uses_batched_transactions(conn) -> None:
     report = jobs.import_csv(conn, CORPUS, "corpus", batch_size=500)
     assert len(report.imported) == CORPUS_IMPORTED
-    # Every row remembers the transaction that inserted it (xmin): 1,353 jobs
+    # Every row remembers the transaction that inserted it (xmin): 1,356 jobs
     # in batches of 500 are exactly three transactions, not one per row.
     rows = conn.execute(
         "SELECT xmin::text AS tx, count(*) AS n, count(DISTINCT created_at) AS stamps "
         "FROM jobs GROUP BY xmin::text ORDER BY count(*) DESC").fetchall()
-    assert [r["n"] for r in rows] == [500, 500, 353]
+    assert [r["n"] for r in rows] == [500, 500, 356]
     assert all(r["stamps"] == 1 for r in rows)  # one store clock reading per batch
 
 
@@ -386,7 +389,7 @@ def test_corpus_import_default_batches(conn, monkeypatch) -> None:
     monkeypatch.setattr(store, "run_transaction", run_transaction)
     report = jobs.import_csv(conn, CORPUS, "corpus")
     assert len(report.imported) == CORPUS_IMPORTED
-    assert len(calls) == 2  # IMPORT_BATCH = 1,000: 1,000 + 353
+    assert len(calls) == 2  # IMPORT_BATCH = 1,000: 1,000 + 356
     assert jobs.IMPORT_BATCH == 1_000
 
 

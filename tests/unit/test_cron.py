@@ -89,7 +89,7 @@ def epoch_s(dt: datetime) -> int:
         ("0 */24 * * *", "step 24 is larger than the hour field allows (at most 23)"),
         ("0 0 */31 * *", "step 31 is larger than the day-of-month field allows (at most 30)"),
         ("0 0 1 */12 *", "step 12 is larger than the month field allows (at most 11)"),
-        ("0 0 * * */7", "step 7 is larger than the day-of-week field allows (at most 6)"),
+        ("0 0 * * */8", "step 8 is larger than the day-of-week field allows (at most 7)"),
         ("*/x * * * *", "step 'x' in the minute field must be a whole number"),
         ("0 0 * * FRI-MON", "range FRI-MON in the day-of-week field is reversed"),
         ("0 0 * * 5-1", "range 5-1 in the day-of-week field is reversed"),
@@ -97,8 +97,13 @@ def epoch_s(dt: datetime) -> int:
         ("0 0 30-2 * *", "range 30-2 in the day-of-month field is reversed"),
         ("0 22-2 * * *", "range 22-2 in the hour field is reversed"),
         ("0 0 * NOV-FEB *", "range NOV-FEB in the month field is reversed"),
-        ("0 0 ? * MON", "Quartz"),
-        ("0 0 * * ?", "Quartz"),
+        ("? 0 * * *", "'?' (no specific value, = *) is only allowed as a whole day-of-month or day-of-week "
+                      "field, not in the minute field"),
+        ("0 0 * ? *", "not in the month field"),
+        ("0 0 ?,1 * *", "'?' (no specific value, = *) is only allowed as a whole day-of-month or day-of-week field"),
+        ("0 0 * * ?/2", "only allowed as a whole day-of-month or day-of-week field"),
+        ("0 0 * * MON-?", "only allowed as a whole day-of-month or day-of-week field"),
+        ("0 0 L-3 * *", "'L-3' (n days before the last day of the month) is not supported; L, LW and NW are"),
         ("0 0 15W,20 * *", "W (nearest weekday) must be the only term of the day-of-month field"),
         ("0 0 15W * MON", "needs day-of-week *"),
         ("0 0 15W/2 * *", "a step cannot follow '15W' in the day-of-month field"),
@@ -118,7 +123,7 @@ def epoch_s(dt: datetime) -> int:
         ("0 0 */10 2 FRI#5", "never fires"),  # the 5th Friday of February is the 29th
         ("* * * *", "expected 5 fields for dialect 'unix', got 4"),
         ("0 * * * * *", "6 fields given, but the unix dialect takes 5"),
-        ("0 0 12 * * ? 2024", "Quartz"),
+        ("0 0 12 * * ? 2024", "7 fields (Quartz with a year) are not supported"),
         ("0 0 12 1 * MON 2024", "7 fields (Quartz with a year) are not supported"),
         ("@reboot", "@reboot is not a timer"),
         ("@every 5m", "unknown macro"),
@@ -142,9 +147,13 @@ def test_invalid_unix_expressions_are_rejected_naming_the_rule(expr: str, words:
     [
         ("60 * * * * *", "value 60 is out of range for the second field (0-59)"),
         ("*/60 * * * * *", "step 60 is larger than the second field allows (at most 59)"),
-        ("0 0 12 * * ?", "Quartz"),
-        ("0 0 12 ? * MON", "Quartz"),
         ("0 0 12 * * MON 2024", "7 fields"),
+        ("0 0 12 * * ? 2024", "7 fields (Quartz with a year) are not supported"),
+        ("0 0 0 L-3 * *", "'L-3' (n days before the last day of the month) is not supported"),
+        ("? 0 0 * * *", "not in the second field"),
+        ("0 0 ? * * *", "not in the hour field"),
+        ("0 0 0 * * */8", "step 8 is larger than the day-of-week field allows (at most 7)"),
+        ("0 0 0 31 2 FRI", "never fires: day-of-month 31 does not occur in February"),  # AND in this dialect
         ("0 12 * * *", "5 fields given, but the seconds dialect takes 6"),
         ("0 0 0 31 2 *", "never fires"),
     ],
@@ -412,6 +421,151 @@ def test_seconds_dialect_fires_on_seconds() -> None:
         "2024-01-01T00:01:20Z",
     ]
     assert fires("30 15 10 * * 7", "UTC", "2024-01-01T00:00:00Z", 1, "seconds") == ["2024-01-07T10:15:30Z"]
+
+
+# ---- Dialect details: Spring's day rule, '?', '*/7' in day-of-week (issue 11, item 9)
+#
+# The examples are the ones Spring's CronExpression javadoc documents, with
+# the fires worked out by hand from a calendar (2024-01-01 is a Monday).
+
+JAN_1_2024 = "2024-01-01T00:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("expr", "count", "expected"),
+    [
+        # "the top of every hour of every day"
+        ("0 0 * * * *", 3, ["2024-01-01T01:00:00Z", "2024-01-01T02:00:00Z", "2024-01-01T03:00:00Z"]),
+        # "every ten seconds"
+        ("*/10 * * * * *", 3, ["2024-01-01T00:00:10Z", "2024-01-01T00:00:20Z", "2024-01-01T00:00:30Z"]),
+        # "8, 9 and 10 o'clock of every day"
+        ("0 0 8-10 * * *", 4, ["2024-01-01T08:00:00Z", "2024-01-01T09:00:00Z", "2024-01-01T10:00:00Z",
+                               "2024-01-02T08:00:00Z"]),
+        # "6:00 AM and 7:00 PM every day"
+        ("0 0 6,19 * * *", 3, ["2024-01-01T06:00:00Z", "2024-01-01T19:00:00Z", "2024-01-02T06:00:00Z"]),
+        # "8:00, 8:30, 9:00, 9:30, 10:00 and 10:30 every day"
+        ("0 0/30 8-10 * * *", 7, ["2024-01-01T08:00:00Z", "2024-01-01T08:30:00Z", "2024-01-01T09:00:00Z",
+                                  "2024-01-01T09:30:00Z", "2024-01-01T10:00:00Z", "2024-01-01T10:30:00Z",
+                                  "2024-01-02T08:00:00Z"]),
+        # "every Christmas Day at midnight"
+        ("0 0 0 25 12 ?", 2, ["2024-12-25T00:00:00Z", "2025-12-25T00:00:00Z"]),
+        # "last day of the month at midnight"
+        ("0 0 0 L * *", 3, ["2024-01-31T00:00:00Z", "2024-02-29T00:00:00Z", "2024-03-31T00:00:00Z"]),
+        # "first weekday of the month at midnight" (2024-06-01 is a Saturday)
+        ("0 0 0 1W 6 *", 1, ["2024-06-03T00:00:00Z"]),
+        ("0 0 0 1W * *", 2, ["2024-02-01T00:00:00Z", "2024-03-01T00:00:00Z"]),
+        # "last weekday of the month at midnight" (2024-03-31 is a Sunday)
+        ("0 0 0 LW * *", 3, ["2024-01-31T00:00:00Z", "2024-02-29T00:00:00Z", "2024-03-29T00:00:00Z"]),
+        # "last Friday of the month at midnight"
+        ("0 0 0 * * 5L", 3, ["2024-01-26T00:00:00Z", "2024-02-23T00:00:00Z", "2024-03-29T00:00:00Z"]),
+        # "last Thursday of the month at midnight"
+        ("0 0 0 * * THUL", 2, ["2024-01-25T00:00:00Z", "2024-02-29T00:00:00Z"]),
+        # "the second Friday in the month at midnight"
+        ("0 0 0 ? * 5#2", 3, ["2024-01-12T00:00:00Z", "2024-02-09T00:00:00Z", "2024-03-08T00:00:00Z"]),
+        # "the first Monday in the month at midnight" (not 2024-01-01 itself: strictly after)
+        ("0 0 0 ? * MON#1", 3, ["2024-02-05T00:00:00Z", "2024-03-04T00:00:00Z", "2024-04-01T00:00:00Z"]),
+    ],
+)
+def test_spring_javadoc_examples(expr: str, count: int, expected: list[str]) -> None:
+    assert fires(expr, "UTC", JAN_1_2024, count, "seconds") == expected
+
+
+def test_spring_nine_to_five_weekdays() -> None:
+    # "on the hour nine-to-five weekdays", from Friday 2024-01-05 16:30
+    assert fires("0 0 9-17 * * MON-FRI", "UTC", "2024-01-05T16:30:00Z", 3, "seconds") == [
+        "2024-01-05T17:00:00Z",
+        "2024-01-08T09:00:00Z",
+        "2024-01-08T10:00:00Z",
+    ]
+
+
+def test_seconds_dialect_day_fields_combine_with_and_as_in_spring() -> None:
+    # Spring: a day matches both day fields, whatever they start with.
+    # Friday the 13th: 2024-09-13, 2024-12-13, 2025-06-13.
+    assert fires("0 0 0 13 * FRI", "UTC", JAN_1_2024, 3, "seconds") == [
+        "2024-09-13T00:00:00Z",
+        "2024-12-13T00:00:00Z",
+        "2025-06-13T00:00:00Z",
+    ]
+    # The Spring idiom for "the first Monday of the month".
+    assert fires("0 0 0 1-7 * MON", "UTC", JAN_1_2024, 3, "seconds") == [
+        "2024-02-05T00:00:00Z",
+        "2024-03-04T00:00:00Z",
+        "2024-04-01T00:00:00Z",
+    ]
+    # The 1st when it is a Monday (2024-01-01 itself is not after the start).
+    assert fires("0 0 0 1 * MON", "UTC", JAN_1_2024, 2, "seconds") == ["2024-04-01T00:00:00Z", "2024-07-01T00:00:00Z"]
+    # The last day of the month when it is also the last Friday.
+    assert fires("0 0 0 L * 5L", "UTC", JAN_1_2024, 2, "seconds") == ["2024-05-31T00:00:00Z", "2025-01-31T00:00:00Z"]
+    assert CronExpression.parse("0 0 0 13 * FRI", "seconds").day_and is True
+
+
+def test_unix_dialect_keeps_the_vixie_or_rule() -> None:
+    # The same day fields in the unix dialect: the 13th, or any Friday.
+    assert fires("0 0 13 * FRI", "UTC", JAN_1_2024, 4) == [
+        "2024-01-05T00:00:00Z",
+        "2024-01-12T00:00:00Z",
+        "2024-01-13T00:00:00Z",
+        "2024-01-19T00:00:00Z",
+    ]
+    assert CronExpression.parse("0 0 13 * FRI").day_and is False
+    assert CronExpression.parse("0 0 */1 * FRI").day_and is True
+    # Same normalised fields, different day rule: not the same schedule.
+    unix, seconds = CronExpression.parse("0 0 13 * 5"), CronExpression.parse("0 0 0 13 * 5", "seconds")
+    assert unix.normalized == seconds.normalized == "0 0 0 13 * 5"
+    assert unix != seconds
+    # With a '*' day field both dialects read AND, and agree.
+    assert CronExpression.parse("0 0 13 * *") == CronExpression.parse("0 0 0 13 * *", "seconds")
+
+
+@pytest.mark.parametrize("dialect", ["unix", "seconds"])
+def test_question_mark_is_star_in_a_day_field(dialect: str) -> None:
+    second = "0 " if dialect == "seconds" else ""
+    for with_q, with_star in [("15 2 * * ?", "15 2 * * *"), ("0 9 ? * MON-FRI", "0 9 * * MON-FRI"),
+                              ("0 0 1 * ?", "0 0 1 * *"), ("0 0 ? * ?", "0 0 * * *"), ("0 0 ? 3 5#2", "0 0 * 3 5#2")]:
+        parsed = CronExpression.parse(second + with_q, dialect)
+        assert parsed == CronExpression.parse(second + with_star, dialect)
+        assert parsed.day_and is True
+
+
+def test_question_mark_counts_as_star_for_the_unix_day_rule() -> None:
+    # robfig/croniter style: '?' leaves day-of-month blank, so only the weekday decides.
+    assert fires("0 9 ? * MON-FRI", "UTC", "2024-01-05T12:00:00Z", 2) == ["2024-01-08T09:00:00Z", "2024-01-09T09:00:00Z"]
+    # '?' in day-of-week: the 1st of each month only (not OR-ed with every day).
+    assert fires("0 0 1 * ?", "UTC", JAN_1_2024, 2) == ["2024-02-01T00:00:00Z", "2024-03-01T00:00:00Z"]
+
+
+def test_question_mark_does_not_change_the_dst_policy() -> None:
+    # Still a fixed-time job (minute and hour decide): the gap slot fires at the jump (C02).
+    assert CronExpression.parse("30 2 ? * *").is_fixed_time is True
+    assert fires("30 2 ? * *", "America/New_York", "2021-03-13T12:00:00-05:00", 2) == [
+        "2021-03-14T07:00:00Z",
+        "2021-03-15T06:30:00Z",
+    ]
+
+
+@pytest.mark.parametrize("dialect", ["unix", "seconds"])
+def test_step_7_in_day_of_week_is_sunday_as_in_vixie_cron(dialect: str) -> None:
+    # Vixie: '*' in day-of-week is 0-7, so '*/7' is {0, 7}, both Sunday.
+    second = "0 " if dialect == "seconds" else ""
+    assert fires(second + "0 0 * * */7", "UTC", JAN_1_2024, 2, dialect) == [
+        "2024-01-07T00:00:00Z",
+        "2024-01-14T00:00:00Z",
+    ]
+    assert fires(second + "0 0 * * 0-7/7", "UTC", JAN_1_2024, 1, dialect) == ["2024-01-07T00:00:00Z"]
+    assert fires(second + "0 0 * * 1-7/7", "UTC", JAN_1_2024, 1, dialect) == ["2024-01-08T00:00:00Z"]  # {1}
+    # '*/2' counts from Sunday: Sunday, Tuesday, Thursday, Saturday.
+    assert fires(second + "0 0 * * */2", "UTC", JAN_1_2024, 4, dialect) == [
+        "2024-01-02T00:00:00Z",
+        "2024-01-04T00:00:00Z",
+        "2024-01-06T00:00:00Z",
+        "2024-01-07T00:00:00Z",
+    ]
+
+
+def test_step_7_in_day_of_week_starts_with_star_for_the_unix_day_rule() -> None:
+    # Vixie sets DOW_STAR for any field starting with '*': the 13th when it is a Sunday.
+    assert fires("0 0 13 * */7", "UTC", JAN_1_2024, 2) == ["2024-10-13T00:00:00Z", "2025-04-13T00:00:00Z"]
 
 
 # --------------------------------------------------------------------------
@@ -822,7 +976,7 @@ def _day_of_week() -> st.SearchStrategy[str]:
         st.integers(0, 7).map(lambda d: f"{d}L"),
         st.sampled_from(["MON-FRI", "SAT,SUN", "MON-SUN", "TUE#2", "FRIL"]),
     )
-    return st.one_of(_values(0, 7, 6), special)
+    return st.one_of(_values(0, 7, 7), special)
 
 
 EXPRESSIONS = st.tuples(
@@ -865,8 +1019,14 @@ DAY_EXPRESSIONS = st.tuples(
     st.integers(0, 23),
     _day_of_month(),
     st.one_of(_values(1, 12, 11), st.just("*")),
-    st.one_of(_day_of_week(), st.just("*")),
+    st.one_of(_day_of_week(), st.just("*"), st.just("?")),
 ).map(lambda t: " ".join(map(str, t)))
+
+
+def _cronsim_text(expr: str) -> str:
+    """``expr`` as cronsim reads it: MON-SUN as 1-7, FRIL as 5L, a day field '?' as '*'."""
+    fields = expr.replace("MON-SUN", "1-7").replace("FRIL", "5L").split()
+    return " ".join("*" if f == "?" else f for f in fields)
 
 
 @given(expr=DAY_EXPRESSIONS, start=INSTANTS)
@@ -874,7 +1034,29 @@ DAY_EXPRESSIONS = st.tuples(
 def test_day_fields_agree_with_cronsim_in_utc(expr: str, start: datetime) -> None:
     # One fire a day at most, so every step crosses day and month boundaries.
     schedule = _schedule_or_reject(expr, "UTC")
-    reference = CronSim(expr.replace("MON-SUN", "1-7").replace("FRIL", "5L"), start)
+    reference = CronSim(_cronsim_text(expr), start)
+    instant = start
+    for _ in range(8):
+        try:
+            expected = next(reference)
+        except StopIteration:
+            return
+        instant = schedule.next_after(instant)
+        assert instant == expected
+
+
+@given(expr=DAY_EXPRESSIONS, start=INSTANTS)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+def test_seconds_dialect_day_fields_are_cronsims_matchers_combined_with_and(expr: str, start: datetime) -> None:
+    # Spring's rule: a day matches iff it matches both day fields. cronsim's own
+    # per-field matchers, with its day rule forced to AND, are the reference.
+    try:
+        schedule = CronSchedule("0 " + expr, "UTC", "seconds")
+    except ValidationError:
+        assume(False)
+        raise
+    reference = CronSim("0 " + _cronsim_text(expr), start)
+    reference.day_and = True
     instant = start
     for _ in range(8):
         try:
