@@ -448,6 +448,18 @@ class CronExpression:
         """The 6-field numeric expression cronsim iterates (seconds first)."""
         return " ".join(self.fields)
 
+    def smallest_wall_gap_s(self) -> int | None:
+        """The smallest difference (seconds) between consecutive matching wall times, or ``None``.
+
+        Exact over all time, for the naive wall clock (no zone: what a
+        schedule's fires are apart away from UTC-offset changes).
+        ``None`` means every gap is longer than a day (one time of day,
+        and never two matching days in a row): then every gap is at least
+        two days less that time of day, over 86,400. Cached per
+        expression; see :func:`_smallest_wall_gap_s` for the method.
+        """
+        return _smallest_wall_gap_s(self)
+
     def next_wall(self, after_wall_s: int, limit_wall_s: int) -> int | None:
         """Return the first matching wall time in ``(after_wall_s, limit_wall_s]``, or ``None``.
 
@@ -479,6 +491,82 @@ class CronExpression:
             wall = _wall_of(found)
             return wall if wall <= limit_wall_s else None
         return None
+
+
+def _min_step(values: tuple[int, ...]) -> int | None:
+    """Smallest difference of consecutive values of a sorted tuple; ``None`` for fewer than two."""
+    if len(values) < 2:
+        return None
+    return min(b - a for a, b in zip(values, values[1:]))
+
+
+# 2001-01-01 .. 2029-01-01 holds every kind of calendar day pair: the 14 kinds
+# of year (leap or not, times the weekday of January 1st) all start in it, and
+# so do the seven weekdays of December 31st followed by January 1st.
+_PAIR_SCAN = ((2001, 1), (2029, 1))
+
+
+@functools.lru_cache(maxsize=4096)
+def _smallest_wall_gap_s(expression: CronExpression) -> int | None:
+    """The method of :meth:`CronExpression.smallest_wall_gap_s`.
+
+    Matching wall times are (matching days) x (times of day), and the times
+    of day are the product hours x minutes x seconds, so consecutive
+    matches are either inside one day: consecutive seconds of one minute
+    (the smallest step of the second set), the last second of a minute to
+    the first of the next chosen minute (smallest minute step x 60, less
+    the second set's span), the last time of an hour to the first of the
+    next chosen hour (likewise); or across midnight: the day's last time to
+    the first time of the next matching day, ``86,400 - span`` of the
+    day's times when the days are adjacent, and over 86,400 otherwise.
+    Whether two adjacent calendar days ever both match is decided over
+    2001-2028 (every kind of adjacent-day pair occurs there; see
+    ``_PAIR_SCAN``), at most 10,227 ``match_day`` calls, and only when
+    that gap would be the smallest.
+    """
+    template = expression._template
+    seconds, minutes, hours = template["_second_list"], template["_minute_list"], template["_hour_list"]
+    second_span = seconds[-1] - seconds[0]
+    minute_span = minutes[-1] * 60 + seconds[-1] - minutes[0] * 60 - seconds[0]
+    day_span = hours[-1] * 3600 + minutes[-1] * 60 + seconds[-1] - (hours[0] * 3600 + minutes[0] * 60 + seconds[0])
+    within = [
+        gap for gap in (
+            _min_step(seconds),
+            None if len(minutes) < 2 else _min_step(minutes) * 60 - second_span,
+            None if len(hours) < 2 else _min_step(hours) * 3600 - minute_span,
+        ) if gap is not None
+    ]
+    inside_a_day = min(within) if within else None
+    across_midnight = 86_400 - day_span
+    if inside_a_day is not None and inside_a_day <= across_midnight:
+        return inside_a_day
+    return across_midnight if _adjacent_days_match(expression) else inside_a_day
+
+
+def _adjacent_days_match(expression: CronExpression) -> bool:
+    """Whether two consecutive calendar days both match the day and month fields (see ``_PAIR_SCAN``)."""
+    sim = object.__new__(_WallSim)
+    sim.__dict__.update(expression._template)
+    w_day = expression.w_day
+    previous = None  # ordinal of the last matching day seen
+    (year, month), end = _PAIR_SCAN
+    while (year, month) < end:
+        if month in sim.months:
+            length = calendar.monthrange(year, month)[1]
+            if w_day is not None:
+                nearest = nearest_weekday(year, month, w_day)
+                days: Any = () if nearest is None else (nearest,)
+            else:
+                days = range(1, length + 1)
+            for day in days:
+                current = date(year, month, day)
+                if sim.match_day(current):
+                    ordinal = current.toordinal()
+                    if previous == ordinal - 1:
+                        return True
+                    previous = ordinal
+        year, month = (year + 1, 1) if month == 12 else (year, month + 1)
+    return False
 
 
 @functools.lru_cache(maxsize=4096)

@@ -136,6 +136,22 @@ def test_console_script_exit_status_and_one_line_error() -> None:
 # ---------------------------------------------------------------- jobs add / list / show / pause / delete
 
 
+def test_jobs_add_refuses_jitter_not_below_the_gap_between_slots(pg_dsn, conn) -> None:
+    # Exit 2, one line naming jitter, nothing written (issue 11, item 2).
+    line = one_line_error(run(["jobs", "add", "--tenant", "acme", "--interval", "60", "--jitter", "300"], pg_dsn),
+                          2, "error: jitter: ")
+    assert line == ("error: jitter: must be smaller than the smallest gap between slots "
+                    "(60 s for this schedule) (got 300)")
+    line = one_line_error(run(["jobs", "add", "--tenant", "acme", "--cron", "30 1,2 * * *", "--tz",
+                               "America/New_York", "--jitter", "1800"], pg_dsn), 2, "error: jitter: ")
+    assert line == ("error: jitter: must be smaller than the smallest gap between slots "
+                    "(1800 s for this schedule, at a UTC-offset change of America/New_York) (got 1800)")
+    assert conn.execute("SELECT count(*) AS c FROM jobs").fetchone()["c"] == 0
+    accepted = run(["jobs", "add", "--tenant", "acme", "--interval", "60", "--jitter", "59"], pg_dsn)
+    assert accepted.exit_code == 0, accepted.stderr
+    assert jobs.get_job(conn, uuid.UUID(accepted.stdout.strip()))["jitter_s"] == 59
+
+
 def test_jobs_add_prints_the_id_of_the_stored_job(pg_dsn, conn) -> None:
     result = run(["jobs", "add", "--tenant", "acme", "--cron", "0 2 * * *", "--tz", "Europe/Berlin",
                   "--name", "nightly", "--misfire", "once", "--jitter", "20"], pg_dsn)

@@ -244,6 +244,19 @@ BAD = [
     ("grace-frac", {"interval_s": 60, "misfire_grace_s": 0.5}, "misfire_grace", "whole number"),
     ("jitter-neg", {"interval_s": 60, "jitter_s": -1}, "jitter", "at least 0"),
     ("jitter-huge", {"interval_s": 60, "jitter_s": 86_401}, "jitter", "at most 86400"),
+    # Jitter must be smaller than the smallest gap between consecutive slots (issue 11, item 2).
+    ("jitter-interval-equal", {"interval_s": 60, "jitter_s": 60}, "jitter",
+     "must be smaller than the smallest gap between slots (60 s for this schedule)"),
+    ("jitter-interval-above", {"interval_s": 60, "jitter_s": 300}, "jitter", "(60 s for this schedule)"),
+    ("jitter-cron-equal", {"cron": "* * * * *", "jitter_s": 60}, "jitter", "(60 s for this schedule)"),
+    ("jitter-cron-above", {"cron": "*/5 * * * *", "jitter_s": 3600}, "jitter", "(300 s for this schedule)"),
+    ("jitter-cron-dst", {"cron": "30 1,2 * * *", "tz": "America/New_York", "jitter_s": 1800}, "jitter",
+     "(1800 s for this schedule, at a UTC-offset change of America/New_York)"),
+    ("jitter-cron-daily-dst", {"cron": "0 0 * * *", "tz": "Europe/Berlin", "jitter_s": 82_800}, "jitter",
+     "(82800 s for this schedule, at a UTC-offset change of Europe/Berlin)"),  # the 23-hour day
+    ("jitter-cron-month-end", {"cron": "0 1,23 L,1 * *", "jitter_s": 7200}, "jitter", "(7200 s for this schedule)"),
+    ("jitter-seconds-dialect", {"cron": "*/10 * * * * *", "dialect": "seconds", "jitter_s": 10}, "jitter",
+     "(10 s for this schedule)"),
     ("name-empty", {"interval_s": 60, "name": ""}, "name", "printable"),
     ("name-newline", {"interval_s": 60, "name": "a\nb"}, "name", "printable"),
     ("tenant-punct", {"interval_s": 60, "tenant": "-acme"}, "tenant", "letter or digit"),
@@ -267,6 +280,22 @@ def test_bad_input_is_refused_naming_the_field_and_changes_nothing(conn, kwargs,
     assert words in caught.value.rule
     assert snapshot(conn) == state
     assert count(conn, "tenants", "tenant = %s", ("newcomer",)) == 0
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"interval_s": 60, "jitter_s": 59},
+    {"cron": "* * * * *", "jitter_s": 59},
+    {"cron": "30 1,2 * * *", "tz": "America/New_York", "jitter_s": 1799},
+    {"cron": "30 1,2 * * *", "tz": "UTC", "jitter_s": 3599},  # no offset change: the wall gap, 3,600 s
+    {"cron": "0 0 * * *", "tz": "Europe/Berlin", "jitter_s": 82_799},
+    {"cron": "0 1,23 L,1 * *", "jitter_s": 7199},
+    {"cron": "*/10 * * * * *", "dialect": "seconds", "jitter_s": 9},
+    {"cron": "0 0 1 * *", "jitter_s": 86_400},  # a month apart: any jitter up to the maximum
+    {"at": FUTURE, "jitter_s": 86_400},  # one slot: no gap
+], ids=["interval", "cron", "cron-dst", "cron-utc", "cron-daily-dst", "cron-month-end", "seconds", "monthly", "once"])
+def test_jitter_below_the_smallest_gap_is_accepted(conn, kwargs) -> None:
+    job_id = jobs.add_job(conn, JobSpec.build(tenant="acme", **kwargs)).job_id
+    assert jobs.get_job(conn, job_id)["jitter_s"] == kwargs["jitter_s"]
 
 
 def test_a_past_one_shot_in_a_batch_writes_nothing(conn) -> None:

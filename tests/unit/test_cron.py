@@ -1207,3 +1207,130 @@ def test_daily_fixed_time_job_fires_once_per_local_date_across_dst(
     got = list(itertools.islice(_iterate(schedule, start - timedelta(seconds=1)), 7))
     dates = [f.astimezone(zone).date() for f in got]
     assert dates == [first_date + timedelta(days=k) for k in range(7)]
+
+
+# --------------------------------------------------------------------------
+# The smallest gap between consecutive slots (the jitter rule, issue 11 item 2)
+
+
+@pytest.mark.parametrize(
+    ("expr", "dialect", "gap"),
+    [
+        ("* * * * *", "unix", 60),
+        ("*/15 * * * *", "unix", 900),
+        ("0,59 * * * *", "unix", 60),  # :59 to the next hour's :00
+        ("30 1,2 * * *", "unix", 3600),
+        ("0 0,23 * * *", "unix", 3600),  # 23:00 to the next midnight
+        ("0 0,23 * * MON", "unix", 82_800),  # Monday 00:00 to 23:00; Mondays are never adjacent
+        ("0 0,23 * * MON,TUE", "unix", 3600),  # Monday 23:00 to Tuesday 00:00
+        ("0 0 * * *", "unix", 86_400),
+        ("0 0 * * 0-6/6", "unix", 86_400),  # Saturday, then Sunday
+        ("0 0 28,29 2 *", "unix", 86_400),  # adjacent only in leap years
+        ("0 1,23 L,1 * *", "unix", 7200),  # the month's last day 23:00, the 1st 01:00
+        ("0 0 L * 1", "unix", 86_400),  # OR: a Sunday last day, then Monday the 1st
+        ("0 0 1 * *", "unix", None),  # more than a day: every gap is 28 days or more
+        ("0 0 15W * *", "unix", None),
+        ("59 23 L * *", "unix", None),
+        ("*/7 * * * * *", "seconds", 4),  # :56 to the next minute's :00
+        ("0 0 0 13 * FRI", "seconds", None),  # AND: Friday the 13th
+        ("0 0 0 12,13 * FRI,SAT", "seconds", 86_400),  # AND: a Friday 12th, then Saturday the 13th
+    ],
+)
+def test_smallest_wall_gap(expr: str, dialect: str, gap: int | None) -> None:
+    assert CronExpression.parse(expr, dialect).smallest_wall_gap_s() == gap
+
+
+AFTER_2023_06 = at("2023-06-01T00:00:00Z")
+
+
+@pytest.mark.parametrize(
+    ("expr", "tz", "dialect", "limit", "gap"),
+    [
+        # Fixed-time: 01:30 EST, then 02:30 (in the gap) fires at the 03:00 EDT jump.
+        ("30 1,2 * * *", "America/New_York", "unix", 86_400, 1800),
+        ("30 1,2 * * *", "America/New_York", "unix", 1800, 1800),
+        ("30 1,2 * * *", "America/New_York", "unix", 1799, None),  # only gaps up to the limit
+        ("30 1,2 * * *", "UTC", "unix", 86_400, 3600),
+        # The jump to 03:00 EDT, then 03:30 EDT.
+        ("30 2,3 * * *", "America/New_York", "unix", 86_400, 1800),
+        # Wildcard across spring-forward: 01:59 EST, then 03:00 EDT one minute later.
+        ("*/59 1,3 * * *", "America/New_York", "unix", 86_400, 60),
+        # Wildcard across fall-back: 02:00 CEST, then 02:00 CET an hour later.
+        ("0 */2 * * *", "Europe/Berlin", "unix", 86_400, 3600),
+        # A 23-hour day; Lord Howe's half-hour change gives 23.5 hours.
+        ("0 0 * * *", "America/New_York", "unix", 86_400, 82_800),
+        ("0 30 1 * * *", "Australia/Lord_Howe", "seconds", 86_400, 84_600),
+        ("0 0 1 * *", "Europe/Berlin", "unix", 86_400, None),
+    ],
+)
+def test_smallest_gap_around_offset_changes(expr: str, tz: str, dialect: str, limit: int, gap: int | None) -> None:
+    assert CronSchedule(expr, tz, dialect).smallest_gap_s(limit, AFTER_2023_06) == gap
+
+
+def test_smallest_gap_only_looks_at_changes_within_the_horizon() -> None:
+    schedule = CronSchedule("30 1,2 * * *", "America/New_York")
+    # From June 2023, the next spring-forward is 2024-03-10: 283 days away.
+    assert schedule.smallest_gap_s(86_400, AFTER_2023_06, horizon_s=280 * 86_400) == 3600
+    assert schedule.smallest_gap_s(86_400, AFTER_2023_06, horizon_s=290 * 86_400) == 1800
+
+
+def test_smallest_gap_of_intervals_and_one_shots() -> None:
+    interval = IntervalSchedule(60, AFTER_2023_06)
+    assert interval.smallest_gap_s(60, AFTER_2023_06) == 60
+    assert interval.smallest_gap_s(59, AFTER_2023_06) is None
+    assert OnceSchedule(AFTER_2023_06).smallest_gap_s(86_400, AFTER_2023_06) is None
+
+
+_GAP_EXPRESSIONS = st.tuples(
+    st.sampled_from(["0", "30", "59", "0,30", "*/20", "15,45"]),
+    st.sampled_from(["1", "2", "1,2", "0,23", "2,3", "*/6", "1-3", "*/11"]),
+    st.sampled_from(["*", "L", "1", "L,1", "13", "28-31"]),
+    st.just("*"),
+    st.sampled_from(["*", "MON", "SAT,SUN", "5", "*/7"]),
+).map(" ".join)
+
+
+@given(expr=_GAP_EXPRESSIONS)
+@settings(max_examples=40, deadline=None)
+def test_smallest_wall_gap_matches_enumeration(expr: str) -> None:
+    # Oracle: enumerate the matching days of 2001-2028 and the times of one
+    # matching day with next_wall; gaps are consecutive times, and midnight
+    # crossings between adjacent matching days.
+    expression = CronExpression.parse(expr)
+    start, end = _wall(datetime(2001, 1, 1)), _wall(datetime(2029, 1, 2))
+    days, cursor = [], start - 1
+    while (match := expression.next_wall(cursor, end)) is not None:
+        days.append(match // 86_400)
+        cursor = (match // 86_400 + 1) * 86_400 - 1
+    first = days[0] * 86_400
+    times, cursor = [], first - 1
+    while (match := expression.next_wall(cursor, first + 86_399)) is not None:
+        times.append(match - first)
+        cursor = match
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    if any(b - a == 1 for a, b in zip(days, days[1:])):
+        gaps.append(86_400 - (times[-1] - times[0]))
+    assert expression.smallest_wall_gap_s() == (min(gaps) if gaps else None)
+
+
+def _wall(naive: datetime) -> int:
+    return int((naive - WALL_EPOCH).total_seconds())
+
+
+@given(expr=_GAP_EXPRESSIONS, tz=st.sampled_from(DST_ZONES))
+@settings(max_examples=30, deadline=None)
+def test_smallest_gap_matches_brute_force_over_the_horizon(expr: str, tz: str) -> None:
+    # Brute force: every fire from June 2023 through the two-year horizon, consecutive
+    # differences. Whatever it finds, the method finds too (or smaller, from a wall
+    # gap that occurs outside the horizon); when every day matches, exactly that.
+    schedule = CronSchedule(expr, tz)
+    after = AFTER_2023_06
+    end = after + timedelta(days=2 * 366)
+    fires_ = [epoch_s(f) for f in iter_fires(schedule, after, end)]
+    gaps = [b - a for a, b in zip(fires_, fires_[1:]) if b - a <= 86_400]
+    brute = min(gaps) if gaps else None
+    got = schedule.smallest_gap_s(86_400, after)
+    if brute is not None:
+        assert got is not None and got <= brute
+    if expr.split()[2] == "*" and expr.split()[4] == "*":
+        assert got == brute
