@@ -4,7 +4,8 @@ A :class:`JobSpec` is what a user registers: tenant, optional name, one
 schedule (cron expression in a zone, fixed interval, or one-shot instant),
 misfire policy and jitter. :meth:`JobSpec.validated` checks every field and
 raises :class:`~scheduler.errors.ValidationError` naming the field and the
-rule; nothing is written before it passes.
+rule; nothing is written before it passes. Jitter must be smaller than the
+smallest gap between consecutive slots (:func:`check_jitter`).
 
 :class:`ScheduleCache` builds schedule objects from job rows and memoizes
 ``next_after`` per (schedule, instant): in a midnight herd most jobs share a
