@@ -280,7 +280,9 @@ def _schedule_options(func: Callable) -> Callable:
         click.option("--cron", default=None, help="Cron expression (see --dialect)."),
         click.option("--tz", default=None, help="IANA time zone of the cron expression [default: UTC]."),
         click.option("--dialect", type=click.Choice(["unix", "seconds"]), default=None,
-                     help="unix: 5 fields (default); seconds: 6 fields, seconds first (Spring style)."),
+                     help="unix: 5 fields (default; Vixie day rule: OR unless a day field starts with *); "
+                          "seconds: 6 fields, seconds first (Spring: day fields combine with AND). "
+                          "A day field ? means *."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -486,6 +488,10 @@ def jobs_next(cron: str | None, tz: str | None, dialect: str | None, after: date
 
     Needs no store. Example: scheduler jobs next --cron '0 2 * * *'
     --tz Europe/Berlin --after 2023-10-27T12:00:00+02:00
+
+    \b
+    Friday the 13th (Spring's AND day rule of the seconds dialect):
+    scheduler jobs next --cron '0 0 0 13 * FRI' --dialect seconds --after 2024-01-01T00:00:00Z
     """
     from scheduler.schedule import CronSchedule, format_instant
 

@@ -8,9 +8,8 @@ instants in a zone, with the DST policy of DESIGN.md §3.
 
 Matching is delegated to ``cronsim`` (its ``CronSim`` iterating a *naive*
 datetime steps through matching wall times, and gets ``L``, ``LW``,
-``5L``, ``#``, ``7`` = Sunday and Debian's day rule right: when either day
-field starts with ``*`` a day must match both, otherwise either). Our own
-front layer parses the expression first, so that every bad input is a
+``5L``, ``#`` and ``7`` = Sunday right). Our own front layer parses the
+expression first, so that every bad input is a
 :class:`~scheduler.errors.ValidationError` on field ``cron`` whose rule
 names the offending field, and rewrites it into a plain numeric expression
 that cronsim reads the way we mean:
@@ -19,17 +18,34 @@ that cronsim reads the way we mean:
   day-of-week; a 6-field expression is refused with a hint to ask for
   ``seconds``, because ``0 * * * * *`` means different things to different
   libraries, case C50); ``seconds`` is exactly 6 fields, seconds first
-  (Spring style, day-of-week 0-7). Quartz's ``?``, its 7-field form (with
-  a year) and ``@reboot`` are refused. The macros ``@yearly @annually
-  @monthly @weekly @daily @midnight @hourly`` are expanded (in the seconds
-  dialect with second 0).
+  (Spring's ``CronExpression``, day-of-week 0-7, 0 and 7 = Sunday; not
+  Quartz's 1-7 with 1 = Sunday). Quartz's 7-field form (with a year),
+  Spring's ``L-n`` and ``@reboot`` are refused. The macros ``@yearly @annually @monthly
+  @weekly @daily @midnight @hourly`` are expanded (in the seconds dialect
+  with second 0).
+- the day rule (which days match when both day fields are given): in the
+  ``unix`` dialect Vixie/Debian's, when either day field starts with ``*``
+  a day must match both (AND), otherwise either (OR); in the ``seconds``
+  dialect Spring's, always both (AND: ``0 0 0 13 * FRI`` is Friday the
+  13th). cronsim derives the unix rule from the text; the parsed
+  expression carries the rule (``day_and``) and sets it on the iterator.
+- ``?`` (Quartz, Spring, robfig, croniter: "no specific value") is read as
+  ``*`` when it is a whole day-of-month or day-of-week field, in both
+  dialects; so under the unix rule it counts as a field starting with
+  ``*`` (``0 0 ? * MON`` is every Monday). Anywhere else (another field,
+  or inside a list or range) it is refused. It cannot reach the DST
+  policy, which looks at the minute and hour fields only.
 - ranges: reversed ranges are refused, except that a day-of-week range
   ending in ``SUN`` or ``7`` runs through Sunday: ``MON-SUN`` is every day
   (croniter's reading, case C37; cronsim alone would refuse it).
 - steps: a zero step, and a step larger than the field's span (minute and
-  second 59, hour 23, day-of-month 30, month 11, day-of-week 6) are
+  second 59, hour 23, day-of-month 30, month 11, day-of-week 7) are
   refused: ``*/59`` is valid and means minutes {0, 59}; ``*/60`` and
-  ``*/90`` are not (case C49). ``59/15`` means {59} (case C29).
+  ``*/90`` are not (case C49). ``59/15`` means {59} (case C29). A step
+  runs over the values of its base, so in day-of-week ``*`` is 0-7 as in
+  Vixie cron: ``*/7`` is {0, 7}, Sunday only, and ``*/2`` is {0, 2, 4, 6}
+  (Sunday, Tuesday, Thursday, Saturday) in both dialects (Spring would
+  count from Monday there).
 - ``NW`` (the weekday nearest to day N, Quartz semantics, never crossing
   into another month, no fire in a month shorter than N) is not in
   cronsim: cronsim is handed the day range ``N-2..N+2`` and the matches on
@@ -127,10 +143,13 @@ _DOM = _FieldSpec("day-of-month", 1, 31, 30)
 _MONTH = _FieldSpec(
     "month", 1, 12, 11, tuple("JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split()), 1
 )
-_DOW = _FieldSpec("day-of-week", 0, 7, 6, tuple("SUN MON TUE WED THU FRI SAT".split()), 0)
+_DOW = _FieldSpec("day-of-week", 0, 7, 7, tuple("SUN MON TUE WED THU FRI SAT".split()), 0)
 _UNIX_SPECS = (_MINUTE, _HOUR, _DOM, _MONTH, _DOW)
 
 _MONTH_DAYS = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # leap-year maximum
+
+
+_QUESTION_RULE = "'?' (no specific value, = *) is only allowed as a whole day-of-month or day-of-week field"
 
 
 class _Reject(Exception):
@@ -169,8 +188,6 @@ def _value(spec: _FieldSpec, token: str) -> int:
         return spec.names.index(upper) + spec.name_base
     if token == "":
         raise _Reject(f"missing value in the {spec.name} field")
-    if token == "?":
-        raise _Reject("'?' is Quartz syntax and is not supported; use *")
     allowed = f"{spec.low}-{spec.high}"
     if spec.names:
         allowed += f" or {spec.names[0]}-{spec.names[-1]}"
@@ -200,7 +217,8 @@ def _term(spec: _FieldSpec, term: str) -> tuple[str, int | None]:
     if term == "":
         raise _Reject(f"empty item in the {spec.name} field")
     if "?" in term:
-        raise _Reject("'?' is Quartz syntax and is not supported; use *")
+        raise _Reject(f"{_QUESTION_RULE}, not in the {spec.name} field" if spec not in (_DOM, _DOW)
+                      else _QUESTION_RULE)
     upper = term.upper()
     if "/" in term:
         base, step_text = term.split("/", 1)
@@ -216,6 +234,8 @@ def _term(spec: _FieldSpec, term: str) -> tuple[str, int | None]:
     if term == "*":
         return "*", None
     if "-" in term:
+        if spec is _DOM and upper.startswith("L-"):
+            raise _Reject(f"{term!r} (n days before the last day of the month) is not supported; L, LW and NW are")
         low, high = _range(spec, term)
         return f"{low}-{high}", None
     if not _is_special(spec, upper):
@@ -262,7 +282,12 @@ def _range(spec: _FieldSpec, text: str) -> tuple[int, int]:
 
 
 def _field(spec: _FieldSpec, text: str) -> tuple[str, int | None]:
-    """Normalise one field; return (cronsim text, W day or None)."""
+    """Normalise one field; return (cronsim text, W day or None).
+
+    A day field that is exactly ``?`` is ``*`` (Quartz's "no specific value").
+    """
+    if text == "?" and spec in (_DOM, _DOW):
+        return "*", None
     normalised = []
     w_day = None
     terms = text.split(",")
@@ -370,16 +395,19 @@ class CronExpression:
     ``text`` is the expression as given, ``dialect`` ``"unix"`` or
     ``"seconds"``, ``fields`` the normalised 6 fields handed to cronsim
     (second minute hour day-of-month month day-of-week; numeric, names
-    resolved, ``NW`` widened to ``N-2..N+2``), ``w_day`` the N of an ``NW``
-    day-of-month (else ``None``), ``is_fixed_time`` the DST policy switch.
-    Equality is by ``(fields, w_day)``: two spellings of the same schedule
-    are equal.
+    resolved, ``?`` read as ``*``, ``NW`` widened to ``N-2..N+2``),
+    ``w_day`` the N of an ``NW`` day-of-month (else ``None``), ``day_and``
+    the day rule (``True``: a day must match both day fields; ``False``:
+    either), ``is_fixed_time`` the DST policy switch. Equality is by
+    ``(fields, w_day, day_and)``: two spellings of the same schedule are
+    equal.
     """
 
     text: str
     dialect: str
     fields: tuple[str, ...]
     w_day: int | None
+    day_and: bool
     is_fixed_time: bool
     _template: dict[str, Any] = field(repr=False, compare=False)
 
@@ -390,10 +418,11 @@ class CronExpression:
         Cached per ``(expr, dialect)``. Raises
         :class:`~scheduler.errors.ValidationError`: field ``dialect`` for an
         unknown dialect; field ``cron`` for anything wrong with the
-        expression (wrong field count, unknown macro or ``@reboot``, Quartz
-        ``?``, out-of-range value, unknown name, empty field, zero or
-        over-long step, reversed range, misplaced ``L``/``W``/``#``, or an
-        expression that never fires); the rule names the field at fault.
+        expression (wrong field count, unknown macro or ``@reboot``, a
+        misplaced ``?``, ``L-n``, out-of-range value, unknown name, empty
+        field, zero or over-long step, reversed range, misplaced
+        ``L``/``W``/``#``, or an expression that never fires); the rule
+        names the field at fault.
         """
         if not isinstance(dialect, str) or dialect not in DIALECTS:
             raise ValidationError(
@@ -406,10 +435,10 @@ class CronExpression:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CronExpression):
             return NotImplemented
-        return (self.fields, self.w_day) == (other.fields, other.w_day)
+        return (self.fields, self.w_day, self.day_and) == (other.fields, other.w_day, other.day_and)
 
     def __hash__(self) -> int:
-        return hash((self.fields, self.w_day))
+        return hash((self.fields, self.w_day, self.day_and))
 
     def __str__(self) -> str:
         return self.text
@@ -418,6 +447,18 @@ class CronExpression:
     def normalized(self) -> str:
         """The 6-field numeric expression cronsim iterates (seconds first)."""
         return " ".join(self.fields)
+
+    def smallest_wall_gap_s(self) -> int | None:
+        """The smallest difference (seconds) between consecutive matching wall times, or ``None``.
+
+        Exact over all time, for the naive wall clock (no zone: what a
+        schedule's fires are apart away from UTC-offset changes).
+        ``None`` means every gap is longer than a day (one time of day,
+        and never two matching days in a row): then every gap is at least
+        two days less that time of day, over 86,400. Cached per
+        expression; see :func:`_smallest_wall_gap_s` for the method.
+        """
+        return _smallest_wall_gap_s(self)
 
     def next_wall(self, after_wall_s: int, limit_wall_s: int) -> int | None:
         """Return the first matching wall time in ``(after_wall_s, limit_wall_s]``, or ``None``.
@@ -452,6 +493,82 @@ class CronExpression:
         return None
 
 
+def _min_step(values: tuple[int, ...]) -> int | None:
+    """Smallest difference of consecutive values of a sorted tuple; ``None`` for fewer than two."""
+    if len(values) < 2:
+        return None
+    return min(b - a for a, b in zip(values, values[1:]))
+
+
+# 2001-01-01 .. 2029-01-01 holds every kind of calendar day pair: the 14 kinds
+# of year (leap or not, times the weekday of January 1st) all start in it, and
+# so do the seven weekdays of December 31st followed by January 1st.
+_PAIR_SCAN = ((2001, 1), (2029, 1))
+
+
+@functools.lru_cache(maxsize=4096)
+def _smallest_wall_gap_s(expression: CronExpression) -> int | None:
+    """The method of :meth:`CronExpression.smallest_wall_gap_s`.
+
+    Matching wall times are (matching days) x (times of day), and the times
+    of day are the product hours x minutes x seconds, so consecutive
+    matches are either inside one day: consecutive seconds of one minute
+    (the smallest step of the second set), the last second of a minute to
+    the first of the next chosen minute (smallest minute step x 60, less
+    the second set's span), the last time of an hour to the first of the
+    next chosen hour (likewise); or across midnight: the day's last time to
+    the first time of the next matching day, ``86,400 - span`` of the
+    day's times when the days are adjacent, and over 86,400 otherwise.
+    Whether two adjacent calendar days ever both match is decided over
+    2001-2028 (every kind of adjacent-day pair occurs there; see
+    ``_PAIR_SCAN``), at most 10,227 ``match_day`` calls, and only when
+    that gap would be the smallest.
+    """
+    template = expression._template
+    seconds, minutes, hours = template["_second_list"], template["_minute_list"], template["_hour_list"]
+    second_span = seconds[-1] - seconds[0]
+    minute_span = minutes[-1] * 60 + seconds[-1] - minutes[0] * 60 - seconds[0]
+    day_span = hours[-1] * 3600 + minutes[-1] * 60 + seconds[-1] - (hours[0] * 3600 + minutes[0] * 60 + seconds[0])
+    within = [
+        gap for gap in (
+            _min_step(seconds),
+            None if len(minutes) < 2 else _min_step(minutes) * 60 - second_span,
+            None if len(hours) < 2 else _min_step(hours) * 3600 - minute_span,
+        ) if gap is not None
+    ]
+    inside_a_day = min(within) if within else None
+    across_midnight = 86_400 - day_span
+    if inside_a_day is not None and inside_a_day <= across_midnight:
+        return inside_a_day
+    return across_midnight if _adjacent_days_match(expression) else inside_a_day
+
+
+def _adjacent_days_match(expression: CronExpression) -> bool:
+    """Whether two consecutive calendar days both match the day and month fields (see ``_PAIR_SCAN``)."""
+    sim = object.__new__(_WallSim)
+    sim.__dict__.update(expression._template)
+    w_day = expression.w_day
+    previous = None  # ordinal of the last matching day seen
+    (year, month), end = _PAIR_SCAN
+    while (year, month) < end:
+        if month in sim.months:
+            length = calendar.monthrange(year, month)[1]
+            if w_day is not None:
+                nearest = nearest_weekday(year, month, w_day)
+                days: Any = () if nearest is None else (nearest,)
+            else:
+                days = range(1, length + 1)
+            for day in days:
+                current = date(year, month, day)
+                if sim.match_day(current):
+                    ordinal = current.toordinal()
+                    if previous == ordinal - 1:
+                        return True
+                    previous = ordinal
+        year, month = (year + 1, 1) if month == 12 else (year, month + 1)
+    return False
+
+
 @functools.lru_cache(maxsize=4096)
 def _parse(expr: str, dialect: str) -> CronExpression:
     if len(expr) > MAX_EXPR_LEN:
@@ -472,9 +589,7 @@ def _parse(expr: str, dialect: str) -> CronExpression:
         parts = text.split()
     want = 5 if dialect == "unix" else 6
     if len(parts) != want:
-        if "?" in parts:
-            rule = "'?' is Quartz syntax and is not supported; use *"
-        elif len(parts) == 7:
+        if len(parts) == 7:
             rule = "7 fields (Quartz with a year) are not supported"
         elif dialect == "unix" and len(parts) == 6:
             rule = ("6 fields given, but the unix dialect takes 5 (minute hour day-of-month month "
@@ -501,18 +616,21 @@ def _parse(expr: str, dialect: str) -> CronExpression:
             "cron", "W (nearest weekday) in the day-of-month field needs day-of-week * (they cannot be combined)", expr
         )
     is_fixed_time = not minute.startswith("*") and not hour.startswith("*")
+    # The day rule: Spring's AND in the seconds dialect; Vixie/Debian in unix.
+    day_and = dialect == "seconds" or dom.startswith("*") or dow.startswith("*")
 
-    _check_static_satisfiable(expr, month, dom, dow, w_day)
+    _check_static_satisfiable(expr, month, dom, dow, w_day, day_and)
     try:
         sim = _WallSim(" ".join(fields), _SEARCH_START)
     except CronSimError as error:  # our checks should have caught it first
         raise ValidationError("cron", f"invalid expression ({error})", expr) from None
+    sim.day_and = day_and  # cronsim derives it from the text (the unix rule)
     sim._second_list = tuple(sorted(sim.seconds))
     sim._minute_list = tuple(sorted(sim.minutes))
     sim._hour_list = tuple(sorted(sim.hours))
     sim._month_days = {}
     template = dict(sim.__dict__)
-    parsed = CronExpression(expr, dialect, tuple(fields), w_day, is_fixed_time, template)
+    parsed = CronExpression(expr, dialect, tuple(fields), w_day, day_and, is_fixed_time, template)
     if not _some_day_matches(sim, w_day):
         raise ValidationError(
             "cron", "the expression never fires (no date in the Gregorian calendar matches its day fields)", expr
@@ -567,10 +685,12 @@ def _some_day_matches(sim: CronSim, w_day: int | None) -> bool:
     return False
 
 
-def _check_static_satisfiable(expr: str, month: str, dom: str, dow: str, w_day: int | None) -> None:
+def _check_static_satisfiable(expr: str, month: str, dom: str, dow: str, w_day: int | None,
+                              day_and: bool) -> None:
     """Refuse the common never-firing day/month combinations with a precise rule.
 
-    Under the AND day rule (either day field starts with ``*``), plain
+    Under the AND day rule (``day_and``: the seconds dialect, or either day
+    field starts with ``*``), plain
     days-of-month that exceed every chosen month's length never match; nor
     does ``NW`` with N longer than every chosen month. The bounded search in
     :func:`_parse` decides everything else.
@@ -580,7 +700,6 @@ def _check_static_satisfiable(expr: str, month: str, dom: str, dow: str, w_day: 
     longest = max(_MONTH_DAYS[m] for m in months)
     if w_day is not None and w_day > longest:
         raise ValidationError("cron", f"the expression never fires: no day {w_day} in {names}", expr)
-    day_and = dom.startswith("*") or dow.startswith("*")
     days = Field.DAY.parse(dom)
     if day_and and all(d > 0 for d in days) and min(days) > longest:
         raise ValidationError(

@@ -32,7 +32,10 @@ the outage, so a year-long outage of an every-second job costs one row, not
 Jitter: a deterministic offset in ``[0, jitter_s]`` seconds (millisecond
 steps) seeded by (job id, nominal time) — see :func:`jitter_offset_s` — so a
 failover never re-rolls it. The run keeps the nominal time as its identity;
-lateness is measured from the jittered (scheduled) time.
+lateness is measured from the jittered (scheduled) time. Jitter is smaller
+than the smallest gap between consecutive slots (refused otherwise when the
+job is saved, :func:`scheduler.spec.check_jitter`), so scheduled times
+increase with nominal times and slots fall due in nominal order.
 """
 
 from __future__ import annotations

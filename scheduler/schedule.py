@@ -219,6 +219,62 @@ class CronSchedule:
             segment_start, lower, offset = end, end - 1, next_offset
 
 
+    def smallest_gap_s(self, limit_s: int, after: datetime, horizon_s: int = TRANSITION_HORIZON_S) -> int | None:
+        """Return the smallest gap (seconds) of at most ``limit_s`` between consecutive fires, or ``None``.
+
+        ``None``: no two consecutive fires were found ``limit_s`` seconds
+        apart or closer. Sound, and bounded, rather than exact over all
+        time; the method:
+
+        - Away from UTC-offset changes a fire is its wall time less a
+          constant offset, so consecutive fires are as far apart as their
+          wall times: :meth:`CronExpression.smallest_wall_gap_s` gives the
+          smallest such gap, exactly, over all time.
+        - Any other pair of consecutive fires ``(p, q)`` has an offset
+          change at an instant ``t`` with ``p < t <= q``, or starts at it
+          (``p = t``: the fire of a fixed-time slot in a spring-forward
+          gap). A spring-forward gap or a fall-back repeat can bring such
+          a pair closer than the wall clock does: ``30 1,2 * * *`` in
+          America/New_York fires at 01:30 EST and at the 03:00 EDT jump,
+          1,800 s apart; ``0 */2 * * *`` in Europe/Berlin at 02:00 CEST and
+          02:00 CET, 3,600 s apart. For every change in ``(after, after +
+          horizon_s]`` (default about two years; :mod:`scheduler.zones`
+          finds them), the fires from ``t - bound`` through the second
+          fire at or after ``t`` are enumerated with :meth:`next_after_s`,
+          ``bound`` being the smallest gap found so far less one, or
+          ``limit_s``: a few calls per change, because the fires before
+          ``t`` in that window are at least the wall gap apart.
+
+        Changes beyond the horizon, or that a later tzdata release
+        introduces, are not seen. Raises
+        :class:`~scheduler.errors.ValidationError` (field ``after``) for a
+        naive ``after``.
+        """
+        after_s = _epoch_s(_require_aware(after, "after"))
+        wall_gap = self.expression.smallest_wall_gap_s()
+        best = wall_gap if wall_gap is not None and wall_gap <= limit_s else None
+        end = min(after_s + horizon_s, MAX_EPOCH_S)
+        cursor = after_s
+        while cursor < end:
+            transition = next_transition(self.zone, cursor, end - cursor)
+            if transition is None:
+                break
+            instant = cursor = transition[0]
+            bound = limit_s if best is None else best - 1
+            previous, at_or_after = None, 0
+            fire = self.next_after_s(instant - bound - 1)
+            while fire is not None:
+                if previous is not None and fire - previous <= bound:
+                    best = fire - previous
+                    bound = best - 1
+                if fire >= instant:
+                    at_or_after += 1
+                    if at_or_after == 2:
+                        break
+                previous, fire = fire, self.next_after_s(fire)
+        return best
+
+
 class IntervalSchedule:
     """Fires every ``interval_s`` elapsed seconds: at ``anchor + k * interval_s``, k = 0, 1, 2, ...
 
@@ -271,6 +327,11 @@ class IntervalSchedule:
             return None
 
 
+    def smallest_gap_s(self, limit_s: int, after: datetime | None = None) -> int | None:
+        """``interval_s`` if it is at most ``limit_s``, else ``None`` (every gap is the interval)."""
+        return self.interval_s if self.interval_s <= limit_s else None
+
+
 class OnceSchedule:
     """Fires once, at aware ``at`` (stored in UTC).
 
@@ -301,6 +362,10 @@ class OnceSchedule:
         for a naive ``instant``.
         """
         return self.at if self.at > _require_aware(instant, "after") else None
+
+    def smallest_gap_s(self, limit_s: int, after: datetime | None = None) -> int | None:
+        """Always ``None``: a single fire has no gap."""
+        return None
 
 
 def iter_fires(schedule: Schedule, after: datetime, until: datetime) -> Iterator[datetime]:

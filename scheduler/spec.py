@@ -4,7 +4,8 @@ A :class:`JobSpec` is what a user registers: tenant, optional name, one
 schedule (cron expression in a zone, fixed interval, or one-shot instant),
 misfire policy and jitter. :meth:`JobSpec.validated` checks every field and
 raises :class:`~scheduler.errors.ValidationError` naming the field and the
-rule; nothing is written before it passes.
+rule; nothing is written before it passes. Jitter must be smaller than the
+smallest gap between consecutive slots (:func:`check_jitter`).
 
 :class:`ScheduleCache` builds schedule objects from job rows and memoizes
 ``next_after`` per (schedule, instant): in a midnight herd most jobs share a
@@ -92,8 +93,12 @@ class JobSpec:
         )
         return spec.validated()
 
-    def validated(self) -> JobSpec:
-        """Check every field; return self. Raises ValidationError naming the field."""
+    def validated(self, now: datetime | None = None) -> JobSpec:
+        """Check every field; return self. Raises ValidationError naming the field.
+
+        ``now`` (aware; default: the host clock) only starts the search for
+        UTC-offset changes in the jitter rule (:func:`check_jitter`).
+        """
         validate_tenant(self.tenant)
         if self.name is not None and not (0 < len(self.name) <= MAX_NAME_LEN and self.name.isprintable()):
             raise ValidationError("name", f"must be 1-{MAX_NAME_LEN} printable characters", self.name)
@@ -114,7 +119,8 @@ class JobSpec:
         if self.kind == "once" and (self.at is None or self.at.tzinfo is None):
             raise ValidationError("at", "must be an instant with a UTC offset (e.g. 2030-01-01T00:00:00Z)",
                                   None if self.at is None else self.at.isoformat())
-        self.schedule(anchor=None)  # parses cron/zone; raises ValidationError
+        schedule = self.schedule(anchor=None)  # parses cron/zone; raises ValidationError
+        check_jitter(self.jitter_s, schedule, now or datetime.now(timezone.utc))
         return self
 
     def schedule(self, anchor: datetime | None):
@@ -136,6 +142,36 @@ class JobSpec:
         """True if a stored job row has exactly this spec (idempotent ``--name``)."""
         mine = self.row_fields()
         return all(row.get(key) == value for key, value in mine.items())
+
+
+def check_jitter(jitter_s: int, schedule, now: datetime) -> None:
+    """Refuse jitter that is not smaller than the smallest gap between consecutive slots.
+
+    Slot ``k`` is due at its nominal time plus up to ``jitter_s``; below
+    the gap every slot is due before the next one's nominal time, so
+    slots become due in nominal order (the planner relies on it). The
+    gap: an interval's is the interval; a one-shot has none (any jitter
+    passes); a cron schedule's is what
+    :meth:`~scheduler.schedule.CronSchedule.smallest_gap_s` finds: the
+    expression's smallest wall-clock gap over all time, and the fires
+    around every UTC-offset change of its zone in the two years after
+    ``now`` (a spring-forward day can bring slots closer: ``30 1,2 * *
+    *`` in America/New_York has a 1,800 s gap once a year). Raises
+    :class:`~scheduler.errors.ValidationError` on field ``jitter``.
+    """
+    if jitter_s <= 0:
+        return
+    gap = schedule.smallest_gap_s(jitter_s, now)
+    if gap is None:
+        return
+    where = ""
+    if isinstance(schedule, CronSchedule):
+        wall_gap = schedule.expression.smallest_wall_gap_s()
+        if wall_gap is None or gap < wall_gap:
+            where = f", at a UTC-offset change of {schedule.tz}"
+    raise ValidationError(
+        "jitter", f"must be smaller than the smallest gap between slots ({gap} s for this schedule{where})",
+        jitter_s)
 
 
 def _whole_seconds(field: str, value: Any, minimum: int) -> int:

@@ -84,7 +84,27 @@ def test_jobs_next_seconds_dialect_and_default_count() -> None:
                                           "2030-01-01T00:01:20Z", "2030-01-01T00:01:40Z"]
 
 
+def test_jobs_next_spring_day_rule_question_mark_and_step_7() -> None:
+    # The seconds dialect combines the day fields with AND (Friday the 13th) ...
+    friday_13 = run(["jobs", "next", "--cron", "0 0 0 13 * FRI", "--dialect", "seconds",
+                     "--after", "2024-01-01T00:00:00Z", "--count", "2"])
+    assert (friday_13.exit_code, friday_13.stdout) == (0, "2024-09-13T00:00:00Z\n2024-12-13T00:00:00Z\n")
+    # ... the unix dialect with OR (every 13th, and every Friday).
+    unix = run(["jobs", "next", "--cron", "0 0 13 * FRI", "--after", "2024-01-01T00:00:00Z", "--count", "3"])
+    assert (unix.exit_code, unix.stdout) == (0, "2024-01-05T00:00:00Z\n2024-01-12T00:00:00Z\n2024-01-13T00:00:00Z\n")
+    # '?' is '*' in a day field; '*/7' in day-of-week is Sunday.
+    christmas = run(["jobs", "next", "--cron", "0 0 0 25 12 ?", "--dialect", "seconds",
+                     "--after", "2024-01-01T00:00:00Z", "--count", "1"])
+    assert (christmas.exit_code, christmas.stdout) == (0, "2024-12-25T00:00:00Z\n")
+    sundays = run(["jobs", "next", "--cron", "0 0 * * */7", "--after", "2024-01-01T00:00:00Z", "--count", "2"])
+    assert (sundays.exit_code, sundays.stdout) == (0, "2024-01-07T00:00:00Z\n2024-01-14T00:00:00Z\n")
+
+
 @pytest.mark.parametrize(("args", "prefix"), [
+    (["--cron", "0 0 0 L-3 * *", "--dialect", "seconds", "--after", "2030-01-01T00:00:00Z"],
+     "error: cron: 'L-3' (n days before the last day of the month) is not supported"),
+    (["--cron", "? * * * *", "--after", "2030-01-01T00:00:00Z"],
+     "error: cron: '?' (no specific value, = *) is only allowed as a whole day-of-month or day-of-week field"),
     (["--cron", "*/60 * * * *", "--after", "2030-01-01T00:00:00Z"],
      "error: cron: step 60 is larger than the minute field allows (at most 59)"),
     (["--cron", "0 0 31 2 *", "--after", "2030-01-01T00:00:00Z"], "error: cron: the expression never fires"),
@@ -114,6 +134,22 @@ def test_console_script_exit_status_and_one_line_error() -> None:
 
 
 # ---------------------------------------------------------------- jobs add / list / show / pause / delete
+
+
+def test_jobs_add_refuses_jitter_not_below_the_gap_between_slots(pg_dsn, conn) -> None:
+    # Exit 2, one line naming jitter, nothing written (issue 11, item 2).
+    line = one_line_error(run(["jobs", "add", "--tenant", "acme", "--interval", "60", "--jitter", "300"], pg_dsn),
+                          2, "error: jitter: ")
+    assert line == ("error: jitter: must be smaller than the smallest gap between slots "
+                    "(60 s for this schedule) (got 300)")
+    line = one_line_error(run(["jobs", "add", "--tenant", "acme", "--cron", "30 1,2 * * *", "--tz",
+                               "America/New_York", "--jitter", "1800"], pg_dsn), 2, "error: jitter: ")
+    assert line == ("error: jitter: must be smaller than the smallest gap between slots "
+                    "(1800 s for this schedule, at a UTC-offset change of America/New_York) (got 1800)")
+    assert conn.execute("SELECT count(*) AS c FROM jobs").fetchone()["c"] == 0
+    accepted = run(["jobs", "add", "--tenant", "acme", "--interval", "60", "--jitter", "59"], pg_dsn)
+    assert accepted.exit_code == 0, accepted.stderr
+    assert jobs.get_job(conn, uuid.UUID(accepted.stdout.strip()))["jitter_s"] == 59
 
 
 def test_jobs_add_prints_the_id_of_the_stored_job(pg_dsn, conn) -> None:
@@ -206,13 +242,13 @@ def test_jobs_list_show_pause_resume_delete(pg_dsn, conn) -> None:
 def test_jobs_import_reports_every_bad_line(pg_dsn, conn) -> None:
     result = run(["jobs", "import", str(CORPUS), "--tenant", "corpus"], pg_dsn)
     assert result.exit_code == 0
-    # 1,353 valid lines and 147 bad ones (see tests/integration/test_jobs.py).
-    assert result.stdout == "imported 1353 jobs, rejected 147 lines\n"
+    # 1,356 valid lines and 144 bad ones (see tests/integration/test_jobs.py).
+    assert result.stdout == "imported 1356 jobs, rejected 144 lines\n"
     errors = result.stderr.splitlines()
-    assert len(errors) == 147
+    assert len(errors) == 144
     assert errors[0] == f"{CORPUS}:2: '3h': cron: expected 5 fields for dialect 'unix', got 1 (got '3h')"
     assert any(e.startswith(f"{CORPUS}:302: '30 8 * * * Europe/London': cron: 6 fields given") for e in errors)
-    assert conn.execute("SELECT count(*) AS c FROM jobs").fetchone()["c"] == 1353
+    assert conn.execute("SELECT count(*) AS c FROM jobs").fetchone()["c"] == 1356
 
 
 # ---------------------------------------------------------------- tenants

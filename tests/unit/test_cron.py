@@ -89,7 +89,7 @@ def epoch_s(dt: datetime) -> int:
         ("0 */24 * * *", "step 24 is larger than the hour field allows (at most 23)"),
         ("0 0 */31 * *", "step 31 is larger than the day-of-month field allows (at most 30)"),
         ("0 0 1 */12 *", "step 12 is larger than the month field allows (at most 11)"),
-        ("0 0 * * */7", "step 7 is larger than the day-of-week field allows (at most 6)"),
+        ("0 0 * * */8", "step 8 is larger than the day-of-week field allows (at most 7)"),
         ("*/x * * * *", "step 'x' in the minute field must be a whole number"),
         ("0 0 * * FRI-MON", "range FRI-MON in the day-of-week field is reversed"),
         ("0 0 * * 5-1", "range 5-1 in the day-of-week field is reversed"),
@@ -97,8 +97,13 @@ def epoch_s(dt: datetime) -> int:
         ("0 0 30-2 * *", "range 30-2 in the day-of-month field is reversed"),
         ("0 22-2 * * *", "range 22-2 in the hour field is reversed"),
         ("0 0 * NOV-FEB *", "range NOV-FEB in the month field is reversed"),
-        ("0 0 ? * MON", "Quartz"),
-        ("0 0 * * ?", "Quartz"),
+        ("? 0 * * *", "'?' (no specific value, = *) is only allowed as a whole day-of-month or day-of-week "
+                      "field, not in the minute field"),
+        ("0 0 * ? *", "not in the month field"),
+        ("0 0 ?,1 * *", "'?' (no specific value, = *) is only allowed as a whole day-of-month or day-of-week field"),
+        ("0 0 * * ?/2", "only allowed as a whole day-of-month or day-of-week field"),
+        ("0 0 * * MON-?", "only allowed as a whole day-of-month or day-of-week field"),
+        ("0 0 L-3 * *", "'L-3' (n days before the last day of the month) is not supported; L, LW and NW are"),
         ("0 0 15W,20 * *", "W (nearest weekday) must be the only term of the day-of-month field"),
         ("0 0 15W * MON", "needs day-of-week *"),
         ("0 0 15W/2 * *", "a step cannot follow '15W' in the day-of-month field"),
@@ -118,7 +123,7 @@ def epoch_s(dt: datetime) -> int:
         ("0 0 */10 2 FRI#5", "never fires"),  # the 5th Friday of February is the 29th
         ("* * * *", "expected 5 fields for dialect 'unix', got 4"),
         ("0 * * * * *", "6 fields given, but the unix dialect takes 5"),
-        ("0 0 12 * * ? 2024", "Quartz"),
+        ("0 0 12 * * ? 2024", "7 fields (Quartz with a year) are not supported"),
         ("0 0 12 1 * MON 2024", "7 fields (Quartz with a year) are not supported"),
         ("@reboot", "@reboot is not a timer"),
         ("@every 5m", "unknown macro"),
@@ -142,9 +147,13 @@ def test_invalid_unix_expressions_are_rejected_naming_the_rule(expr: str, words:
     [
         ("60 * * * * *", "value 60 is out of range for the second field (0-59)"),
         ("*/60 * * * * *", "step 60 is larger than the second field allows (at most 59)"),
-        ("0 0 12 * * ?", "Quartz"),
-        ("0 0 12 ? * MON", "Quartz"),
         ("0 0 12 * * MON 2024", "7 fields"),
+        ("0 0 12 * * ? 2024", "7 fields (Quartz with a year) are not supported"),
+        ("0 0 0 L-3 * *", "'L-3' (n days before the last day of the month) is not supported"),
+        ("? 0 0 * * *", "not in the second field"),
+        ("0 0 ? * * *", "not in the hour field"),
+        ("0 0 0 * * */8", "step 8 is larger than the day-of-week field allows (at most 7)"),
+        ("0 0 0 31 2 FRI", "never fires: day-of-month 31 does not occur in February"),  # AND in this dialect
         ("0 12 * * *", "5 fields given, but the seconds dialect takes 6"),
         ("0 0 0 31 2 *", "never fires"),
     ],
@@ -412,6 +421,151 @@ def test_seconds_dialect_fires_on_seconds() -> None:
         "2024-01-01T00:01:20Z",
     ]
     assert fires("30 15 10 * * 7", "UTC", "2024-01-01T00:00:00Z", 1, "seconds") == ["2024-01-07T10:15:30Z"]
+
+
+# ---- Dialect details: Spring's day rule, '?', '*/7' in day-of-week (issue 11, item 9)
+#
+# The examples are the ones Spring's CronExpression javadoc documents, with
+# the fires worked out by hand from a calendar (2024-01-01 is a Monday).
+
+JAN_1_2024 = "2024-01-01T00:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("expr", "count", "expected"),
+    [
+        # "the top of every hour of every day"
+        ("0 0 * * * *", 3, ["2024-01-01T01:00:00Z", "2024-01-01T02:00:00Z", "2024-01-01T03:00:00Z"]),
+        # "every ten seconds"
+        ("*/10 * * * * *", 3, ["2024-01-01T00:00:10Z", "2024-01-01T00:00:20Z", "2024-01-01T00:00:30Z"]),
+        # "8, 9 and 10 o'clock of every day"
+        ("0 0 8-10 * * *", 4, ["2024-01-01T08:00:00Z", "2024-01-01T09:00:00Z", "2024-01-01T10:00:00Z",
+                               "2024-01-02T08:00:00Z"]),
+        # "6:00 AM and 7:00 PM every day"
+        ("0 0 6,19 * * *", 3, ["2024-01-01T06:00:00Z", "2024-01-01T19:00:00Z", "2024-01-02T06:00:00Z"]),
+        # "8:00, 8:30, 9:00, 9:30, 10:00 and 10:30 every day"
+        ("0 0/30 8-10 * * *", 7, ["2024-01-01T08:00:00Z", "2024-01-01T08:30:00Z", "2024-01-01T09:00:00Z",
+                                  "2024-01-01T09:30:00Z", "2024-01-01T10:00:00Z", "2024-01-01T10:30:00Z",
+                                  "2024-01-02T08:00:00Z"]),
+        # "every Christmas Day at midnight"
+        ("0 0 0 25 12 ?", 2, ["2024-12-25T00:00:00Z", "2025-12-25T00:00:00Z"]),
+        # "last day of the month at midnight"
+        ("0 0 0 L * *", 3, ["2024-01-31T00:00:00Z", "2024-02-29T00:00:00Z", "2024-03-31T00:00:00Z"]),
+        # "first weekday of the month at midnight" (2024-06-01 is a Saturday)
+        ("0 0 0 1W 6 *", 1, ["2024-06-03T00:00:00Z"]),
+        ("0 0 0 1W * *", 2, ["2024-02-01T00:00:00Z", "2024-03-01T00:00:00Z"]),
+        # "last weekday of the month at midnight" (2024-03-31 is a Sunday)
+        ("0 0 0 LW * *", 3, ["2024-01-31T00:00:00Z", "2024-02-29T00:00:00Z", "2024-03-29T00:00:00Z"]),
+        # "last Friday of the month at midnight"
+        ("0 0 0 * * 5L", 3, ["2024-01-26T00:00:00Z", "2024-02-23T00:00:00Z", "2024-03-29T00:00:00Z"]),
+        # "last Thursday of the month at midnight"
+        ("0 0 0 * * THUL", 2, ["2024-01-25T00:00:00Z", "2024-02-29T00:00:00Z"]),
+        # "the second Friday in the month at midnight"
+        ("0 0 0 ? * 5#2", 3, ["2024-01-12T00:00:00Z", "2024-02-09T00:00:00Z", "2024-03-08T00:00:00Z"]),
+        # "the first Monday in the month at midnight" (not 2024-01-01 itself: strictly after)
+        ("0 0 0 ? * MON#1", 3, ["2024-02-05T00:00:00Z", "2024-03-04T00:00:00Z", "2024-04-01T00:00:00Z"]),
+    ],
+)
+def test_spring_javadoc_examples(expr: str, count: int, expected: list[str]) -> None:
+    assert fires(expr, "UTC", JAN_1_2024, count, "seconds") == expected
+
+
+def test_spring_nine_to_five_weekdays() -> None:
+    # "on the hour nine-to-five weekdays", from Friday 2024-01-05 16:30
+    assert fires("0 0 9-17 * * MON-FRI", "UTC", "2024-01-05T16:30:00Z", 3, "seconds") == [
+        "2024-01-05T17:00:00Z",
+        "2024-01-08T09:00:00Z",
+        "2024-01-08T10:00:00Z",
+    ]
+
+
+def test_seconds_dialect_day_fields_combine_with_and_as_in_spring() -> None:
+    # Spring: a day matches both day fields, whatever they start with.
+    # Friday the 13th: 2024-09-13, 2024-12-13, 2025-06-13.
+    assert fires("0 0 0 13 * FRI", "UTC", JAN_1_2024, 3, "seconds") == [
+        "2024-09-13T00:00:00Z",
+        "2024-12-13T00:00:00Z",
+        "2025-06-13T00:00:00Z",
+    ]
+    # The Spring idiom for "the first Monday of the month".
+    assert fires("0 0 0 1-7 * MON", "UTC", JAN_1_2024, 3, "seconds") == [
+        "2024-02-05T00:00:00Z",
+        "2024-03-04T00:00:00Z",
+        "2024-04-01T00:00:00Z",
+    ]
+    # The 1st when it is a Monday (2024-01-01 itself is not after the start).
+    assert fires("0 0 0 1 * MON", "UTC", JAN_1_2024, 2, "seconds") == ["2024-04-01T00:00:00Z", "2024-07-01T00:00:00Z"]
+    # The last day of the month when it is also the last Friday.
+    assert fires("0 0 0 L * 5L", "UTC", JAN_1_2024, 2, "seconds") == ["2024-05-31T00:00:00Z", "2025-01-31T00:00:00Z"]
+    assert CronExpression.parse("0 0 0 13 * FRI", "seconds").day_and is True
+
+
+def test_unix_dialect_keeps_the_vixie_or_rule() -> None:
+    # The same day fields in the unix dialect: the 13th, or any Friday.
+    assert fires("0 0 13 * FRI", "UTC", JAN_1_2024, 4) == [
+        "2024-01-05T00:00:00Z",
+        "2024-01-12T00:00:00Z",
+        "2024-01-13T00:00:00Z",
+        "2024-01-19T00:00:00Z",
+    ]
+    assert CronExpression.parse("0 0 13 * FRI").day_and is False
+    assert CronExpression.parse("0 0 */1 * FRI").day_and is True
+    # Same normalised fields, different day rule: not the same schedule.
+    unix, seconds = CronExpression.parse("0 0 13 * 5"), CronExpression.parse("0 0 0 13 * 5", "seconds")
+    assert unix.normalized == seconds.normalized == "0 0 0 13 * 5"
+    assert unix != seconds
+    # With a '*' day field both dialects read AND, and agree.
+    assert CronExpression.parse("0 0 13 * *") == CronExpression.parse("0 0 0 13 * *", "seconds")
+
+
+@pytest.mark.parametrize("dialect", ["unix", "seconds"])
+def test_question_mark_is_star_in_a_day_field(dialect: str) -> None:
+    second = "0 " if dialect == "seconds" else ""
+    for with_q, with_star in [("15 2 * * ?", "15 2 * * *"), ("0 9 ? * MON-FRI", "0 9 * * MON-FRI"),
+                              ("0 0 1 * ?", "0 0 1 * *"), ("0 0 ? * ?", "0 0 * * *"), ("0 0 ? 3 5#2", "0 0 * 3 5#2")]:
+        parsed = CronExpression.parse(second + with_q, dialect)
+        assert parsed == CronExpression.parse(second + with_star, dialect)
+        assert parsed.day_and is True
+
+
+def test_question_mark_counts_as_star_for_the_unix_day_rule() -> None:
+    # robfig/croniter style: '?' leaves day-of-month blank, so only the weekday decides.
+    assert fires("0 9 ? * MON-FRI", "UTC", "2024-01-05T12:00:00Z", 2) == ["2024-01-08T09:00:00Z", "2024-01-09T09:00:00Z"]
+    # '?' in day-of-week: the 1st of each month only (not OR-ed with every day).
+    assert fires("0 0 1 * ?", "UTC", JAN_1_2024, 2) == ["2024-02-01T00:00:00Z", "2024-03-01T00:00:00Z"]
+
+
+def test_question_mark_does_not_change_the_dst_policy() -> None:
+    # Still a fixed-time job (minute and hour decide): the gap slot fires at the jump (C02).
+    assert CronExpression.parse("30 2 ? * *").is_fixed_time is True
+    assert fires("30 2 ? * *", "America/New_York", "2021-03-13T12:00:00-05:00", 2) == [
+        "2021-03-14T07:00:00Z",
+        "2021-03-15T06:30:00Z",
+    ]
+
+
+@pytest.mark.parametrize("dialect", ["unix", "seconds"])
+def test_step_7_in_day_of_week_is_sunday_as_in_vixie_cron(dialect: str) -> None:
+    # Vixie: '*' in day-of-week is 0-7, so '*/7' is {0, 7}, both Sunday.
+    second = "0 " if dialect == "seconds" else ""
+    assert fires(second + "0 0 * * */7", "UTC", JAN_1_2024, 2, dialect) == [
+        "2024-01-07T00:00:00Z",
+        "2024-01-14T00:00:00Z",
+    ]
+    assert fires(second + "0 0 * * 0-7/7", "UTC", JAN_1_2024, 1, dialect) == ["2024-01-07T00:00:00Z"]
+    assert fires(second + "0 0 * * 1-7/7", "UTC", JAN_1_2024, 1, dialect) == ["2024-01-08T00:00:00Z"]  # {1}
+    # '*/2' counts from Sunday: Sunday, Tuesday, Thursday, Saturday.
+    assert fires(second + "0 0 * * */2", "UTC", JAN_1_2024, 4, dialect) == [
+        "2024-01-02T00:00:00Z",
+        "2024-01-04T00:00:00Z",
+        "2024-01-06T00:00:00Z",
+        "2024-01-07T00:00:00Z",
+    ]
+
+
+def test_step_7_in_day_of_week_starts_with_star_for_the_unix_day_rule() -> None:
+    # Vixie sets DOW_STAR for any field starting with '*': the 13th when it is a Sunday.
+    assert fires("0 0 13 * */7", "UTC", JAN_1_2024, 2) == ["2024-10-13T00:00:00Z", "2025-04-13T00:00:00Z"]
 
 
 # --------------------------------------------------------------------------
@@ -822,7 +976,7 @@ def _day_of_week() -> st.SearchStrategy[str]:
         st.integers(0, 7).map(lambda d: f"{d}L"),
         st.sampled_from(["MON-FRI", "SAT,SUN", "MON-SUN", "TUE#2", "FRIL"]),
     )
-    return st.one_of(_values(0, 7, 6), special)
+    return st.one_of(_values(0, 7, 7), special)
 
 
 EXPRESSIONS = st.tuples(
@@ -865,8 +1019,26 @@ DAY_EXPRESSIONS = st.tuples(
     st.integers(0, 23),
     _day_of_month(),
     st.one_of(_values(1, 12, 11), st.just("*")),
-    st.one_of(_day_of_week(), st.just("*")),
+    st.one_of(_day_of_week(), st.just("*"), st.just("?")),
 ).map(lambda t: " ".join(map(str, t)))
+
+
+def _assert_same_fires(schedule: CronSchedule, reference: CronSim, start: datetime, count: int) -> None:
+    """The schedule's next ``count`` fires after ``start`` are the reference iterator's."""
+    instant = start
+    for _ in range(count):
+        try:
+            expected = next(reference)
+        except StopIteration:  # cronsim gives up after 50 years; we do not
+            return
+        instant = schedule.next_after(instant)
+        assert instant == expected
+
+
+def _cronsim_text(expr: str) -> str:
+    """``expr`` as cronsim reads it: MON-SUN as 1-7, FRIL as 5L, a day field '?' as '*'."""
+    fields = expr.replace("MON-SUN", "1-7").replace("FRIL", "5L").split()
+    return " ".join("*" if f == "?" else f for f in fields)
 
 
 @given(expr=DAY_EXPRESSIONS, start=INSTANTS)
@@ -874,15 +1046,23 @@ DAY_EXPRESSIONS = st.tuples(
 def test_day_fields_agree_with_cronsim_in_utc(expr: str, start: datetime) -> None:
     # One fire a day at most, so every step crosses day and month boundaries.
     schedule = _schedule_or_reject(expr, "UTC")
-    reference = CronSim(expr.replace("MON-SUN", "1-7").replace("FRIL", "5L"), start)
-    instant = start
-    for _ in range(8):
-        try:
-            expected = next(reference)
-        except StopIteration:
-            return
-        instant = schedule.next_after(instant)
-        assert instant == expected
+    reference = CronSim(_cronsim_text(expr), start)
+    _assert_same_fires(schedule, reference, start, 8)
+
+
+@given(expr=DAY_EXPRESSIONS, start=INSTANTS)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+def test_seconds_dialect_day_fields_are_cronsims_matchers_combined_with_and(expr: str, start: datetime) -> None:
+    # Spring's rule: a day matches iff it matches both day fields. cronsim's own
+    # per-field matchers, with its day rule forced to AND, are the reference.
+    try:
+        schedule = CronSchedule("0 " + expr, "UTC", "seconds")
+    except ValidationError:
+        assume(False)
+        raise
+    reference = CronSim("0 " + _cronsim_text(expr), start)
+    reference.day_and = True
+    _assert_same_fires(schedule, reference, start, 8)
 
 
 @given(expr=EXPRESSIONS, start=INSTANTS, tz=st.sampled_from(DST_ZONES))
@@ -1025,3 +1205,130 @@ def test_daily_fixed_time_job_fires_once_per_local_date_across_dst(
     got = list(itertools.islice(_iterate(schedule, start - timedelta(seconds=1)), 7))
     dates = [f.astimezone(zone).date() for f in got]
     assert dates == [first_date + timedelta(days=k) for k in range(7)]
+
+
+# --------------------------------------------------------------------------
+# The smallest gap between consecutive slots (the jitter rule, issue 11 item 2)
+
+
+@pytest.mark.parametrize(
+    ("expr", "dialect", "gap"),
+    [
+        ("* * * * *", "unix", 60),
+        ("*/15 * * * *", "unix", 900),
+        ("0,59 * * * *", "unix", 60),  # :59 to the next hour's :00
+        ("30 1,2 * * *", "unix", 3600),
+        ("0 0,23 * * *", "unix", 3600),  # 23:00 to the next midnight
+        ("0 0,23 * * MON", "unix", 82_800),  # Monday 00:00 to 23:00; Mondays are never adjacent
+        ("0 0,23 * * MON,TUE", "unix", 3600),  # Monday 23:00 to Tuesday 00:00
+        ("0 0 * * *", "unix", 86_400),
+        ("0 0 * * 0-6/6", "unix", 86_400),  # Saturday, then Sunday
+        ("0 0 28,29 2 *", "unix", 86_400),  # adjacent only in leap years
+        ("0 1,23 L,1 * *", "unix", 7200),  # the month's last day 23:00, the 1st 01:00
+        ("0 0 L * 1", "unix", 86_400),  # OR: a Sunday last day, then Monday the 1st
+        ("0 0 1 * *", "unix", None),  # more than a day: every gap is 28 days or more
+        ("0 0 15W * *", "unix", None),
+        ("59 23 L * *", "unix", None),
+        ("*/7 * * * * *", "seconds", 4),  # :56 to the next minute's :00
+        ("0 0 0 13 * FRI", "seconds", None),  # AND: Friday the 13th
+        ("0 0 0 12,13 * FRI,SAT", "seconds", 86_400),  # AND: a Friday 12th, then Saturday the 13th
+    ],
+)
+def test_smallest_wall_gap(expr: str, dialect: str, gap: int | None) -> None:
+    assert CronExpression.parse(expr, dialect).smallest_wall_gap_s() == gap
+
+
+AFTER_2023_06 = at("2023-06-01T00:00:00Z")
+
+
+@pytest.mark.parametrize(
+    ("expr", "tz", "dialect", "limit", "gap"),
+    [
+        # Fixed-time: 01:30 EST, then 02:30 (in the gap) fires at the 03:00 EDT jump.
+        ("30 1,2 * * *", "America/New_York", "unix", 86_400, 1800),
+        ("30 1,2 * * *", "America/New_York", "unix", 1800, 1800),
+        ("30 1,2 * * *", "America/New_York", "unix", 1799, None),  # only gaps up to the limit
+        ("30 1,2 * * *", "UTC", "unix", 86_400, 3600),
+        # The jump to 03:00 EDT, then 03:30 EDT.
+        ("30 2,3 * * *", "America/New_York", "unix", 86_400, 1800),
+        # Wildcard across spring-forward: 01:59 EST, then 03:00 EDT one minute later.
+        ("*/59 1,3 * * *", "America/New_York", "unix", 86_400, 60),
+        # Wildcard across fall-back: 02:00 CEST, then 02:00 CET an hour later.
+        ("0 */2 * * *", "Europe/Berlin", "unix", 86_400, 3600),
+        # A 23-hour day; Lord Howe's half-hour change gives 23.5 hours.
+        ("0 0 * * *", "America/New_York", "unix", 86_400, 82_800),
+        ("0 30 1 * * *", "Australia/Lord_Howe", "seconds", 86_400, 84_600),
+        ("0 0 1 * *", "Europe/Berlin", "unix", 86_400, None),
+    ],
+)
+def test_smallest_gap_around_offset_changes(expr: str, tz: str, dialect: str, limit: int, gap: int | None) -> None:
+    assert CronSchedule(expr, tz, dialect).smallest_gap_s(limit, AFTER_2023_06) == gap
+
+
+def test_smallest_gap_only_looks_at_changes_within_the_horizon() -> None:
+    schedule = CronSchedule("30 1,2 * * *", "America/New_York")
+    # From June 2023, the next spring-forward is 2024-03-10: 283 days away.
+    assert schedule.smallest_gap_s(86_400, AFTER_2023_06, horizon_s=280 * 86_400) == 3600
+    assert schedule.smallest_gap_s(86_400, AFTER_2023_06, horizon_s=290 * 86_400) == 1800
+
+
+def test_smallest_gap_of_intervals_and_one_shots() -> None:
+    interval = IntervalSchedule(60, AFTER_2023_06)
+    assert interval.smallest_gap_s(60, AFTER_2023_06) == 60
+    assert interval.smallest_gap_s(59, AFTER_2023_06) is None
+    assert OnceSchedule(AFTER_2023_06).smallest_gap_s(86_400, AFTER_2023_06) is None
+
+
+_GAP_EXPRESSIONS = st.tuples(
+    st.sampled_from(["0", "30", "59", "0,30", "*/20", "15,45"]),
+    st.sampled_from(["1", "2", "1,2", "0,23", "2,3", "*/6", "1-3", "*/11"]),
+    st.sampled_from(["*", "L", "1", "L,1", "13", "28-31"]),
+    st.just("*"),
+    st.sampled_from(["*", "MON", "SAT,SUN", "5", "*/7"]),
+).map(" ".join)
+
+
+@given(expr=_GAP_EXPRESSIONS)
+@settings(max_examples=40, deadline=None)
+def test_smallest_wall_gap_matches_enumeration(expr: str) -> None:
+    # Oracle: enumerate the matching days of 2001-2028 and the times of one
+    # matching day with next_wall; gaps are consecutive times, and midnight
+    # crossings between adjacent matching days.
+    expression = CronExpression.parse(expr)
+    start, end = _wall(datetime(2001, 1, 1)), _wall(datetime(2029, 1, 2))
+    days, cursor = [], start - 1
+    while (match := expression.next_wall(cursor, end)) is not None:
+        days.append(match // 86_400)
+        cursor = (match // 86_400 + 1) * 86_400 - 1
+    first = days[0] * 86_400
+    times, cursor = [], first - 1
+    while (match := expression.next_wall(cursor, first + 86_399)) is not None:
+        times.append(match - first)
+        cursor = match
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    if any(b - a == 1 for a, b in zip(days, days[1:])):
+        gaps.append(86_400 - (times[-1] - times[0]))
+    assert expression.smallest_wall_gap_s() == (min(gaps) if gaps else None)
+
+
+def _wall(naive: datetime) -> int:
+    return int((naive - WALL_EPOCH).total_seconds())
+
+
+@given(expr=_GAP_EXPRESSIONS, tz=st.sampled_from(DST_ZONES))
+@settings(max_examples=30, deadline=None)
+def test_smallest_gap_matches_brute_force_over_the_horizon(expr: str, tz: str) -> None:
+    # Brute force: every fire from June 2023 through the two-year horizon, consecutive
+    # differences. Whatever it finds, the method finds too (or smaller, from a wall
+    # gap that occurs outside the horizon); when every day matches, exactly that.
+    schedule = CronSchedule(expr, tz)
+    after = AFTER_2023_06
+    end = after + timedelta(days=2 * 366)
+    fires_ = [epoch_s(f) for f in iter_fires(schedule, after, end)]
+    gaps = [b - a for a, b in zip(fires_, fires_[1:]) if b - a <= 86_400]
+    brute = min(gaps) if gaps else None
+    got = schedule.smallest_gap_s(86_400, after)
+    if brute is not None:
+        assert got is not None and got <= brute
+    if expr.split()[2] == "*" and expr.split()[4] == "*":
+        assert got == brute
