@@ -481,6 +481,17 @@ SET kind = %(kind)s, cron_expr = %(cron_expr)s, cron_dialect = %(cron_dialect)s,
     revision = revision + 1, changed_at = %(changed_at)s
 WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s AND deleted_at IS NULL;
 
+-- name: find_jobs_by_names
+-- Live jobs of the (tenant, name) pairs %(tenants)s[i], %(names)s[i] (jobs
+-- import: one lookup per batch, never one per line), locked like
+-- find_job_by_name.
+SELECT j.*
+FROM jobs AS j
+JOIN unnest(%(tenants)b::text[], %(names)b::text[]) AS k (tenant, name)
+  ON j.tenant = k.tenant AND j.name = k.name
+WHERE j.deleted_at IS NULL
+FOR UPDATE OF j;
+
 -- name: get_job
 SELECT * FROM jobs WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;
 
@@ -510,6 +521,39 @@ SET deleted_at = %(changed_at)s, changed_at = %(changed_at)s,
     next_nominal_at = NULL, next_due_at = NULL, revision = revision + 1
 WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s AND deleted_at IS NULL
 RETURNING job_id;
+
+-- name: delete_jobs_of_tenant
+-- Bulk soft delete (jobs delete --tenant T --all / --name-prefix P): the
+-- update of delete_job for at most %(limit)s live jobs of one tenant, those
+-- whose name starts with %(name_prefix)s (taken literally; NULL: every job);
+-- the caller repeats it, one transaction per batch, until fewer come back.
+UPDATE jobs
+SET deleted_at = %(changed_at)s, changed_at = %(changed_at)s,
+    next_nominal_at = NULL, next_due_at = NULL, revision = revision + 1
+WHERE (partition_id, job_id) IN (
+        SELECT partition_id, job_id
+        FROM jobs
+        WHERE tenant = %(tenant)s
+          AND deleted_at IS NULL
+          AND (%(name_prefix)s::text IS NULL
+               OR left(name, length(%(name_prefix)s::text)) = %(name_prefix)s::text)
+        ORDER BY partition_id, job_id
+        LIMIT %(limit)s)
+  AND deleted_at IS NULL
+RETURNING partition_id, job_id, revision;
+
+-- name: count_jobs_of_tenant
+-- Live jobs of one tenant, optionally only those whose name starts with
+-- %(name_prefix)s (as delete_jobs_of_tenant selects them).
+SELECT count(*) AS n
+FROM jobs
+WHERE tenant = %(tenant)s
+  AND deleted_at IS NULL
+  AND (%(name_prefix)s::text IS NULL
+       OR left(name, length(%(name_prefix)s::text)) = %(name_prefix)s::text);
+
+-- name: tenant_exists
+SELECT tenant FROM tenants WHERE tenant = %(tenant)s;
 
 -- name: list_runs
 SELECT r.partition_id, r.job_id, r.nominal_time, r.tenant, r.scheduled_at, r.fired_at,
@@ -781,3 +825,11 @@ RETURNING partition_id, job_id, NULL::timestamptz AS key_time;
 -- name: count_jobs
 -- Jobs in the store, deleted ones included.
 SELECT count(*) AS n FROM jobs;
+
+-- name: count_live_jobs
+-- Jobs not deleted (what `db downgrade` would put at stake).
+SELECT count(*) AS n FROM jobs WHERE deleted_at IS NULL;
+
+-- name: get_schema_revision
+-- The alembic revision the store's schema is at (no row: never migrated).
+SELECT version_num FROM alembic_version;
