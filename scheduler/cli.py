@@ -334,7 +334,7 @@ def db_downgrade(dsn: str, revision: str, yes: bool) -> None:
 @json_option
 def db_current(dsn: str, as_json: bool) -> None:
     """Print the store's schema revision and whether it is the head (the newest this version knows)."""
-    from scheduler.migrate import current_revision, head_revision
+    from scheduler.migrate import current_revision, head_revision, is_known
 
     _need_dsn(dsn)
     current, head = current_revision(dsn), head_revision()
@@ -344,6 +344,8 @@ def db_current(dsn: str, as_json: bool) -> None:
         click.echo(f"{current} (head)")
     elif current is None:
         click.echo(f"none (empty database; head is {head}: run `scheduler db upgrade`)")
+    elif not is_known(current):
+        click.echo(f"{current} (unknown to this version, whose head is {head}: a newer version migrated it)")
     else:
         click.echo(f"{current} (behind head {head}: run `scheduler db upgrade`)")
 

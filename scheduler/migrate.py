@@ -80,6 +80,14 @@ def head_revision() -> str:
     return head
 
 
+def is_known(revision: str) -> bool:
+    """True if this version of the code has ``revision`` (a store migrated by a newer one may not)."""
+    try:
+        return _script().get_revision(revision) is not None
+    except CommandError:
+        return False
+
+
 def current_revision(dsn: str) -> str | None:
     """The store's schema revision, or ``None`` for a database never migrated.
 

@@ -433,6 +433,10 @@ def test_db_current(pg_dsn, empty_pg_dsn) -> None:
     assert run(["db", "current"], pg_dsn).stdout == f"0012 (behind head {HEAD}: run `scheduler db upgrade`)\n"
     assert run(["db", "current"], empty_pg_dsn).stdout == (
         f"none (empty database; head is {HEAD}: run `scheduler db upgrade`)\n")
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("UPDATE alembic_version SET version_num = '0099'")
+    assert run(["db", "current"], pg_dsn).stdout == (
+        f"0099 (unknown to this version, whose head is {HEAD}: a newer version migrated it)\n")
 
 
 # ---------------------------------------------------------------- keyword DSN, unknown tenant, weight rule
