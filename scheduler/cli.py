@@ -602,6 +602,8 @@ def jobs_delete(dsn: str, job_id: str | None, tenant: str | None, all_jobs: bool
     --tenant). A bulk delete asks for confirmation on a terminal, or needs
     --yes (without a terminal and without --yes it exits 2, deleting
     nothing); it prints how many jobs it deleted.
+
+    \b
     Example: scheduler jobs delete --tenant acme --name-prefix import: --yes
     """
     from scheduler import jobs as jobsmod

@@ -21,10 +21,10 @@ import hashlib
 import math
 import re
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -33,6 +33,8 @@ from scheduler.errors import ConflictError, NotFoundError, ValidationError, clip
 from scheduler.partition import partition_of
 from scheduler.planner import scheduled_time
 from scheduler.spec import JobSpec, validate_tenant
+
+T = TypeVar("T")
 
 IMPORT_BATCH = 1_000
 """Jobs per transaction in :func:`import_csv`."""
@@ -109,13 +111,7 @@ def add_job(conn: psycopg.Connection, spec: JobSpec, *, replace: bool = False) -
         store.execute(c, "insert_job", _job_row(spec, job_id, now))
         return AddResult(job_id, "created")
 
-    for attempt in range(2):
-        try:
-            return store.run_transaction(conn, body)
-        except psycopg.errors.UniqueViolation:
-            if attempt:  # a concurrent add of the same name won twice: give up
-                raise
-    raise AssertionError("unreachable")
+    return _run_named(conn, body)
 
 
 def _conflict(spec: JobSpec, job_id: uuid.UUID) -> str:
@@ -314,11 +310,17 @@ def import_jobs(conn: psycopg.Connection, specs: Iterable[JobSpec]) -> list[tupl
                 cur.executemany(store.QUERIES["insert_job"], rows)
         return outcomes
 
+    return _run_named(conn, body)
+
+
+def _run_named(conn: psycopg.Connection, body: Callable[[psycopg.Connection], T]) -> T:
+    """``store.run_transaction(conn, body)``, run once more after a unique violation
+    (a concurrent writer created one of the names first: the retry finds it)."""
     for attempt in range(2):
         try:
             return store.run_transaction(conn, body)
         except psycopg.errors.UniqueViolation:
-            if attempt:  # a concurrent import of the same names won twice: give up
+            if attempt:  # a concurrent writer of the same names won twice: give up
                 raise
     raise AssertionError("unreachable")
 
