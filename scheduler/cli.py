@@ -5,14 +5,25 @@ settings from ``SCHEDULER_<SETTING>`` (``SCHEDULER_DSN``, ``SCHEDULER_LEASE_TTL_
 shown in ``--help``), every other option from
 ``SCHEDULER_<COMMAND>_<SUBCOMMAND>_<OPTION>`` (click's automatic names, e.g.
 ``SCHEDULER_JOBS_ADD_TZ``). Errors are
-one line on stderr: ``error: <field>: <rule>``; exit status 2 for invalid
-input, 1 for failures (store unreachable, conflicts, not found).
+one line on stderr: ``error: <field>: <rule>``, echoed inputs cut to 80
+characters (:func:`scheduler.errors.clip`).
+
+Exit status, one rule for every command:
+
+* 0: done;
+* 2: the request was wrong and nothing was done: bad input or settings, an
+  unknown job, tenant or revision, a name conflict, a destructive request
+  not confirmed, a store whose schema is missing or behind (the hint says
+  ``run `scheduler db upgrade``);
+* 1: the system failed: the store unreachable or failing after retries, a
+  migration that failed (and ``verify`` finding a break, ``demo`` failing its audit).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 import uuid
 from collections.abc import Callable
@@ -26,7 +37,16 @@ import psycopg
 from scheduler import __version__
 from scheduler import log as logmod
 from scheduler import settings as settings_mod
-from scheduler.errors import ConfigError, ConflictError, NotFoundError, SchedulerError, StoreError, ValidationError
+from scheduler.errors import (
+    ECHO_MAX_CHARS,
+    ConfigError,
+    ConflictError,
+    NotFoundError,
+    SchedulerError,
+    StoreError,
+    ValidationError,
+    clip,
+)
 from scheduler.settings import Settings
 
 EXIT_INVALID = 2
@@ -39,6 +59,15 @@ def _fail(message: str, status: int) -> None:
     sys.exit(status)
 
 
+_LONG_QUOTED = re.compile("'([^'\n]{%d,})'" % (ECHO_MAX_CHARS + 1))
+
+
+def _usage_message(exc: click.UsageError) -> str:
+    """click's message of a usage error, any long quoted input in it cut (:func:`clip`)."""
+    hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+    return _LONG_QUOTED.sub(lambda m: clip(m.group(1)), exc.format_message()) + hint
+
+
 class OneLineErrors(click.Group):
     """A group whose commands report errors as one line instead of usage text."""
 
@@ -48,17 +77,14 @@ class OneLineErrors(click.Group):
         except click.exceptions.Exit:
             raise
         except click.UsageError as exc:
-            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
-            _fail(f"{exc.format_message()}{hint}", EXIT_INVALID)
-        except ValidationError as exc:
+            _fail(_usage_message(exc), EXIT_INVALID)
+        except (ValidationError, ConfigError, ConflictError, NotFoundError) as exc:
             _fail(str(exc), EXIT_INVALID)
-        except ConfigError as exc:
-            _fail(str(exc), EXIT_INVALID)
-        except (ConflictError, NotFoundError, StoreError) as exc:
+        except StoreError as exc:
             _fail(str(exc), EXIT_FAILED)
         except psycopg.errors.UndefinedTable as exc:
             _fail(f"store: the schema is missing or old ({str(exc).strip().splitlines()[0]}); "
-                  "run `scheduler db upgrade` first", EXIT_FAILED)
+                  "run `scheduler db upgrade` first", EXIT_INVALID)
         except psycopg.Error as exc:
             _fail(f"store: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
                   EXIT_FAILED)
@@ -73,8 +99,7 @@ class OneLineErrors(click.Group):
         except click.exceptions.Abort:
             _fail("aborted", EXIT_FAILED)
         except click.UsageError as exc:
-            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
-            _fail(f"{exc.format_message()}{hint}", EXIT_INVALID)
+            _fail(_usage_message(exc), EXIT_INVALID)
         except click.ClickException as exc:
             _fail(exc.format_message(), exc.exit_code)
         sys.exit(status if isinstance(status, int) else 0)
@@ -82,6 +107,83 @@ class OneLineErrors(click.Group):
 
 def group(**kwargs: Any) -> Callable:
     return click.group(cls=OneLineErrors, **kwargs)
+
+
+class WholeNumber(click.ParamType):
+    """A click type: a whole number in ASCII digits (:func:`scheduler.spec.parse_whole`).
+
+    ``int("٦٠")`` is 60 in Python; this type refuses it, and parses huge
+    values as integers (never through float). ``lo``/``hi`` bound it; a
+    refusal is a ValidationError naming ``field`` (exit status 2), with one
+    rule for every refusal when both bounds are given ("must be a whole
+    number from 1 to 1000 in ASCII digits").
+    """
+
+    name = "integer"
+
+    def __init__(self, field: str, lo: int | None = None, hi: int | None = None) -> None:
+        self.field, self.lo, self.hi = field, lo, hi
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from scheduler.spec import parse_whole
+
+        rule = None if self.lo is None or self.hi is None else \
+            f"must be a whole number from {self.lo} to {self.hi} in ASCII digits"
+        return parse_whole(self.field, value, minimum=self.lo, maximum=self.hi, rule=rule)
+
+
+class Seconds(click.ParamType):
+    """A click type: a duration field of a job spec in whole seconds, ASCII digits,
+    bounded as :data:`scheduler.spec.SECONDS_FIELDS` says (:func:`scheduler.spec.parse_seconds`)."""
+
+    name = "seconds"
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from scheduler.spec import parse_seconds
+
+        return parse_seconds(self.field, value)
+
+
+class Decimal(click.ParamType):
+    """A click type: a number in ASCII decimal notation (:func:`scheduler.spec.parse_decimal`);
+    ``rule`` is the message of a refusal (a ValidationError naming ``field``)."""
+
+    name = "number"
+
+    def __init__(self, field: str, rule: str | None = None) -> None:
+        self.field, self.rule = field, rule
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        from scheduler.spec import parse_decimal
+
+        return parse_decimal(self.field, value, rule=self.rule)
+
+
+WEIGHT = WholeNumber("weight", 1, 1000)
+MAX_RATE = Decimal("max_rate", "must be a positive, finite number of runs per second in ASCII digits")
+
+
+def _stdin_is_tty() -> bool:
+    """True if a person can be asked (stdin is a terminal)."""
+    return sys.stdin.isatty()
+
+
+def _confirm(question: str, yes: bool, refusal: str, declined: str) -> None:
+    """Go on if ``yes``, else ask ``question`` on a terminal (default no).
+
+    Raises ValidationError (field ``yes``, exit status 2) with rule
+    ``refusal`` if there is no terminal to ask on, ``declined`` if the
+    answer is no.
+    """
+    if yes:
+        return
+    if not _stdin_is_tty():
+        raise ValidationError("yes", refusal)
+    if not click.confirm(question, default=False):
+        raise ValidationError("yes", declined)
 
 
 def instant(field: str) -> Callable[[click.Context, click.Parameter, str | None], datetime | None]:
@@ -182,15 +284,23 @@ def db() -> None:
     """Schema migrations (alembic)."""
 
 
+def _need_dsn(dsn: str) -> None:
+    if not dsn:
+        raise ConfigError(f"dsn: no store configured; pass --dsn or set SCHEDULER_DSN (e.g. {DSN_HINT})")
+    _register_dsn(None, None, dsn)
+
+
 @db.command("upgrade")
 @dsn_option
 @click.option("--revision", default="head", show_default=True, help="Target revision.")
 def db_upgrade(dsn: str, revision: str) -> None:
-    """Migrate the store's schema to REVISION (default: head). Safe to re-run."""
+    """Migrate the store's schema to REVISION (default: head). Safe to re-run.
+
+    The DSN may be a URI or libpq keywords (host=... dbname=...).
+    """
     from scheduler.migrate import upgrade
 
-    if not dsn:
-        raise ConfigError(f"dsn: no store configured; pass --dsn or set SCHEDULER_DSN (e.g. {DSN_HINT})")
+    _need_dsn(dsn)
     upgrade(dsn, revision)
     click.echo(f"schema at {revision}")
 
@@ -198,14 +308,46 @@ def db_upgrade(dsn: str, revision: str) -> None:
 @db.command("downgrade")
 @dsn_option
 @click.argument("revision")
-def db_downgrade(dsn: str, revision: str) -> None:
-    """Migrate the schema down to REVISION ('base' drops every table: data is lost)."""
-    from scheduler.migrate import downgrade
+@click.option("--yes", is_flag=True, help="Confirm a downgrade of a store that holds live jobs.")
+def db_downgrade(dsn: str, revision: str, yes: bool) -> None:
+    """Migrate the schema down to REVISION ('base' drops every table: data is lost).
 
-    if not dsn:
-        raise ConfigError(f"dsn: no store configured; pass --dsn or set SCHEDULER_DSN (e.g. {DSN_HINT})")
+    A store that holds live (not deleted) jobs is downgraded only with
+    --yes; without it the command says how many jobs are at stake and
+    exits 2, changing nothing.
+    """
+    from scheduler.migrate import downgrade, downgrade_drops_jobs, live_job_count
+
+    _need_dsn(dsn)
+    drops_jobs = downgrade_drops_jobs(dsn, revision)  # ValidationError for an unknown revision
+    live = live_job_count(dsn)
+    if live and not yes:
+        loss = "drops the jobs table and loses them" if drops_jobs else "drops schema the running version needs"
+        raise ValidationError("yes", f"the store holds {live} live jobs; downgrading to {revision} {loss}: "
+                                     "pass --yes to confirm")
     downgrade(dsn, revision)
     click.echo(f"schema at {revision}")
+
+
+@db.command("current")
+@dsn_option
+@json_option
+def db_current(dsn: str, as_json: bool) -> None:
+    """Print the store's schema revision and whether it is the head (the newest this version knows)."""
+    from scheduler.migrate import current_revision, head_revision, is_known
+
+    _need_dsn(dsn)
+    current, head = current_revision(dsn), head_revision()
+    if as_json:
+        _echo_json({"current": current, "head": head, "at_head": current == head})
+    elif current == head:
+        click.echo(f"{current} (head)")
+    elif current is None:
+        click.echo(f"none (empty database; head is {head}: run `scheduler db upgrade`)")
+    elif not is_known(current):
+        click.echo(f"{current} (unknown to this version, whose head is {head}: a newer version migrated it)")
+    else:
+        click.echo(f"{current} (behind head {head}: run `scheduler db upgrade`)")
 
 
 # ---------------------------------------------------------------- tenants
@@ -219,8 +361,8 @@ def tenants() -> None:
 @tenants.command("add")
 @dsn_option
 @click.argument("tenant")
-@click.option("--weight", type=int, default=1, show_default=True, help="Fair-share weight (1-1000).")
-@click.option("--max-rate", type=float, default=None, help="Fleet-wide cap in runs/s (default: none).")
+@click.option("--weight", type=WEIGHT, default=1, show_default=True, help="Fair-share weight (1-1000).")
+@click.option("--max-rate", type=MAX_RATE, default=None, help="Fleet-wide cap in runs/s (default: none).")
 def tenants_add(dsn: str, tenant: str, weight: int, max_rate: float | None) -> None:
     """Create TENANT (no-op if it exists)."""
     from scheduler import jobs
@@ -236,8 +378,8 @@ def tenants_add(dsn: str, tenant: str, weight: int, max_rate: float | None) -> N
 @tenants.command("set")
 @dsn_option
 @click.argument("tenant")
-@click.option("--weight", type=int, default=None, help="Fair-share weight (1-1000).")
-@click.option("--max-rate", type=float, default=None, help="Fleet-wide cap in runs/s.")
+@click.option("--weight", type=WEIGHT, default=None, help="Fair-share weight (1-1000).")
+@click.option("--max-rate", type=MAX_RATE, default=None, help="Fleet-wide cap in runs/s.")
 @click.option("--no-max-rate", is_flag=True, help="Remove the rate cap.")
 def tenants_set(dsn: str, tenant: str, weight: int | None, max_rate: float | None, no_max_rate: bool) -> None:
     """Change TENANT's weight and/or rate cap."""
@@ -293,7 +435,8 @@ def _schedule_options(func: Callable) -> Callable:
 @dsn_option
 @click.option("--tenant", required=True, envvar="SCHEDULER_TENANT", show_envvar=True, help="Owning tenant.")
 @_schedule_options
-@click.option("--interval", "interval_s", default=None, help="Fixed interval in whole seconds (elapsed time).")
+@click.option("--interval", "interval_s", type=Seconds("interval"), default=None,
+              help="Fixed interval in whole seconds (elapsed time).")
 @click.option("--at", "at", default=None, callback=instant("at"),
               help="One-shot instant, ISO-8601 with offset (2030-01-01T09:00:00Z).")
 @click.option("--name", default=None, help="Unique per tenant; makes the call idempotent.")
@@ -301,9 +444,11 @@ def _schedule_options(func: Callable) -> Callable:
 @click.option("--misfire", type=click.Choice(["all", "once", "skip"]), default="all", show_default=True,
               help="Catch-up policy for overdue slots (all: every slot within --catchup-window-s; "
                    "once: one run for all; skip: drop slots later than --misfire-grace-s).")
-@click.option("--catchup-window-s", default=86_400, show_default=True, help="Window of the 'all' policy.")
-@click.option("--misfire-grace-s", default=60, show_default=True, help="Grace of the 'skip' policy.")
-@click.option("--jitter", "jitter_s", default=0, show_default=True,
+@click.option("--catchup-window-s", type=Seconds("catchup_window"), default=None,
+              help="Window of the 'all' policy (only): slots older are skipped  [default: 86400].")
+@click.option("--misfire-grace-s", type=Seconds("misfire_grace"), default=None,
+              help="Grace of the 'once' and 'skip' policies (not 'all')  [default: 60].")
+@click.option("--jitter", "jitter_s", type=Seconds("jitter"), default=0, show_default=True,
               help="Deterministic delay of up to this many seconds per run.")
 def jobs_add(dsn: str, tenant: str, cron: str | None, tz: str | None, dialect: str | None,
              interval_s: str | None, at: datetime | None, name: str | None, replace: bool, misfire: str,
@@ -311,7 +456,8 @@ def jobs_add(dsn: str, tenant: str, cron: str | None, tz: str | None, dialect: s
     """Register a timer and print its id.
 
     Exactly one of --cron, --interval, --at. A tenant that does not exist yet
-    is created.
+    is created. --catchup-window-s with --misfire once/skip, or
+    --misfire-grace-s with --misfire all, is refused (the policy ignores it).
     """
     from scheduler import jobs as jobsmod
     from scheduler.spec import JobSpec
@@ -333,35 +479,43 @@ def jobs_add(dsn: str, tenant: str, cron: str | None, tz: str | None, dialect: s
 @click.argument("csv_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--tenant", required=True, envvar="SCHEDULER_TENANT", show_envvar=True)
 @click.option("--misfire", type=click.Choice(["all", "once", "skip"]), default="all", show_default=True)
+@click.option("--name-column", default=None,
+              help="Take each job's name from this CSV column [default: a name derived from the line].")
 @json_option
-def jobs_import(dsn: str, csv_file: Path, tenant: str, misfire: str, as_json: bool) -> None:
-    """Bulk-import cron schedules from CSV_FILE (columns expr, dialect, timezone, ...).
+def jobs_import(dsn: str, csv_file: Path, tenant: str, misfire: str, name_column: str | None,
+                as_json: bool) -> None:
+    """Bulk-import cron schedules from CSV_FILE (columns expr, dialect, timezone, ...); idempotent.
 
     Rows with dialect unix5/macro are read as `unix`, seconds6 as `seconds`,
-    anything else is tried as `unix`; an empty timezone means UTC. Invalid
-    lines are reported (line, expression, reason) and every valid line is
-    imported. Exit status 0 even with rejected lines.
+    anything else is tried as `unix`; an empty timezone means UTC; a UTF-8
+    byte order mark is skipped. Every line becomes a named job: the
+    --name-column value, else `import:<hash of tenant, expr, dialect,
+    zone>:<n-th such line>`. Importing again creates only the lines whose
+    name is new: the others are `unchanged` (same spec) or rejected (their
+    name's job has another spec; delete it first). Invalid lines are
+    reported (line, expression, reason) and every valid line is imported.
+    Exit status 0 even with rejected lines.
     """
     from scheduler import jobs as jobsmod
 
     with open_store(dsn) as conn:
-        report = jobsmod.import_csv(conn, csv_file, tenant, misfire=misfire)
+        report = jobsmod.import_csv(conn, csv_file, tenant, misfire=misfire, name_column=name_column)
     if as_json:
-        _echo_json({"imported": len(report.imported),
+        _echo_json({"created": len(report.created), "unchanged": len(report.unchanged),
                     "rejected": [{"line": n, "expr": e, "reason": r} for n, e, r in report.rejected]})
         return
     for line, expr, reason in report.rejected:
-        click.echo(f"{csv_file}:{line}: {expr!r}: {reason}", err=True)
-    click.echo(f"imported {len(report.imported)} jobs, rejected {len(report.rejected)} lines")
+        click.echo(f"{csv_file}:{line}: {clip(expr)}: {reason}", err=True)
+    click.echo(f"{len(report.created)} created, {len(report.unchanged)} unchanged, {len(report.rejected)} rejected")
 
 
 @jobs.command("list")
 @dsn_option
 @click.option("--tenant", default=None)
-@click.option("--limit", default=1000, show_default=True, type=click.IntRange(1))
+@click.option("--limit", default=1000, show_default=True, type=WholeNumber("limit", 1))
 @json_option
 def jobs_list(dsn: str, tenant: str | None, limit: int, as_json: bool) -> None:
-    """List jobs (not deleted), by tenant and creation time."""
+    """List jobs (not deleted), by tenant and creation time; an unknown --tenant exits 2."""
     from scheduler import jobs as jobsmod
 
     with open_store(dsn) as conn:
@@ -436,14 +590,46 @@ def jobs_resume(dsn: str, job_id: str) -> None:
 
 @jobs.command("delete")
 @dsn_option
-@click.argument("job_id")
-def jobs_delete(dsn: str, job_id: str) -> None:
-    """Delete a job; it stops firing at once, its runs stay."""
+@click.argument("job_id", required=False)
+@click.option("--tenant", default=None, help="With --all or --name-prefix: whose jobs.")
+@click.option("--all", "all_jobs", is_flag=True, help="Delete every live job of --tenant.")
+@click.option("--name-prefix", default=None,
+              help="Delete the live jobs of --tenant whose name starts with this (taken literally).")
+@click.option("--yes", is_flag=True, help="Confirm a bulk delete without being asked.")
+def jobs_delete(dsn: str, job_id: str | None, tenant: str | None, all_jobs: bool, name_prefix: str | None,
+                yes: bool) -> None:
+    """Delete a job, or in bulk; deleted jobs stop firing at once, their runs stay.
+
+    Exactly one of JOB_ID, --all or --name-prefix (the last two with
+    --tenant). A bulk delete asks for confirmation on a terminal, or needs
+    --yes (without a terminal and without --yes it exits 2, deleting
+    nothing); it prints how many jobs it deleted.
+
+    \b
+    Example: scheduler jobs delete --tenant acme --name-prefix import: --yes
+    """
     from scheduler import jobs as jobsmod
 
+    if (job_id is not None) + all_jobs + (name_prefix is not None) != 1:
+        raise ValidationError("delete", "give exactly one of JOB_ID, --all or --name-prefix")
+    if job_id is not None:
+        if tenant is not None:
+            raise ValidationError("tenant", "applies to --all and --name-prefix only")
+        with open_store(dsn) as conn:
+            jobsmod.delete_job(conn, _job_id(job_id))
+        click.echo(f"deleted {job_id}")
+        return
+    if tenant is None:
+        raise ValidationError("tenant", "--all and --name-prefix need --tenant")
+    what = f"jobs of tenant {tenant}" + ("" if name_prefix is None else f" named {name_prefix}*")
     with open_store(dsn) as conn:
-        jobsmod.delete_job(conn, _job_id(job_id))
-    click.echo(f"deleted {job_id}")
+        count = jobsmod.count_jobs(conn, tenant, name_prefix=name_prefix)
+        if count:
+            _confirm(f"Delete {count} {what}?", yes,
+                     refusal=f"deleting {count} {what} needs confirmation; pass --yes (no terminal to ask on)",
+                     declined="not confirmed; nothing deleted")
+        deleted = jobsmod.delete_jobs(conn, tenant, name_prefix=name_prefix) if count else 0
+    click.echo(f"deleted {deleted} {what}")
 
 
 @jobs.command("replan-slots")
@@ -482,7 +668,7 @@ def jobs_replan_slots(dsn: str, dry_run: bool, force: bool, as_json: bool) -> No
 @_schedule_options
 @click.option("--after", required=True, callback=instant("after"),
               help="ISO-8601 instant with offset; fires strictly after it are listed.")
-@click.option("--count", default=5, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--count", default=5, show_default=True, type=WholeNumber("count", 1, 10_000))
 def jobs_next(cron: str | None, tz: str | None, dialect: str | None, after: datetime, count: int) -> None:
     """Print the next COUNT fire instants of a cron expression (UTC, one per line).
 
@@ -518,7 +704,7 @@ def runs() -> None:
 @dsn_option
 @click.option("--job", "job_id", default=None, help="Only this job's runs.")
 @click.option("--since", default=None, callback=instant("since"), help="Nominal time at or after (ISO-8601).")
-@click.option("--limit", default=100, show_default=True, type=click.IntRange(1))
+@click.option("--limit", default=100, show_default=True, type=WholeNumber("limit", 1))
 @json_option
 def runs_list(dsn: str, job_id: str | None, since: datetime | None, limit: int, as_json: bool) -> None:
     """List runs, newest nominal time first."""
@@ -538,7 +724,7 @@ def runs_list(dsn: str, job_id: str | None, since: datetime | None, limit: int, 
               help="Age: 7d, 12h, 30m, 45s, 1d12h or plain seconds. Deletes runs whose nominal time is older, "
                    "skip ranges that ended before, and jobs deleted before now minus this.")
 @click.option("--batch-rows", default=settings_mod.RETENTION_BATCH_ROWS, show_default=True,
-              type=click.IntRange(1, 100_000), help="Rows per DELETE (each its own transaction).")
+              type=WholeNumber("batch_rows", 1, 100_000), help="Rows per DELETE (each its own transaction).")
 @json_option
 def runs_prune(dsn: str, older_than: str, batch_rows: int, as_json: bool) -> None:
     """Delete old runs, skips and soft-deleted jobs in bounded batches; print the counts.
@@ -605,7 +791,7 @@ def _settings_options(func: Callable) -> Callable:
     for name in reversed(list(types)):
         kind = types[name]
         param_type: Any = click.Choice(_CHOICES[name]) if name in _CHOICES else {
-            float: click.FLOAT, int: click.INT, str: click.STRING}[kind]
+            float: Decimal(name), int: WholeNumber(name), str: click.STRING}[kind]
         default = defaults[name]
         shown = default not in ("", None)
         func = click.option(
@@ -750,7 +936,7 @@ def status_cmd(dsn: str, lease_ttl_s: float, as_json: bool) -> None:
 
 
 @cli.command("demo")
-@click.option("--seconds", default=30, show_default=True, type=click.IntRange(5, 3600),
+@click.option("--seconds", default=30, show_default=True, type=WholeNumber("seconds", 5, 3600),
               help="How long the node runs.")
 @click.option("--dsn", envvar="SCHEDULER_DEMO_DSN", show_envvar=True, default="",
               help="Use this (empty, disposable) database instead of a private PostgreSQL.")

@@ -9,6 +9,23 @@ from`` so the driver's cause stays attached.
 
 from __future__ import annotations
 
+ECHO_MAX_CHARS = 80
+"""Longest input echoed whole in an error message; longer ones are cut (:func:`clip`)."""
+
+
+def clip(value: object, limit: int = ECHO_MAX_CHARS) -> str:
+    """``repr(value)`` for an error message, a string cut to ``limit`` characters.
+
+    A string longer than ``limit`` becomes its first ``limit`` characters, an
+    ellipsis and its length: ``'1111…' (10000 characters)``; other values are
+    ``repr``'d (an ``int`` in full: integers are never rounded through float).
+    """
+    if isinstance(value, str) and len(value) > limit:
+        head = repr(value[:limit])
+        return f"{head[:-1]}…{head[-1]} ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= limit + 40 else f"{text[:limit]}… ({len(text)} characters)"
+
 
 class SchedulerError(Exception):
     """Trigger engine error."""
@@ -23,19 +40,20 @@ class ValidationError(SchedulerError, ValueError):
     Raised before anything is written. ``field`` names the input field (``cron``,
     ``tz``, ``interval``, ``at``, ``misfire``, ...), ``rule`` is a short
     sentence saying what the value must satisfy, ``value`` is the offending
-    value as given. ``str(error)`` is ``"<field>: <rule> (got <value>)"``.
+    value as given. ``str(error)`` is ``"<field>: <rule> (got <value>)"``, the
+    value cut by :func:`clip` (a 10 kB input is not echoed whole).
     """
 
     def __init__(self, field: str, rule: str, value: object = None) -> None:
         self.field = field
         self.rule = rule
         self.value = value
-        got = "" if value is None else f" (got {value!r})"
+        got = "" if value is None else f" (got {clip(value)})"
         super().__init__(f"{field}: {rule}{got}")
 
 
 class ConflictError(SchedulerError):
-    """The request conflicts with what the store already holds.
+    """The request conflicts with what the store already holds (CLI exit status 2).
 
     Example: ``jobs add --name N`` with a different spec than the stored job N,
     without ``--replace``.
@@ -43,11 +61,11 @@ class ConflictError(SchedulerError):
 
 
 class NotFoundError(SchedulerError):
-    """No such object in the store."""
+    """No such object in the store (CLI exit status 2: the request named it)."""
 
 
 class StoreError(SchedulerError):
-    """The store failed and retrying did not help.
+    """The store failed and retrying did not help (CLI exit status 1).
 
     ``sqlstate`` is the PostgreSQL/CockroachDB SQLSTATE of the last failure,
     or ``None`` for connection-level failures.

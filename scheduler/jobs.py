@@ -20,29 +20,45 @@ never lose a due slot silently. Each keeps the revision it supersedes in
   reason ``edited``, ``paused`` or ``deleted`` (node ``operator``, epoch 0);
   the new schedule starts strictly after the edit (a resume: after the
   resume).
+
+CSV import is idempotent: every line is a named job (a name from the file's
+``--name-column``, else one derived from the line's content, see
+:func:`import_name`), so importing the same file again finds the jobs it
+created and changes nothing. :func:`delete_jobs` soft-deletes a tenant's jobs
+in bulk (all, or by name prefix).
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import math
 import re
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any, TypeVar
 
 import psycopg
 
 from scheduler import store
-from scheduler.errors import ConflictError, NotFoundError, ValidationError
+from scheduler.errors import ConflictError, NotFoundError, ValidationError, clip
 from scheduler.partition import partition_of
 from scheduler.planner import count_slots, scheduled_time
 from scheduler.spec import JobSpec, build_schedule, validate_tenant
 
+T = TypeVar("T")
+
 IMPORT_BATCH = 1_000
 """Jobs per transaction in :func:`import_csv`."""
+
+IMPORT_NAME_PREFIX = "import:"
+"""Prefix of the names :func:`import_name` derives (``jobs delete --name-prefix import:``)."""
+
+DELETE_BATCH = 1_000
+"""Jobs per transaction in :func:`delete_jobs`."""
 
 CORPUS_DIALECTS = {"unix5": "unix", "macro": "unix", "seconds6": "seconds"}
 """Corpus ``dialect`` column → our dialect; any other value is tried as ``unix``."""
@@ -63,22 +79,27 @@ def _row_schedule(row: dict):
                           row["interval_s"], row["anchor_at"], row["fire_at"])
 
 
-def _retire(conn: psycopg.Connection, row: dict, now: datetime, reason: str | None) -> None:
-    """Keep ``row``'s revision in ``job_revisions`` (in force until ``now``); with a
+def _retire(conn: psycopg.Connection, rows: list[dict], now: datetime, reason: str | None) -> None:
+    """Keep each row's revision in ``job_revisions`` (in force until ``now``); with a
     ``reason`` (``edited``, ``paused``, ``deleted``) the rewrite drops the pending
-    slot, and the slots from it through ``now``, if it was due, are recorded as
-    one skip range ``[slot, first slot after now)``. Call inside the rewrite's
-    transaction, before it, with ``row`` read FOR UPDATE."""
-    key = {"partition_id": row["partition_id"], "job_id": row["job_id"]}
-    store.execute(conn, "insert_job_revision", {**key, "now": now})
-    slot = row["next_nominal_at"]
-    if reason is None or slot is None or slot > now:
+    slot, and a row's slots from it through ``now``, if it was due, are recorded
+    as one skip range ``[slot, first slot after now)``. Call inside the
+    rewrite's transaction, before it, with the rows read FOR UPDATE."""
+    if not rows:
         return
-    schedule = _row_schedule(row)
-    until = schedule.next_after(now) or now + timedelta(microseconds=1)
-    store.execute(conn, "insert_rewrite_skip", {
-        **key, "first": slot, "until": until, "slots": count_slots(schedule, slot, until),
-        "reason": reason, "now": now})
+    store.execute(conn, "insert_job_revisions", {"pids": [row["partition_id"] for row in rows],
+                                                 "jids": [row["job_id"] for row in rows], "now": now})
+    if reason is None:
+        return
+    for row in rows:
+        slot = row["next_nominal_at"]
+        if slot is None or slot > now:
+            continue
+        schedule = _row_schedule(row)
+        until = schedule.next_after(now) or now + timedelta(microseconds=1)
+        store.execute(conn, "insert_rewrite_skip", {
+            "partition_id": row["partition_id"], "job_id": row["job_id"], "first": slot, "until": until,
+            "slots": count_slots(schedule, slot, until), "reason": reason, "now": now})
 
 
 def _get_for_update(conn: psycopg.Connection, job_id: uuid.UUID) -> dict:
@@ -143,9 +164,7 @@ def add_job(conn: psycopg.Connection, spec: JobSpec, *, replace: bool = False) -
                 if spec.same_as_row(existing):
                     return AddResult(existing["job_id"], "exists")
                 if not replace:
-                    raise ConflictError(
-                        f"name: job {spec.name!r} of tenant {spec.tenant!r} already exists with a different "
-                        f"spec (id {existing['job_id']}); pass --replace to change it")
+                    raise ConflictError(f"{_conflict(spec, existing['job_id'])}; pass --replace to change it")
                 job_id = existing["job_id"]
                 fields = spec.row_fields()
                 if all(fields[column] == existing[column] for column in SCHEDULE_COLUMNS):
@@ -154,10 +173,10 @@ def add_job(conn: psycopg.Connection, spec: JobSpec, *, replace: bool = False) -
                               "anchor_at": existing["anchor_at"], "next_nominal_at": pending,
                               "next_due_at": None if pending is None
                               else scheduled_time(job_id, pending, spec.jitter_s)}
-                    _retire(c, existing, now, None)
+                    _retire(c, [existing], now, None)
                 else:
                     params = _job_row(spec, job_id, now)
-                    _retire(c, existing, now, "edited")
+                    _retire(c, [existing], now, "edited")
                 params["changed_at"] = now
                 store.execute(c, "replace_job_spec", params)
                 return AddResult(job_id, "replaced")
@@ -165,34 +184,64 @@ def add_job(conn: psycopg.Connection, spec: JobSpec, *, replace: bool = False) -
         store.execute(c, "insert_job", _job_row(spec, job_id, now))
         return AddResult(job_id, "created")
 
-    for attempt in range(2):
-        try:
-            return store.run_transaction(conn, body)
-        except psycopg.errors.UniqueViolation:
-            if attempt:  # a concurrent add of the same name won twice: give up
-                raise
-    raise AssertionError("unreachable")
+    return _run_named(conn, body)
+
+
+def _conflict(spec: JobSpec, job_id: uuid.UUID) -> str:
+    return (f"name: job {spec.name!r} of tenant {spec.tenant!r} already exists with a different spec "
+            f"(id {job_id})")
 
 
 @dataclasses.dataclass
 class ImportReport:
-    """Outcome of :func:`import_csv`: ids imported, and ``(line, expr, reason)`` per bad line."""
+    """Outcome of :func:`import_csv`, in line order: ids of the jobs created, ids of
+    those that already existed with the same spec (``unchanged``), and
+    ``(line, expr, reason)`` per line not imported (invalid, or its name
+    taken by a job with a different spec)."""
 
-    imported: list[uuid.UUID] = dataclasses.field(default_factory=list)
+    created: list[uuid.UUID] = dataclasses.field(default_factory=list)
+    unchanged: list[uuid.UUID] = dataclasses.field(default_factory=list)
     rejected: list[tuple[int, str, str]] = dataclasses.field(default_factory=list)
 
+    @property
+    def imported(self) -> list[uuid.UUID]:
+        """Every job the file's valid lines stand for (created, then unchanged)."""
+        return self.created + self.unchanged
 
-def corpus_specs(path: Path, tenant: str, *, misfire: str = "all") -> Iterator[tuple[int, str, JobSpec | str]]:
+
+def import_name(tenant: str, expr: str, dialect: str, tz: str, occurrence: int) -> str:
+    """The stable name of an imported line: ``import:<h>:<k>``.
+
+    ``h`` is the first 16 hex digits of the SHA-256 of ``tenant``, ``expr``
+    (stripped), ``dialect`` and ``tz`` (ours: ``unix``/``seconds``, the
+    zone with empty read as ``UTC``) joined by U+001F, in UTF-8; ``k`` counts
+    the lines of the same content in the file from 1 (two identical lines
+    are two jobs). So a line keeps its name whatever its position, lines
+    added to a file get new names, and the same schedule imported from two
+    files is one job.
+    """
+    digest = hashlib.sha256("\x1f".join([tenant, expr, dialect, tz]).encode("utf-8")).hexdigest()
+    return f"{IMPORT_NAME_PREFIX}{digest[:16]}:{occurrence}"
+
+
+def corpus_specs(path: Path, tenant: str, *, misfire: str = "all",
+                 name_column: str | None = None) -> Iterator[tuple[int, str, JobSpec | str]]:
     """Read a corpus-format CSV; yield ``(line_number, expr, JobSpec or reason)``.
 
-    Columns used: ``expr``, ``dialect``, ``timezone`` (empty = UTC). Line
-    numbers are physical lines of the file (the header is line 1). A line
-    that is not valid UTF-8 in those columns, or that the CSV reader cannot
-    parse (e.g. a field over the csv module's size limit), is reported like
-    any bad line (undecodable bytes appear as ``\\udcXX``), never fatal.
-    Raises ValidationError (field ``file``) without a header naming ``expr``.
+    Columns used: ``expr``, ``dialect``, ``timezone`` (empty = UTC), and
+    ``name_column`` if given. Every spec is named: from ``name_column`` (an
+    empty value, or a name already used by an earlier line, is a bad line),
+    else :func:`import_name`. A UTF-8 byte order mark (spreadsheet exports)
+    is skipped. Line numbers are physical lines of the file (the header is
+    line 1). A line that is not valid UTF-8 in those columns, or that the
+    CSV reader cannot parse (e.g. a field over the csv module's size limit),
+    is reported like any bad line (undecodable bytes appear as ``\\udcXX``),
+    never fatal. Raises ValidationError (field ``file``) without a header
+    naming ``expr``, (field ``name_column``) without that column.
     """
-    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as handle:
+    occurrences: dict[tuple[str, str, str], int] = {}
+    name_lines: dict[str, int] = {}
+    with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as handle:
         consumed = 0  # physical lines the reader has taken (it never reads ahead)
 
         def lines() -> Iterator[str]:
@@ -208,6 +257,8 @@ def corpus_specs(path: Path, tenant: str, *, misfire: str = "all") -> Iterator[t
             header = None
         if header is None or "expr" not in header:
             raise ValidationError("file", "must be a CSV with a header row naming an 'expr' column", str(path))
+        if name_column is not None and name_column not in header:
+            raise ValidationError("name_column", f"the CSV header has no column {clip(name_column)}")
         line = consumed
         while True:
             start = line + 1
@@ -221,17 +272,31 @@ def corpus_specs(path: Path, tenant: str, *, misfire: str = "all") -> Iterator[t
                 continue
             line = consumed
             expr = (record.get("expr") or "").strip()
-            columns = (record.get("expr") or "", record.get("dialect") or "", record.get("timezone") or "")
+            columns = (record.get("expr") or "", record.get("dialect") or "", record.get("timezone") or "",
+                       (record.get(name_column) or "") if name_column is not None else "")
             if any(_UNDECODABLE.search(value) for value in columns):
                 yield start, expr, "encoding: the line is not valid UTF-8"
                 continue
             dialect = CORPUS_DIALECTS.get(columns[1].strip(), "unix")
             tz = columns[2].strip() or "UTC"
+            if name_column is None:
+                key = (expr, dialect, tz)
+                occurrences[key] = occurrences.get(key, 0) + 1
+                name = import_name(tenant, expr, dialect, tz, occurrences[key])
+            else:
+                name = columns[3].strip()
+                if not name:
+                    yield start, expr, f"name: the {clip(name_column)} column is empty"
+                    continue
+                if name in name_lines:
+                    yield start, expr, f"name: {clip(name)} is already used by line {name_lines[name]} of this file"
+                    continue
             try:
-                spec = JobSpec.build(tenant=tenant, cron=expr, tz=tz, dialect=dialect, misfire=misfire)
+                spec = JobSpec.build(tenant=tenant, cron=expr, tz=tz, dialect=dialect, misfire=misfire, name=name)
             except ValidationError as exc:
                 yield start, expr, str(exc)
                 continue
+            name_lines.setdefault(name, start)
             yield start, expr, spec
 
 
@@ -240,31 +305,97 @@ _UNDECODABLE = re.compile("[\udc80-\udcff]")
 
 
 def import_csv(conn: psycopg.Connection, path: Path, tenant: str, *, misfire: str = "all",
-               batch_size: int = IMPORT_BATCH) -> ImportReport:
-    """Import every valid line of a corpus-format CSV for ``tenant``.
+               name_column: str | None = None, batch_size: int = IMPORT_BATCH) -> ImportReport:
+    """Import every valid line of a corpus-format CSV for ``tenant``; idempotent.
 
-    Invalid lines are reported, never fatal; valid ones are inserted in
-    batches of ``batch_size`` per transaction. Raises ValidationError for a
-    bad tenant or a file without an ``expr`` header; OSError if unreadable.
+    Each line is a named job (:func:`corpus_specs`): a name not yet taken
+    creates the job, a name whose job has the same spec leaves it
+    ``unchanged``, a name whose job differs is reported as rejected (nothing
+    is replaced). Invalid lines are reported, never fatal. Lines go to the
+    store in batches of ``batch_size`` per transaction (:func:`import_jobs`:
+    one lookup and one insert batch each). Raises ValidationError for a bad
+    tenant, a file without an ``expr`` header or without ``name_column``;
+    OSError if unreadable.
     """
     validate_tenant(tenant)
     report = ImportReport()
-    batch: list[JobSpec] = []
+    batch: list[tuple[int, str, JobSpec]] = []
 
     def flush() -> None:
         if batch:
-            report.imported.extend(add_jobs(conn, batch))
+            outcomes = import_jobs(conn, [spec for _, _, spec in batch])
+            for (line, expr, _), (outcome, value) in zip(batch, outcomes):
+                if outcome == "created":
+                    report.created.append(value)
+                elif outcome == "unchanged":
+                    report.unchanged.append(value)
+                else:
+                    report.rejected.append((line, expr, value))
             batch.clear()
 
-    for line, expr, item in corpus_specs(path, tenant, misfire=misfire):
+    for line, expr, item in corpus_specs(path, tenant, misfire=misfire, name_column=name_column):
         if isinstance(item, str):
             report.rejected.append((line, expr, item))
             continue
-        batch.append(item)
+        batch.append((line, expr, item))
         if len(batch) >= batch_size:
             flush()
     flush()
+    report.rejected.sort()
     return report
+
+
+def import_jobs(conn: psycopg.Connection, specs: Iterable[JobSpec]) -> list[tuple[str, Any]]:
+    """Create named jobs that do not exist yet, in one transaction; set-based.
+
+    Every spec must have a name, unique within ``specs`` per tenant. Returns,
+    in order, ``("created", job_id)``, ``("unchanged", job_id)`` (a live job
+    of that tenant and name has this spec) or ``("conflict", reason)`` (it
+    has another spec; left as it is). One lookup of the existing names and
+    one batched insert, whatever the number of specs; retried whole on
+    40001/40P01, and once more if a concurrent import created one of the
+    names first. Raises ValidationError (nothing written) if a spec is
+    invalid.
+    """
+    specs = [spec.validated() for spec in specs]
+    if any(spec.name is None for spec in specs):
+        raise ValidationError("name", "every imported job needs a name")
+
+    def body(c: psycopg.Connection) -> list[tuple[str, Any]]:
+        now = _store_now(c)
+        store.execute(c, "ensure_tenants", {"tenants": sorted({spec.tenant for spec in specs})})
+        existing = {(row["tenant"], row["name"]): row for row in store.execute(c, "find_jobs_by_names", {
+            "tenants": [spec.tenant for spec in specs], "names": [spec.name for spec in specs]})}
+        outcomes: list[tuple[str, Any]] = []
+        rows = []
+        for spec in specs:
+            row = existing.get((spec.tenant, spec.name))
+            if row is None:
+                job_id = uuid.uuid4()
+                rows.append(_job_row(spec, job_id, now))
+                outcomes.append(("created", job_id))
+            elif spec.same_as_row(row):
+                outcomes.append(("unchanged", row["job_id"]))
+            else:
+                outcomes.append(("conflict", _conflict(spec, row["job_id"])))
+        if rows:
+            with c.cursor() as cur:
+                cur.executemany(store.QUERIES["insert_job"], rows)
+        return outcomes
+
+    return _run_named(conn, body)
+
+
+def _run_named(conn: psycopg.Connection, body: Callable[[psycopg.Connection], T]) -> T:
+    """``store.run_transaction(conn, body)``, run once more after a unique violation
+    (a concurrent writer created one of the names first: the retry finds it)."""
+    for attempt in range(2):
+        try:
+            return store.run_transaction(conn, body)
+        except psycopg.errors.UniqueViolation:
+            if attempt:  # a concurrent writer of the same names won twice: give up
+                raise
+    raise AssertionError("unreachable")
 
 
 def add_jobs(conn: psycopg.Connection, specs: Iterable[JobSpec]) -> list[uuid.UUID]:
@@ -296,8 +427,20 @@ def get_job(conn: psycopg.Connection, job_id: uuid.UUID) -> dict:
 
 
 def list_jobs(conn: psycopg.Connection, tenant: str | None = None, limit: int = 1000) -> list[dict]:
-    """Live (not deleted) jobs, by tenant then creation time."""
-    return store.execute(conn, "list_jobs", {"tenant": tenant, "limit": limit})
+    """Live (not deleted) jobs, by tenant then creation time.
+
+    Raises NotFoundError if ``tenant`` is given and does not exist (a
+    tenant without jobs lists as empty).
+    """
+    rows = store.execute(conn, "list_jobs", {"tenant": tenant, "limit": limit})
+    if tenant is not None and not rows:
+        _require_tenant(conn, tenant)
+    return rows
+
+
+def _require_tenant(conn: psycopg.Connection, tenant: str) -> None:
+    if not store.execute(conn, "tenant_exists", {"tenant": tenant}):
+        raise NotFoundError(f"tenant: no tenant {clip(tenant)}")
 
 
 def set_paused(conn: psycopg.Connection, job_id: uuid.UUID, paused: bool) -> None:
@@ -319,7 +462,7 @@ def set_paused(conn: psycopg.Connection, job_id: uuid.UUID, paused: bool) -> Non
             next_nominal = _row_schedule(row).next_after(now)
             if next_nominal is not None:
                 next_due = scheduled_time(job_id, next_nominal, row["jitter_s"])
-        _retire(c, row, now, "paused" if paused else None)
+        _retire(c, [row], now, "paused" if paused else None)
         store.execute(c, "set_job_paused", {
             "partition_id": row["partition_id"], "job_id": job_id, "paused": paused,
             "next_nominal_at": next_nominal, "next_due_at": next_due, "changed_at": now})
@@ -336,11 +479,60 @@ def delete_job(conn: psycopg.Connection, job_id: uuid.UUID) -> None:
             row = _get_for_update(c, job_id)
         except NotFoundError:
             raise NotFoundError(f"job_id: no job {job_id}") from None
-        _retire(c, row, now, "deleted")
+        _retire(c, [row], now, "deleted")
         store.execute(c, "delete_job", {"partition_id": row["partition_id"], "job_id": job_id,
                                         "changed_at": now})
 
     store.run_transaction(conn, body)
+
+
+def _check_prefix(name_prefix: str | None) -> None:
+    if name_prefix is not None and not name_prefix:
+        raise ValidationError("name_prefix", "must not be empty (to delete every job of the tenant, use --all)")
+
+
+def count_jobs(conn: psycopg.Connection, tenant: str, *, name_prefix: str | None = None) -> int:
+    """Live jobs of ``tenant`` (those whose name starts with ``name_prefix`` if given):
+    what :func:`delete_jobs` would delete now. Raises NotFoundError for an unknown tenant,
+    ValidationError for a bad tenant or an empty prefix."""
+    validate_tenant(tenant)
+    _check_prefix(name_prefix)
+    _require_tenant(conn, tenant)
+    return store.execute(conn, "count_jobs_of_tenant", {"tenant": tenant, "name_prefix": name_prefix})[0]["n"]
+
+
+def delete_jobs(conn: psycopg.Connection, tenant: str, *, name_prefix: str | None = None) -> int:
+    """Soft-delete every live job of ``tenant``, or those whose name starts with
+    ``name_prefix`` (taken literally: ``%`` and ``_`` are characters); return how many.
+
+    The delete of :func:`delete_job` (the jobs stop firing at once, rows and
+    runs stay until pruned; revisions kept, due slots recorded as skipped
+    ``deleted``), set-based: one statement per batch of
+    :data:`DELETE_BATCH` jobs, each batch its own transaction (retried whole
+    on 40001/40P01), so an interrupted call leaves whole batches deleted and
+    a second call finishes. Raises NotFoundError for an unknown tenant,
+    ValidationError for a bad tenant or an empty prefix.
+    """
+    validate_tenant(tenant)
+    _check_prefix(name_prefix)
+    _require_tenant(conn, tenant)
+    limit = DELETE_BATCH
+
+    def body(c: psycopg.Connection) -> int:
+        now = _store_now(c)
+        rows = store.execute(c, "jobs_of_tenant_page", {"tenant": tenant, "name_prefix": name_prefix,
+                                                        "limit": limit})
+        _retire(c, rows, now, "deleted")
+        store.execute(c, "delete_jobs_by_keys", {"pids": [row["partition_id"] for row in rows],
+                                                 "jids": [row["job_id"] for row in rows], "changed_at": now})
+        return len(rows)
+
+    total = 0
+    while True:
+        deleted = store.run_transaction(conn, body)
+        total += deleted
+        if deleted < limit:
+            return total
 
 
 def add_tenant(conn: psycopg.Connection, tenant: str, weight: int = 1, max_rate: float | None = None) -> bool:

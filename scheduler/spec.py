@@ -24,6 +24,7 @@ from typing import Any
 from scheduler.errors import ValidationError
 from scheduler.planner import CATCHUP_WINDOW_S, MISFIRE_GRACE_S, MISFIRE_POLICIES
 from scheduler.schedule import CronSchedule, IntervalSchedule, OnceSchedule
+from scheduler.zones import load_zone
 
 KINDS = ("cron", "interval", "once")
 DIALECTS = ("unix", "seconds")
@@ -70,9 +71,18 @@ class JobSpec:
     def build(cls, *, tenant: str, cron: str | None = None, tz: str | None = None,
               dialect: str | None = None, interval_s: Any = None, at: datetime | None = None,
               name: str | None = None, misfire: str = "all",
-              catchup_window_s: Any = CATCHUP_WINDOW_S, misfire_grace_s: Any = MISFIRE_GRACE_S,
+              catchup_window_s: Any = None, misfire_grace_s: Any = None,
               jitter_s: Any = 0) -> JobSpec:
-        """Build and validate a spec from user input; raises ValidationError."""
+        """Build and validate a spec from user input; raises ValidationError.
+
+        Numbers may be ints or strings of ASCII digits (:func:`parse_whole`).
+        ``catchup_window_s`` (default :data:`~scheduler.planner.CATCHUP_WINDOW_S`)
+        is used by the ``all`` policy only, ``misfire_grace_s`` (default
+        :data:`~scheduler.planner.MISFIRE_GRACE_S`) by ``once`` and ``skip``:
+        giving one (not ``None``) with a policy that ignores it is refused
+        (ValidationError naming both). ``tz`` ``None`` means UTC; an empty
+        ``tz`` is refused.
+        """
         given = [k for k, v in (("cron", cron), ("interval", interval_s), ("at", at)) if v is not None]
         if len(given) != 1:
             raise ValidationError("schedule", "give exactly one of --cron, --interval or --at",
@@ -81,15 +91,23 @@ class JobSpec:
         if kind != "cron" and (tz is not None or dialect is not None):
             raise ValidationError("tz" if tz is not None else "dialect",
                                   "applies to --cron schedules only")
+        if misfire_grace_s is not None and misfire == "all":
+            raise ValidationError("misfire_grace", "--misfire-grace-s is ignored by --misfire all "
+                                                   "(it applies to once and skip)")
+        if catchup_window_s is not None and misfire in MISFIRE_POLICIES and misfire != "all":
+            raise ValidationError("catchup_window", f"--catchup-window-s is ignored by --misfire {misfire} "
+                                                    "(it applies to all only)")
         spec = cls(
             tenant=tenant, kind=kind, cron=cron,
             tz=("UTC" if tz is None else tz) if kind == "cron" else None,
             dialect=(dialect or "unix") if kind == "cron" else None,
-            interval_s=_whole_seconds("interval", interval_s, minimum=1) if kind == "interval" else None,
+            interval_s=parse_seconds("interval", interval_s) if kind == "interval" else None,
             at=at, name=name, misfire=misfire,
-            catchup_window_s=_whole_seconds("catchup_window", catchup_window_s, minimum=0),
-            misfire_grace_s=_whole_seconds("misfire_grace", misfire_grace_s, minimum=0),
-            jitter_s=_whole_seconds("jitter", jitter_s, minimum=0),
+            catchup_window_s=(CATCHUP_WINDOW_S if catchup_window_s is None
+                              else parse_seconds("catchup_window", catchup_window_s)),
+            misfire_grace_s=MISFIRE_GRACE_S if misfire_grace_s is None else parse_seconds("misfire_grace",
+                                                                                          misfire_grace_s),
+            jitter_s=parse_seconds("jitter", jitter_s),
         )
         return spec.validated()
 
@@ -116,6 +134,8 @@ class JobSpec:
                                   self.interval_s)
         if self.kind == "cron" and self.dialect not in DIALECTS:
             raise ValidationError("dialect", f"must be one of {', '.join(DIALECTS)}", self.dialect)
+        if self.kind == "cron":
+            load_zone(self.tz)  # an empty or unknown zone is refused here, never read as UTC
         if self.kind == "once" and (self.at is None or self.at.tzinfo is None):
             raise ValidationError("at", "must be an instant with a UTC offset (e.g. 2030-01-01T00:00:00Z)",
                                   None if self.at is None else self.at.isoformat())
@@ -174,22 +194,88 @@ def check_jitter(jitter_s: int, schedule, now: datetime) -> None:
         jitter_s)
 
 
-def _whole_seconds(field: str, value: Any, minimum: int) -> int:
-    """Coerce a user-given duration to whole seconds ≥ ``minimum`` or raise ValidationError."""
+_WHOLE_RE = re.compile(r"[+-]?[0-9]+")
+MAX_DIGITS = 100
+"""Longest whole number parsed (digits); Python's ``int()`` refuses beyond 4,300."""
+_DECIMAL_RE = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def parse_whole(field: str, value: Any, *, minimum: int | None = None, maximum: int | None = None,
+                unit: str = "", rule: str | None = None, max_note: str = "") -> int:
+    """A whole number from user input: an ``int``, an integral finite ``float``, or a
+    string of ASCII digits with an optional sign (surrounding spaces ignored).
+
+    Parsed as an integer, never through ``float``, so a huge value is
+    compared and echoed exactly as typed; non-ASCII digits (``٦٠``), which
+    Python's ``int()`` would accept, are refused, as are ``1e3``, ``1_000``
+    and ``1.5``. ``unit`` (e.g. ``"seconds"``) goes into the messages;
+    ``rule``, if given, is the one message of every refusal (e.g. "must be a
+    whole number from 1 to 1000 in ASCII digits"); ``max_note`` is appended
+    to the "at most" message. Raises ValidationError naming ``field`` with
+    the value as given.
+    """
+    of_unit = f" of {unit}" if unit else ""
+    shape = rule or f"must be a whole number{of_unit} in ASCII digits"
     if isinstance(value, bool):
-        raise ValidationError(field, "must be a number of seconds", value)
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValidationError(field, "must be a number of seconds", value) from None
-    if number != number or number in (float("inf"), float("-inf")):
-        raise ValidationError(field, "must be a finite number of seconds", value)
-    if number != int(number):
-        raise ValidationError(field, "must be a whole number of seconds", value)
-    if number < minimum:
-        rule = "must be positive (at least 1 second)" if minimum == 1 else f"must be at least {minimum}"
-        raise ValidationError(field, rule, value)
-    return int(number)
+        raise ValidationError(field, shape, value)
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")) or value != int(value):
+            raise ValidationError(field, shape, value)
+        number = int(value)
+    elif isinstance(value, str) and _WHOLE_RE.fullmatch(value.strip(" \t")):
+        text = value.strip(" \t")
+        if len(text.lstrip("+-").lstrip("0")) > MAX_DIGITS:  # beyond int()'s digit limit: no bound is that far
+            if text.startswith("-") and minimum is None or not text.startswith("-") and maximum is None:
+                raise ValidationError(field, f"must have at most {MAX_DIGITS} digits", value)
+            number = (minimum - 1) if text.startswith("-") else (maximum + 1)  # type: ignore[operator]
+        else:
+            number = int(text)
+    else:
+        raise ValidationError(field, shape, value)
+    if minimum is not None and number < minimum:
+        if rule is None and minimum == 1 and unit == "seconds":
+            rule_text = "must be positive (at least 1 second)"
+        else:
+            rule_text = rule or f"must be at least {minimum}"
+        raise ValidationError(field, rule_text, value)
+    if maximum is not None and number > maximum:
+        raise ValidationError(field, rule or f"must be at most {maximum}{' ' + unit if unit else ''}{max_note}",
+                              value)
+    return number
+
+
+def parse_decimal(field: str, value: Any, *, rule: str | None = None) -> float:
+    """A number from user input: an ``int``/``float`` or a string in ASCII decimal
+    notation (``2``, ``0.5``, ``1e3``; no ``inf``/``nan``, no non-ASCII digits).
+
+    Range checks are the caller's. Raises ValidationError naming ``field``
+    (with ``rule`` as the message if given).
+    """
+    shape = rule or "must be a number in ASCII digits"
+    if isinstance(value, bool):
+        raise ValidationError(field, shape, value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and _DECIMAL_RE.fullmatch(value.strip(" \t")):
+        return float(value.strip(" \t"))
+    raise ValidationError(field, shape, value)
+
+
+SECONDS_FIELDS: dict[str, dict[str, Any]] = {
+    "interval": {"minimum": 1, "maximum": MAX_INTERVAL_S, "max_note": " (100 years)"},
+    "catchup_window": {"minimum": 0, "maximum": MAX_POLICY_S},
+    "misfire_grace": {"minimum": 0, "maximum": MAX_POLICY_S},
+    "jitter": {"minimum": 0, "maximum": MAX_JITTER_S},
+}
+"""Bounds of each duration field of a spec, in whole seconds (the CLI's options use them too)."""
+
+
+def parse_seconds(field: str, value: Any) -> int:
+    """A duration field of :data:`SECONDS_FIELDS` in whole seconds (:func:`parse_whole`);
+    raises ValidationError naming ``field``, the value as typed and the bound."""
+    return parse_whole(field, value, unit="seconds", **SECONDS_FIELDS[field])
 
 
 def build_schedule(kind: str, cron: str | None, dialect: str | None, tz: str | None,

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from importlib import resources
 from typing import TypeVar
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.rows import dict_row
@@ -130,8 +130,13 @@ def sqlalchemy_url(dsn: str) -> str:
     ``postgresql://``/``postgres://`` → ``postgresql+psycopg://``;
     ``cockroachdb://`` → ``cockroachdb+psycopg://`` (needs the
     ``sqlalchemy-cockroachdb`` package). URLs that already name a driver are
-    returned unchanged. Raises :class:`StoreError` for a key=value DSN:
-    migrations need the URI form.
+    returned unchanged. A key=value DSN (``host=db dbname=scheduler
+    user=u password=p``) becomes ``postgresql+psycopg://u:p@db/scheduler``
+    (user and password percent-encoded; a socket directory or several hosts,
+    and every other keyword, as query parameters psycopg receives as they
+    are). The result holds the password: never print it (see
+    :func:`redact_dsn`). Raises :class:`StoreError` (password redacted) for a
+    DSN that is neither a URI nor valid libpq keywords.
     """
     for prefix, replacement in (
         ("postgresql://", "postgresql+psycopg://"),
@@ -142,7 +147,23 @@ def sqlalchemy_url(dsn: str) -> str:
             return replacement + dsn[len(prefix):]
     if "://" in dsn:
         return dsn
-    raise StoreError("the store DSN must be a URI (postgresql://user:pass@host:port/db) for migrations")
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = {key: str(value) for key, value in conninfo_to_dict(dsn).items()}
+    except psycopg.Error as exc:
+        raise StoreError(f"the store DSN is neither a URI (postgresql://user:pass@host:port/db) nor valid "
+                         f"libpq keywords (host=... dbname=...): {redact_text(_first_line(exc), dsn)}") from None
+    user, password, dbname = params.pop("user", None), params.pop("password", None), params.pop("dbname", None)
+    host = port = None
+    if "host" in params and not params["host"].startswith("/") and "," not in params["host"]:
+        host = params.pop("host")
+        if params.get("port", "").isdigit():
+            port = params.pop("port")
+    auth = "" if user is None else quote(user, safe="") + ("" if password is None else ":" + quote(password, safe=""))
+    netloc = (f"{auth}@" if auth else "") + (host or "") + ("" if port is None else f":{port}")
+    query = urlencode(params, quote_via=quote)
+    return f"postgresql+psycopg://{netloc}/{quote(dbname or '', safe='')}" + (f"?{query}" if query else "")
 
 
 def libpq_dsn(dsn: str) -> str:

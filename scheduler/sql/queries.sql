@@ -542,18 +542,19 @@ SET kind = %(kind)s, cron_expr = %(cron_expr)s, cron_dialect = %(cron_dialect)s,
     revision = revision + 1, changed_at = %(changed_at)s
 WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s AND deleted_at IS NULL;
 
--- name: insert_job_revision
--- Keep the revision a rewrite (replace, pause, resume, delete) supersedes,
--- in force from its changed_at until %(now)s (alembic revision 0013). Same
--- transaction as the rewrite, before it.
+-- name: insert_job_revisions
+-- Keep the revisions rewrites (replace, pause, resume, delete) supersede:
+-- the jobs (pids[i], jids[i]) as they are, in force from their changed_at
+-- until %(now)s (alembic revision 0013). Same transaction as the rewrite,
+-- before it.
 INSERT INTO job_revisions (partition_id, job_id, revision, valid_from, valid_until, tenant, kind,
                            cron_expr, cron_dialect, tz, interval_s, anchor_at, fire_at, misfire,
                            catchup_window_s, misfire_grace_s, jitter_s, paused)
-SELECT partition_id, job_id, revision, changed_at, %(now)s, tenant, kind,
-       cron_expr, cron_dialect, tz, interval_s, anchor_at, fire_at, misfire,
-       catchup_window_s, misfire_grace_s, jitter_s, paused
-FROM jobs
-WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s
+SELECT j.partition_id, j.job_id, j.revision, j.changed_at, %(now)s, j.tenant, j.kind,
+       j.cron_expr, j.cron_dialect, j.tz, j.interval_s, j.anchor_at, j.fire_at, j.misfire,
+       j.catchup_window_s, j.misfire_grace_s, j.jitter_s, j.paused
+FROM unnest(%(pids)b::int4[], %(jids)b::uuid[]) AS a (pid, jid)
+JOIN jobs AS j ON j.partition_id = a.pid AND j.job_id = a.jid
 ON CONFLICT (partition_id, job_id, revision) DO NOTHING;
 
 -- name: insert_rewrite_skip
@@ -565,6 +566,17 @@ INSERT INTO skips (partition_id, job_id, first_nominal, until_nominal, slots, re
 VALUES (%(partition_id)s, %(job_id)s, %(first)s, %(until)s, %(slots)s, %(reason)s, %(now)s,
         'operator', 0)
 ON CONFLICT (partition_id, job_id, first_nominal) DO NOTHING;
+
+-- name: find_jobs_by_names
+-- Live jobs of the (tenant, name) pairs %(tenants)s[i], %(names)s[i] (jobs
+-- import: one lookup per batch, never one per line), locked like
+-- find_job_by_name.
+SELECT j.*
+FROM jobs AS j
+JOIN unnest(%(tenants)b::text[], %(names)b::text[]) AS k (tenant, name)
+  ON j.tenant = k.tenant AND j.name = k.name
+WHERE j.deleted_at IS NULL
+FOR UPDATE OF j;
 
 -- name: get_job
 SELECT * FROM jobs WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;
@@ -600,6 +612,44 @@ SET deleted_at = %(changed_at)s, changed_at = %(changed_at)s,
     next_nominal_at = NULL, next_due_at = NULL, revision = revision + 1
 WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s AND deleted_at IS NULL
 RETURNING job_id;
+
+-- name: jobs_of_tenant_page
+-- Bulk soft delete (jobs delete --tenant T --all / --name-prefix P): at most
+-- %(limit)s live jobs of one tenant, those whose name starts with
+-- %(name_prefix)s (taken literally; NULL: every job), locked; the caller
+-- deletes them (delete_jobs_by_keys) and repeats, one transaction per
+-- batch, until fewer come back.
+SELECT *
+FROM jobs
+WHERE tenant = %(tenant)s
+  AND deleted_at IS NULL
+  AND (%(name_prefix)s::text IS NULL
+       OR left(name, length(%(name_prefix)s::text)) = %(name_prefix)s::text)
+ORDER BY partition_id, job_id
+LIMIT %(limit)s
+FOR UPDATE;
+
+-- name: delete_jobs_by_keys
+-- The update of delete_job for the live jobs (pids[i], jids[i]).
+UPDATE jobs AS j
+SET deleted_at = %(changed_at)s, changed_at = %(changed_at)s,
+    next_nominal_at = NULL, next_due_at = NULL, revision = revision + 1
+FROM unnest(%(pids)b::int4[], %(jids)b::uuid[]) AS a (pid, jid)
+WHERE j.partition_id = a.pid AND j.job_id = a.jid AND j.deleted_at IS NULL
+RETURNING j.partition_id, j.job_id;
+
+-- name: count_jobs_of_tenant
+-- Live jobs of one tenant, optionally only those whose name starts with
+-- %(name_prefix)s (as jobs_of_tenant_page selects them).
+SELECT count(*) AS n
+FROM jobs
+WHERE tenant = %(tenant)s
+  AND deleted_at IS NULL
+  AND (%(name_prefix)s::text IS NULL
+       OR left(name, length(%(name_prefix)s::text)) = %(name_prefix)s::text);
+
+-- name: tenant_exists
+SELECT tenant FROM tenants WHERE tenant = %(tenant)s;
 
 -- name: list_runs
 SELECT r.partition_id, r.job_id, r.nominal_time, r.tenant, r.scheduled_at, r.fired_at,
@@ -871,3 +921,11 @@ RETURNING partition_id, job_id, NULL::timestamptz AS key_time;
 -- name: count_jobs
 -- Jobs in the store, deleted ones included.
 SELECT count(*) AS n FROM jobs;
+
+-- name: count_live_jobs
+-- Jobs not deleted (what `db downgrade` would put at stake).
+SELECT count(*) AS n FROM jobs WHERE deleted_at IS NULL;
+
+-- name: get_schema_revision
+-- The alembic revision the store's schema is at (no row: never migrated).
+SELECT version_num FROM alembic_version;

@@ -167,7 +167,7 @@ def test_jobs_add_prints_the_id_of_the_stored_job(pg_dsn, conn) -> None:
     assert (again.exit_code, again.stdout, again.stderr) == (0, f"{job_id}\n", "(exists)\n")
 
     conflict = run(["jobs", "add", "--tenant", "acme", "--cron", "0 3 * * *", "--name", "nightly"], pg_dsn)
-    line = one_line_error(conflict, 1, "error: name: ")
+    line = one_line_error(conflict, 2, "error: name: ")
     assert str(job_id) in line and "--replace" in line
 
     replaced = run(["jobs", "add", "--tenant", "acme", "--cron", "0 3 * * *", "--name", "nightly", "--replace"],
@@ -235,7 +235,7 @@ def test_jobs_list_show_pause_resume_delete(pg_dsn, conn) -> None:
     assert run(["jobs", "delete", str(b)], pg_dsn).stdout == f"deleted {b}\n"
     assert [r["job_id"] for r in json.loads(run(["jobs", "list", "--json"], pg_dsn).stdout)] == [str(a), str(c)]
 
-    one_line_error(run(["jobs", "delete", str(b)], pg_dsn), 1, f"error: job_id: no job {b}")
+    one_line_error(run(["jobs", "delete", str(b)], pg_dsn), 2, f"error: job_id: no job {b}")
     one_line_error(run(["jobs", "show", "not-a-uuid"], pg_dsn), 2, "error: job_id: must be a UUID")
 
 
@@ -243,7 +243,8 @@ def test_jobs_import_reports_every_bad_line(pg_dsn, conn) -> None:
     result = run(["jobs", "import", str(CORPUS), "--tenant", "corpus"], pg_dsn)
     assert result.exit_code == 0
     # 1,356 valid lines and 144 bad ones (see tests/integration/test_jobs.py).
-    assert result.stdout == "imported 1356 jobs, rejected 144 lines\n"
+    assert result.stdout == "1356 created, 0 unchanged, 144 rejected
+"
     errors = result.stderr.splitlines()
     assert len(errors) == 144
     assert errors[0] == f"{CORPUS}:2: '3h': cron: expected 5 fields for dialect 'unix', got 1 (got '3h')"
@@ -270,7 +271,7 @@ def test_tenants_add_list_set(pg_dsn, conn) -> None:
     assert text[0].split() == ["TENANT", "WEIGHT", "MAX_RATE", "JOBS", "CREATED_AT"]
     assert text[1].split()[:4] == ["acme", "3", "-", "0"]
 
-    one_line_error(run(["tenants", "set", "initech", "--weight", "2"], pg_dsn), 1, "error: tenant: no tenant")
+    one_line_error(run(["tenants", "set", "initech", "--weight", "2"], pg_dsn), 2, "error: tenant: no tenant")
     one_line_error(run(["tenants", "set", "acme"], pg_dsn), 2, "error: give --weight, --max-rate or --no-max-rate")
     one_line_error(run(["tenants", "set", "acme", "--max-rate", "5", "--no-max-rate"], pg_dsn), 2,
                    "error: --max-rate and --no-max-rate contradict each other")
@@ -351,8 +352,8 @@ def test_runs_list(pg_dsn, conn) -> None:
     assert text[0].split() == ["JOB_ID", "TENANT", "NOMINAL_TIME", "FIRED_AT", "LATENESS_S", "NODE_ID", "EPOCH"]
     assert len(text) == 6
     one_line_error(run(["runs", "list", "--since", "2030-01-01"], pg_dsn), 2, "error: since: ")
-    one_line_error(run(["runs", "list", "--limit", "0"], pg_dsn), 2, "error: Invalid value for '--limit'")
-    one_line_error(run(["jobs", "list", "--limit", "-1"], pg_dsn), 2, "error: Invalid value for '--limit'")
+    one_line_error(run(["runs", "list", "--limit", "0"], pg_dsn), 2, "error: limit: must be at least 1 (got '0')")
+    one_line_error(run(["jobs", "list", "--limit", "-1"], pg_dsn), 2, "error: limit: must be at least 1 (got '-1')")
 
 
 def test_verify_counts_and_exit_status(pg_dsn, conn) -> None:
@@ -453,12 +454,13 @@ def test_jobs_import_of_a_non_utf8_file_reports_lines_not_a_traceback(pg_dsn, co
     path.write_bytes(b"expr,dialect,timezone\n0 1 * * *,unix5,\n0 2 * * \xff,unix5,\n")
     result = run(["jobs", "import", str(path), "--tenant", "mine"], pg_dsn)
     assert result.exit_code == 0
-    assert result.stdout == "imported 1 jobs, rejected 1 lines\n"
+    assert result.stdout == "1 created, 0 unchanged, 1 rejected\n"
     assert result.stderr == f"{path}:3: '0 2 * * \\udcff': encoding: the line is not valid UTF-8\n"
     as_json = run(["jobs", "import", str(path), "--tenant", "mine", "--json"], pg_dsn)
-    assert json.loads(as_json.stdout) == {
-        "imported": 1, "rejected": [{"line": 3, "expr": "0 2 * * \udcff", "reason": "encoding: the line is not valid UTF-8"}]}
-    assert conn.execute("SELECT count(*) AS c FROM jobs").fetchone()["c"] == 2
+    assert json.loads(as_json.stdout) == {  # idempotent: the valid line's job exists
+        "created": 0, "unchanged": 1,
+        "rejected": [{"line": 3, "expr": "0 2 * * \udcff", "reason": "encoding: the line is not valid UTF-8"}]}
+    assert conn.execute("SELECT count(*) AS c FROM jobs").fetchone()["c"] == 1
 
 
 def test_jobs_import_without_an_expr_header_exits_2(pg_dsn, conn, tmp_path) -> None:
@@ -502,5 +504,5 @@ def test_verify_refuses_future_and_overlong_windows(pg_dsn) -> None:
 
 def test_commands_on_an_unmigrated_store_say_to_upgrade(empty_pg_dsn) -> None:
     result = run(["jobs", "list"], empty_pg_dsn)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "run `scheduler db upgrade` first" in result.stderr

@@ -337,8 +337,8 @@ BAD = [
     ("misfire", {"interval_s": 60, "misfire": "sometimes"}, "misfire", "one of all, once, skip"),
     ("window-neg", {"interval_s": 60, "catchup_window_s": -1}, "catchup_window", "at least 0"),
     ("window-huge", {"interval_s": 60, "catchup_window_s": 10**10}, "catchup_window", "at most"),
-    ("grace-huge", {"interval_s": 60, "misfire_grace_s": 10**10}, "misfire_grace", "at most"),
-    ("grace-frac", {"interval_s": 60, "misfire_grace_s": 0.5}, "misfire_grace", "whole number"),
+    ("grace-huge", {"interval_s": 60, "misfire": "skip", "misfire_grace_s": 10**10}, "misfire_grace", "at most"),
+    ("grace-frac", {"interval_s": 60, "misfire": "skip", "misfire_grace_s": 0.5}, "misfire_grace", "whole number"),
     ("jitter-neg", {"interval_s": 60, "jitter_s": -1}, "jitter", "at least 0"),
     ("jitter-huge", {"interval_s": 60, "jitter_s": 86_401}, "jitter", "at most 86400"),
     # Jitter must be smaller than the smallest gap between consecutive slots (issue 11, item 2).

@@ -41,9 +41,13 @@ def test_sqlalchemy_url_maps_the_scheme(dsn, url):
     assert sqlalchemy_url(dsn) == url
 
 
-def test_sqlalchemy_url_refuses_key_value_dsn():
-    with pytest.raises(StoreError, match="URI"):
-        sqlalchemy_url("host=h dbname=db")
+def test_sqlalchemy_url_maps_a_key_value_dsn():
+    assert sqlalchemy_url("host=h port=5433 dbname=db user=u password='p@ss word' sslmode=require") == (
+        "postgresql+psycopg://u:p%40ss%20word@h:5433/db?sslmode=require")
+    assert sqlalchemy_url("host=/run/postgresql dbname=db") == "postgresql+psycopg:///db?host=%2Frun%2Fpostgresql"
+    with pytest.raises(StoreError, match="neither a URI") as caught:
+        sqlalchemy_url("host=h password=Secret1234 dbname")
+    assert "Secret1234" not in str(caught.value)
 
 
 @pytest.mark.parametrize("dsn", ["cockroachdb://root@h:26257/db", "cockroachdb+psycopg://root@h:26257/db"])

@@ -1,0 +1,58 @@
+"""Number parsing and echo clipping of user input (scheduler/spec.py, scheduler/errors.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.errors import ValidationError, clip
+from scheduler.spec import JobSpec, parse_decimal, parse_whole
+
+
+@pytest.mark.parametrize(("value", "expected"), [("60", 60), (" 60 ", 60), ("+7", 7), ("-3", -3), (60, 60),
+                                                 (60.0, 60), ("99999999999999999999", 99999999999999999999)])
+def test_whole_numbers_are_parsed_as_integers(value, expected) -> None:
+    assert parse_whole("n", value) == expected
+
+
+@pytest.mark.parametrize("value", ["٦٠", "６０", "1e3", "1_000", "1.5", "", "0x10", True, 1.5, float("inf"), None])
+def test_anything_but_ascii_digits_is_refused(value) -> None:
+    with pytest.raises(ValidationError) as caught:
+        parse_whole("n", value, unit="seconds")
+    assert str(caught.value).startswith("n: must be a whole number of seconds in ASCII digits")
+
+
+def test_bounds_echo_the_value_as_typed() -> None:
+    with pytest.raises(ValidationError) as caught:
+        parse_whole("n", "9" * 10_000, maximum=10)
+    assert str(caught.value) == f"n: must be at most 10 (got '{'9' * 80}…' (10000 characters))"
+    with pytest.raises(ValidationError) as caught:
+        parse_whole("n", "9" * 10_000)
+    assert str(caught.value).startswith("n: must have at most 100 digits")
+    with pytest.raises(ValidationError) as caught:
+        parse_whole("w", "0", minimum=1, maximum=1000, rule="must be a whole number from 1 to 1000")
+    assert str(caught.value) == "w: must be a whole number from 1 to 1000 (got '0')"
+
+
+def test_decimals_are_ascii_only() -> None:
+    assert [parse_decimal("r", v) for v in ("2", "0.5", ".5", "1e3", 3)] == [2.0, 0.5, 0.5, 1000.0, 3.0]
+    for value in ("٥", "inf", "nan", "1,5"):
+        with pytest.raises(ValidationError):
+            parse_decimal("r", value)
+
+
+def test_clip() -> None:
+    assert clip("abc") == "'abc'"
+    assert clip("x" * 81) == f"'{'x' * 80}…' (81 characters)"
+    assert clip("it's" * 30) == '"' + ("it's" * 20) + '…" (120 characters)'
+    assert clip(10**30) == "1" + "0" * 30
+
+
+def test_spec_api_refuses_an_option_the_policy_ignores_and_an_empty_zone() -> None:
+    with pytest.raises(ValidationError) as caught:
+        JobSpec.build(tenant="a", interval_s=60, misfire="skip", catchup_window_s=60)
+    assert caught.value.field == "catchup_window"
+    with pytest.raises(ValidationError) as caught:
+        JobSpec.build(tenant="a", cron="0 1 * * *", tz="")
+    assert caught.value.field == "tz"
+    spec = JobSpec.build(tenant="a", interval_s="60", misfire="once", misfire_grace_s="5")
+    assert (spec.interval_s, spec.misfire_grace_s, spec.catchup_window_s) == (60, 5, 86_400)
