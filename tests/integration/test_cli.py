@@ -243,8 +243,7 @@ def test_jobs_import_reports_every_bad_line(pg_dsn, conn) -> None:
     result = run(["jobs", "import", str(CORPUS), "--tenant", "corpus"], pg_dsn)
     assert result.exit_code == 0
     # 1,356 valid lines and 144 bad ones (see tests/integration/test_jobs.py).
-    assert result.stdout == "1356 created, 0 unchanged, 144 rejected
-"
+    assert result.stdout == "1356 created, 0 unchanged, 144 rejected\n"
     errors = result.stderr.splitlines()
     assert len(errors) == 144
     assert errors[0] == f"{CORPUS}:2: '3h': cron: expected 5 fields for dialect 'unix', got 1 (got '3h')"
