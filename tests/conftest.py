@@ -12,7 +12,10 @@ skipped silently); tests that request none (``tests/unit``) need no database.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 # Import the fixtures module by path whatever pytest's import mode is.
 _TESTS_DIR = str(Path(__file__).resolve().parent)
@@ -27,3 +30,18 @@ from fixtures import (  # noqa: E402,F401  (re-exported: pytest finds fixtures h
     pg_dsn_factory,
     pg_server,
 )
+
+
+@pytest.fixture(autouse=True)
+def _isolated_log_secrets() -> Iterator[None]:
+    """Secrets a test registers (every CLI call with a DSN registers its password,
+    e.g. compose's ``scheduler``) are forgotten after it: otherwise later tests'
+    messages are scrubbed of words that were only another test's password."""
+    from scheduler import log
+
+    with log._secrets_lock:
+        saved = set(log._secrets)
+    yield
+    with log._secrets_lock:
+        log._secrets.clear()
+        log._secrets.update(saved)
