@@ -12,10 +12,12 @@ from scheduler.settings import Settings
 
 
 class OneNode:
-    """A node's firing half, driven by hand: joined, holding all 1,024 leases."""
+    """A node's firing half, driven by hand: joined, holding all 1,024 leases.
 
-    def __init__(self, dsn: str, **overrides) -> None:
-        self.settings = Settings(dsn=dsn, node_id="t1", **overrides).validated()
+    ``node_id`` names it in the store (runs, skips); ``overrides`` are Settings."""
+
+    def __init__(self, dsn: str, node_id: str = "t1", **overrides) -> None:
+        self.settings = Settings(dsn=dsn, node_id=node_id, **overrides).validated()
         self.metrics = Metrics()
         self.table = LeaseTable(SystemClock(), self.settings.safety_margin_s)
         self.coord = SqlCoordinator(self.settings, self.metrics)

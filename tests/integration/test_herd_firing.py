@@ -14,16 +14,13 @@ from datetime import datetime, timedelta
 
 import psycopg
 import pytest
+from helpers import OneNode
 
 from scheduler import firing, jobs, store
-from scheduler.clock import SystemClock
 from scheduler.firing import Firer
-from scheduler.lease import LeaseTable, SqlCoordinator
-from scheduler.metrics import Metrics
 from scheduler.partition import partition_of
 from scheduler.planner import scheduled_time
 from scheduler.schedule import CronSchedule
-from scheduler.settings import Settings
 from scheduler.spec import JobSpec
 
 HOUR = timedelta(hours=1)
@@ -35,21 +32,9 @@ def small_herds(monkeypatch) -> None:
     monkeypatch.setattr(firing, "FIRST_PASS_HERD_QUOTA", 20)
 
 
-class Node:
-    """A node's firing half, holding all 1,024 leases."""
-
-    def __init__(self, dsn: str, **overrides) -> None:
-        self.settings = Settings(dsn=dsn, node_id="herd", **overrides).validated()
-        self.metrics = Metrics()
-        self.table = LeaseTable(SystemClock(), self.settings.safety_margin_s)
-        self.coord = SqlCoordinator(self.settings, self.metrics)
-        self.coord.join()
-        self.table.grant(self.coord.claim(1024), SystemClock().monotonic(), self.settings.lease_ttl_s)
-        self.firer = Firer(self.settings, self.table, SystemClock(), self.metrics)
-
-    def close(self) -> None:
-        self.firer.close()
-        self.coord.close()
+def Node(dsn: str, **overrides) -> OneNode:  # noqa: N802 (reads as the class it builds)
+    """A node's firing half holding all 1,024 leases, named ``herd``."""
+    return OneNode(dsn, node_id="herd", **overrides)
 
 
 def tick_once(dsn: str, **overrides):

@@ -24,6 +24,7 @@ from helpers import OneNode
 
 ZONE = "America/Havana"
 HOUR = timedelta(hours=1)
+HAVANA = CronSchedule("* * * * *", ZONE).zone
 
 
 def store_now(conn: psycopg.Connection) -> datetime:
@@ -43,6 +44,16 @@ def store_slot(conn: psycopg.Connection, job_id: uuid.UUID, stored: datetime, cr
                  "changed_at = %(c)s WHERE job_id = %(j)s", {"s": stored, "c": created, "j": job_id})
 
 
+def future_job_stored_late(conn: psycopg.Connection) -> tuple[uuid.UUID, datetime]:
+    """A job whose true slot is ~5 h ahead, created an hour ago, stored an hour
+    late (as older rules computed it); returns its id and true slot."""
+    now = store_now(conn)
+    job_id, schedule = daily_job_at(conn, (now + timedelta(hours=5)).astimezone(HAVANA))
+    true = schedule.next_after(now)
+    store_slot(conn, job_id, true + HOUR, now - HOUR)
+    return job_id, true
+
+
 def runs_of(conn: psycopg.Connection, job_id: uuid.UUID) -> list[datetime]:
     return [r["nominal_time"] for r in conn.execute(
         "SELECT nominal_time FROM runs WHERE job_id = %s ORDER BY nominal_time", (job_id,)).fetchall()]
@@ -53,7 +64,7 @@ def test_a_slot_stored_an_hour_early_is_replanned_not_fired(pg_dsn, conn) -> Non
     due now, but the true slot is still ahead. Nothing fires; the job waits
     for its true slot."""
     now = store_now(conn)
-    job_id, schedule = daily_job_at(conn, (now + timedelta(minutes=20)).astimezone(CronSchedule("* * * * *", ZONE).zone))
+    job_id, schedule = daily_job_at(conn, (now + timedelta(minutes=20)).astimezone(HAVANA))
     true = schedule.next_after(now)
     assert now < true <= now + timedelta(minutes=21)
     stored = true - HOUR
@@ -77,8 +88,7 @@ def test_a_slot_stored_an_hour_late_fires_at_its_true_nominal_time(pg_dsn, conn)
     passed. The run carries the true slot, fired once; the next slot is the
     schedule's next under the current rules."""
     now = store_now(conn)
-    zone = CronSchedule("* * * * *", ZONE).zone
-    job_id, schedule = daily_job_at(conn, (now - timedelta(minutes=80)).astimezone(zone))
+    job_id, schedule = daily_job_at(conn, (now - timedelta(minutes=80)).astimezone(HAVANA))
     true = schedule.next_after(now - timedelta(minutes=81))
     assert now - timedelta(minutes=81) < true <= now - timedelta(minutes=79)
     store_slot(conn, job_id, true + HOUR, true - timedelta(minutes=1))
@@ -96,8 +106,7 @@ def test_a_slot_stored_an_hour_late_fires_at_its_true_nominal_time(pg_dsn, conn)
 
 def test_the_true_slot_follows_the_last_run_not_the_creation(pg_dsn, conn) -> None:
     now = store_now(conn)
-    zone = CronSchedule("* * * * *", ZONE).zone
-    job_id, schedule = daily_job_at(conn, (now - timedelta(minutes=80)).astimezone(zone))
+    job_id, schedule = daily_job_at(conn, (now - timedelta(minutes=80)).astimezone(HAVANA))
     true = schedule.next_after(now - timedelta(minutes=81))
     yesterday = true - timedelta(days=1)
     # Created a week ago; yesterday's slot ran; today's was stored an hour late.
@@ -119,11 +128,7 @@ def test_replan_store_moves_future_slots_once_per_release(conn) -> None:
     """A store whose slots were computed by another release: the pass replans
     the future slots that are no slots under the bundled rules, leaves the
     others, and records the release so the next pass reads nothing."""
-    now = store_now(conn)
-    zone = CronSchedule("* * * * *", ZONE).zone
-    wrong_id, schedule = daily_job_at(conn, (now + timedelta(hours=5)).astimezone(zone))
-    true = schedule.next_after(now)
-    store_slot(conn, wrong_id, true + HOUR, now - HOUR)
+    wrong_id, true = future_job_stored_late(conn)
     right_id = jobs.add_job(conn, JobSpec.build(tenant="acme", cron="0 9 * * *", tz=ZONE)).job_id
     right = jobs.get_job(conn, right_id)
     store.execute(conn, "set_store_meta", {"key": "tzdata_version", "value": "2000a"})
@@ -139,11 +144,7 @@ def test_replan_store_moves_future_slots_once_per_release(conn) -> None:
 
 
 def test_replan_never_overwrites_a_concurrent_edit(conn) -> None:
-    now = store_now(conn)
-    zone = CronSchedule("* * * * *", ZONE).zone
-    job_id, schedule = daily_job_at(conn, (now + timedelta(hours=5)).astimezone(zone))
-    true = schedule.next_after(now)
-    store_slot(conn, job_id, true + HOUR, now - HOUR)
+    job_id, true = future_job_stored_late(conn)
     item = tzreplan.replan_item(jobs.get_job(conn, job_id))
     jobs.set_paused(conn, job_id, True)  # an edit between the read and the replan
     assert tzreplan.replan_jobs(conn, [item]) == 0
@@ -154,11 +155,7 @@ def test_a_node_started_with_another_release_replans_the_store(pg_dsn, conn) -> 
     from scheduler.node import Node
     from scheduler.settings import Settings
 
-    now = store_now(conn)
-    zone = CronSchedule("* * * * *", ZONE).zone
-    job_id, schedule = daily_job_at(conn, (now + timedelta(hours=5)).astimezone(zone))
-    true = schedule.next_after(now)
-    store_slot(conn, job_id, true + HOUR, now - HOUR)
+    job_id, true = future_job_stored_late(conn)
     store.execute(conn, "set_store_meta", {"key": "tzdata_version", "value": "2000a"})
     node = Node(Settings(dsn=pg_dsn, node_id="replanner"))
     node.start()
@@ -178,11 +175,7 @@ def test_cli_replan_slots_reports_and_dry_runs(pg_dsn, conn) -> None:
 
     from scheduler.cli import cli
 
-    now = store_now(conn)
-    zone = CronSchedule("* * * * *", ZONE).zone
-    job_id, schedule = daily_job_at(conn, (now + timedelta(hours=5)).astimezone(zone))
-    true = schedule.next_after(now)
-    store_slot(conn, job_id, true + HOUR, now - HOUR)
+    job_id, true = future_job_stored_late(conn)
     runner = CliRunner()
     dry = runner.invoke(cli, ["jobs", "replan-slots", "--dsn", pg_dsn, "--dry-run"])
     assert dry.exit_code == 0, dry.output
