@@ -446,7 +446,8 @@ class LeaseLoop:
         self._wake.set()
 
     def run_once(self) -> None:
-        """Renew if due, then poll membership and rebalance if due.
+        """Heartbeat and renew if due, poll membership and rebalance if due,
+        then release the draining leases no tick can be firing any more.
 
         Store failures are logged and counted; they never escape (a lease
         that cannot be renewed simply stops being firable at its deadline).
