@@ -44,8 +44,9 @@ partition key hang on it, so when a node dies they all expire together.
   membership key are made at once. Keys on our lease that the lease loop
   does not hold (a claim whose store write failed) are deleted.
 * **Release** = the store's lease row first (``release_leases``, so it
-  reads free; the fence row keeps its epoch), then the keys (a transaction per chunk, each delete conditional on the
-  key's ``create_revision`` being our epoch). **Leave** revokes the lease.
+  reads free; the fence row keeps its epoch), then the keys (a transaction
+  per chunk, each delete conditional on the key's ``create_revision`` being
+  our epoch). **Leave** revokes the lease.
 
 Store writes per second are only claims and releases; the steady state costs
 the store nothing (the fence is the same as with the SQL coordinator). etcd
