@@ -78,7 +78,7 @@ COLUMNS = ["system", "workload", "processes", "jobs", "occurrences", "fired", "l
 # Measurement SQL of the bench itself (the engine's own queries are in scheduler/sql).
 OURS_TRUNCATE = "TRUNCATE runs, skips, jobs, tenants, nodes"
 OURS_OWNERS = """
-SELECT owner_node, count(*) AS owned FROM partitions
+SELECT owner_node, count(*) AS owned FROM leases
 WHERE owner_node IS NOT NULL AND lease_expires_at > now()
 GROUP BY owner_node
 """

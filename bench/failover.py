@@ -8,12 +8,12 @@ for the jobs in the partitions the victim owned (the *affected* jobs):
 * lateness p50/p99/max of their runs around the failure (fired_at − scheduled);
 * ``reown_s``: from the kill to every partition being owned by a live node;
 * missing / duplicate runs from ``verify`` over the whole trial window;
-* ``coordination_writes_per_s``: row writes to ``partitions`` and ``nodes``
-  per second during the trial (pg_stat_user_tables), the cost of the
+* ``coordination_writes_per_s``: row writes to ``partitions``, ``leases`` and
+  ``nodes`` per second during the trial (pg_stat_user_tables), the cost of the
   coordinator in the store;
 * ``detect_s`` (crash): from the victim's lease expiring to the last of its
-  partitions claimed, worst trial: SQL, the partitions' stored
-  ``lease_expires_at`` to the new ``acquired_at`` (the membership poll is
+  partitions claimed, worst trial: SQL, the partitions' stored lease
+  expiry (``leases.lease_expires_at``) to the new ``acquired_at`` (the membership poll is
   in this gap); etcd, the victim's keys vanishing from etcd (its lease
   expired: etcd checks twice a second) to the new ``acquired_at`` (the
   watch is in this gap). The rest of a crash's lateness is the TTL since
@@ -89,7 +89,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 def _balanced(conn, nodes: int) -> bool:
-    rows = store.execute(conn, "partition_status", {"ttl_s": 3600.0})
+    rows = store.execute(conn, "partition_status")
     counts = Counter(row["owner_node"] for row in rows if row["owner_node"] is not None)
     return (len(counts) == nodes and sum(counts.values()) == PARTITION_COUNT
             and max(counts.values()) <= fair_share(nodes))

@@ -56,7 +56,7 @@ def reset_store(dsn: str) -> psycopg.Connection:
             f"bench: refusing to empty {store.redact_dsn(dsn)}: it holds {row['jobs']} jobs that bench did not "
             "create. Point --dsn / SCHEDULER_DSN at a dedicated database.")
     conn.execute("TRUNCATE runs, skips, jobs, tenants, nodes")
-    conn.execute("UPDATE partitions SET owner_node = NULL, lease_expires_at = NULL")
+    conn.execute("UPDATE leases SET owner_node = NULL, lease_expires_at = NULL")
     ensure_tenants(conn, [BENCH_MARKER_TENANT])
     return conn
 

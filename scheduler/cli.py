@@ -915,24 +915,51 @@ def verify_cmd(dsn: str, since: datetime, until: datetime, as_json: bool) -> Non
 
 @cli.command("status")
 @dsn_option
-@click.option("--lease-ttl-s", type=float, default=10.0, envvar="SCHEDULER_LEASE_TTL_S", show_envvar=True,
-              show_default=True, help="TTL used to judge node liveness.")
+@click.option("--lease-ttl-s", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              envvar="SCHEDULER_LEASE_TTL_S", show_envvar=True, show_default=True,
+              help="The fleet's lease TTL: a heartbeat older than this is dead.")
+@click.option("--renew-interval-s", type=click.FloatRange(min=0, min_open=True), default=3.0,
+              envvar="SCHEDULER_RENEW_INTERVAL_S", show_envvar=True, show_default=True,
+              help="The fleet's renew interval (with --poll-interval-s: the responsiveness bound).")
+@click.option("--poll-interval-s", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              envvar="SCHEDULER_POLL_INTERVAL_S", show_envvar=True, show_default=True,
+              help="The fleet's poll interval.")
 @json_option
-def status_cmd(dsn: str, lease_ttl_s: float, as_json: bool) -> None:
-    """Show live nodes, the partitions they own, and partitions without a live owner."""
+def status_cmd(dsn: str, lease_ttl_s: float, renew_interval_s: float, poll_interval_s: float,
+               as_json: bool) -> None:
+    """Show nodes (live, suspect, dead), the partitions they own, and partitions without a live owner.
+
+    A node is suspect when its heartbeat is older than the responsiveness
+    bound, min(TTL, renew + 2 x poll): peers no longer count it, but its
+    leases hold until they expire.
+    """
+    from scheduler.settings import Settings
     from scheduler.status import cluster_status
 
+    responsive_s = Settings(lease_ttl_s=lease_ttl_s, renew_interval_s=renew_interval_s,
+                            poll_interval_s=poll_interval_s).responsive_s
     with open_store(dsn) as conn:
-        status = cluster_status(conn, lease_ttl_s)
+        status = cluster_status(conn, lease_ttl_s, responsive_s)
     if as_json:
         _echo_json(status)
         return
-    _table(status["nodes"], ["node_id", "live", "heartbeat_age_s", "partitions", "epochs"])
+    rows = [{**node, "heartbeat": f"{node['heartbeat_age_s']:.1f}s of {lease_ttl_s:g}s TTL"}
+            for node in status["nodes"]]
+    _table(rows, ["node_id", "state", "heartbeat", "partitions", "epochs", "lease_left_s"])
+    suspect = status["partitions_owned_suspect"]
     click.echo(f"partitions: {status['partitions_total']} total, {status['partitions_owned_live']} owned by "
-               f"live nodes, {status['partitions_orphaned']} without a live owner")
+               f"live nodes" + (f" ({suspect} of them by suspect nodes)" if suspect else "")
+               + f", {status['partitions_orphaned']} without a live owner")
+    if any(node["state"] == "suspect" for node in status["nodes"]):
+        click.echo(f"suspect: no heartbeat for {responsive_s:g}s or more (renew + 2 polls): dead or frozen; "
+                   f"peers no longer count it, nobody fires its partitions until their leases expire "
+                   f"(LEASE_LEFT_S)")
     for row in status["orphaned_sample"]:
         click.echo(f"  orphaned partition {row['partition_id']} owner={_fmt(row['owner_node'])} "
                    f"epoch={row['owner_epoch']} lease_left_s={_fmt(row['lease_left_s'])}")
+    more = status["partitions_orphaned"] - len(status["orphaned_sample"])
+    if more > 0:
+        click.echo(f"  and {more} more orphaned partitions")
 
 
 @cli.command("demo")

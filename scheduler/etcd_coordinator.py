@@ -26,8 +26,9 @@ partition key hang on it, so when a node dies they all expire together.
   collide. The mirror picks the candidates; if it shows nothing free while
   the node is under its share, etcd is listed at most once per TTL. The claim's
   revision is the **epoch**, written with ``claim_partitions_at_epoch``
-  (``SET owner_epoch = :rev WHERE owner_epoch < :rev``), so a new owner that
-  pauses before writing cannot overwrite a newer one.
+  (``SET owner_epoch = :rev WHERE owner_epoch < :rev`` on the fence row, and
+  the store's lease row with it), so a new owner that pauses before writing
+  cannot overwrite a newer one.
 * **Epoch regression.** A partition whose stored epoch is already ≥ the
   revision (a reset etcd, or a switch from the SQL coordinator's counters)
   is not fenced by our write: it is logged at ERROR (``epoch_regression``
@@ -42,9 +43,10 @@ partition key hang on it, so when a node dies they all expire together.
   returned (the lease loop logs ``lease_lost``), and a new lease and
   membership key are made at once. Keys on our lease that the lease loop
   does not hold (a claim whose store write failed) are deleted.
-* **Release** = the store row first (``release_leases``, so it reads free),
-  then the keys (a transaction per chunk, each delete conditional on the
-  key's ``create_revision`` being our epoch). **Leave** revokes the lease.
+* **Release** = the store's lease row first (``release_leases``, so it
+  reads free; the fence row keeps its epoch), then the keys (a transaction
+  per chunk, each delete conditional on the key's ``create_revision`` being
+  our epoch). **Leave** revokes the lease.
 
 Store writes per second are only claims and releases; the steady state costs
 the store nothing (the fence is the same as with the SQL coordinator). etcd
@@ -357,8 +359,7 @@ class EtcdCoordinator(StoreSession):
         in between came from a revision etcd has already passed, so racing
         joiners never refuse each other.
         """
-        rows = self._tx(lambda conn: store.execute(conn, "partition_status",
-                                                   {"ttl_s": self._settings.lease_ttl_s}))
+        rows = self._tx(lambda conn: store.execute(conn, "partition_status"))
         if not rows:
             return
         top = max(rows, key=lambda row: row["owner_epoch"])
@@ -410,6 +411,10 @@ class EtcdCoordinator(StoreSession):
         await client.revoke_lease(lease_id)
 
     # ------------------------------------------------------------------ renew
+
+    def heartbeat(self) -> bool:
+        """Nothing on its own: the keep-alive in :meth:`renew` is the heartbeat; returns False."""
+        return False
 
     async def _keepalive(self) -> set[bytes] | None:
         """One keep-alive, then the keys on our lease; None if the lease is gone."""
@@ -566,8 +571,7 @@ class EtcdCoordinator(StoreSession):
     def _regressed(self, pids: list[int], revision: int) -> None:
         """Stored epoch ≥ our revision: say so loudly, never fire them, give the keys back."""
         try:
-            rows = self._tx(lambda conn: store.execute(conn, "partition_status",
-                                                       {"ttl_s": self._settings.lease_ttl_s}))
+            rows = self._tx(lambda conn: store.execute(conn, "partition_status"))
             stored = {row["partition_id"]: row["owner_epoch"] for row in rows}
         except (psycopg.Error, SchedulerError):
             stored = {}

@@ -364,8 +364,10 @@ class Firer:
         """
         started = self._clock.monotonic()
         result = TickResult()
-        with self._table.tick_lock:
-            firable = self._table.firable()
+        # Numbered, not locked: the lease loop releases a draining partition only
+        # after the tick that may fire it has ended, without ever waiting for it.
+        number, firable = self._table.begin_tick()
+        try:
             if firable:
                 try:
                     self._tick(firable, result)
@@ -378,6 +380,8 @@ class Firer:
                     log.event("tick_crashed", logging.ERROR, exc_info=True, node=self._s.node_id,
                               error=f"{type(exc).__name__}: {exc}")
                     self.close()
+        finally:
+            self._table.end_tick(number)
         elapsed = self._clock.monotonic() - started
         self._metrics.tick_duration.observe(elapsed)
         if elapsed > self._s.tick_interval_s:

@@ -2,18 +2,30 @@
 
 The protocol
 ------------
-1,024 partitions each have one row in ``partitions`` with ``owner_node``,
-``owner_epoch`` (the fencing token) and ``lease_expires_at``. A node:
+1,024 partitions each have two rows: the **fence** in ``partitions``
+(``owner_node``, ``owner_epoch``: the fencing token, locked ``FOR SHARE`` by
+every firing statement) and the **lease** in ``leases`` (``owner_node``, a
+copy of the epoch it was claimed at, ``lease_expires_at``, ``acquired_at``,
+``renewed_at``). A node:
 
-* **joins** by upserting its heartbeat row (``nodes``); live nodes are those
-  whose heartbeat is younger than the lease TTL, judged by the store's clock;
-* **polls** every ``poll_interval_s``: its fair share is ⌈1024 / live⌉ (a
-  cap); under it, it **claims** free or expired partitions with one
-  conditional UPDATE that also bumps ``owner_epoch``; over it, it
-  **releases** the excess, after the firing tick that may be using them ends;
-* **renews** all its leases every ``renew_interval_s`` with one UPDATE keyed
-  on (node, partition, epoch), in the same transaction as its heartbeat, so
-  a dead node's heartbeat and leases go stale at the same store instant;
+* **joins** by upserting its heartbeat row (``nodes``);
+* **heartbeats** every ``renew_interval_s``, in a transaction of its own;
+  a node whose heartbeat is older than ``Settings.responsive_s`` (renew + 2
+  polls, by the store's clock) no longer counts when shares are computed
+  (its leases still protect what it holds until they expire: the TTL);
+* **renews** all its leases every ``renew_interval_s``, right after the
+  heartbeat, with one UPDATE of lease rows keyed on (node, partition,
+  epoch). It writes only ``leases``, never the ``partitions`` rows the fence
+  locks, so firing (its share locks, a long tick) cannot delay it;
+* **polls** every ``poll_interval_s``: its fair share is ⌈1024 / responsive
+  nodes⌉ (a cap); under it, it **claims** free or expired leases with one
+  statement that takes the lease rows and bumps ``partitions.owner_epoch``
+  (waiting, as a takeover must, for an in-flight firing commit of the
+  previous owner); over it, it marks the excess **draining**: no tick that
+  begins afterwards fires them, they keep being renewed, and they are
+  **released** (lease rows only; the fence keeps its epoch until the next
+  claim bumps it) once every tick that began before has ended
+  (:class:`LeaseTable` numbers ticks; the lease loop never waits for one);
 * **leaves** (SIGTERM) by releasing everything and deleting its heartbeat.
 
 State machine of one lease, as this node sees it::
@@ -21,19 +33,22 @@ State machine of one lease, as this node sees it::
     (none) --claim--> HELD --renew ok--> HELD
                        |  \\--renew misses it--> LOST (taken over; dropped)
                        |  \\--deadline - margin passes--> HELD but not firable
-                       |--over share--> DRAINING --tick done, release--> (none)
+                       |--over share--> DRAINING (renewed, not fired)
+                                          |--earlier ticks ended, release--> (none)
+                                          |--back under share--> HELD
 
 Why it is safe
 --------------
 The lease only says who *should* fire; the epoch says who *may*. Every firing
 statement locks the partition rows it fires ``FOR SHARE`` where ``owner_node``
 and ``owner_epoch`` are still ours (``fire_runs`` in queries.sql). A takeover
-bumps the epoch with an UPDATE that must wait for that lock, so either the
-old owner's firing commits first (and the new owner then sees the advanced
-jobs) or the takeover commits first (and the old owner's statement matches
-no partition and commits nothing). A paused node cannot hold the lock past
-its lease: node sessions run with lock/statement/idle-in-transaction
-timeouts well below the TTL.
+bumps the epoch with an UPDATE of those rows that must wait for that lock, so
+either the old owner's firing commits first (and the new owner then sees the
+advanced jobs) or the takeover commits first (and the old owner's statement
+matches no partition and commits nothing). A paused node cannot hold the
+lock past its lease: node sessions run with lock/statement/idle-in-transaction
+timeouts well below the TTL. Keeping the lease on its own row changes none of
+this: only claims write ``partitions``, and every claim bumps the epoch.
 
 Liveness: a node stops firing a partition ``safety_margin_s`` before its
 lease's deadline as measured on its own monotonic clock from the moment it
@@ -87,21 +102,32 @@ class Lease:
 class LeaseTable:
     """Thread-safe, node-local view of the leases this node holds.
 
-    The firing loop reads :meth:`firable`; the lease loop writes. ``tick_lock``
-    is held by the firing loop for the whole of a tick, so a release that takes
-    it first waits for the tick that may be firing those partitions.
+    The firing loop reads; the lease loop writes. They share no lock that is
+    held across store calls: the firing loop brackets each tick with
+    :meth:`begin_tick` (which numbers the tick and hands it its firable
+    partitions) and :meth:`end_tick`; a lease marked draining is left out of
+    every tick that begins afterwards, and :meth:`releasable` offers it for
+    release only once every tick that began before it was marked has ended.
+    The lease loop compares those numbers without ever waiting for a tick, so
+    a long tick delays a release (the draining lease is renewed meanwhile),
+    never a renewal or a heartbeat.
     """
 
     def __init__(self, clock: Clock, safety_margin_s: float) -> None:
         self._clock = clock
         self._margin_s = safety_margin_s
         self._leases: dict[int, Lease] = {}
-        self._draining: set[int] = set()
+        self._draining: dict[int, int] = {}  # partition -> ticks begun when it started draining
+        self._ticks_begun = 0
+        self._ticks_ended = 0
         self._lock = threading.Lock()
-        self.tick_lock = threading.Lock()
 
     def grant(self, grants: Iterable[tuple[int, int]], sent_mono: float, ttl_s: float) -> None:
-        """Record claimed or renewed ``(partition_id, epoch)`` pairs."""
+        """Record claimed or renewed ``(partition_id, epoch)`` pairs.
+
+        ``sent_mono`` is when the claim or renewal was sent (this table's
+        clock, seconds); the local deadline is ``sent_mono + ttl_s``.
+        """
         with self._lock:
             for pid, epoch in grants:
                 self._leases[pid] = Lease(pid, epoch, sent_mono + ttl_s)
@@ -111,17 +137,53 @@ class LeaseTable:
         with self._lock:
             for pid in partition_ids:
                 self._leases.pop(pid, None)
-                self._draining.discard(pid)
+                self._draining.pop(pid, None)
 
     def start_draining(self, partition_ids: Iterable[int]) -> None:
-        """Stop firing these partitions from the next tick on (about to be released)."""
+        """Stop firing these held partitions from the next tick on (about to be released).
+
+        Idempotent: a partition already draining keeps its place.
+        """
         with self._lock:
-            self._draining.update(pid for pid in partition_ids if pid in self._leases)
+            for pid in partition_ids:
+                if pid in self._leases and pid not in self._draining:
+                    self._draining[pid] = self._ticks_begun
+
+    def set_draining(self, partition_ids: Iterable[int]) -> None:
+        """Make exactly these held partitions draining: start the new ones, fire the others again."""
+        wanted = set(partition_ids)
+        with self._lock:
+            for pid in [pid for pid in self._draining if pid not in wanted]:
+                del self._draining[pid]
+        self.start_draining(sorted(wanted))
+
+    def releasable(self) -> list[Lease]:
+        """Draining leases no tick can be firing any more, by partition id.
+
+        A lease qualifies once every tick that had begun when it started
+        draining has ended; later ticks never had it. Never waits.
+        """
+        with self._lock:
+            return [self._leases[pid] for pid, begun in sorted(self._draining.items())
+                    if begun <= self._ticks_ended and pid in self._leases]
+
+    def draining(self) -> set[int]:
+        """Partition ids marked draining (held, not fired, waiting to be released)."""
+        with self._lock:
+            return set(self._draining)
 
     def held(self) -> dict[int, Lease]:
         """All held leases by partition id (including draining and past-deadline ones)."""
         with self._lock:
             return dict(self._leases)
+
+    def _firable_locked(self) -> dict[int, int]:
+        limit = self._clock.monotonic() + self._margin_s
+        return {
+            pid: lease.epoch
+            for pid, lease in self._leases.items()
+            if lease.deadline_mono > limit and pid not in self._draining
+        }
 
     def firable(self) -> dict[int, int]:
         """``{partition_id: epoch}`` this node may try to fire now.
@@ -129,13 +191,23 @@ class LeaseTable:
         Excludes draining leases and leases within ``safety_margin_s`` of
         their local deadline.
         """
-        limit = self._clock.monotonic() + self._margin_s
         with self._lock:
-            return {
-                pid: lease.epoch
-                for pid, lease in self._leases.items()
-                if lease.deadline_mono > limit and pid not in self._draining
-            }
+            return self._firable_locked()
+
+    def begin_tick(self) -> tuple[int, dict[int, int]]:
+        """Start a firing tick: return its number (1, 2, ...) and what it may fire (:meth:`firable`).
+
+        The firing loop must call :meth:`end_tick` with that number when the
+        tick's statements have all finished (committed or failed).
+        """
+        with self._lock:
+            self._ticks_begun += 1
+            return self._ticks_begun, self._firable_locked()
+
+    def end_tick(self, number: int) -> None:
+        """Mark tick ``number`` (from :meth:`begin_tick`) and every earlier one ended."""
+        with self._lock:
+            self._ticks_ended = max(self._ticks_ended, number)
 
     def __len__(self) -> int:
         with self._lock:
@@ -162,11 +234,26 @@ class Coordinator(Protocol):
     def join(self) -> None:
         """Announce this node (heartbeat) before the first poll."""
 
+    def heartbeat(self) -> bool:
+        """Record this node's membership heartbeat, on its own (its own transaction).
+
+        Returns True if it did; False if :meth:`renew` carries the heartbeat
+        (etcd: the keep-alive of the node's one lease is both).
+        """
+
     def renew(self, leases: list[Lease]) -> list[tuple[int, int]]:
-        """Heartbeat and renew ``leases``; return the ``(partition, epoch)`` still ours."""
+        """Renew ``leases``; return the ``(partition, epoch)`` still ours.
+
+        Must not wait for the firing fence's locks (the lease is not kept on
+        the rows the fence locks).
+        """
 
     def live_nodes(self) -> list[str]:
-        """Node ids considered live now, sorted."""
+        """Node ids that count when shares are computed, sorted.
+
+        SQL: heartbeat younger than ``Settings.responsive_s`` (not the TTL);
+        etcd: members whose key (on their etcd lease) exists.
+        """
 
     def claim(self, limit: int) -> list[tuple[int, int]]:
         """Claim up to ``limit`` free/expired partitions; return ``(partition, new epoch)``."""
@@ -231,7 +318,10 @@ class SqlCoordinator(StoreSession):
 
     Uses one dedicated autocommit connection, reopened after a failure. Store
     writes per second for N nodes holding P partitions: N heartbeats and N
-    renewal statements (P row writes) every ``renew_interval_s``, plus claims.
+    renewal statements (P lease row writes) every ``renew_interval_s``, plus
+    claims. The heartbeat (``nodes``) and the renewal (``leases``) are
+    separate transactions, heartbeat first, and neither touches the
+    ``partitions`` rows the firing fence locks: only a claim does.
     """
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
@@ -245,20 +335,22 @@ class SqlCoordinator(StoreSession):
             "host": socket.gethostname(), "pid": os.getpid()})
 
     def join(self) -> None:
+        self.heartbeat()
+
+    def heartbeat(self) -> bool:
+        """Upsert this node's ``nodes`` row (its own transaction); always True."""
         self._tx(self._heartbeat)
+        return True
 
     def renew(self, leases: list[Lease]) -> list[tuple[int, int]]:
-        def body(conn: psycopg.Connection) -> list[tuple[int, int]]:
-            self._heartbeat(conn)
-            if not leases:
-                return []
-            rows = store.execute(conn, "renew_leases", {
-                "node_id": self.node_id, "ttl_s": self._settings.lease_ttl_s,
-                "partition_ids": [lease.partition_id for lease in leases],
-                "epochs": [lease.epoch for lease in leases]})
-            return [(row["partition_id"], row["owner_epoch"]) for row in rows]
-
-        return self._tx(body)
+        """One ``renew_leases`` statement over ``leases`` (lease rows only); the pairs renewed."""
+        if not leases:
+            return []
+        rows = self._tx(lambda conn: store.execute(conn, "renew_leases", {
+            "node_id": self.node_id, "ttl_s": self._settings.lease_ttl_s,
+            "partition_ids": [lease.partition_id for lease in leases],
+            "epochs": [lease.epoch for lease in leases]}))
+        return [(row["partition_id"], row["owner_epoch"]) for row in rows]
 
     def live_nodes(self) -> list[str]:
         """Nodes that heartbeat on time: age below :meth:`Settings.responsive_s`.
@@ -273,7 +365,7 @@ class SqlCoordinator(StoreSession):
         but a share computed a little high for a moment.
         """
         rows = self._tx(lambda conn: store.execute(
-            conn, "list_live_nodes", {"ttl_s": self._settings.responsive_s}))
+            conn, "list_live_nodes", {"max_age_s": self._settings.responsive_s}))
         return [row["node_id"] for row in rows]
 
     def claim(self, limit: int) -> list[tuple[int, int]]:
@@ -301,12 +393,19 @@ class SqlCoordinator(StoreSession):
         self._tx(lambda conn: store.execute(conn, "prune_nodes", {
             "prune_after_s": self._settings.node_prune_after_s}))
 
-class LeaseLoop:
-    """Keeps this node's share of leases: renew, poll, claim, release.
 
-    Lifecycle (STYLE.md rule 6): :meth:`run_once` does one iteration (tests
-    call it directly with a manual clock); :meth:`run` loops until ``stop``
-    is set, then :meth:`leave` releases everything.
+class LeaseLoop:
+    """Keeps this node's share of leases: heartbeat, renew, poll, claim, drain, release.
+
+    Lifecycle: :meth:`run_once` does one iteration (tests call it directly
+    with a manual clock); :meth:`run` loops until ``stop`` is set, then
+    :meth:`leave` releases everything.
+
+    Nothing here ever waits for the firing loop. Over its share, the loop
+    marks the excess draining (:meth:`LeaseTable.set_draining`), keeps
+    renewing it, and releases it on a later iteration once
+    :meth:`LeaseTable.releasable` says the ticks that may have been firing it
+    have ended.
 
     ``on_claimed`` is called after partitions are claimed, so the firing loop
     can tick at once instead of waiting for its next second: overdue jobs of a
@@ -334,6 +433,7 @@ class LeaseLoop:
         self.last_heartbeat_mono = 0.0
         """Monotonic time (seconds) of the last successful heartbeat; 0.0 before one."""
         self._claiming = True
+        self._drain_reason: dict[str, object] = {"reason": "over_share"}
         self._wake = threading.Event()
         self._poll_requested = False
         self._watching = hasattr(coordinator, "set_on_change")
@@ -346,7 +446,8 @@ class LeaseLoop:
         self._wake.set()
 
     def run_once(self) -> None:
-        """Renew if due, then poll membership and rebalance if due.
+        """Heartbeat and renew if due, poll membership and rebalance if due,
+        then release the draining leases no tick can be firing any more.
 
         Store failures are logged and counted; they never escape (a lease
         that cannot be renewed simply stops being firable at its deadline).
@@ -364,6 +465,9 @@ class LeaseLoop:
                 self._poll_requested = False
                 self._rebalance()
                 self._next_poll = now + self._s.poll_interval_s
+            releasable = self._table.releasable()
+            if releasable:
+                self._release(releasable, **self._drain_reason)
             if now >= self._next_prune and hasattr(self._coord, "prune"):
                 self._coord.prune()
                 self._next_prune = now + 60.0
@@ -377,10 +481,16 @@ class LeaseLoop:
             self._metrics.partitions_owned.set(len(self._table))
 
     def _renew(self, now: float) -> None:
+        """Heartbeat, then renew every held lease (draining ones too), each its own transaction."""
+        beat = self._coord.heartbeat()
+        if beat:
+            self.last_heartbeat_mono = now
         held = list(self._table.held().values())
+        sent = self._clock.monotonic()
         renewed = self._coord.renew(held)
-        self.last_heartbeat_mono = now
-        self._table.grant(renewed, now, self._s.lease_ttl_s)
+        if not beat:
+            self.last_heartbeat_mono = now
+        self._table.grant(renewed, sent, self._s.lease_ttl_s)
         kept = {pid for pid, _ in renewed}
         lost = [lease for lease in held if lease.partition_id not in kept]
         if lost:
@@ -415,15 +525,19 @@ class LeaseLoop:
                           held=len(held) + len(claimed), share=share, live_nodes=len(live))
                 if self._on_claimed is not None:
                     self._on_claimed()
-        elif len(held) > share:
-            excess = sorted(held.values(), key=lambda lease: lease.partition_id)[share:]
-            self._release(excess, reason="over_share", share=share)
+        else:
+            # Over the share: drain the excess (highest partition ids); they are
+            # released by run_once once no tick can be firing them. Back under
+            # it (a peer left meanwhile): fire them again.
+            excess = sorted(held)[share:]
+            self._table.set_draining(excess)
+            if excess:
+                self._drain_reason = {"reason": "over_share", "share": share}
 
     def _release(self, leases: list[Lease], reason: str, **fields: object) -> None:
+        """Release ``leases`` (draining ones no tick is using) and forget them."""
         pids = [lease.partition_id for lease in leases]
-        self._table.start_draining(pids)
-        with self._table.tick_lock:  # the tick that may be firing them has ended
-            released = self._coord.release(leases)
+        released = self._coord.release(leases)
         self._table.drop(pids)
         self._metrics.lease_events.labels(kind="released").inc(len(released))
         log.event("lease_released", node=self._s.node_id, partitions=len(released),
@@ -438,11 +552,22 @@ class LeaseLoop:
             self._clock.wait(self._wake if self._watching else stop, max(0.01, wake))
 
     def leave(self) -> None:
-        """Release all leases and withdraw membership; best effort, never raises."""
+        """Release all leases and withdraw membership; best effort, never raises.
+
+        Called after the firing loop has stopped. A lease a tick may still be
+        firing (the firing loop did not stop) is not released: it expires.
+        """
         try:
-            held = list(self._table.held().values())
+            held = self._table.held()
             if held:
-                self._release(held, reason="shutdown")
+                self._table.start_draining(held)
+                releasable = self._table.releasable()
+                if releasable:
+                    self._release(releasable, reason="shutdown")
+                if len(releasable) < len(held):
+                    log.event("leave_partial", logging.WARNING, node=self._s.node_id,
+                              left_to_expire=len(held) - len(releasable),
+                              note="a firing tick was still running; its leases expire after the TTL")
             self._coord.leave()
             log.event("node_left", node=self._s.node_id)
         except (psycopg.Error, SchedulerError, OSError) as exc:

@@ -24,10 +24,12 @@ SET incarnation = excluded.incarnation,
 RETURNING now() AS store_now;
 
 -- name: list_live_nodes
--- Nodes whose heartbeat is younger than %(ttl_s)s seconds, by store time.
+-- Nodes whose heartbeat is younger than %(max_age_s)s seconds, by store
+-- time (the lease loop passes Settings.responsive_s: the nodes shares are
+-- computed over).
 SELECT node_id, incarnation
 FROM nodes
-WHERE heartbeat_at > now() - %(ttl_s)s * interval '1 second'
+WHERE heartbeat_at > now() - %(max_age_s)s * interval '1 second'
 ORDER BY node_id;
 
 -- name: delete_heartbeat
@@ -41,76 +43,106 @@ DELETE FROM nodes WHERE heartbeat_at < now() - %(prune_after_s)s * interval '1 s
 -- ---------------------------------------------------------------- leases
 
 -- name: claim_partitions
--- Claim up to %(limit)s free or expired partitions and bump their epoch in
--- the same statement. The outer WHERE re-checks "free or expired" after the
--- row lock, so of concurrent claimers exactly one wins each row; SKIP LOCKED
--- only spreads claimers over different rows. The order is a per-node
--- pseudo-random permutation, so racing claimers rarely collide.
-UPDATE partitions
+-- Claim up to %(limit)s free or expired leases and bump their partitions'
+-- epoch, in one statement:
+--   picked  free or expired lease rows, locked. SKIP LOCKED only spreads
+--           concurrent claimers over different rows (the order is a per-node
+--           pseudo-random permutation); the lock re-reads the row and
+--           re-checks "free or expired", so of concurrent claimers exactly
+--           one gets each row, and a renewal that committed first wins;
+--   bumped  owner_epoch + 1 on the partition rows (the fence). This UPDATE
+--           waits for the share locks of an in-flight firing statement of the
+--           previous owner: the takeover waits for its commit (DESIGN.md §2);
+--   the lease rows get owner, epoch copy and expiry (re-checked: a row that
+--           is no longer free or expired keeps its lease; its partition's
+--           epoch moved on, which only fences its holder out).
+WITH picked AS (
+    SELECT partition_id
+    FROM leases
+    WHERE owner_node IS NULL OR lease_expires_at <= now()
+    ORDER BY md5(%(node_id)s || partition_id::text)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), bumped AS (
+    UPDATE partitions AS p
+    SET owner_node = %(node_id)s,
+        owner_epoch = p.owner_epoch + 1
+    FROM picked
+    WHERE p.partition_id = picked.partition_id
+    RETURNING p.partition_id, p.owner_epoch
+)
+UPDATE leases AS l
 SET owner_node = %(node_id)s,
-    owner_epoch = owner_epoch + 1,
+    owner_epoch = b.owner_epoch,
     lease_expires_at = now() + %(ttl_s)s * interval '1 second',
     acquired_at = now(),
     renewed_at = now()
-WHERE partition_id IN (
-        SELECT partition_id
-        FROM partitions
-        WHERE owner_node IS NULL OR lease_expires_at <= now()
-        ORDER BY md5(%(node_id)s || partition_id::text)
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED)
-  AND (owner_node IS NULL OR lease_expires_at <= now())
-RETURNING partition_id, owner_epoch;
+FROM bumped AS b
+WHERE l.partition_id = b.partition_id
+  AND (l.owner_node IS NULL OR l.lease_expires_at <= now())
+RETURNING l.partition_id, l.owner_epoch;
 
 -- name: claim_partitions_at_epoch
 -- Coordinators with an external epoch source (etcd: the claim's revision).
--- Writes owner_epoch = %(epoch)s only where it is below it, so an owner that
--- paused before writing cannot overwrite a newer one. Returns the partitions
--- taken; a partition missing from the result has a stored epoch >= %(epoch)s.
-UPDATE partitions
+-- Writes owner_epoch = %(epoch)s on the partition rows only where it is
+-- below it, so an owner that paused before writing cannot overwrite a newer
+-- one, and the lease rows of the partitions so taken (owner, epoch copy,
+-- expiry; informational: etcd holds the lease itself). Returns the
+-- partitions taken; a partition missing from the result has a stored epoch
+-- >= %(epoch)s.
+WITH bumped AS (
+    UPDATE partitions
+    SET owner_node = %(node_id)s,
+        owner_epoch = %(epoch)s
+    WHERE partition_id = ANY(%(partition_ids)b::int4[])
+      AND owner_epoch < %(epoch)s
+    RETURNING partition_id, owner_epoch
+)
+UPDATE leases AS l
 SET owner_node = %(node_id)s,
-    owner_epoch = %(epoch)s,
+    owner_epoch = b.owner_epoch,
     lease_expires_at = now() + %(ttl_s)s * interval '1 second',
     acquired_at = now(),
     renewed_at = now()
-WHERE partition_id = ANY(%(partition_ids)b::int4[])
-  AND owner_epoch < %(epoch)s
-RETURNING partition_id, owner_epoch;
+FROM bumped AS b
+WHERE l.partition_id = b.partition_id
+RETURNING l.partition_id, l.owner_epoch;
 
 -- name: renew_leases
 -- Renew all of one node's leases in one statement, keyed on (node, epoch):
--- a partition whose epoch moved on (taken over) is simply not returned.
-UPDATE partitions AS p
+-- a lease whose epoch moved on (taken over) is simply not returned. Writes
+-- only lease rows, never the partition rows the firing fence locks, so the
+-- fence's share locks cannot make a renewal wait.
+UPDATE leases AS l
 SET lease_expires_at = now() + %(ttl_s)s * interval '1 second',
     renewed_at = now()
-FROM unnest(%(partition_ids)b::int4[], %(epochs)b::int8[]) AS l (pid, epoch)
-WHERE p.partition_id = l.pid
-  AND p.owner_epoch = l.epoch
-  AND p.owner_node = %(node_id)s
-RETURNING p.partition_id, p.owner_epoch;
+FROM unnest(%(partition_ids)b::int4[], %(epochs)b::int8[]) AS r (pid, epoch)
+WHERE l.partition_id = r.pid
+  AND l.owner_epoch = r.epoch
+  AND l.owner_node = %(node_id)s
+RETURNING l.partition_id, l.owner_epoch;
 
 -- name: release_leases
--- Hand partitions back (graceful stop, or over the fair share). The epoch
--- stays; the next claimer bumps it.
-UPDATE partitions AS p
+-- Hand leases back (graceful stop, or over the fair share), keyed on (node,
+-- epoch). Lease rows only: the partition row keeps its owner and epoch
+-- (the fence) until the next claimer bumps the epoch.
+UPDATE leases AS l
 SET owner_node = NULL,
     lease_expires_at = NULL
-FROM unnest(%(partition_ids)b::int4[], %(epochs)b::int8[]) AS l (pid, epoch)
-WHERE p.partition_id = l.pid
-  AND p.owner_epoch = l.epoch
-  AND p.owner_node = %(node_id)s
-RETURNING p.partition_id;
+FROM unnest(%(partition_ids)b::int4[], %(epochs)b::int8[]) AS r (pid, epoch)
+WHERE l.partition_id = r.pid
+  AND l.owner_epoch = r.epoch
+  AND l.owner_node = %(node_id)s
+RETURNING l.partition_id;
 
 -- name: partition_status
--- Every partition with its owner, epoch and lease age/remaining (seconds).
-SELECT p.partition_id, p.owner_node, p.owner_epoch,
-       extract(epoch FROM (p.lease_expires_at - now()))::float8 AS lease_left_s,
-       extract(epoch FROM (now() - p.renewed_at))::float8 AS lease_age_s,
-       (n.node_id IS NOT NULL) AS owner_live
+-- Every partition with its lease's owner, the fence's epoch, and the
+-- lease's time left and age (seconds, store time).
+SELECT p.partition_id, l.owner_node, p.owner_epoch,
+       extract(epoch FROM (l.lease_expires_at - now()))::float8 AS lease_left_s,
+       extract(epoch FROM (now() - l.renewed_at))::float8 AS lease_age_s
 FROM partitions AS p
-LEFT JOIN nodes AS n
-       ON n.node_id = p.owner_node
-      AND n.heartbeat_at > now() - %(ttl_s)s * interval '1 second'
+JOIN leases AS l ON l.partition_id = p.partition_id
 ORDER BY p.partition_id;
 
 -- name: node_status
@@ -780,7 +812,7 @@ WHERE fired_at > now() - %(window_s)s * interval '1 second';
 
 -- name: count_owned_partitions
 -- Partitions whose lease is held by a live-looking owner (not expired).
-SELECT count(*) AS owned FROM partitions
+SELECT count(*) AS owned FROM leases
 WHERE owner_node IS NOT NULL AND lease_expires_at > now();
 
 -- name: count_due_at
@@ -831,11 +863,12 @@ GROUP BY 1, 2
 ORDER BY 1, 2;
 
 -- name: partitions_of_node
-SELECT partition_id FROM partitions WHERE owner_node = %(node_id)s ORDER BY partition_id;
+-- Partitions whose lease names the node (expired or not).
+SELECT partition_id FROM leases WHERE owner_node = %(node_id)s ORDER BY partition_id;
 
 -- name: count_orphans_among
 -- Of the given partitions, those not (yet) owned by another node with a live lease.
-SELECT count(*) AS orphans FROM partitions
+SELECT count(*) AS orphans FROM leases
 WHERE partition_id = ANY(%(partition_ids)s::int4[])
   AND (owner_node IS NULL OR owner_node = %(node_id)s OR lease_expires_at <= now());
 
@@ -850,12 +883,13 @@ WHERE partition_id = ANY(%(partition_ids)s::int4[])
 -- bench's measure of what leases and heartbeats cost the store).
 SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::int8 AS writes
 FROM pg_stat_user_tables
-WHERE relname IN ('partitions', 'nodes');
+WHERE relname IN ('partitions', 'leases', 'nodes');
 
 -- name: partition_claims
--- Owner, claim time and lease expiry (store time) of the given partitions.
+-- Lease owner, epoch, claim time and lease expiry (store time) of the given
+-- partitions.
 SELECT partition_id, owner_node, owner_epoch, acquired_at, lease_expires_at
-FROM partitions
+FROM leases
 WHERE partition_id = ANY(%(partition_ids)s::int4[]);
 
 -- name: store_transactions

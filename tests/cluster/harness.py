@@ -95,6 +95,11 @@ class Timings:
         ]
 
     @property
+    def responsive_s(self) -> float:
+        """``Settings.responsive_s`` for these timings: min(TTL, renew + 2 polls)."""
+        return min(self.lease_ttl_s, self.renew_interval_s + 2 * self.poll_interval_s)
+
+    @property
     def crash_lateness_bound_s(self) -> float:
         """DESIGN.md §6 crash bound TTL + poll + tick, scaled down (no margin)."""
         return self.lease_ttl_s + self.poll_interval_s + self.tick_interval_s
@@ -390,11 +395,14 @@ class PartitionRow:
 
 
 def partitions(conn: psycopg.Connection) -> dict[int, PartitionRow]:
-    """Every partition row by id, with ``lease_live`` judged by store time."""
+    """Every partition by id: its lease's owner, expiry and claim time, the
+    fence's epoch (``partitions.owner_epoch``), and ``lease_live`` judged by
+    store time."""
     rows = conn.execute(
-        "SELECT partition_id, owner_node, owner_epoch, lease_expires_at, acquired_at,"
-        "       coalesce(lease_expires_at > now(), false) AS lease_live"
-        " FROM partitions ORDER BY partition_id").fetchall()
+        "SELECT p.partition_id, l.owner_node, p.owner_epoch, l.lease_expires_at, l.acquired_at,"
+        "       coalesce(l.lease_expires_at > now(), false) AS lease_live"
+        " FROM partitions AS p JOIN leases AS l ON l.partition_id = p.partition_id"
+        " ORDER BY p.partition_id").fetchall()
     return {row["partition_id"]: PartitionRow(**row) for row in rows}
 
 
@@ -403,9 +411,9 @@ def owned_by(conn: psycopg.Connection, node_id: str) -> dict[int, PartitionRow]:
     return {pid: row for pid, row in partitions(conn).items() if row.owner_node == node_id}
 
 
-def ownership(conn: psycopg.Connection, ttl_s: float = TIMINGS.lease_ttl_s) -> dict[str, int]:
-    """``{node_id: partitions it owns live}`` for live nodes (``scheduler status``'s view)."""
-    status = cluster_status(conn, ttl_s)
+def ownership(conn: psycopg.Connection, timings: Timings = TIMINGS) -> dict[str, int]:
+    """``{node_id: partitions it owns live}`` for live (or suspect) nodes (``scheduler status``'s view)."""
+    status = cluster_status(conn, timings.lease_ttl_s, timings.responsive_s)
     return {node["node_id"]: node["partitions"] for node in status["nodes"] if node["live"]}
 
 
@@ -420,12 +428,12 @@ def hold_all_but(conn: psycopg.Connection, free: list[int], *, expired: bool, ho
     """Lease every partition to ``holder`` for an hour except ``free``: those
     are released (no owner) or, with ``expired``, still owned but expired.
     Epochs are left alone (only claims bump them)."""
-    conn.execute("UPDATE partitions SET owner_node = %s, lease_expires_at = now() + interval '1 hour'", (holder,))
+    conn.execute("UPDATE leases SET owner_node = %s, lease_expires_at = now() + interval '1 hour'", (holder,))
     if expired:
-        conn.execute("UPDATE partitions SET lease_expires_at = now() - interval '1 second'"
+        conn.execute("UPDATE leases SET lease_expires_at = now() - interval '1 second'"
                      " WHERE partition_id = ANY(%s)", (free,))
     else:
-        conn.execute("UPDATE partitions SET owner_node = NULL, lease_expires_at = NULL"
+        conn.execute("UPDATE leases SET owner_node = NULL, lease_expires_at = NULL"
                      " WHERE partition_id = ANY(%s)", (free,))
 
 
@@ -677,7 +685,7 @@ class Cluster:
         only if the store's row names the same owner (its epoch was written).
         """
         if not self.etcd:
-            return ownership(self.conn, self.timings.lease_ttl_s)
+            return ownership(self.conn, self.timings)
         keys = self.etcd_keys()
         rows = partitions(self.conn)
         counts = {member: 0 for member in keys.members}

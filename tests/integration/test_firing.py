@@ -431,12 +431,12 @@ def test_fence_with_the_same_owner_but_an_older_epoch_commits_nothing(conn, node
     assert node.metrics.value("scheduler_firing_fence_rejections_total") == 1
 
 
-def test_fence_a_released_partition_commits_nothing(conn, node) -> None:
-    """A released lease keeps its epoch (the next claimer bumps it): the owner check fences it."""
+def test_fence_a_partition_row_naming_no_owner_commits_nothing(conn, node) -> None:
+    """The fence checks the owner as well as the epoch: a partition row at our
+    epoch that does not name us fences us out."""
     job_id, _ = interval_job(conn, 60, slots_before_now=3)
     pid = job_row(conn, job_id)["partition_id"]
-    conn.execute("UPDATE partitions SET owner_node = NULL, lease_expires_at = NULL WHERE partition_id = %s",
-                 (pid,))
+    conn.execute("UPDATE partitions SET owner_node = NULL WHERE partition_id = %s", (pid,))
 
     result = node.firer.tick()
 

@@ -23,7 +23,7 @@ from scheduler.store import connect, sqlalchemy_url
 REPO = Path(__file__).resolve().parents[2]
 VERSIONS = REPO / "alembic" / "versions"
 PARTITIONS = 1024
-TABLES = {"partitions", "nodes", "tenants", "jobs", "runs", "skips"}
+TABLES = {"partitions", "leases", "nodes", "tenants", "jobs", "runs", "skips"}
 PARTITIONED_TABLES = ("jobs", "runs", "skips")
 
 
@@ -172,10 +172,15 @@ def test_upgrade_from_empty_applies_every_revision_and_equals_head(empty_pg_dsn:
         assert TABLES <= tables
         stats = conn.execute(
             "SELECT count(*) AS n, count(DISTINCT partition_id) AS ids, min(partition_id) AS lo,"
-            " max(partition_id) AS hi, count(*) FILTER (WHERE owner_epoch = 0 AND owner_node IS NULL"
-            " AND lease_expires_at IS NULL) AS fresh FROM partitions"
+            " max(partition_id) AS hi, count(*) FILTER (WHERE owner_epoch = 0 AND owner_node IS NULL)"
+            " AS fresh FROM partitions"
         ).fetchone()
         assert stats == {"n": PARTITIONS, "ids": PARTITIONS, "lo": 0, "hi": PARTITIONS - 1, "fresh": PARTITIONS}
+        leases = conn.execute(
+            "SELECT count(*) AS n, count(*) FILTER (WHERE owner_epoch = 0 AND owner_node IS NULL"
+            " AND lease_expires_at IS NULL) AS free FROM leases"
+        ).fetchone()
+        assert leases == {"n": PARTITIONS, "free": PARTITIONS}
         for table in PARTITIONED_TABLES:
             pk = primary_key_columns(conn, table)
             assert pk and pk[0] == "partition_id", f"{table} primary key {pk} must start with partition_id"
@@ -232,6 +237,8 @@ def test_every_revision_reruns_over_an_existing_schema(pg_dsn: str) -> None:
     cfg = alembic_config(pg_dsn)
     with connect(pg_dsn) as conn:
         conn.execute("UPDATE partitions SET owner_node = 'n1', owner_epoch = 7 WHERE partition_id = 3")
+        conn.execute("UPDATE leases SET owner_node = 'n1', owner_epoch = 7,"
+                     " lease_expires_at = '2030-01-01T00:00:00Z' WHERE partition_id = 3")
     before = snapshot(pg_dsn)
     command.stamp(cfg, "base")
     assert current_versions(pg_dsn) == []
@@ -240,5 +247,27 @@ def test_every_revision_reruns_over_an_existing_schema(pg_dsn: str) -> None:
     assert current_versions(pg_dsn) == [revisions()[-1]]
     with connect(pg_dsn) as conn:
         row = conn.execute("SELECT owner_node, owner_epoch FROM partitions WHERE partition_id = 3").fetchone()
+        lease = conn.execute("SELECT owner_node, owner_epoch, lease_expires_at::text AS until FROM leases"
+                             " WHERE partition_id = 3").fetchone()
     assert row == {"owner_node": "n1", "owner_epoch": 7}
+    assert lease == {"owner_node": "n1", "owner_epoch": 7, "until": "2030-01-01 00:00:00+00"}
+
+
+def test_downgrading_past_the_leases_table_hands_leases_back_to_the_partition_rows(pg_dsn: str) -> None:
+    """Below 0016 the lease lives in partitions' own columns again: a released
+    lease must read free there (not owned with no expiry), a held one held."""
+    with connect(pg_dsn) as conn:
+        conn.execute("SET TIME ZONE 'UTC'")
+        conn.execute("UPDATE partitions SET owner_node = 'n1', owner_epoch = 4 WHERE partition_id IN (1, 2)")
+        conn.execute("UPDATE leases SET owner_node = 'n1', owner_epoch = 4,"
+                     " lease_expires_at = '2030-01-01T00:00:00Z' WHERE partition_id = 1")
+        conn.execute("UPDATE leases SET owner_node = NULL, owner_epoch = 4 WHERE partition_id = 2")
+    command.downgrade(alembic_config(pg_dsn), "0015")
+    with connect(pg_dsn) as conn:
+        rows = conn.execute("SELECT partition_id, owner_node, owner_epoch, lease_expires_at::text AS until"
+                            " FROM partitions WHERE partition_id IN (1, 2) ORDER BY 1").fetchall()
+        leases = conn.execute("SELECT count(*) AS n FROM leases").fetchone()["n"]
+    assert rows == [{"partition_id": 1, "owner_node": "n1", "owner_epoch": 4, "until": "2030-01-01 00:00:00+00"},
+                    {"partition_id": 2, "owner_node": None, "owner_epoch": 4, "until": None}]
+    assert leases == 0
 
