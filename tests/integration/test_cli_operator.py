@@ -17,15 +17,18 @@ import uuid
 
 import psycopg
 import pytest
+from alembic.script import ScriptDirectory
 from click.testing import CliRunner
 from psycopg.conninfo import conninfo_to_dict
 
 from scheduler import cli as climod
 from scheduler import jobs, store
 from scheduler.cli import cli
+from scheduler.migrate import alembic_config
 from scheduler.spec import JobSpec
 
-HEAD = "0014"
+HEAD = ScriptDirectory.from_config(alembic_config("postgresql://unused")).get_current_head()
+"""The newest migration revision (scheduler db current prints it)."""
 
 
 def run(args: list[str], dsn: str | None = None, input: str | None = None):
