@@ -1,27 +1,66 @@
-"""The audit: every (job, nominal time) in a window exactly once (DESIGN.md §8).
+"""The audit: every (job, nominal time) in a window exactly once, never early (DESIGN.md §8).
 
 :func:`verify` recomputes, from each job's schedule, every slot with nominal
-time in ``[since, until)`` and compares them with ``runs`` in SQL:
+time in ``[since, until)`` and compares them with ``runs`` and ``skips`` in
+SQL. A job is audited revision by revision: ``job_revisions`` holds each
+superseded spec with the interval ``[valid_from, valid_until)`` of store
+time it was in force (copied by every rewrite: ``jobs add --replace``,
+pause, resume, delete), the ``jobs`` row is in force from its
+``changed_at`` (to ``deleted_at`` for a deleted job).
 
-* **expected**: slots of jobs that existed and were not changed in the
-  window. A job created inside the window counts from its first slot after
-  creation; a job paused, edited (``--replace``), resumed or deleted inside
-  the window is left out and counted in ``jobs_excluded``. A slot whose
-  scheduled time (nominal + jitter) is after ``until`` is not expected yet,
-  and its run, if it already fired (auditing the past), is not audited.
-* **missing**: expected slots with no run and not inside a recorded skip
-  range (a misfire policy's decision counts as accounted for);
+* **expected**: per revision, the slots of its schedule inside its
+  interval: strictly after the job's creation for the first revision,
+  strictly after ``valid_from`` for a later one, except that a revision
+  whose schedule columns (kind, expression, dialect, zone, interval,
+  anchor, instant) equal its predecessor's, which was not paused,
+  continues it seamlessly (from ``valid_from`` inclusive); before
+  ``valid_until``; none while paused. So an edited job is audited up to
+  and from the edit, a paused one up to the pause, a deleted one up to
+  its deletion. A job rewritten before revisions were kept (a gap in its
+  revision numbers) is audited only from the first rewrite whose history
+  is known, its runs before it left alone; when that instant is inside or
+  after the window it counts in ``jobs_excluded``, else in
+  ``jobs_audited``. A slot whose scheduled time (nominal + jitter) is after
+  ``until`` is not expected yet, and its run, if it already fired
+  (auditing the past), is not audited.
+* **missing**: expected slots with no run and not inside a *valid* skip
+  range (a misfire policy's decision counts as accounted for; a skip that
+  breaks its rule does not);
+* **skipped**: expected slots with no run inside a valid skip range;
+* **skips_invalid**: skip rows meeting the window that break their rule,
+  judged with the policy in force at ``recorded_at``: ``catchup_window``
+  needs misfire ``all`` and every slot in the range older than
+  ``recorded_at − catchup_window_s``; ``grace`` needs misfire ``skip`` and
+  every slot scheduled more than ``misfire_grace_s`` before
+  ``recorded_at``; ``once`` needs misfire ``once``, the same grace rule,
+  and a run at ``until_nominal`` (the collapsed run carries the latest
+  missed slot); ``edited``, ``paused`` and ``deleted`` need a rewrite of
+  the job at ``recorded_at`` (a ``job_revisions.valid_until``) and no slot
+  in the range after it; any other reason is invalid;
 * **duplicates**: (job, nominal time) pairs with more than one run (the
   primary key forbids them; counted from the data, not assumed);
-* **unexpected**: runs of audited jobs at a nominal time the schedule does
-  not produce;
-* **lateness**: fired_at − scheduled time of the audited runs, p50/p99/max
-  in seconds (``None`` when there are none).
+* **unexpected**: audited runs at a nominal time the schedule then in force
+  does not produce;
+* **early**: audited runs fired before their scheduled time: the stored
+  ``scheduled_at``, or the one the audit computes (nominal + the job's
+  jitter), or the nominal time, whichever is latest (a wrong stored
+  scheduled time cannot hide an early run);
+* **expected_disagreements** (``exhaustive=True`` only, else ``None``):
+  slots that only one of :mod:`scheduler.schedule` (which fires them) and
+  the independent brute-force :mod:`scheduler.oracle` produces;
+* **lateness**: fired_at − stored scheduled time of the audited runs,
+  p50/p99/max in seconds (``None`` when there are none).
+
+The report fails (``ok`` false) when any of missing, duplicates, early,
+unexpected, skips_invalid or expected_disagreements is non-zero. Each comes
+with a list of its first ``list_limit`` findings (by job id, then nominal
+time) in ``findings``.
 
 Slots are computed in Python once per distinct cron schedule and expanded to
-jobs in SQL (jobs sharing an expression share the work); only interval,
-one-shot and jittered jobs are computed per job. Everything is compared
-set-based in temporary tables, so millions of jobs and runs cost seconds.
+revisions in SQL (jobs sharing an expression share the work); only interval,
+one-shot and jittered revisions are computed one at a time (and, when
+exhaustive, every revision by the oracle). Everything is compared set-based
+in temporary tables, so millions of jobs and runs cost seconds.
 """
 
 from __future__ import annotations
