@@ -231,7 +231,7 @@ def verify(conn: psycopg.Connection, since: datetime, until: datetime, *, exhaus
             with cur.copy("COPY audit_expected (partition_id, job_id, nominal_time, scheduled_at) "
                           "FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(["int4", "uuid", "timestamptz", "timestamptz"])
-                for row in segment_slots(per_job, since, until, _schedule_slots()):
+                for row in segment_slots(per_job, since, until, _schedule_slots(since, until)):
                     copy.write_row(row)
             if exhaustive:
                 with cur.copy("COPY audit_oracle (partition_id, job_id, nominal_time) "
@@ -266,18 +266,20 @@ def _jsonable(row: dict) -> dict:
             else str(value) if key == "job_id" else value for key, value in row.items()}
 
 
-def _schedule_slots():
-    """``slots_of`` for :func:`segment_slots` from :mod:`scheduler.schedule`, cron slots shared."""
+def _schedule_slots(since: datetime, until: datetime):
+    """``slots_of`` for :func:`segment_slots` from :mod:`scheduler.schedule`.
+
+    Each distinct cron schedule is computed once over the whole window.
+    """
     shared: dict[tuple, list[datetime]] = {}
 
     def slots_of(row: dict, start: datetime, end: datetime) -> list[datetime]:
         if row["kind"] == "cron":
-            key = (row["cron_expr"], row["cron_dialect"], row["tz"], start, end)
+            key = (row["cron_expr"], row["cron_dialect"], row["tz"])
             if key not in shared:
-                schedule = build_schedule("cron", row["cron_expr"], row["cron_dialect"], row["tz"],
-                                          None, None, None)
-                shared[key] = _slots(schedule, start, end)
-            return shared[key]
+                shared[key] = _slots(build_schedule("cron", *key, None, None, None), since, until)
+            listed = shared[key]
+            return listed[bisect.bisect_left(listed, start):bisect.bisect_left(listed, end)]
         schedule = build_schedule(row["kind"], None, None, None, row["interval_s"], row["anchor_at"],
                                   row["fire_at"])
         return _slots(schedule, start, end)

@@ -541,18 +541,21 @@ WITH candidates AS (
     FROM jobs
     WHERE created_at < %(until)s AND (deleted_at IS NULL OR deleted_at >= %(since)s)
 ), versions AS (
+    -- only rewritten jobs (revision > 1) have a history to chain; the others
+    -- (nearly all, usually) are read once below, without sorting
     SELECT j.partition_id, j.job_id, j.revision, j.changed_at AS valid_from, j.deleted_at AS valid_until,
            j.kind, j.cron_expr, j.cron_dialect, j.tz, j.interval_s, j.anchor_at, j.fire_at, j.misfire,
            j.catchup_window_s, j.misfire_grace_s, j.jitter_s, j.paused, c.created_at, c.current_revision
     FROM candidates AS c
     JOIN jobs AS j ON j.partition_id = c.partition_id AND j.job_id = c.job_id
+    WHERE c.current_revision > 1
     UNION ALL
     SELECT v.partition_id, v.job_id, v.revision, v.valid_from, v.valid_until,
            v.kind, v.cron_expr, v.cron_dialect, v.tz, v.interval_s, v.anchor_at, v.fire_at, v.misfire,
            v.catchup_window_s, v.misfire_grace_s, v.jitter_s, v.paused, c.created_at, c.current_revision
     FROM candidates AS c
     JOIN job_revisions AS v ON v.partition_id = c.partition_id AND v.job_id = c.job_id
-    WHERE v.revision < c.current_revision
+    WHERE c.current_revision > 1 AND v.revision < c.current_revision
 ), numbered AS (
     SELECT versions.*,
            row_number() OVER (PARTITION BY partition_id, job_id ORDER BY revision DESC) AS rn
@@ -569,19 +572,27 @@ WITH candidates AS (
            first_value(valid_from) OVER w AS first_valid_from
     FROM known
     WINDOW w AS (PARTITION BY partition_id, job_id ORDER BY revision)
+), all_versions AS (
+    SELECT partition_id, job_id, revision, valid_from, valid_until, kind, cron_expr, cron_dialect, tz,
+           interval_s, anchor_at, fire_at, misfire, catchup_window_s, misfire_grace_s, jitter_s, paused,
+           CASE WHEN first_revision = 1 THEN NULL ELSE first_valid_from END AS audit_from,
+           CASE WHEN revision = 1 THEN created_at ELSE valid_from END AS slots_from,
+           (revision > first_revision AND NOT p_paused AND p_kind = kind
+            AND p_cron_expr IS NOT DISTINCT FROM cron_expr AND p_cron_dialect IS NOT DISTINCT FROM cron_dialect
+            AND p_tz IS NOT DISTINCT FROM tz AND p_interval_s IS NOT DISTINCT FROM interval_s
+            AND p_anchor_at IS NOT DISTINCT FROM anchor_at AND p_fire_at IS NOT DISTINCT FROM fire_at)
+             AS seamless
+    FROM chained
+    UNION ALL
+    SELECT j.partition_id, j.job_id, j.revision, j.changed_at, j.deleted_at, j.kind, j.cron_expr,
+           j.cron_dialect, j.tz, j.interval_s, j.anchor_at, j.fire_at, j.misfire, j.catchup_window_s,
+           j.misfire_grace_s, j.jitter_s, j.paused, NULL, j.created_at, false
+    FROM jobs AS j
+    WHERE j.revision = 1 AND j.created_at < %(until)s AND (j.deleted_at IS NULL OR j.deleted_at >= %(since)s)
 )
-SELECT partition_id, job_id, revision, valid_from, valid_until, kind, cron_expr, cron_dialect, tz,
-       interval_s, anchor_at, fire_at, misfire, catchup_window_s, misfire_grace_s, jitter_s, paused,
-       CASE WHEN first_revision = 1 THEN NULL ELSE first_valid_from END AS audit_from,
-       CASE WHEN revision = 1 THEN created_at ELSE valid_from END AS slots_from,
-       (revision > first_revision AND NOT p_paused AND p_kind = kind
-        AND p_cron_expr IS NOT DISTINCT FROM cron_expr AND p_cron_dialect IS NOT DISTINCT FROM cron_dialect
-        AND p_tz IS NOT DISTINCT FROM tz AND p_interval_s IS NOT DISTINCT FROM interval_s
-        AND p_anchor_at IS NOT DISTINCT FROM anchor_at AND p_fire_at IS NOT DISTINCT FROM fire_at)
-         AS seamless,
-       NOT paused AND (valid_until IS NULL OR valid_until > %(since)s)
-         AND (CASE WHEN revision = 1 THEN created_at ELSE valid_from END) < %(until)s AS has_slots
-FROM chained;
+SELECT all_versions.*,
+       NOT paused AND (valid_until IS NULL OR valid_until > %(since)s) AND slots_from < %(until)s AS has_slots
+FROM all_versions;
 
 -- name: create_audit_tables
 CREATE TEMPORARY TABLE audit_jobs ON COMMIT DROP AS
