@@ -531,7 +531,8 @@ LIMIT %(limit)s;
 -- deleted_at or open-ended: valid_until NULL). Only the unbroken run of
 -- revision numbers ending at the current one is kept (revisions rewritten
 -- before job_revisions existed are unknown); audit_from is the instant from
--- which the job's history is known (NULL: since creation). Each revision's
+-- which the job's history is known (NULL: since creation); is_current marks
+-- the jobs row (one per job). Each revision's
 -- slots lie after slots_from (strictly, or from it inclusive when the
 -- revision continues the previous one's schedule seamlessly: same schedule
 -- columns, previous not paused) and before valid_until; none while paused.
@@ -581,12 +582,13 @@ WITH candidates AS (
             AND p_cron_expr IS NOT DISTINCT FROM cron_expr AND p_cron_dialect IS NOT DISTINCT FROM cron_dialect
             AND p_tz IS NOT DISTINCT FROM tz AND p_interval_s IS NOT DISTINCT FROM interval_s
             AND p_anchor_at IS NOT DISTINCT FROM anchor_at AND p_fire_at IS NOT DISTINCT FROM fire_at)
-             AS seamless
+             AS seamless,
+           revision = current_revision AS is_current
     FROM chained
     UNION ALL
     SELECT j.partition_id, j.job_id, j.revision, j.changed_at, j.deleted_at, j.kind, j.cron_expr,
            j.cron_dialect, j.tz, j.interval_s, j.anchor_at, j.fire_at, j.misfire, j.catchup_window_s,
-           j.misfire_grace_s, j.jitter_s, j.paused, NULL, j.created_at, false
+           j.misfire_grace_s, j.jitter_s, j.paused, NULL, j.created_at, false, true
     FROM jobs AS j
     WHERE j.revision = 1 AND j.created_at < %(until)s AND (j.deleted_at IS NULL OR j.deleted_at >= %(since)s)
 )
@@ -595,8 +597,8 @@ SELECT all_versions.*,
 FROM all_versions;
 
 -- name: create_audit_tables
-CREATE TEMPORARY TABLE audit_jobs ON COMMIT DROP AS
-SELECT DISTINCT partition_id, job_id, audit_from FROM audit_versions;
+CREATE TEMPORARY TABLE audit_cut ON COMMIT DROP AS
+SELECT partition_id, job_id, audit_from FROM audit_versions WHERE is_current AND audit_from IS NOT NULL;
 CREATE TEMPORARY TABLE audit_cron_slots (
     cron_expr TEXT NOT NULL,
     cron_dialect TEXT NOT NULL,
@@ -635,7 +637,8 @@ WHERE has_slots AND (%(all)s OR kind <> 'cron' OR jitter_s > 0)
 ORDER BY partition_id, job_id, revision;
 
 -- name: expand_audit_cron_slots
--- Every jitter-free cron revision gets its schedule's slots inside its interval.
+-- Every jitter-free cron revision gets its schedule's slots inside its
+-- interval (a job's revisions' intervals are disjoint: no slot twice).
 INSERT INTO audit_expected (partition_id, job_id, nominal_time, scheduled_at)
 SELECT v.partition_id, v.job_id, s.nominal_time, s.nominal_time
 FROM audit_versions AS v
@@ -643,8 +646,7 @@ JOIN audit_cron_slots AS s
   ON s.cron_expr = v.cron_expr AND s.cron_dialect = v.cron_dialect AND s.tz = v.tz
 WHERE v.has_slots AND v.kind = 'cron' AND v.jitter_s = 0
   AND (s.nominal_time > v.slots_from OR (v.seamless AND s.nominal_time = v.slots_from))
-  AND (v.valid_until IS NULL OR s.nominal_time < v.valid_until)
-ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING;
+  AND (v.valid_until IS NULL OR s.nominal_time < v.valid_until);
 
 -- name: create_audit_runs
 -- The audited runs: nominal time in the window, not before a job's known
@@ -659,9 +661,9 @@ LEFT JOIN audit_expected AS e
   ON e.partition_id = r.partition_id AND e.job_id = r.job_id AND e.nominal_time = r.nominal_time
 WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s
   AND r.scheduled_at <= %(until)s
-  AND NOT EXISTS (SELECT 1 FROM audit_jobs AS c
+  AND NOT EXISTS (SELECT 1 FROM audit_cut AS c
                   WHERE c.partition_id = r.partition_id AND c.job_id = r.job_id
-                    AND c.audit_from IS NOT NULL AND r.nominal_time <= c.audit_from);
+                    AND r.nominal_time <= c.audit_from);
 
 -- name: create_audit_skips
 -- Every skip of an audited job whose range meets the window, checked against
@@ -717,7 +719,7 @@ SELECT s.partition_id, s.job_id, s.first_nominal, s.until_nominal, s.reason, s.r
            THEN 'no run at until_nominal (where the collapsed run belongs)'
        END AS invalid_because
 FROM skips AS s
-JOIN audit_jobs AS c ON c.partition_id = s.partition_id AND c.job_id = s.job_id
+JOIN audit_versions AS c ON c.partition_id = s.partition_id AND c.job_id = s.job_id AND c.is_current
 LEFT JOIN LATERAL (
     SELECT v.misfire, v.catchup_window_s, v.misfire_grace_s
     FROM audit_versions AS v
@@ -743,7 +745,7 @@ WHERE NOT EXISTS (SELECT 1 FROM runs AS r
                     AND r.nominal_time = e.nominal_time);
 
 -- name: analyze_audit_tables
-ANALYZE audit_jobs;
+ANALYZE audit_cut;
 ANALYZE audit_expected;
 ANALYZE audit_oracle;
 
@@ -779,8 +781,9 @@ SELECT (SELECT count(*) FROM audit_expected) AS expected,
                               WHERE e.partition_id = o.partition_id AND e.job_id = o.job_id
                                 AND e.nominal_time = o.nominal_time))
        END AS expected_disagreements,
-       (SELECT count(*) FROM audit_jobs WHERE audit_from IS NULL OR audit_from < %(since)s) AS jobs_audited,
-       (SELECT count(*) FROM audit_jobs WHERE audit_from >= %(since)s) AS jobs_excluded,
+       (SELECT count(*) FROM audit_versions WHERE is_current)
+         - (SELECT count(*) FROM audit_cut WHERE audit_from >= %(since)s) AS jobs_audited,
+       (SELECT count(*) FROM audit_cut WHERE audit_from >= %(since)s) AS jobs_excluded,
        (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM (fired_at - scheduled_at))::float8)
         FROM audit_runs) AS lateness_p50_s,
        (SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM (fired_at - scheduled_at))::float8)
