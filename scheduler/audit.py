@@ -1,67 +1,132 @@
-"""The audit: every (job, nominal time) in a window exactly once (DESIGN.md §8).
+"""The audit: every (job, nominal time) in a window exactly once, never early (DESIGN.md §8).
 
 :func:`verify` recomputes, from each job's schedule, every slot with nominal
-time in ``[since, until)`` and compares them with ``runs`` in SQL:
+time in ``[since, until)`` and compares them with ``runs`` and ``skips`` in
+SQL. A job is audited revision by revision: ``job_revisions`` holds each
+superseded spec with the interval ``[valid_from, valid_until)`` of store
+time it was in force (copied by every rewrite: ``jobs add --replace``,
+pause, resume, delete), the ``jobs`` row is in force from its
+``changed_at`` (to ``deleted_at`` for a deleted job).
 
-* **expected**: slots of jobs that existed and were not changed in the
-  window. A job created inside the window counts from its first slot after
-  creation; a job paused, edited (``--replace``), resumed or deleted inside
-  the window is left out and counted in ``jobs_excluded``. A slot whose
-  scheduled time (nominal + jitter) is after ``until`` is not expected yet,
-  and its run, if it already fired (auditing the past), is not audited.
-* **missing**: expected slots with no run and not inside a recorded skip
-  range (a misfire policy's decision counts as accounted for);
+* **expected**: per revision, the slots of its schedule inside its
+  interval: strictly after the job's creation for the first revision,
+  strictly after ``valid_from`` for a later one, except that a revision
+  whose schedule columns (kind, expression, dialect, zone, interval,
+  anchor, instant) equal its predecessor's, which was not paused,
+  continues it seamlessly (from ``valid_from`` inclusive); before
+  ``valid_until``; none while paused. So an edited job is audited up to
+  and from the edit, a paused one up to the pause, a deleted one up to
+  its deletion. A job rewritten before revisions were kept (a gap in its
+  revision numbers) is audited only from the first rewrite whose history
+  is known, its runs before it left alone; when that instant is inside or
+  after the window it counts in ``jobs_excluded``, else in
+  ``jobs_audited``. A slot whose scheduled time (nominal + jitter) is after
+  ``until`` is not expected yet, and its run, if it already fired
+  (auditing the past), is not audited.
+* **missing**: expected slots with no run and not inside a *valid* skip
+  range (a misfire policy's decision counts as accounted for; a skip that
+  breaks its rule does not);
+* **skipped**: expected slots with no run inside a valid skip range;
+* **skips_invalid**: skip rows meeting the window that break their rule,
+  judged with the policy in force at ``recorded_at``: ``catchup_window``
+  needs misfire ``all`` and every slot in the range older than
+  ``recorded_at − catchup_window_s``; ``grace`` needs misfire ``skip`` and
+  every slot scheduled more than ``misfire_grace_s`` before
+  ``recorded_at``; ``once`` needs misfire ``once``, the same grace rule,
+  and a run at ``until_nominal`` (the collapsed run carries the latest
+  missed slot); ``edited``, ``paused`` and ``deleted`` need a rewrite of
+  the job at ``recorded_at`` (a ``job_revisions.valid_until``) and no slot
+  in the range after it; any other reason is invalid;
 * **duplicates**: (job, nominal time) pairs with more than one run (the
   primary key forbids them; counted from the data, not assumed);
-* **unexpected**: runs of audited jobs at a nominal time the schedule does
-  not produce;
-* **lateness**: fired_at − scheduled time of the audited runs, p50/p99/max
-  in seconds (``None`` when there are none).
+* **unexpected**: audited runs at a nominal time the schedule then in force
+  does not produce;
+* **early**: audited runs fired before their scheduled time: the stored
+  ``scheduled_at``, or the one the audit computes (nominal + the job's
+  jitter), or the nominal time, whichever is latest (a wrong stored
+  scheduled time cannot hide an early run);
+* **expected_disagreements** (``exhaustive=True`` only, else ``None``):
+  slots that only one of :mod:`scheduler.schedule` (which fires them) and
+  the independent brute-force :mod:`scheduler.oracle` produces;
+* **lateness**: fired_at − stored scheduled time of the audited runs,
+  p50/p99/max in seconds (``None`` when there are none).
+
+The report fails (``ok`` false) when any of missing, duplicates, early,
+unexpected, skips_invalid or expected_disagreements is non-zero. Each comes
+with a list of its first ``list_limit`` findings (by job id, then nominal
+time) in ``findings``.
 
 Slots are computed in Python once per distinct cron schedule and expanded to
-jobs in SQL (jobs sharing an expression share the work); only interval,
-one-shot and jittered jobs are computed per job. Everything is compared
-set-based in temporary tables, so millions of jobs and runs cost seconds.
+revisions in SQL (jobs sharing an expression share the work); only interval,
+one-shot and jittered revisions are computed one at a time (and, when
+exhaustive, every revision by the oracle). Everything is compared set-based
+in temporary tables, so millions of jobs and runs cost seconds.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import psycopg
 
-from scheduler import store
+from scheduler import oracle, store
 from scheduler.errors import ValidationError
 from scheduler.planner import scheduled_time
+from scheduler.schedule import format_instant
 from scheduler.spec import build_schedule
 
 _EPSILON = timedelta(microseconds=1)
 MAX_WINDOW = timedelta(days=31)
 """Longest window one audit accepts (its cost grows with the slots in it)."""
+LIST_LIMIT = 100
+"""Default number of findings of each kind listed (the counts are always total)."""
+EXHAUSTIVE_BUDGET = 5_000_000
+"""Most wall-clock units (minutes or seconds, plus interval slots) ``--exhaustive`` tests
+in one audit: about a minute of Python at worst (every second of a day matching)."""
+FINDINGS = ("missing", "duplicates", "early", "unexpected", "skips_invalid", "expected_disagreements")
+"""The kinds of finding, in report order; each is a count and a bounded list."""
 
 
 @dataclasses.dataclass
 class VerifyReport:
-    """Counts of :func:`verify`; lateness in seconds (``None`` without runs)."""
+    """Counts of :func:`verify`; lateness in seconds (``None`` without runs).
+
+    ``expected_disagreements`` is ``None`` unless the audit was exhaustive.
+    ``findings`` maps each name of :data:`FINDINGS` to at most
+    ``findings_limit`` dicts (JSON-ready: ids and instants as strings), in
+    (job id, nominal time) order; the counts above are the totals.
+    """
 
     expected: int = 0
     runs: int = 0
     missing: int = 0
     duplicates: int = 0
     unexpected: int = 0
+    early: int = 0
+    skips_invalid: int = 0
+    expected_disagreements: int | None = None
     skipped: int = 0
     jobs_audited: int = 0
     jobs_excluded: int = 0
     lateness_p50_s: float | None = None
     lateness_p99_s: float | None = None
     lateness_max_s: float | None = None
+    findings_limit: int = LIST_LIMIT
+    findings: dict[str, list[dict]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def failed(self) -> dict[str, int]:
+        """The findings that fail the audit, name → count (empty when it passed)."""
+        return {name: getattr(self, name) for name in FINDINGS if getattr(self, name)}
 
     @property
     def ok(self) -> bool:
-        """True when nothing is missing, duplicated or unexpected."""
-        return self.missing == 0 and self.duplicates == 0 and self.unexpected == 0
+        """True when nothing is missing, duplicated, early or unexpected, every skip is
+        valid and (exhaustive audits) the oracle agrees."""
+        return not self.failed
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -77,45 +142,58 @@ def _slots(schedule, start: datetime, until: datetime) -> list[datetime]:
     return out
 
 
-def per_job_slots(jobs: list[dict], since: datetime, until: datetime):
-    """Yield ``(partition_id, job_id, nominal)`` for jobs audited one at a time.
+def _in_segment(slot: datetime, segment: dict) -> bool:
+    """Whether ``slot`` lies in a revision's interval (audit_segments row)."""
+    low = segment["slots_from"]
+    if not (slot > low or (segment["seamless"] and slot == low)):
+        return False
+    return segment["valid_until"] is None or slot < segment["valid_until"]
 
-    Interval and one-shot slots depend on the job; so does a cron slot's
-    jitter (a slot whose jittered time is after ``until`` is not expected
-    yet). Jitter-free cron jobs are expanded in SQL instead.
+
+def segment_slots(segments: list[dict], since: datetime, until: datetime, slots_of) -> Iterator[tuple]:
+    """Yield ``(partition_id, job_id, nominal, scheduled)`` for revisions audited one at a time.
+
+    ``segments``: rows of the ``audit_segments`` query, ordered by job.
+    ``slots_of(row, start, end)`` lists the row's schedule's slots in
+    ``[start, end)``. A slot whose jittered time is after ``until`` is not
+    expected yet; a job's slots are yielded once even if two revisions
+    claim the same instant.
     """
-    shared: dict[tuple, list[datetime]] = {}
-    for job in jobs:
-        start = max(since, job["counted_from"] + _EPSILON)
-        if job["kind"] == "cron":
-            key = (job["cron_expr"], job["cron_dialect"], job["tz"])
-            slots = shared.get(key)
-            if slots is None:
-                schedule = build_schedule("cron", job["cron_expr"], job["cron_dialect"], job["tz"],
-                                          None, None, None)
-                slots = shared[key] = _slots(schedule, since, until)
-            slots = slots[bisect.bisect_left(slots, start):]
-        else:
-            schedule = build_schedule(job["kind"], None, None, None, job["interval_s"],
-                                      job["anchor_at"], job["fire_at"])
-            slots = _slots(schedule, start, until)
-        for slot in slots:
-            if job["jitter_s"] and scheduled_time(job["job_id"], slot, job["jitter_s"]) > until:
+    seen: set[tuple] = set()
+    current = None
+    for row in segments:
+        if (row["partition_id"], row["job_id"]) != current:
+            current, seen = (row["partition_id"], row["job_id"]), set()
+        start = max(since, row["slots_from"])
+        end = until if row["valid_until"] is None else min(until, row["valid_until"])
+        if start >= end:
+            continue
+        for slot in slots_of(row, start, end):
+            if slot in seen or not _in_segment(slot, row):
                 continue
-            yield job["partition_id"], job["job_id"], slot
+            at = scheduled_time(row["job_id"], slot, row["jitter_s"])
+            if at > until:
+                continue
+            seen.add(slot)
+            yield row["partition_id"], row["job_id"], slot, at
 
 
-def verify(conn: psycopg.Connection, since: datetime, until: datetime) -> VerifyReport:
+def verify(conn: psycopg.Connection, since: datetime, until: datetime, *, exhaustive: bool = False,
+           list_limit: int = LIST_LIMIT) -> VerifyReport:
     """Audit the runs with nominal time in ``[since, until)``; see the module doc.
 
     Both bounds must be aware datetimes with ``since < until``, at most
     :data:`MAX_WINDOW` apart, and ``until`` not after the store's now (else
-    ValidationError, fields ``since``/``until``). Read-only: its working
-    tables are temporary and dropped at commit; retried whole on 40001/40P01
-    (store.run_transaction). Cost: one pass over ``jobs``
-    and one over the window's runs in SQL; Python computes slots once per
-    distinct cron schedule, plus per job only for interval, one-shot and
-    jittered jobs.
+    ValidationError, fields ``since``/``until``). ``exhaustive`` also
+    recomputes every expected slot with :mod:`scheduler.oracle` (per job;
+    ValidationError, field ``exhaustive``, when that would test more than
+    :data:`EXHAUSTIVE_BUDGET` wall-clock units). ``list_limit`` (0-10,000)
+    bounds each list of findings. Read-only: its working tables are
+    temporary and dropped at commit; retried whole on 40001/40P01
+    (store.run_transaction). Cost: one pass over ``jobs`` (and the
+    ``job_revisions`` of candidates) and one over the window's runs in SQL;
+    Python computes slots once per distinct cron schedule, plus per
+    revision only for interval, one-shot and jittered ones.
     """
     for field, value in (("since", since), ("until", until)):
         if value.tzinfo is None:
@@ -125,18 +203,20 @@ def verify(conn: psycopg.Connection, since: datetime, until: datetime) -> Verify
     if until - since > MAX_WINDOW:
         raise ValidationError("until", f"the window may span at most {MAX_WINDOW.days} days; "
                               "audit a long period as several windows", until.isoformat())
+    if isinstance(list_limit, bool) or not isinstance(list_limit, int) or not 0 <= list_limit <= 10_000:
+        raise ValidationError("list_limit", "must be a whole number from 0 to 10000", list_limit)
     window = {"since": since, "until": until}
-    report = VerifyReport()
 
-    def audit(conn: psycopg.Connection) -> dict:
+    def audit(conn: psycopg.Connection) -> VerifyReport:
         now = store.execute(conn, "store_now")[0]["store_now"]
         if until > now:
             raise ValidationError("until", "must not be in the future: slots after now (store time "
                                   f"{now.isoformat()}) cannot have fired yet", until.isoformat())
-        store.execute(conn, "create_audit_candidates", window)
+        store.execute(conn, "create_audit_versions", window)
         store.execute(conn, "create_audit_tables")
         schedules = store.execute(conn, "audit_cron_schedules")
-        per_job = store.execute(conn, "audit_per_job")
+        segments = store.execute(conn, "audit_segments", {"all": exhaustive})
+        oracle_slots = _oracle_slots(segments, since, until) if exhaustive else None  # refuses first
         with conn.cursor() as cur:
             with cur.copy("COPY audit_cron_slots (cron_expr, cron_dialect, tz, nominal_time) "
                           "FROM STDIN (FORMAT BINARY)") as copy:
@@ -146,19 +226,95 @@ def verify(conn: psycopg.Connection, since: datetime, until: datetime) -> Verify
                                               None, None, None)
                     for slot in _slots(schedule, since, until):
                         copy.write_row((row["cron_expr"], row["cron_dialect"], row["tz"], slot))
-            with cur.copy("COPY audit_expected_tmp (partition_id, job_id, nominal_time) "
+            per_job = segments if not exhaustive else [
+                row for row in segments if row["kind"] != "cron" or row["jitter_s"] > 0]
+            with cur.copy("COPY audit_expected (partition_id, job_id, nominal_time, scheduled_at) "
                           "FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(["int4", "uuid", "timestamptz"])
-                for row in per_job_slots(per_job, since, until):
+                copy.set_types(["int4", "uuid", "timestamptz", "timestamptz"])
+                for row in segment_slots(per_job, since, until, _schedule_slots(since, until)):
                     copy.write_row(row)
+            if exhaustive:
+                with cur.copy("COPY audit_oracle (partition_id, job_id, nominal_time) "
+                              "FROM STDIN (FORMAT BINARY)") as copy:
+                    copy.set_types(["int4", "uuid", "timestamptz"])
+                    for partition_id, job_id, slot, _ in segment_slots(segments, since, until, oracle_slots):
+                        copy.write_row((partition_id, job_id, slot))
         store.execute(conn, "expand_audit_cron_slots")
         store.execute(conn, "analyze_audit_tables")
-        return store.execute(conn, "compare_audit", window)[0]
+        store.execute(conn, "create_audit_runs", window)
+        store.execute(conn, "create_audit_skips", window)
+        store.execute(conn, "create_audit_unfired")
+        store.execute(conn, "analyze_audit_results")
+        counts = store.execute(conn, "summarize_audit", {**window, "exhaustive": exhaustive})[0]
+        report = VerifyReport(**counts, findings_limit=list_limit)
+        for name in FINDINGS:
+            rows = []
+            if getattr(report, name) and list_limit:
+                query = "list_audit_disagreements" if name == "expected_disagreements" else f"list_audit_{name}"
+                rows = [_jsonable(row) for row in store.execute(conn, query, {"limit": list_limit})]
+            report.findings[name] = rows
+        return report
 
     # Read-only, but at SERIALIZABLE (CockroachDB, or PostgreSQL set so) a
     # concurrent firing transaction can cancel it with 40001: retried whole
     # (its working tables vanish with the aborted transaction).
-    row = store.run_transaction(conn, audit)
-    for key, value in row.items():
-        setattr(report, key, value)
-    return report
+    return store.run_transaction(conn, audit)
+
+
+def _jsonable(row: dict) -> dict:
+    return {key: format_instant(value) if isinstance(value, datetime)
+            else str(value) if key == "job_id" else value for key, value in row.items()}
+
+
+def _schedule_slots(since: datetime, until: datetime):
+    """``slots_of`` for :func:`segment_slots` from :mod:`scheduler.schedule`.
+
+    Each distinct cron schedule is computed once over the whole window.
+    """
+    shared: dict[tuple, list[datetime]] = {}
+
+    def slots_of(row: dict, start: datetime, end: datetime) -> list[datetime]:
+        if row["kind"] == "cron":
+            key = (row["cron_expr"], row["cron_dialect"], row["tz"])
+            if key not in shared:
+                shared[key] = _slots(build_schedule("cron", *key, None, None, None), since, until)
+            listed = shared[key]
+            return listed[bisect.bisect_left(listed, start):bisect.bisect_left(listed, end)]
+        schedule = build_schedule(row["kind"], None, None, None, row["interval_s"], row["anchor_at"],
+                                  row["fire_at"])
+        return _slots(schedule, start, end)
+
+    return slots_of
+
+
+def _oracle_slots(segments: list[dict], since: datetime, until: datetime):
+    """``slots_of`` for :func:`segment_slots` from :mod:`scheduler.oracle`.
+
+    Each distinct cron schedule is enumerated once over the whole window.
+    Raises ValidationError (field ``exhaustive``) before any enumeration
+    when the window holds more than :data:`EXHAUSTIVE_BUDGET` units.
+    """
+    schedules = {(r["cron_expr"], r["cron_dialect"], r["tz"]) for r in segments if r["kind"] == "cron"}
+    days = (until - since) / timedelta(days=1) + 3  # the oracle's margin of local days
+    units = sum(days * (86_400 if dialect == "seconds" else 1_440) for _, dialect, _ in schedules)
+    units += sum((until - since) / timedelta(seconds=r["interval_s"]) for r in segments if r["kind"] == "interval")
+    if units > EXHAUSTIVE_BUDGET:
+        raise ValidationError(
+            "exhaustive", f"the window holds about {int(units):,} wall-clock minutes/seconds and interval slots "
+            f"to enumerate, more than {EXHAUSTIVE_BUDGET:,}; audit a shorter window", f"{since.isoformat()}..")
+    shared: dict[tuple, list[datetime]] = {}
+
+    def slots_of(row: dict, start: datetime, end: datetime) -> list[datetime]:
+        try:
+            if row["kind"] == "cron":
+                key = (row["cron_expr"], row["cron_dialect"], row["tz"])
+                if key not in shared:
+                    shared[key] = oracle.cron_slots(*key, since, until, budget=EXHAUSTIVE_BUDGET)
+                listed = shared[key]
+                return listed[bisect.bisect_left(listed, start):bisect.bisect_left(listed, end)]
+            return oracle.slots(row["kind"], None, None, None, row["interval_s"], row["anchor_at"],
+                                row["fire_at"], start, end, budget=EXHAUSTIVE_BUDGET)
+        except oracle.OracleError as exc:
+            raise ValidationError("exhaustive", f"the oracle cannot enumerate job {row['job_id']}: {exc}") from None
+
+    return slots_of

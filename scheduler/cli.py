@@ -894,21 +894,42 @@ def config_show(ctx: click.Context, as_json: bool, **values: Any) -> None:
 @dsn_option
 @click.option("--since", required=True, callback=instant("since"), help="Window start (inclusive), ISO-8601.")
 @click.option("--until", required=True, callback=instant("until"), help="Window end (exclusive), ISO-8601.")
+@click.option("--exhaustive", is_flag=True,
+              help="Also recompute every expected slot with the independent brute-force oracle (slow).")
+@click.option("--list-limit", type=click.IntRange(0, 10_000), default=100, show_default=True,
+              help="Findings of each kind listed (the counts are always totals).")
 @json_option
-def verify_cmd(dsn: str, since: datetime, until: datetime, as_json: bool) -> None:
-    """Check every (job, nominal time) in [SINCE, UNTIL) has exactly one run.
+def verify_cmd(dsn: str, since: datetime, until: datetime, exhaustive: bool, list_limit: int,
+               as_json: bool) -> None:
+    """Check every (job, nominal time) in [SINCE, UNTIL) has exactly one run, on time.
 
-    Exit status 1 if anything is missing, duplicated or unexpected.
+    Exit status 1 if anything is missing, duplicated, early or unexpected, a
+    skip breaks its rule, or (--exhaustive) the oracle disagrees with the
+    expected slots. --json adds the findings: for each kind the first
+    --list-limit (job, nominal time) pairs.
     """
-    from scheduler.audit import verify
+    from scheduler.audit import FINDINGS, verify
 
     with open_store(dsn) as conn:
-        report = verify(conn, since, until)  # retried whole on 40001/40P01 by verify itself
+        # retried whole on 40001/40P01 by verify itself
+        report = verify(conn, since, until, exhaustive=exhaustive, list_limit=list_limit)
     if as_json:
         _echo_json(report.as_dict())
     else:
         for key, value in report.as_dict().items():
-            click.echo(f"{key}: {_fmt(value if not isinstance(value, float) else round(value, 3))}")
+            if key not in ("findings", "findings_limit"):
+                click.echo(f"{key}: {_fmt(value if not isinstance(value, float) else round(value, 3))}")
+        if report.failed:
+            click.echo("FAILED: " + ", ".join(f"{count} {name}" for name, count in report.failed.items()))
+            for name, count in report.failed.items():
+                listed = report.findings.get(name, [])[:10]
+                for row in listed:
+                    instant = row.get("nominal_time") or row.get("first_nominal")
+                    detail = " ".join(f"{key}={value}" for key, value in row.items()
+                                      if key not in ("job_id", "nominal_time", "first_nominal"))
+                    click.echo(f"  {name} {row['job_id']} {instant}" + (f" {detail}" if detail else ""))
+                if count > len(listed):
+                    click.echo(f"  ... {count - len(listed)} more {name} (--json lists up to --list-limit)")
     if not report.ok:
         sys.exit(EXIT_FAILED)
 

@@ -695,35 +695,96 @@ LIMIT %(limit)s;
 
 -- ---------------------------------------------------------------- audit
 
--- name: create_audit_candidates
--- The audit's working tables (dropped at commit). audit_candidates holds
--- every job that may have runs with nominal time in [since, until):
--- "excluded" = changed (paused, resumed, edited, deleted) inside the window,
--- or edited after it (its current spec may not be the one that fired; a
--- deletion after the window keeps the spec and does not exclude);
--- "counted_from" = the instant after which the current spec's slots count;
--- "paused_before" = paused before the window began (no slots expected).
-CREATE TEMPORARY TABLE audit_candidates ON COMMIT DROP AS
-SELECT partition_id, job_id, kind, cron_expr, cron_dialect, tz, jitter_s,
-       paused AND changed_at < %(since)s AS paused_before,
-       CASE WHEN changed_at < %(until)s THEN changed_at ELSE created_at END AS counted_from,
-       (changed_at > created_at AND changed_at >= %(since)s
-        AND NOT (deleted_at IS NOT NULL AND deleted_at = changed_at AND deleted_at >= %(until)s))
-         AS excluded
-FROM jobs
-WHERE created_at < %(until)s
-  AND (deleted_at IS NULL OR deleted_at >= %(since)s);
+-- name: create_audit_versions
+-- The audit's working tables are temporary and dropped at commit.
+-- audit_versions: the known history of every job that may have runs with
+-- nominal time in [since, until), one row per revision: the superseded ones
+-- from job_revisions and the current jobs row (in force from changed_at, to
+-- deleted_at or open-ended: valid_until NULL). Only the unbroken run of
+-- revision numbers ending at the current one is kept (revisions rewritten
+-- before job_revisions existed are unknown); audit_from is the instant from
+-- which the job's history is known (NULL: since creation); is_current marks
+-- the jobs row (one per job). Each revision's
+-- slots lie after slots_from (strictly, or from it inclusive when the
+-- revision continues the previous one's schedule seamlessly: same schedule
+-- columns, previous not paused) and before valid_until; none while paused.
+CREATE TEMPORARY TABLE audit_versions ON COMMIT DROP AS
+WITH candidates AS (
+    SELECT partition_id, job_id, created_at, revision AS current_revision
+    FROM jobs
+    WHERE created_at < %(until)s AND (deleted_at IS NULL OR deleted_at >= %(since)s)
+), versions AS (
+    -- only rewritten jobs (revision > 1) have a history to chain; the others
+    -- (nearly all, usually) are read once below, without sorting
+    SELECT j.partition_id, j.job_id, j.revision, j.changed_at AS valid_from, j.deleted_at AS valid_until,
+           j.kind, j.cron_expr, j.cron_dialect, j.tz, j.interval_s, j.anchor_at, j.fire_at, j.misfire,
+           j.catchup_window_s, j.misfire_grace_s, j.jitter_s, j.paused, c.created_at, c.current_revision
+    FROM candidates AS c
+    JOIN jobs AS j ON j.partition_id = c.partition_id AND j.job_id = c.job_id
+    WHERE c.current_revision > 1
+    UNION ALL
+    SELECT v.partition_id, v.job_id, v.revision, v.valid_from, v.valid_until,
+           v.kind, v.cron_expr, v.cron_dialect, v.tz, v.interval_s, v.anchor_at, v.fire_at, v.misfire,
+           v.catchup_window_s, v.misfire_grace_s, v.jitter_s, v.paused, c.created_at, c.current_revision
+    FROM candidates AS c
+    JOIN job_revisions AS v ON v.partition_id = c.partition_id AND v.job_id = c.job_id
+    WHERE c.current_revision > 1 AND v.revision < c.current_revision
+), numbered AS (
+    SELECT versions.*,
+           row_number() OVER (PARTITION BY partition_id, job_id ORDER BY revision DESC) AS rn
+    FROM versions
+), known AS (
+    SELECT * FROM numbered WHERE current_revision - revision = rn - 1
+), chained AS (
+    SELECT known.*,
+           lag(kind) OVER w AS p_kind, lag(cron_expr) OVER w AS p_cron_expr,
+           lag(cron_dialect) OVER w AS p_cron_dialect, lag(tz) OVER w AS p_tz,
+           lag(interval_s) OVER w AS p_interval_s, lag(anchor_at) OVER w AS p_anchor_at,
+           lag(fire_at) OVER w AS p_fire_at, lag(paused) OVER w AS p_paused,
+           first_value(revision) OVER w AS first_revision,
+           first_value(valid_from) OVER w AS first_valid_from
+    FROM known
+    WINDOW w AS (PARTITION BY partition_id, job_id ORDER BY revision)
+), all_versions AS (
+    SELECT partition_id, job_id, revision, valid_from, valid_until, kind, cron_expr, cron_dialect, tz,
+           interval_s, anchor_at, fire_at, misfire, catchup_window_s, misfire_grace_s, jitter_s, paused,
+           CASE WHEN first_revision = 1 THEN NULL ELSE first_valid_from END AS audit_from,
+           CASE WHEN revision = 1 THEN created_at ELSE valid_from END AS slots_from,
+           (revision > first_revision AND NOT p_paused AND p_kind = kind
+            AND p_cron_expr IS NOT DISTINCT FROM cron_expr AND p_cron_dialect IS NOT DISTINCT FROM cron_dialect
+            AND p_tz IS NOT DISTINCT FROM tz AND p_interval_s IS NOT DISTINCT FROM interval_s
+            AND p_anchor_at IS NOT DISTINCT FROM anchor_at AND p_fire_at IS NOT DISTINCT FROM fire_at)
+             AS seamless,
+           revision = current_revision AS is_current
+    FROM chained
+    UNION ALL
+    SELECT j.partition_id, j.job_id, j.revision, j.changed_at, j.deleted_at, j.kind, j.cron_expr,
+           j.cron_dialect, j.tz, j.interval_s, j.anchor_at, j.fire_at, j.misfire, j.catchup_window_s,
+           j.misfire_grace_s, j.jitter_s, j.paused, NULL, j.created_at, false, true
+    FROM jobs AS j
+    WHERE j.revision = 1 AND j.created_at < %(until)s AND (j.deleted_at IS NULL OR j.deleted_at >= %(since)s)
+)
+SELECT all_versions.*,
+       NOT paused AND (valid_until IS NULL OR valid_until > %(since)s) AND slots_from < %(until)s AS has_slots
+FROM all_versions;
 
 -- name: create_audit_tables
-CREATE TEMPORARY TABLE audit_excluded ON COMMIT DROP AS
-SELECT partition_id, job_id FROM audit_candidates WHERE excluded;
+CREATE TEMPORARY TABLE audit_cut ON COMMIT DROP AS
+SELECT partition_id, job_id, audit_from FROM audit_versions WHERE is_current AND audit_from IS NOT NULL;
 CREATE TEMPORARY TABLE audit_cron_slots (
     cron_expr TEXT NOT NULL,
     cron_dialect TEXT NOT NULL,
     tz TEXT NOT NULL,
     nominal_time TIMESTAMPTZ NOT NULL
 ) ON COMMIT DROP;
-CREATE TEMPORARY TABLE audit_expected_tmp (
+CREATE TEMPORARY TABLE audit_expected (
+    partition_id INTEGER NOT NULL,
+    job_id UUID NOT NULL,
+    nominal_time TIMESTAMPTZ NOT NULL,
+    scheduled_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (partition_id, job_id, nominal_time)
+) ON COMMIT DROP;
+CREATE TEMPORARY TABLE audit_oracle (
     partition_id INTEGER NOT NULL,
     job_id UUID NOT NULL,
     nominal_time TIMESTAMPTZ NOT NULL,
@@ -731,74 +792,232 @@ CREATE TEMPORARY TABLE audit_expected_tmp (
 ) ON COMMIT DROP;
 
 -- name: audit_cron_schedules
--- The distinct cron schedules of audited jobs without jitter: their slots are
--- computed once per schedule, however many jobs share it.
+-- The distinct cron schedules of jitter-free revisions with slots in the
+-- window: computed once per schedule, however many jobs share it.
 SELECT DISTINCT cron_expr, cron_dialect, tz
-FROM audit_candidates
-WHERE kind = 'cron' AND jitter_s = 0 AND NOT excluded AND NOT paused_before;
+FROM audit_versions
+WHERE has_slots AND kind = 'cron' AND jitter_s = 0;
 
--- name: audit_per_job
--- Audited jobs whose slots are computed one job at a time (interval, one-shot,
--- or jittered: jitter depends on the job).
-SELECT c.partition_id, c.job_id, c.kind, c.counted_from, j.cron_expr, j.cron_dialect, j.tz,
-       j.interval_s, j.anchor_at, j.fire_at, j.jitter_s
-FROM audit_candidates AS c
-JOIN jobs AS j ON j.partition_id = c.partition_id AND j.job_id = c.job_id
-WHERE NOT c.excluded AND NOT c.paused_before AND (c.kind <> 'cron' OR c.jitter_s > 0);
+-- name: audit_segments
+-- Revisions whose slots are computed one at a time: interval, one-shot and
+-- jittered ones (jitter depends on the job), and with %(all)s every one (the
+-- independent oracle of verify --exhaustive), ordered by job.
+SELECT partition_id, job_id, revision, kind, cron_expr, cron_dialect, tz, interval_s, anchor_at, fire_at,
+       jitter_s, slots_from, seamless, valid_until
+FROM audit_versions
+WHERE has_slots AND (%(all)s OR kind <> 'cron' OR jitter_s > 0)
+ORDER BY partition_id, job_id, revision;
 
 -- name: expand_audit_cron_slots
--- Every audited jitter-free cron job gets its schedule's slots after counted_from.
-INSERT INTO audit_expected_tmp (partition_id, job_id, nominal_time)
-SELECT c.partition_id, c.job_id, s.nominal_time
-FROM audit_candidates AS c
+-- Every jitter-free cron revision gets its schedule's slots inside its
+-- interval (a job's revisions' intervals are disjoint: no slot twice).
+INSERT INTO audit_expected (partition_id, job_id, nominal_time, scheduled_at)
+SELECT v.partition_id, v.job_id, s.nominal_time, s.nominal_time
+FROM audit_versions AS v
 JOIN audit_cron_slots AS s
-  ON s.cron_expr = c.cron_expr AND s.cron_dialect = c.cron_dialect AND s.tz = c.tz
-WHERE c.kind = 'cron' AND c.jitter_s = 0 AND NOT c.excluded AND NOT c.paused_before
-  AND s.nominal_time > c.counted_from;
+  ON s.cron_expr = v.cron_expr AND s.cron_dialect = v.cron_dialect AND s.tz = v.tz
+WHERE v.has_slots AND v.kind = 'cron' AND v.jitter_s = 0
+  AND (s.nominal_time > v.slots_from OR (v.seamless AND s.nominal_time = v.slots_from))
+  AND (v.valid_until IS NULL OR s.nominal_time < v.valid_until);
+
+-- name: create_audit_runs
+-- The audited runs: nominal time in the window, not before a job's known
+-- history (audit_from), and not jittered past the window (a slot scheduled
+-- after until is not expected yet, so its run, if auditing the past found it
+-- fired, is not audited either). expected_at is the scheduled time the audit
+-- computed for the slot (NULL: the run is unexpected).
+CREATE TEMPORARY TABLE audit_runs ON COMMIT DROP AS
+SELECT r.partition_id, r.job_id, r.nominal_time, r.scheduled_at, r.fired_at, e.scheduled_at AS expected_at
+FROM runs AS r
+LEFT JOIN audit_expected AS e
+  ON e.partition_id = r.partition_id AND e.job_id = r.job_id AND e.nominal_time = r.nominal_time
+WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s
+  AND r.scheduled_at <= %(until)s
+  AND NOT EXISTS (SELECT 1 FROM audit_cut AS c
+                  WHERE c.partition_id = r.partition_id AND c.job_id = r.job_id
+                    AND r.nominal_time <= c.audit_from);
+
+-- name: create_audit_skips
+-- Every skip of an audited job whose range meets the window, checked against
+-- its rule (invalid_because NULL: valid), with the policy in force at
+-- recorded_at (the revision whose [valid_from, valid_until) holds it):
+-- catchup_window (misfire all): every expected slot in the range older than
+-- recorded_at - catchup_window_s; grace (misfire skip) and once (misfire
+-- once): every one scheduled more than misfire_grace_s before recorded_at,
+-- and for once a run at until_nominal (the collapsed run carries the latest
+-- missed slot); edited, paused, deleted: recorded at a rewrite of the job
+-- (a job_revisions.valid_until) and no slot in the range after it; any other
+-- reason is invalid. A skip recorded while the job's history is unknown is
+-- only checked for its reason.
+CREATE TEMPORARY TABLE audit_skips ON COMMIT DROP AS
+SELECT s.partition_id, s.job_id, s.first_nominal, s.until_nominal, s.reason, s.recorded_at,
+       CASE
+         WHEN s.reason NOT IN ('catchup_window', 'grace', 'once', 'edited', 'paused', 'deleted')
+           THEN 'unknown reason'
+         WHEN s.reason IN ('edited', 'paused', 'deleted') THEN
+           CASE
+             WHEN NOT EXISTS (SELECT 1 FROM job_revisions AS jr
+                              WHERE jr.partition_id = s.partition_id AND jr.job_id = s.job_id
+                                AND jr.valid_until = s.recorded_at)
+               THEN 'no rewrite of the job (job_revisions.valid_until) at recorded_at'
+             WHEN EXISTS (SELECT 1 FROM audit_expected AS e
+                          WHERE e.partition_id = s.partition_id AND e.job_id = s.job_id
+                            AND e.nominal_time >= s.first_nominal AND e.nominal_time < s.until_nominal
+                            AND e.nominal_time > s.recorded_at)
+               THEN 'a slot in the range was later than the rewrite'
+           END
+         WHEN p.misfire IS NULL THEN NULL
+         WHEN p.misfire <> CASE s.reason WHEN 'catchup_window' THEN 'all' WHEN 'grace' THEN 'skip'
+                                         ELSE 'once' END
+           THEN 'reason ' || s.reason || ' needs misfire '
+                || CASE s.reason WHEN 'catchup_window' THEN 'all' WHEN 'grace' THEN 'skip' ELSE 'once' END
+                || ' (the job''s policy was ' || p.misfire || ')'
+         WHEN s.reason = 'catchup_window' AND EXISTS (
+                SELECT 1 FROM audit_expected AS e
+                WHERE e.partition_id = s.partition_id AND e.job_id = s.job_id
+                  AND e.nominal_time >= s.first_nominal AND e.nominal_time < s.until_nominal
+                  AND e.nominal_time >= s.recorded_at - p.catchup_window_s * interval '1 second')
+           THEN 'a slot in the range was not older than the catch-up window at recorded_at'
+         WHEN s.reason IN ('grace', 'once') AND EXISTS (
+                SELECT 1 FROM audit_expected AS e
+                WHERE e.partition_id = s.partition_id AND e.job_id = s.job_id
+                  AND e.nominal_time >= s.first_nominal AND e.nominal_time < s.until_nominal
+                  AND e.scheduled_at >= s.recorded_at - p.misfire_grace_s * interval '1 second')
+           THEN 'a slot in the range was not past the misfire grace at recorded_at'
+         WHEN s.reason = 'once' AND NOT EXISTS (
+                SELECT 1 FROM runs AS r
+                WHERE r.partition_id = s.partition_id AND r.job_id = s.job_id
+                  AND r.nominal_time = s.until_nominal)
+           THEN 'no run at until_nominal (where the collapsed run belongs)'
+       END AS invalid_because
+FROM skips AS s
+JOIN audit_versions AS c ON c.partition_id = s.partition_id AND c.job_id = s.job_id AND c.is_current
+LEFT JOIN LATERAL (
+    SELECT v.misfire, v.catchup_window_s, v.misfire_grace_s
+    FROM audit_versions AS v
+    WHERE v.partition_id = s.partition_id AND v.job_id = s.job_id
+      AND v.valid_from <= s.recorded_at AND (v.valid_until IS NULL OR s.recorded_at < v.valid_until)
+    ORDER BY v.revision DESC
+    LIMIT 1
+) AS p ON true
+WHERE s.first_nominal < %(until)s AND s.until_nominal > %(since)s;
+
+-- name: create_audit_unfired
+-- Expected slots without a run; skipped when a valid skip covers them (a slot
+-- covered only by invalid skips is missing).
+CREATE TEMPORARY TABLE audit_unfired ON COMMIT DROP AS
+SELECT e.partition_id, e.job_id, e.nominal_time, e.scheduled_at,
+       EXISTS (SELECT 1 FROM audit_skips AS s
+               WHERE s.partition_id = e.partition_id AND s.job_id = e.job_id
+                 AND e.nominal_time >= s.first_nominal AND e.nominal_time < s.until_nominal
+                 AND s.invalid_because IS NULL) AS skipped
+FROM audit_expected AS e
+WHERE NOT EXISTS (SELECT 1 FROM runs AS r
+                  WHERE r.partition_id = e.partition_id AND r.job_id = e.job_id
+                    AND r.nominal_time = e.nominal_time);
 
 -- name: analyze_audit_tables
-ANALYZE audit_excluded;
-ANALYZE audit_expected_tmp;
+ANALYZE audit_cut;
+ANALYZE audit_expected;
+ANALYZE audit_oracle;
 
--- name: compare_audit
--- Set-based comparison of expected slots with runs (see scheduler/audit.py).
-WITH audited_runs AS (
-    SELECT r.partition_id, r.job_id, r.nominal_time,
-           extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s
-    FROM runs AS r
-    WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s
-      -- a slot jittered past the window is not expected yet, so its run is
-      -- not audited either (it may already have fired when auditing the past)
-      AND r.scheduled_at <= %(until)s
-      AND NOT EXISTS (SELECT 1 FROM audit_excluded AS x
-                      WHERE x.partition_id = r.partition_id AND x.job_id = r.job_id)
-), unfired AS (
-    SELECT e.partition_id, e.job_id, e.nominal_time,
-           EXISTS (SELECT 1 FROM skips AS s
-                   WHERE s.partition_id = e.partition_id AND s.job_id = e.job_id
-                     AND e.nominal_time >= s.first_nominal AND e.nominal_time < s.until_nominal)
-             AS skipped
-    FROM audit_expected_tmp AS e
-    WHERE NOT EXISTS (SELECT 1 FROM runs AS r
-                      WHERE r.partition_id = e.partition_id AND r.job_id = e.job_id
-                        AND r.nominal_time = e.nominal_time)
-)
-SELECT (SELECT count(*) FROM audit_expected_tmp) AS expected,
-       (SELECT count(*) FROM audited_runs) AS runs,
-       (SELECT count(*) FROM unfired WHERE NOT skipped) AS missing,
-       (SELECT count(*) FROM unfired WHERE skipped) AS skipped,
-       (SELECT count(*) FROM (SELECT 1 FROM audited_runs
+-- name: analyze_audit_results
+ANALYZE audit_runs;
+ANALYZE audit_skips;
+ANALYZE audit_unfired;
+
+-- name: summarize_audit
+-- The counts of scheduler/audit.py's report. early: a run fired before its
+-- scheduled time (the stored one, or the one the audit computed, or its
+-- nominal time, whichever is latest). expected_disagreements: slots only one
+-- of the schedule code and the oracle produce (NULL unless %(exhaustive)s).
+SELECT (SELECT count(*) FROM audit_expected) AS expected,
+       (SELECT count(*) FROM audit_runs) AS runs,
+       (SELECT count(*) FROM audit_unfired WHERE NOT skipped) AS missing,
+       (SELECT count(*) FROM audit_unfired WHERE skipped) AS skipped,
+       (SELECT count(*) FROM (SELECT 1 FROM audit_runs
                               GROUP BY partition_id, job_id, nominal_time
                               HAVING count(*) > 1) AS d) AS duplicates,
-       (SELECT count(*) FROM audited_runs AS a
-        WHERE NOT EXISTS (SELECT 1 FROM audit_expected_tmp AS e
-                          WHERE e.partition_id = a.partition_id AND e.job_id = a.job_id
-                            AND e.nominal_time = a.nominal_time)) AS unexpected,
-       (SELECT count(*) FROM audit_candidates) - (SELECT count(*) FROM audit_excluded) AS jobs_audited,
-       (SELECT count(*) FROM audit_excluded) AS jobs_excluded,
-       (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lateness_s) FROM audited_runs) AS lateness_p50_s,
-       (SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY lateness_s) FROM audited_runs) AS lateness_p99_s,
-       (SELECT max(lateness_s) FROM audited_runs) AS lateness_max_s;
+       (SELECT count(*) FROM audit_runs WHERE expected_at IS NULL) AS unexpected,
+       (SELECT count(*) FROM audit_runs
+        WHERE fired_at < scheduled_at OR fired_at < nominal_time
+           OR fired_at < coalesce(expected_at, scheduled_at)) AS early,
+       (SELECT count(*) FROM audit_skips WHERE invalid_because IS NOT NULL) AS skips_invalid,
+       CASE WHEN %(exhaustive)s THEN
+         (SELECT count(*) FROM audit_expected AS e
+          WHERE NOT EXISTS (SELECT 1 FROM audit_oracle AS o
+                            WHERE o.partition_id = e.partition_id AND o.job_id = e.job_id
+                              AND o.nominal_time = e.nominal_time))
+         + (SELECT count(*) FROM audit_oracle AS o
+            WHERE NOT EXISTS (SELECT 1 FROM audit_expected AS e
+                              WHERE e.partition_id = o.partition_id AND e.job_id = o.job_id
+                                AND e.nominal_time = o.nominal_time))
+       END AS expected_disagreements,
+       (SELECT count(*) FROM audit_versions WHERE is_current)
+         - (SELECT count(*) FROM audit_cut WHERE audit_from >= %(since)s) AS jobs_audited,
+       (SELECT count(*) FROM audit_cut WHERE audit_from >= %(since)s) AS jobs_excluded,
+       (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM (fired_at - scheduled_at))::float8)
+        FROM audit_runs) AS lateness_p50_s,
+       (SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM (fired_at - scheduled_at))::float8)
+        FROM audit_runs) AS lateness_p99_s,
+       (SELECT max(extract(epoch FROM (fired_at - scheduled_at))::float8) FROM audit_runs) AS lateness_max_s;
+
+-- name: list_audit_missing
+-- The first %(limit)s missing slots, by job then nominal time.
+SELECT job_id, nominal_time, scheduled_at
+FROM audit_unfired WHERE NOT skipped
+ORDER BY job_id, nominal_time
+LIMIT %(limit)s;
+
+-- name: list_audit_duplicates
+SELECT job_id, nominal_time, count(*) AS runs
+FROM audit_runs
+GROUP BY partition_id, job_id, nominal_time
+HAVING count(*) > 1
+ORDER BY job_id, nominal_time
+LIMIT %(limit)s;
+
+-- name: list_audit_early
+-- scheduled_at: the latest of the stored and the computed scheduled time.
+SELECT job_id, nominal_time,
+       CASE WHEN coalesce(expected_at, scheduled_at) > scheduled_at THEN expected_at ELSE scheduled_at END
+         AS scheduled_at,
+       fired_at
+FROM audit_runs
+WHERE fired_at < scheduled_at OR fired_at < nominal_time OR fired_at < coalesce(expected_at, scheduled_at)
+ORDER BY job_id, nominal_time
+LIMIT %(limit)s;
+
+-- name: list_audit_unexpected
+SELECT job_id, nominal_time, fired_at
+FROM audit_runs WHERE expected_at IS NULL
+ORDER BY job_id, nominal_time
+LIMIT %(limit)s;
+
+-- name: list_audit_skips_invalid
+SELECT job_id, first_nominal, until_nominal, reason, recorded_at, invalid_because AS rule
+FROM audit_skips WHERE invalid_because IS NOT NULL
+ORDER BY job_id, first_nominal
+LIMIT %(limit)s;
+
+-- name: list_audit_disagreements
+-- Slots only the schedule code (only_in 'schedule') or only the oracle
+-- (only_in 'oracle') produces.
+SELECT job_id, nominal_time, only_in FROM (
+    SELECT e.job_id, e.nominal_time, 'schedule' AS only_in
+    FROM audit_expected AS e
+    WHERE NOT EXISTS (SELECT 1 FROM audit_oracle AS o
+                      WHERE o.partition_id = e.partition_id AND o.job_id = e.job_id
+                        AND o.nominal_time = e.nominal_time)
+    UNION ALL
+    SELECT o.job_id, o.nominal_time, 'oracle' AS only_in
+    FROM audit_oracle AS o
+    WHERE NOT EXISTS (SELECT 1 FROM audit_expected AS e
+                      WHERE e.partition_id = o.partition_id AND e.job_id = o.job_id
+                        AND e.nominal_time = o.nominal_time)
+) AS d
+ORDER BY job_id, nominal_time
+LIMIT %(limit)s;
 
 -- name: recent_lag
 -- Runs fired in the last %(window_s)s seconds and their lateness p99 (live views).

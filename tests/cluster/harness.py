@@ -558,7 +558,7 @@ def check_history(conn: psycopg.Connection, since: datetime, until: datetime) ->
     """The history check every cluster test ends with; raises AssertionError on a violation.
 
     * ``verify`` over ``[since, until)``: something was expected, and nothing is
-      missing, duplicated or unexpected;
+      missing, duplicated, unexpected or early, and every skip is valid;
     * over every run fired since ``since``: per partition in ``fired_at``
       order, no run's epoch is below an earlier run's (a stale owner never
       commits after a newer epoch committed); no (partition, epoch) was used
@@ -566,7 +566,8 @@ def check_history(conn: psycopg.Connection, since: datetime, until: datetime) ->
     """
     report = verify(conn, since, until)
     assert report.expected > 0, f"nothing was expected in [{since}, {until}): {report}"
-    assert (report.missing, report.duplicates, report.unexpected) == (0, 0, 0), f"verify failed: {report}"
+    assert (report.missing, report.duplicates, report.unexpected, report.early, report.skips_invalid) == (
+        0, 0, 0, 0, 0), f"verify failed: {report}"
     regressions = conn.execute(
         "SELECT count(*) AS n FROM ("
         "  SELECT epoch, max(epoch) OVER (PARTITION BY partition_id ORDER BY fired_at, epoch"
