@@ -30,6 +30,20 @@ def alembic_config(dsn: str) -> Config:
     return config
 
 
+def script_revisions() -> tuple[str, frozenset[str]] | None:
+    """``(head, every known revision)`` of the migration scripts, or None if they are not installed.
+
+    Used by the node's start-up check: a store whose recorded revision is a
+    known one other than head is behind; an unknown one is newer than this code.
+    """
+    from alembic.script import ScriptDirectory
+
+    if not (ROOT / "alembic").is_dir():
+        return None
+    scripts = ScriptDirectory(str(ROOT / "alembic"))
+    return scripts.get_current_head(), frozenset(rev.revision for rev in scripts.walk_revisions())
+
+
 def upgrade(dsn: str, revision: str = "head") -> None:
     """Migrate to ``revision``. Raises StoreError (password redacted) on failure."""
     _run(command.upgrade, dsn, revision)
