@@ -549,7 +549,7 @@ SETTING_HELP = {
     "store_call_margin_s": "Watchdog: cancel a store call running past statement_timeout + this, break its "
                            "connection past + 2x this [default: 20% of the TTL, at least 0.5].",
     "loop_stall_s": "/healthz fails when the lease or firing loop made no progress this long "
-                    "[default: the TTL].",
+                    "[default: the TTL, or 2 ticks if longer].",
     "stop_timeout_s": "After SIGTERM/SIGINT, exit within this (gracefully, else with status 1).",
     "coordinator": "Who decides partition ownership: 'sql' (lease rows in the store) or 'etcd' "
                    "(etcd leases and a watch; needs the etcd extra).",

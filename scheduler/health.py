@@ -24,6 +24,7 @@ on a daemon thread (``scheduler node --metrics-port P``, bound to
     ``{"ready": bool, "reasons": [...], "checks": {...}}``. Ready means all of:
 
     * not stopping (after SIGTERM the node reports 503 while it drains);
+    * no loop stalled (the ``/healthz`` condition);
     * the store answers a cheap query (``SELECT now()``) within
       ``probe_timeout_s``, on the endpoint's own connection;
     * the membership heartbeat is fresh: the lease loop's last successful

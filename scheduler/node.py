@@ -12,8 +12,9 @@ They share only the :class:`~scheduler.lease.LeaseTable`. Two optional
 pieces complete a production node:
 
 * the HTTP endpoint (:mod:`scheduler.health`, ``metrics_port`` set):
-  ``/metrics``, ``/healthz`` and ``/readyz`` (store answers + heartbeat
-  fresh + not stopping);
+  ``/metrics``, ``/healthz`` (loops make progress, :meth:`Node.liveness`)
+  and ``/readyz`` (store answers + heartbeat fresh + loops alive + not
+  stopping);
 * the retention loop (:class:`scheduler.retention.RetentionLoop`,
   ``retention_s`` set): one bounded DELETE batch at most every
   ``retention_batch_interval_s`` over the partitions this node holds, on a

@@ -170,8 +170,11 @@ class Settings:
     @property
     def effective_loop_stall_s(self) -> float:
         """``/healthz`` fails when the lease or firing loop has completed neither an
-        iteration nor a store call for this long (default: the lease TTL)."""
-        return self.loop_stall_s if self.loop_stall_s is not None else self.lease_ttl_s
+        iteration nor a store call for this long (default: the lease TTL, or two
+        ticks if that is longer)."""
+        if self.loop_stall_s is not None:
+            return self.loop_stall_s
+        return max(self.lease_ttl_s, 2 * self.tick_interval_s)
 
     @property
     def responsive_s(self) -> float:
@@ -260,6 +263,11 @@ class Settings:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
                 raise ConfigError(f"{name} must be a finite number of seconds > 0, or unset (got {value!r})")
+        if not self.effective_loop_stall_s > max(self.tick_interval_s, self.poll_interval_s):
+            raise ConfigError(
+                f"loop_stall_s ({self.effective_loop_stall_s}) must be above tick_interval_s "
+                f"({self.tick_interval_s}) and poll_interval_s ({self.poll_interval_s}), or an idle loop "
+                f"would count as stalled")
         if not self.effective_tcp_user_timeout_s < self.lease_ttl_s:
             raise ConfigError(
                 f"tcp_user_timeout_s ({self.effective_tcp_user_timeout_s}) must be below lease_ttl_s "
