@@ -221,7 +221,8 @@ class Node:
             self.watchdog.on_stuck = self._store_call_stuck
         try:
             self._store_pending = self._check_store()
-        except StoreSetupError:
+        except StoreSetupError as exc:
+            log.event("store_misconfigured", logging.ERROR, node=self.node_id, error=str(exc))
             self.coordinator.close()
             raise
         if self._store_pending is not None:

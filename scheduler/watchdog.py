@@ -18,7 +18,7 @@ for as long as it runs. A thread of the watchdog checks the calls every
 escalates, in order:
 
 1. ``cancel_after_s`` (statement timeout + margin): a cancel request is sent
-   on a new connection (psycopg's ``cancel_safe``, on a short-lived thread),
+   on a new connection (libpq's ``PQcancel``, on a short-lived thread),
    logged as ``store_call_cancelled``. A store that is alive ends the
    statement and the call returns an error.
 2. ``break_after_s`` (statement timeout + 2 × margin): the connection's
@@ -68,10 +68,6 @@ PAUSE_SLACK_S = 1.0
 """A check this much later than :data:`CHECK_INTERVAL_S` means the process was
 suspended: the gap is not counted against the calls in flight."""
 
-CANCEL_TIMEOUT_S = 5.0
-"""How long a cancel request may take (it runs on its own thread)."""
-
-
 @dataclasses.dataclass(frozen=True)
 class CallBounds:
     """When a store call in flight is cancelled, broken, reported stuck (seconds since it started).
@@ -110,16 +106,29 @@ class Call:
     """0 running, 1 cancel sent, 2 socket shut down, 3 reported stuck."""
 
 
-def _cancel(conn: Any) -> None:
-    try:
-        conn.cancel_safe(timeout=CANCEL_TIMEOUT_S)
-    except Exception as exc:  # noqa: BLE001 (best effort: the break follows anyway)
-        log.event("store_cancel_failed", logging.DEBUG, error=(str(exc).splitlines() or [type(exc).__name__])[0])
-
-
 def _cancel_async(conn: Any) -> None:
-    """Send a cancel request for ``conn``'s running statement on a short-lived thread."""
-    threading.Thread(target=_cancel, args=(conn,), name="store-cancel", daemon=True).start()
+    """Send a cancel request for ``conn``'s running statement.
+
+    The cancel key is copied from the connection here (``PQgetCancel``, on
+    the watchdog's thread while the call is registered, so the connection
+    is still open); the request itself (a new connection to the store, which
+    may block) runs on a short-lived daemon thread that never touches
+    ``conn``.
+    """
+    try:
+        canceller = conn.pgconn.get_cancel()
+    except (psycopg.Error, AttributeError) as exc:
+        log.event("store_cancel_failed", logging.DEBUG, error=(str(exc).splitlines() or [type(exc).__name__])[0])
+        return
+
+    def send() -> None:
+        try:
+            canceller.cancel()
+        except Exception as exc:  # noqa: BLE001 (best effort: the break follows anyway)
+            log.event("store_cancel_failed", logging.DEBUG,
+                      error=(str(exc).splitlines() or [type(exc).__name__])[0])
+
+    threading.Thread(target=send, name="store-cancel", daemon=True).start()
 
 
 def shutdown_socket(fd: int) -> None:
