@@ -84,6 +84,16 @@ class ConfigError(SchedulerError):
     """Invalid settings; the message names every setting involved."""
 
 
+class StoreSetupError(ConfigError):
+    """The store answers but cannot be used as configured: fatal, retrying will not help.
+
+    Raised when a node starts (or first reaches its store) and finds the
+    schema missing or behind the code's head revision, the authentication
+    refused, or the database absent. The message says what to do (e.g.
+    ``run `scheduler db upgrade` first``); the CLI exits with status 2.
+    """
+
+
 class CoordinatorError(SchedulerError):
     """The coordinator service (etcd) failed or could not be reached.
 

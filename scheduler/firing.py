@@ -336,13 +336,7 @@ class Firer:
         conn = self._conns.get(role)
         if conn is None or conn.closed:
             s = self._s
-            conn = self._conns[role] = store.connect(
-                s.dsn,
-                application_name=f"scheduler-fire:{s.node_id}"[:63],
-                lock_timeout_s=s.effective_lock_timeout_s,
-                statement_timeout_s=s.effective_statement_timeout_s,
-                idle_in_transaction_timeout_s=s.effective_idle_in_transaction_timeout_s,
-            )
+            conn = self._conns[role] = store.node_connect(s, f"scheduler-fire:{s.node_id}")
         return conn
 
     def close(self) -> None:

@@ -8,13 +8,23 @@ on a daemon thread (``scheduler node --metrics-port P``, bound to
     the node's registry (:class:`scheduler.metrics.Metrics`) in the
     Prometheus text format (``prometheus_client.generate_latest``).
 ``GET /healthz``
-    200 ``ok`` while the process serves requests (liveness: restart me only
-    if this fails).
+    liveness: 200 ``ok`` while the node's loops make progress, else 503 with
+    one reason per line (an orchestrator restarts the node on it). Progress
+    (``Node.liveness``): each of the lease and firing loops has, within
+    ``loop_stall_s`` (default: the lease TTL), completed an iteration or a
+    store call, and is not inside a store call older than its
+    ``statement_timeout`` (the store should have answered or cancelled it by
+    then: the connection has gone silent; the watchdog breaks it after
+    another two margins, see :mod:`scheduler.watchdog`). A store that is
+    down or refuses connections does not fail ``/healthz`` (the loops keep
+    iterating and retrying; ``/readyz`` reports it), and neither does a
+    stop in progress.
 ``GET /readyz``
     200 when the node can do its job, else 503; both with a JSON body
     ``{"ready": bool, "reasons": [...], "checks": {...}}``. Ready means all of:
 
     * not stopping (after SIGTERM the node reports 503 while it drains);
+    * no loop stalled (the ``/healthz`` condition);
     * the store answers a cheap query (``SELECT now()``) within
       ``probe_timeout_s``, on the endpoint's own connection;
     * the membership heartbeat is fresh: the lease loop's last successful
@@ -43,18 +53,27 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from scheduler import log, store
 from scheduler.errors import SchedulerError
 from scheduler.metrics import Metrics
+from scheduler.settings import Settings
 
 PROBE_TIMEOUT_S = 1.0
 """How long ``/readyz`` waits for the store to answer."""
 
 
 class StoreProbe:
-    """Answers "is the store reachable?" with a cheap query on a dedicated connection."""
+    """Answers "is the store reachable?" with a cheap query on a dedicated connection.
 
-    def __init__(self, dsn: str, timeout_s: float = PROBE_TIMEOUT_S, application_name: str = "scheduler-probe") -> None:
+    With ``settings`` (a node's), the connection is a node session
+    (:func:`scheduler.store.node_connect`: keepalives, ``tcp_user_timeout``,
+    the watchdog) whose ``statement_timeout`` is ``timeout_s``; without, a
+    plain connection with short keepalives.
+    """
+
+    def __init__(self, dsn: str, timeout_s: float = PROBE_TIMEOUT_S, application_name: str = "scheduler-probe",
+                 settings: Settings | None = None) -> None:
         self._dsn = dsn
         self._timeout_s = timeout_s
         self._application_name = application_name
+        self._settings = settings
         self._conn: psycopg.Connection | None = None
         self._busy = threading.Lock()
 
@@ -72,7 +91,11 @@ class StoreProbe:
 
     def _query(self, outcome: list[str | None]) -> None:
         try:
-            if self._conn is None or self._conn.closed:
+            if (self._conn is None or self._conn.closed) and self._settings is not None:
+                self._conn = store.node_connect(self._settings, self._application_name,
+                                                statement_timeout_s=self._timeout_s,
+                                                connect_timeout_s=max(2.0, self._timeout_s))
+            elif self._conn is None or self._conn.closed:
                 self._conn = store.connect(
                     self._dsn, application_name=self._application_name,
                     connect_timeout_s=max(2.0, self._timeout_s),  # libpq's minimum is 2 s
@@ -99,17 +122,20 @@ class HealthServer:
     """``/metrics``, ``/healthz`` and ``/readyz`` (see the module doc) on ``host:port``.
 
     ``readiness()`` returns ``(ready, reasons, checks)``; it is called per
-    ``/readyz`` request. ``port`` 0 binds any free port; :attr:`port` is the
+    ``/readyz`` request. ``liveness()`` returns ``(alive, reasons)``, called per
+    ``/healthz`` request (None: always alive). ``port`` 0 binds any free port; :attr:`port` is the
     bound one. :meth:`start` raises :class:`SchedulerError` if the address
     cannot be bound.
     """
 
     def __init__(self, host: str, port: int, metrics: Metrics,
-                 readiness: Callable[[], tuple[bool, list[str], dict]]) -> None:
+                 readiness: Callable[[], tuple[bool, list[str], dict]],
+                 liveness: Callable[[], tuple[bool, list[str]]] | None = None) -> None:
         self._host = host
         self._requested_port = port
         self._metrics = metrics
         self._readiness = readiness
+        self._liveness = liveness
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -121,7 +147,7 @@ class HealthServer:
         return self._server.server_address[1]
 
     def start(self) -> None:
-        handler = _handler(self._metrics, self._readiness)
+        handler = _handler(self._metrics, self._readiness, self._liveness)
         try:
             self._server = ThreadingHTTPServer((self._host, self._requested_port), handler)
         except OSError as exc:
@@ -144,7 +170,8 @@ class HealthServer:
             self._thread = None
 
 
-def _handler(metrics: Metrics, readiness: Callable[[], tuple[bool, list[str], dict]]) -> type:
+def _handler(metrics: Metrics, readiness: Callable[[], tuple[bool, list[str], dict]],
+             liveness: Callable[[], tuple[bool, list[str]]] | None = None) -> type:
     class Handler(BaseHTTPRequestHandler):
         server_version = "scheduler"
 
@@ -153,7 +180,9 @@ def _handler(metrics: Metrics, readiness: Callable[[], tuple[bool, list[str], di
             if path == "/metrics":
                 self._send(200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry))
             elif path == "/healthz":
-                self._send(200, "text/plain; charset=utf-8", b"ok\n")
+                alive, reasons = liveness() if liveness is not None else (True, [])
+                body = "ok\n" if alive else "".join(f"{reason}\n" for reason in reasons)
+                self._send(200 if alive else 503, "text/plain; charset=utf-8", log.redact(body).encode())
             elif path == "/readyz":
                 ready, reasons, checks = readiness()
                 body = json.dumps({"ready": ready, "reasons": reasons, "checks": checks}, default=str)

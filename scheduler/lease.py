@@ -285,13 +285,7 @@ class StoreSession:
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
             s = self._settings
-            self._conn = store.connect(
-                s.dsn,
-                application_name=f"scheduler-lease:{s.node_id}"[:63],
-                lock_timeout_s=s.effective_lock_timeout_s,
-                statement_timeout_s=s.effective_statement_timeout_s,
-                idle_in_transaction_timeout_s=s.effective_idle_in_transaction_timeout_s,
-            )
+            self._conn = store.node_connect(s, f"scheduler-lease:{s.node_id}")
         return self._conn
 
     def _tx(self, body):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import threading
 import time
@@ -71,17 +72,29 @@ class JsonFormatter(logging.Formatter):
         return redact(json.dumps(payload, default=lambda v: redact(str(v))))
 
 
+_LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with every line break escaped (``\\n``, ``\\r``, ...): a value never splits a record."""
+    return _LINE_BREAKS.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+
+
 class TextFormatter(logging.Formatter):
-    """``<time> <level> <event> key=value ...``."""
+    """``<time> <level> <event> key=value ...``, always one line.
+
+    Line breaks inside values (a store error's ``LINE 1: ...`` and ``HINT``
+    lines, a traceback, given as the last field ``exc=``) are escaped as
+    ``\\n``, so each record is exactly one line, as in JSON.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
         event_name, values = _event_and_fields(record)
-        fields = " ".join(f"{k}={v}" for k, v in values.items())
-        ts = time.strftime("%H:%M:%S", time.localtime(record.created)) + f".{int(record.msecs):03d}"
-        line = f"{ts} {record.levelname.lower():5} {event_name} {fields}".rstrip()
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
-        return redact(line)
+            values = {**values, "exc": self.formatException(record.exc_info)}
+        fields = " ".join(f"{k}={one_line(str(v))}" for k, v in values.items())
+        ts = time.strftime("%H:%M:%S", time.localtime(record.created)) + f".{int(record.msecs):03d}"
+        return redact(f"{ts} {record.levelname.lower():5} {one_line(event_name)} {fields}".rstrip())
 
 
 def configure(fmt: str = "text", level: str = "info") -> None:

@@ -140,6 +140,20 @@ def _ancestry(script: ScriptDirectory, revision: str) -> list[str]:
         return [revision]
 
 
+def script_revisions() -> tuple[str, frozenset[str]] | None:
+    """``(head, every known revision)`` of the migration scripts, or None if they are not installed.
+
+    Used by the node's start-up check: a store whose recorded revision is a
+    known one other than head is behind; an unknown one is newer than this code.
+    """
+    if not (ROOT / "alembic").is_dir():
+        return None
+    script = _script()
+    head = script.get_current_head()
+    assert head is not None
+    return head, frozenset(rev.revision for rev in script.walk_revisions())
+
+
 def upgrade(dsn: str, revision: str = "head") -> None:
     """Migrate to ``revision``. Raises ValidationError for an unknown revision,
     StoreError (password redacted) on failure."""

@@ -12,8 +12,9 @@ They share only the :class:`~scheduler.lease.LeaseTable`. Two optional
 pieces complete a production node:
 
 * the HTTP endpoint (:mod:`scheduler.health`, ``metrics_port`` set):
-  ``/metrics``, ``/healthz`` and ``/readyz`` (store answers + heartbeat
-  fresh + not stopping);
+  ``/metrics``, ``/healthz`` (loops make progress, :meth:`Node.liveness`)
+  and ``/readyz`` (store answers + heartbeat fresh + loops alive + not
+  stopping);
 * the retention loop (:class:`scheduler.retention.RetentionLoop`,
   ``retention_s`` set): one bounded DELETE batch at most every
   ``retention_batch_interval_s`` over the partitions this node holds, on a
@@ -22,18 +23,39 @@ pieces complete a production node:
 Graceful stop (SIGTERM/SIGINT, DESIGN.md §6): ``/readyz`` turns 503, the
 firing loop finishes its tick and exits, then the lease loop releases every
 lease and deletes the heartbeat, so peers claim the partitions on their next
-poll (lateness ≤ ~2 s); the endpoint closes last.
+poll (lateness ≤ ~2 s); the endpoint closes last. Whatever the threads are
+doing, the process ends within ``stop_timeout_s`` of the signal: if the
+graceful stop has not finished by then, it logs ``stop_deadline_passed``
+and exits with status 1 (its leases then expire after the TTL).
+
+A store that goes silent: every store session is bounded by the watchdog
+(:mod:`scheduler.watchdog`; keepalives and ``tcp_user_timeout`` too), which
+cancels and then breaks a call stuck past its bounds so the loop reconnects
+through a new connection; a call still blocked after that makes the node
+exit with status 1 (``store_call_stuck``). ``/healthz`` (:meth:`Node.liveness`)
+fails while a loop is stalled.
+
+Start-up check (:meth:`Node.start`): the store must be usable. A fatal
+misconfiguration (schema missing or behind the code's migrations,
+authentication refused, database absent) raises
+:class:`~scheduler.errors.StoreSetupError` before anything starts (the CLI
+exits 2 with the fix, e.g. ``run `scheduler db upgrade` first``); a store
+that cannot be reached yet (refused, timed out) is retried every second
+while the node runs, and a fatal finding then stops it the same way.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
 
-from scheduler import log
+from scheduler import log, store, watchdog
 from scheduler.clock import Clock, SystemClock
+from scheduler.errors import StoreSetupError
 from scheduler.firing import Firer
 from scheduler.health import HealthServer, StoreProbe
 from scheduler.lease import Coordinator, LeaseLoop, LeaseTable, make_coordinator
@@ -42,20 +64,33 @@ from scheduler.retention import RetentionLoop
 from scheduler.settings import Settings
 from scheduler.store import redact_dsn
 
+STORE_CHECK_INTERVAL_S = 1.0
+"""While the start-up store check could not reach the store, it is retried this often."""
+
+EXIT_STOP_DEADLINE = 1
+"""Exit status when the graceful stop outlives ``stop_timeout_s`` or a store call stays stuck."""
+
+LOOPS = ("lease", "firing")
+"""The loops ``/healthz`` watches (retention is best effort and not watched)."""
+
 
 class Node:
     """One scheduler node process.
 
     ``coordinator`` defaults to the one ``settings.coordinator`` names
     (:class:`~scheduler.lease.SqlCoordinator` or the etcd one); ``clock`` to the
-    system clock. :meth:`start` launches the loops, :meth:`stop` asks them to
-    end, :meth:`join` waits and then leaves the cluster.
+    system clock; ``watchdog`` to the process's (:func:`scheduler.watchdog.shared`,
+    whose clock also times the loops' progress for :meth:`liveness`).
+    :meth:`start` launches the loops, :meth:`stop` asks them to end,
+    :meth:`join` waits and then leaves the cluster.
     """
 
     def __init__(self, settings: Settings, *, coordinator: Coordinator | None = None,
-                 clock: Clock | None = None, metrics: Metrics | None = None) -> None:
+                 clock: Clock | None = None, metrics: Metrics | None = None,
+                 watchdog: watchdog.Watchdog | None = None) -> None:
         self.settings = settings.validated()
         self.clock = clock or SystemClock()
+        self.watchdog = watchdog if watchdog is not None else _shared_watchdog()
         self.metrics = metrics or Metrics()
         self.table = LeaseTable(self.clock, self.settings.safety_margin_s)
         self.coordinator = coordinator or make_coordinator(self.settings, self.metrics)
@@ -65,10 +100,19 @@ class Node:
         self.retention = (RetentionLoop(self.settings, lambda: self.table.held().keys(), self.clock,
                                         self.metrics)
                           if self.settings.retention_s is not None else None)
-        self.probe = StoreProbe(self.settings.dsn, application_name=f"scheduler-probe:{self.node_id}"[:63])
+        self.probe = StoreProbe(self.settings.dsn, application_name=f"scheduler-probe:{self.node_id}"[:63],
+                                settings=self.settings)
         self.health = (HealthServer(self.settings.metrics_host, self.settings.metrics_port, self.metrics,
-                                    self.readiness)
+                                    self.readiness, self.liveness)
                        if self.settings.metrics_port is not None else None)
+        # Progress of the watched loops (watchdog clock): thread id and last completed iteration.
+        self._loop_threads: dict[str, int] = {}
+        self._loop_beats: dict[str, float] = {}
+        self.lease_loop.run_once = self._beating("lease", self.lease_loop.run_once)
+        self.firer.tick = self._beating("firing", self.firer.tick)
+        self._store_pending: str | None = None
+        self.setup_error: StoreSetupError | None = None
+        """Set when the store check found a fatal misconfiguration after start (the node then stops)."""
         self.metrics.heartbeat_age.set_function(self._heartbeat_age)
         self._stop_firing = threading.Event()
         self._stop_leases = threading.Event()
@@ -84,11 +128,60 @@ class Node:
         last = getattr(self.lease_loop, "last_heartbeat_mono", 0.0)
         return self.clock.monotonic() - last if last else -1.0
 
+    def _beating(self, loop: str, iteration: Callable) -> Callable:
+        """``iteration`` recording, when it returns, that ``loop`` completed one (see :meth:`liveness`)."""
+        def wrapped(*args, **kwargs):
+            try:
+                return iteration(*args, **kwargs)
+            finally:
+                self._loop_beats[loop] = self.watchdog.clock()
+
+        return wrapped
+
+    def _run_loop(self, loop: str, run: Callable[[threading.Event], None], stop: threading.Event) -> None:
+        self._loop_threads[loop] = threading.get_ident()
+        self._loop_beats[loop] = self.watchdog.clock()
+        run(stop)
+
+    def liveness(self) -> tuple[bool, list[str]]:
+        """``(alive, reasons)`` for ``/healthz``: every watched loop makes progress.
+
+        A loop (lease, firing) is stalled when it is inside a store call
+        older than its ``statement_timeout`` (the store should have answered
+        or cancelled it: the connection has gone silent), or when it has
+        completed neither an iteration nor a store call for
+        ``loop_stall_s``. Loops not started yet, and every loop once a stop
+        was asked, count as alive. Times are the watchdog's clock (seconds).
+        """
+        if self._stop_firing.is_set():
+            return True, []
+        now = self.watchdog.clock()
+        reasons: list[str] = []
+        bound = self.settings.effective_loop_stall_s
+        statement = self.settings.effective_statement_timeout_s
+        for loop in LOOPS:
+            thread = self._loop_threads.get(loop)
+            if thread is None:
+                continue
+            in_call, done = self.watchdog.thread_state(thread)
+            if in_call is not None and now - in_call > statement:
+                reasons.append(f"{loop} loop: stalled in a store call for {now - in_call:.1f}s "
+                               f"(statement_timeout {statement:g}s)")
+                continue
+            progress = max(self._loop_beats.get(loop, now), done or 0.0)
+            if in_call is None and now - progress > bound:
+                reasons.append(f"{loop} loop: no iteration completed for {now - progress:.1f}s "
+                               f"(loop_stall_s {bound:g}s)")
+        return not reasons, reasons
+
     def readiness(self) -> tuple[bool, list[str], dict]:
-        """``(ready, reasons, checks)`` for ``/readyz``: not stopping, store answers, heartbeat fresh."""
+        """``(ready, reasons, checks)`` for ``/readyz``: not stopping, loops alive, store answers,
+        heartbeat fresh."""
         reasons: list[str] = []
         if self._stop_firing.is_set():
             reasons.append("stopping: the node is draining after a stop signal")
+        alive, stalled = self.liveness()
+        reasons += stalled
         store_error = self.probe.check()
         if store_error is not None:
             reasons.append(store_error)
@@ -100,6 +193,7 @@ class Node:
             reasons.append(f"heartbeat: last successful heartbeat {age:.1f}s ago, lease TTL is {ttl:g}s")
         checks = {
             "store": "ok" if store_error is None else store_error,
+            "loops": "ok" if alive else stalled,
             "heartbeat_age_s": None if age < 0 else round(age, 3),
             "lease_ttl_s": ttl,
             "partitions_owned": len(self.table),
@@ -115,11 +209,24 @@ class Node:
     def start(self) -> None:
         """Start the endpoint (if configured), then the lease, firing and retention threads.
 
-        Raises :class:`~scheduler.errors.SchedulerError` if the metrics port
-        cannot be bound, or if the coordinator's preflight refuses (the etcd
+        Raises :class:`~scheduler.errors.StoreSetupError` if the store is
+        misconfigured (see the module doc; a store that cannot be reached
+        yet is checked again by :meth:`check_store_again`),
+        :class:`~scheduler.errors.SchedulerError` if the metrics port cannot
+        be bound, or if the coordinator's preflight refuses (the etcd
         coordinator: etcd's revision below the stored epochs); nothing
         else is started then.
         """
+        if self.watchdog.on_stuck is None:
+            self.watchdog.on_stuck = self._store_call_stuck
+        try:
+            self._store_pending = self._check_store()
+        except StoreSetupError as exc:
+            log.event("store_misconfigured", logging.ERROR, node=self.node_id, error=str(exc))
+            self.coordinator.close()
+            raise
+        if self._store_pending is not None:
+            log.event("store_unavailable", logging.WARNING, component="start", error=self._store_pending)
         preflight = getattr(self.coordinator, "preflight", None)
         if preflight is not None:
             try:
@@ -136,9 +243,9 @@ class Node:
                   tick_interval_s=self.settings.tick_interval_s, metrics_port=self.metrics_port,
                   retention_s=self.settings.retention_s)
         self._threads = [
-            threading.Thread(target=self.lease_loop.run, args=(self._stop_leases,),
+            threading.Thread(target=self._run_loop, args=("lease", self.lease_loop.run, self._stop_leases),
                              name="lease-loop", daemon=True),
-            threading.Thread(target=self.firer.run, args=(self._stop_firing,),
+            threading.Thread(target=self._run_loop, args=("firing", self.firer.run, self._stop_firing),
                              name="firing-loop", daemon=True),
         ]
         if self.retention is not None:
@@ -154,18 +261,40 @@ class Node:
         with another tzdata release, replan them (scheduler/tzreplan.py). Never
         blocks firing (which checks every slot it fires anyway); failures are
         logged and left to the next start or ``scheduler jobs replan-slots``."""
-        from scheduler import store, tzreplan
+        from scheduler import tzreplan
 
         try:
-            s = self.settings
-            with store.connect(s.dsn, application_name=f"scheduler-replan:{s.node_id}"[:63],
-                               lock_timeout_s=s.effective_lock_timeout_s,
-                               statement_timeout_s=s.effective_statement_timeout_s,
-                               idle_in_transaction_timeout_s=s.effective_idle_in_transaction_timeout_s) as conn:
+            with store.node_connect(self.settings, f"scheduler-replan:{self.node_id}",
+                                    watchdog=self.watchdog) as conn:
                 tzreplan.replan_store(conn)
         except Exception as exc:  # noqa: BLE001 - a failed pass is retried at the next start
             log.event("slots_replan_failed", logging.WARNING, node=self.node_id,
                       error=(str(exc).splitlines() or [type(exc).__name__])[0])
+
+    def _check_store(self) -> str | None:
+        from scheduler.migrate import script_revisions
+
+        return store.check_node_store(self.settings, script_revisions(), self.watchdog)
+
+    def check_store_again(self) -> bool:
+        """Retry a start-up store check that could not reach the store; True once it passed.
+
+        Raises :class:`~scheduler.errors.StoreSetupError` if the store is now
+        found misconfigured (the caller stops the node).
+        """
+        if self._store_pending is None:
+            return True
+        self._store_pending = self._check_store()
+        if self._store_pending is None:
+            log.event("store_checked", node=self.node_id)
+            return True
+        return False
+
+    def _store_call_stuck(self, call: watchdog.Call) -> None:
+        """The watchdog's last resort: a store call still blocked after its socket was shut down."""
+        log.event("node_exiting", logging.ERROR, node=self.node_id, status=EXIT_STOP_DEADLINE,
+                  reason=f"store call of {call.label} stuck after its connection was broken")
+        _exit_now(EXIT_STOP_DEADLINE)
 
     def stop(self) -> None:
         """Ask the loops to stop; safe from a signal handler and idempotent."""
@@ -195,17 +324,64 @@ class Node:
                   runs_fired=int(self.metrics.value("scheduler_firing_runs_fired_total")))
 
     def run_until_signalled(self) -> None:
-        """Run until SIGTERM or SIGINT, then stop gracefully (exit status 0)."""
+        """Run until SIGTERM or SIGINT, then stop gracefully (exit status 0).
+
+        The process ends within ``stop_timeout_s`` of the signal: past it, it
+        logs ``stop_deadline_passed`` and exits with status 1 at once. Raises
+        :class:`~scheduler.errors.StoreSetupError` (after a graceful stop if
+        the loops had started) when the store is misconfigured.
+        """
+        deadline: list[threading.Timer] = []
+
         def handler(signum: int, frame: FrameType | None) -> None:
             log.event("signal_received", node=self.node_id, signal=signal.Signals(signum).name)
+            if not deadline:
+                timer = threading.Timer(self.settings.stop_timeout_s, self._stop_deadline_passed)
+                timer.daemon = True
+                timer.start()
+                deadline.append(timer)
             self.stop()
 
         previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.start()
+            next_check = self.watchdog.clock()
             while not self._stop_firing.is_set():
                 self._stop_firing.wait(0.5)
+                if self._store_pending is not None and self.watchdog.clock() >= next_check:
+                    next_check = self.watchdog.clock() + STORE_CHECK_INTERVAL_S
+                    try:
+                        self.check_store_again()
+                    except StoreSetupError as exc:
+                        log.event("store_misconfigured", logging.ERROR, node=self.node_id, error=str(exc))
+                        self.setup_error = exc
+                        self.stop()
             self.join()
+            if self.setup_error is not None:
+                raise self.setup_error
         finally:
+            for timer in deadline:
+                timer.cancel()
             for sig, old in previous.items():
                 signal.signal(sig, old)
+
+    def _stop_deadline_passed(self) -> None:
+        busy = [thread.name for thread in self._threads if thread.is_alive()]
+        log.event("stop_deadline_passed", logging.ERROR, node=self.node_id,
+                  stop_timeout_s=self.settings.stop_timeout_s, threads_running=busy,
+                  status=EXIT_STOP_DEADLINE)
+        _exit_now(EXIT_STOP_DEADLINE)
+
+
+def _shared_watchdog() -> watchdog.Watchdog:
+    return watchdog.shared()
+
+
+def _exit_now(status: int) -> None:
+    """Flush the log and end the process at once (threads blocked in the driver cannot be joined)."""
+    for handler in logging.getLogger("scheduler").handlers:
+        try:
+            handler.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)

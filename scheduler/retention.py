@@ -203,10 +203,8 @@ class RetentionLoop:
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
             s = self._s
-            self._conn = store.connect(
-                s.dsn, application_name=f"scheduler-retention:{s.node_id}"[:63],
-                lock_timeout_s=s.effective_lock_timeout_s, statement_timeout_s=STATEMENT_TIMEOUT_S,
-                idle_in_transaction_timeout_s=s.effective_idle_in_transaction_timeout_s)
+            self._conn = store.node_connect(s, f"scheduler-retention:{s.node_id}",
+                                            statement_timeout_s=STATEMENT_TIMEOUT_S)
         return self._conn
 
     def run_once(self) -> int:

@@ -15,6 +15,16 @@ locks taken by its firing transaction, so every node session sets
 ``idle_in_transaction_session_timeout`` well below the lease TTL (DESIGN.md
 §2): by default 20 %, 40 % and 40 % of the TTL. The store then aborts a
 frozen node's transaction and a takeover proceeds.
+
+Client-side bounds (the store can go silent: a hung pooler or proxy, a
+vanished host): every node session also sets TCP keepalives and
+``tcp_user_timeout`` (default 50 % of the TTL), and the node's watchdog
+(:mod:`scheduler.watchdog`) cancels a store call running past
+``statement_timeout`` + ``store_call_margin_s`` and breaks its connection
+past ``statement_timeout`` + 2 × ``store_call_margin_s`` (default margin:
+20 % of the TTL, at least 0.5 s). ``/healthz`` fails when a loop has made
+no progress for ``loop_stall_s`` (default: the TTL); a stop signal ends the
+process within ``stop_timeout_s`` whatever its threads are doing.
 """
 
 from __future__ import annotations
@@ -57,6 +67,11 @@ RETENTION_BATCH_INTERVAL_S = 1.0
 """The node's retention loop runs at most one batch per this many seconds."""
 COORDINATORS = ("sql", "etcd")
 """Ownership coordinators (DESIGN.md §2): lease rows in the store, or etcd leases."""
+STOP_TIMEOUT_S = 10.0
+"""After SIGTERM/SIGINT the node exits within this many seconds: gracefully
+if it can, else with status 1 (``stop_deadline_passed``)."""
+KEEPALIVE_COUNT = 3
+"""Unanswered TCP keepalive probes before the kernel drops a node session."""
 ETCD_PREFIX = "/scheduler/"
 """Key prefix of one fleet's membership and partition keys in etcd."""
 LOG_FORMATS = ("text", "json")
@@ -98,6 +113,10 @@ class Settings:
     retention_s: float | None = None
     retention_batch_rows: int = RETENTION_BATCH_ROWS
     retention_batch_interval_s: float = RETENTION_BATCH_INTERVAL_S
+    tcp_user_timeout_s: float | None = None
+    store_call_margin_s: float | None = None
+    loop_stall_s: float | None = None
+    stop_timeout_s: float = STOP_TIMEOUT_S
     coordinator: str = "sql"
     etcd_endpoints: str = ""
     etcd_prefix: str = ETCD_PREFIX
@@ -118,6 +137,44 @@ class Settings:
         if self.idle_in_transaction_timeout_s is not None:
             return self.idle_in_transaction_timeout_s
         return self.lease_ttl_s * 0.4
+
+    @property
+    def effective_tcp_user_timeout_s(self) -> float:
+        """libpq ``tcp_user_timeout`` of node sessions (default 50 % of the TTL): transmitted
+        data left unacknowledged this long ends the connection."""
+        return self.tcp_user_timeout_s if self.tcp_user_timeout_s is not None else self.lease_ttl_s * 0.5
+
+    @property
+    def keepalive_idle_s(self) -> int:
+        """TCP keepalive idle time of node sessions: 20 % of the TTL, whole seconds, at least 1."""
+        return max(1, round(self.lease_ttl_s * 0.2))
+
+    @property
+    def keepalive_interval_s(self) -> int:
+        """TCP keepalive probe interval of node sessions: 10 % of the TTL, whole seconds, at least 1."""
+        return max(1, round(self.lease_ttl_s * 0.1))
+
+    @property
+    def keepalive_count(self) -> int:
+        """Unanswered keepalive probes before a node session is dropped (:data:`KEEPALIVE_COUNT`)."""
+        return KEEPALIVE_COUNT
+
+    @property
+    def effective_store_call_margin_s(self) -> float:
+        """The watchdog's margin (default 20 % of the TTL, at least 0.5 s): a store call is
+        cancelled past statement_timeout + margin, its connection broken past + 2 × margin."""
+        if self.store_call_margin_s is not None:
+            return self.store_call_margin_s
+        return max(0.5, self.lease_ttl_s * 0.2)
+
+    @property
+    def effective_loop_stall_s(self) -> float:
+        """``/healthz`` fails when the lease or firing loop has completed neither an
+        iteration nor a store call for this long (default: the lease TTL, or two
+        ticks if that is longer)."""
+        if self.loop_stall_s is not None:
+            return self.loop_stall_s
+        return max(self.lease_ttl_s, 2 * self.tick_interval_s)
 
     @property
     def responsive_s(self) -> float:
@@ -152,6 +209,7 @@ class Settings:
             "max_rate_per_s",
             "node_prune_after_s",
             "retention_batch_interval_s",
+            "stop_timeout_s",
         )
         for name in positive:
             value = getattr(self, name)
@@ -201,6 +259,19 @@ class Settings:
                     f"{name.removeprefix('effective_')} ({value}) must be > 0 and below lease_ttl_s "
                     f"({self.lease_ttl_s}) so a frozen node cannot block a takeover"
                 )
+        for name in ("tcp_user_timeout_s", "store_call_margin_s", "loop_stall_s"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
+                raise ConfigError(f"{name} must be a finite number of seconds > 0, or unset (got {value!r})")
+        if not self.effective_loop_stall_s > max(self.tick_interval_s, self.poll_interval_s):
+            raise ConfigError(
+                f"loop_stall_s ({self.effective_loop_stall_s}) must be above tick_interval_s "
+                f"({self.tick_interval_s}) and poll_interval_s ({self.poll_interval_s}), or an idle loop "
+                f"would count as stalled")
+        if not self.effective_tcp_user_timeout_s < self.lease_ttl_s:
+            raise ConfigError(
+                f"tcp_user_timeout_s ({self.effective_tcp_user_timeout_s}) must be below lease_ttl_s "
+                f"({self.lease_ttl_s}) so a dead connection is given up before the lease expires")
         if len(self.node_id) > 200:
             raise ConfigError("node_id must be at most 200 characters")
 

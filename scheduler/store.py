@@ -9,7 +9,11 @@ costs 2× on the hot path.
 Connections: every node session sets ``lock_timeout``, ``statement_timeout``
 and ``idle_in_transaction_session_timeout`` well below the lease TTL
 (DESIGN.md §2), so a frozen node's open transaction is aborted by the store
-and cannot hold the partition rows' locks past its lease.
+and cannot hold the partition rows' locks past its lease. The converse (a
+store or proxy that goes silent while the node waits) is bounded on the
+client: every node session is opened by :func:`node_connect`, with TCP
+keepalives, ``tcp_user_timeout`` and the watchdog's bounds on each blocking
+call (:mod:`scheduler.watchdog`).
 
 Retries (DESIGN.md §7): CockroachDB (and PostgreSQL at SERIALIZABLE) ask
 clients to retry a whole transaction on SQLSTATE 40001 (serialization
@@ -33,7 +37,10 @@ import psycopg
 from psycopg.rows import dict_row
 
 from scheduler import log
-from scheduler.errors import StoreError
+from scheduler.errors import StoreError, StoreSetupError
+from scheduler.settings import Settings
+from scheduler.watchdog import CallBounds, Watchdog, WatchedConnection
+from scheduler.watchdog import shared as shared_watchdog
 
 T = TypeVar("T")
 
@@ -81,21 +88,44 @@ def load_queries() -> dict[str, str]:
 QUERIES: dict[str, str] = load_queries()
 
 
+def _uri_userinfo(dsn: str) -> tuple[str, str, str] | None:
+    """``(scheme://, userinfo, rest from the '@')`` of a URI DSN with user info, else None.
+
+    The user info is taken up to the *last* ``@``: a password with an
+    unescaped ``@``, ``/``, ``?`` or ``#`` is then masked whole, whichever way
+    libpq or Python's urlsplit would split it.
+    """
+    scheme, sep, rest = dsn.partition("://")
+    at = rest.rfind("@")
+    if not sep or at < 0:
+        return None
+    return scheme + sep, rest[:at], rest[at:]
+
+
 def redact_dsn(dsn: str) -> str:
     """Return ``dsn`` with any password replaced by ``***`` (URI or key=value form)."""
     if "://" in dsn:
-        parts = urlsplit(dsn)
-        if parts.password is not None:
-            netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-            dsn = urlunsplit(parts._replace(netloc=netloc))
+        parts = _uri_userinfo(dsn)
+        if parts is not None and ":" in parts[1]:
+            dsn = parts[0] + parts[1].split(":", 1)[0] + ":***" + parts[2]
         return re.sub(r"(password=)[^&]*", r"\1***", dsn)
     return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
+
+
+PASSWORD_FRAGMENT_MIN_CHARS = 3
+"""Pieces of a password split at an unescaped ``@ : / ? #`` shorter than this
+are not scrubbed from free text (they would mangle it)."""
 
 
 def dsn_secrets(dsn: str) -> list[str]:
     """The password(s) in ``dsn`` as written and percent-decoded (URI or key=value form).
 
-    Callers register them with :func:`scheduler.log.add_secret` so they are
+    A URI password holding an unescaped ``@``, ``:``, ``/``, ``?`` or ``#``
+    is misparsed by libpq, whose errors then echo pieces of it (e.g.
+    ``failed to resolve host 'SuperSecret42@127.0.0.1'`` for the password
+    ``Pass@SuperSecret42``): those pieces (at least
+    :data:`PASSWORD_FRAGMENT_MIN_CHARS` long) are secrets too. Callers
+    register the result with :func:`scheduler.log.add_secret` so they are
     scrubbed from every log line and error message.
     """
     found: list[str] = []
@@ -105,8 +135,15 @@ def dsn_secrets(dsn: str) -> list[str]:
         except ValueError:
             password = None
         raw = ([password] if password else []) + re.findall(r"[?&]password=([^&#]*)", dsn)
+        parts = _uri_userinfo(dsn)
+        if parts is not None and ":" in parts[1]:
+            raw.append(parts[1].split(":", 1)[1])
         for secret in raw:
             found += [secret, unquote(secret)]
+        for secret in raw:
+            if re.search(r"[@:/?#]", secret):
+                found += [piece for piece in re.split(r"[@:/?#]", secret)
+                          if len(piece) >= PASSWORD_FRAGMENT_MIN_CHARS]
     else:
         for match in re.findall(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", dsn):
             found.append(match)
@@ -181,15 +218,20 @@ def connect(
     statement_timeout_s: float | None = None,
     idle_in_transaction_timeout_s: float | None = None,
     connect_timeout_s: float = 5.0,
+    watch: CallBounds | None = None,
+    watchdog: Watchdog | None = None,
     **conninfo: object,
 ) -> psycopg.Connection:
     """Open an autocommit connection with the node session settings.
 
     Timeouts are in seconds (sent to the store in milliseconds); ``None``
     leaves the store's default. Extra keyword arguments are libpq connection
-    parameters (e.g. ``keepalives_idle``). Rows come back as dicts. Raises
-    :class:`StoreError` (with the password redacted) if the store cannot be
-    reached.
+    parameters (e.g. ``keepalives_idle``). Rows come back as dicts. With
+    ``watch``, the connection is a :class:`~scheduler.watchdog.WatchedConnection`
+    whose blocking calls ``watchdog`` (default: the process's,
+    :func:`scheduler.watchdog.shared`) bounds by ``watch``. Raises
+    :class:`StoreError` (with the password and anything the driver echoed of
+    it redacted) if the store cannot be reached.
     """
     options = []
     for guc, value in (
@@ -199,8 +241,9 @@ def connect(
     ):
         if value is not None:
             options.append(f"-c {guc}={max(1, int(value * 1000))}")
+    cls = psycopg.Connection if watch is None else WatchedConnection
     try:
-        return psycopg.connect(
+        conn = cls.connect(
             libpq_dsn(dsn),
             autocommit=True,
             row_factory=dict_row,
@@ -213,6 +256,150 @@ def connect(
         raise StoreError(f"cannot connect to the store at {redact_dsn(dsn)}: "
                          f"{redact_text(_first_line(exc), dsn)}",
                          getattr(exc, "sqlstate", None)) from exc
+    if watch is not None:
+        conn.watch = (watchdog or shared_watchdog(), watch, application_name)
+    return conn
+
+
+def keepalive_params(settings: Settings) -> dict[str, int]:
+    """libpq TCP parameters of a node session, from ``settings`` (see Settings' ``keepalive_*``).
+
+    ``keepalives``/``keepalives_idle``/``keepalives_interval``/``keepalives_count``
+    (whole seconds) and ``tcp_user_timeout`` (milliseconds): a peer that
+    stops acknowledging is given up after about ``tcp_user_timeout_s``.
+    """
+    return {
+        "keepalives": 1,
+        "keepalives_idle": settings.keepalive_idle_s,
+        "keepalives_interval": settings.keepalive_interval_s,
+        "keepalives_count": settings.keepalive_count,
+        "tcp_user_timeout": max(1, int(settings.effective_tcp_user_timeout_s * 1000)),
+    }
+
+
+def node_connect(settings: Settings, application_name: str, *, statement_timeout_s: float | None = None,
+                 connect_timeout_s: float | None = None, watchdog: Watchdog | None = None) -> psycopg.Connection:
+    """Open a node session: the one place the node's store connections are built.
+
+    Every session of a node (firing lanes, lease loop, retention, health
+    probe) carries, from ``settings``: ``lock_timeout``, ``statement_timeout``
+    (``statement_timeout_s`` overrides it, e.g. the probe's 1 s) and
+    ``idle_in_transaction_session_timeout``; TCP keepalives and
+    ``tcp_user_timeout`` (:func:`keepalive_params`); and the watchdog's
+    bounds on every blocking call (statement timeout + ``store_call_margin_s``
+    to cancel, + 2 × margin to break the connection; see
+    :mod:`scheduler.watchdog`). ``connect_timeout_s`` defaults to the
+    ``tcp_user_timeout`` (at least 2 s, libpq's minimum). Raises
+    :class:`StoreError` if the store cannot be reached.
+    """
+    statement = statement_timeout_s if statement_timeout_s is not None else settings.effective_statement_timeout_s
+    if connect_timeout_s is None:
+        connect_timeout_s = max(2.0, settings.effective_tcp_user_timeout_s)
+    return connect(
+        settings.dsn,
+        application_name=application_name[:63],
+        lock_timeout_s=settings.effective_lock_timeout_s,
+        statement_timeout_s=statement,
+        idle_in_transaction_timeout_s=settings.effective_idle_in_transaction_timeout_s,
+        connect_timeout_s=connect_timeout_s,
+        watch=CallBounds.after_statement_timeout(statement, settings.effective_store_call_margin_s),
+        watchdog=watchdog,
+        **keepalive_params(settings),
+    )
+
+
+SETUP_SQLSTATES = {"28000": "authentication", "28P01": "authentication", "3D000": "database"}
+"""SQLSTATEs of a misconfigured store (a query's error; CockroachDB reports a
+missing database on the first query)."""
+
+SETUP_MESSAGES = (
+    ("authentication", re.compile(r"password authentication failed|authentication failed for user"
+                                  r"|no pg_hba\.conf entry|role \"[^\"]*\" does not exist"
+                                  r"|password is required|server requested .* password", re.IGNORECASE)),
+    ("database", re.compile(r"database \"[^\"]*\" does not exist", re.IGNORECASE)),
+    ("host", re.compile(r"(?:failed to resolve host|could not translate host name) [\"'][^\"']*@")),
+)
+"""A failed *connection* carries no SQLSTATE (libpq keeps the server's error
+to itself), so these are recognised by libpq's and the server's (English)
+messages; anything else counts as transient and is retried."""
+
+SETUP_HINTS = {
+    "authentication": "check the DSN's user and password (in a URI, percent-encode @ : / ? # % in the "
+                      "password, e.g. @ as %40)",
+    "database": "create the database, then run `scheduler db upgrade`",
+    "host": "the host name holds an '@': a URI password must percent-encode '@' as %40",
+}
+
+
+def setup_problem(exc: BaseException) -> str | None:
+    """``"authentication"``, ``"database"`` or ``"host"`` if ``exc`` (a failed
+    connection or query, or a :class:`StoreError` caused by one) shows a
+    misconfigured store that retrying cannot fix; None for anything else
+    (a refused connection, a timeout: transient)."""
+    cause = exc.__cause__ if isinstance(exc, StoreError) and exc.__cause__ is not None else exc
+    sqlstate = getattr(cause, "sqlstate", None)
+    if sqlstate in SETUP_SQLSTATES:
+        return SETUP_SQLSTATES[sqlstate]
+    if isinstance(cause, psycopg.OperationalError) or isinstance(exc, StoreError):
+        text = str(cause)
+        for problem, pattern in SETUP_MESSAGES:
+            if pattern.search(text):
+                return problem
+    return None
+
+
+def check_schema(conn: psycopg.Connection, revisions: tuple[str, frozenset[str]] | None) -> None:
+    """Raise :class:`StoreSetupError` if the store's schema is missing or behind.
+
+    ``revisions`` is ``(head, known revisions)`` of the migration scripts
+    (:func:`scheduler.migrate.script_revisions`); with None only a missing
+    schema is detected. A recorded revision this code does not know is newer
+    than the code (a rolling upgrade): accepted. Other store errors propagate.
+    """
+    hint = "run `scheduler db upgrade` first"
+    try:
+        found = {row["version_num"] for row in execute(conn, "select_schema_version")}
+    except psycopg.errors.UndefinedTable:
+        raise StoreSetupError(f"store: the schema is missing (no alembic_version table); {hint}") from None
+    if not found:
+        raise StoreSetupError(f"store: the schema is missing (alembic_version is empty); {hint}")
+    if revisions is None:
+        return
+    head, known = revisions
+    if head not in found and found <= known:
+        raise StoreSetupError(f"store: the schema is at revision {', '.join(sorted(found))}, behind this "
+                              f"version's {head}; {hint}")
+
+
+def check_node_store(settings: Settings, revisions: tuple[str, frozenset[str]] | None,
+                     watchdog: Watchdog | None = None) -> str | None:
+    """The node's start-up check of its store: None if usable.
+
+    Opens a node session (:func:`node_connect`) and checks the schema
+    (:func:`check_schema`). Returns a one-line reason (password redacted) if
+    the store cannot be reached now (refused, timed out: the caller retries);
+    raises :class:`StoreSetupError` with the fix in its message if it is
+    misconfigured (authentication refused, database absent, schema missing
+    or behind, a host name holding an unescaped '@').
+    """
+    try:
+        conn = node_connect(settings, f"scheduler-check:{settings.node_id}", watchdog=watchdog)
+    except StoreError as exc:
+        problem = setup_problem(exc)
+        if problem is not None:
+            raise StoreSetupError(f"store: {exc}; {SETUP_HINTS[problem]}") from None
+        return str(exc)
+    try:
+        check_schema(conn, revisions)
+    except psycopg.Error as exc:
+        line = redact_text(_first_line(exc), settings.dsn)
+        problem = setup_problem(exc)
+        if problem is not None:
+            raise StoreSetupError(f"store: {line}; {SETUP_HINTS[problem]}") from None
+        return f"store: {line}"
+    finally:
+        conn.close()
+    return None
 
 
 def _first_line(exc: BaseException) -> str:

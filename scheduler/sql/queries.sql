@@ -274,6 +274,11 @@ CROSS JOIN LATERAL (
 GROUP BY s.kind, s.cron_expr, s.cron_dialect, s.tz, s.interval_s, s.anchor_at, s.fire_at,
          s.misfire, s.catchup_window_s, s.misfire_grace_s;
 
+-- name: select_schema_version
+-- The store's schema revision(s) as alembic recorded them (the node's start-up
+-- check compares them with the code's head; a missing table means no schema).
+SELECT version_num FROM alembic_version;
+
 -- name: store_now
 SELECT now() AS store_now;
 

@@ -645,11 +645,13 @@ class Cluster:
             return []
         return ["--coordinator", "etcd", "--etcd-endpoints", self.etcd_endpoint, "--etcd-prefix", self.etcd_prefix]
 
-    def spawn(self, node_id: str, extra_flags: list[str] | None = None) -> NodeProcess:
-        """Start a node (a restart under an existing id gets a fresh NodeProcess)."""
+    def spawn(self, node_id: str, extra_flags: list[str] | None = None, dsn: str | None = None) -> NodeProcess:
+        """Start a node (a restart under an existing id gets a fresh NodeProcess).
+
+        ``dsn`` overrides the store DSN the node gets (e.g. through a relay)."""
         self._generation[node_id] += 1
         log_path = self.log_dir / f"{node_id}.{self._generation[node_id]}.log"
-        node = NodeProcess(self.dsn, node_id, log_path, self.timings,
+        node = NodeProcess(dsn or self.dsn, node_id, log_path, self.timings,
                            [*self.coordinator_flags(), *(extra_flags or [])])
         old = self.nodes.get(node_id)
         if old is not None:

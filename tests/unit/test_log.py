@@ -84,3 +84,39 @@ def test_redact_text_removes_the_dsn_and_its_password_in_any_spelling():
     out = redact_text(text, dsn)
     assert "pa%40ss" not in out and "pa@ss" not in out
     assert "postgresql://u:***@h:5432/db" in out
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_multi_line_store_errors_stay_one_record_per_line(captured, fmt):
+    configure, buffer = captured
+    configure(fmt)
+    error = 'ERROR:  relation "jobs" does not exist\nLINE 1: SELECT 1 FROM jobs\n                     ^\r\nHINT:  x'
+    log.event("store_unavailable", logging.WARNING, component="lease", error=error)
+    try:
+        raise RuntimeError(error)
+    except RuntimeError:
+        log.event("tick_crashed", logging.ERROR, exc_info=True, error=error)
+    lines = buffer.getvalue().splitlines()
+    assert len(lines) == 2, lines
+    if fmt == "json":
+        records = [json.loads(line) for line in lines]
+        assert records[0]["error"] == error and "Traceback" in records[1]["exc"]
+    else:
+        assert lines[0].split()[1:3] == ["warning", "store_unavailable"]
+        assert "error=ERROR:  relation \"jobs\" does not exist\\nLINE 1: SELECT 1 FROM jobs\\n" in lines[0]
+        assert lines[1].split()[1:3] == ["error", "tick_crashed"] and "exc=Traceback" in lines[1]
+
+
+@pytest.mark.parametrize("dsn, secret, echoed", [
+    # libpq splits the user info at the first '@': the rest of the password becomes the host name
+    ("postgresql://scheduler:Pass@SuperSecret42@127.0.0.1:5432/db", "SuperSecret42",
+     "failed to resolve host 'SuperSecret42@127.0.0.1': [Errno -2] Name or service not known"),
+    # an unescaped '/' ends the authority for libpq: the password's tail lands in the database name
+    ("postgresql://scheduler:pa/Tail99x@127.0.0.1/db", "Tail99x",
+     'connection failed: FATAL:  database "Tail99x@127.0.0.1/db" does not exist'),
+])
+def test_what_the_driver_echoes_of_a_misparsed_password_is_scrubbed(dsn, secret, echoed):
+    assert secret not in redact_dsn(dsn)
+    assert secret not in redact_text(echoed, dsn)
+    log.add_secret(*dsn_secrets(dsn))
+    assert secret not in log.redact(echoed)

@@ -1,0 +1,301 @@
+"""Client-side bounds on store calls: the node's watchdog (DESIGN.md §2).
+
+Server-side timeouts (``statement_timeout``, ``lock_timeout``) end a slow
+statement only if the store can still answer. A connection that goes silent
+(a hung pooler or proxy, a store host that vanished behind the same
+address, a primary frozen with SIGSTOP) leaves the calling thread blocked in
+the driver for as long as TCP keeps the socket open: ~15 min of
+retransmissions, ~2 h of keepalive, forever when a middlebox still
+acknowledges the bytes. Keepalives and ``tcp_user_timeout`` (set on every
+node session by :func:`scheduler.store.node_connect`) cure the first two;
+the bound that always holds lives here, in the node.
+
+Every node session is a :class:`WatchedConnection`: each blocking driver
+call (psycopg's ``Connection.wait``, through which every query, commit,
+pipeline sync and result fetch passes) registers with the :class:`Watchdog`
+for as long as it runs. A thread of the watchdog checks the calls every
+:data:`CHECK_INTERVAL_S`; a call running past its :class:`CallBounds`
+escalates, in order:
+
+1. ``cancel_after_s`` (statement timeout + margin): a cancel request is sent
+   on a new connection (libpq's ``PQcancel``, on a short-lived thread),
+   logged as ``store_call_cancelled``. A store that is alive ends the
+   statement and the call returns an error.
+2. ``break_after_s`` (statement timeout + 2 × margin): the connection's
+   socket is shut down from the watchdog's thread (``shutdown(2)`` on the
+   socket, never ``PQfinish``, which only the owning thread may call), logged
+   as ``store_call_broken``. The blocked thread then reads end-of-file, gets
+   an ``OperationalError``, closes the session and its loop reconnects
+   through a new connection.
+3. ``exit_after_s``: the call is still blocked after its socket was shut
+   down. ``on_stuck(call)`` is called (the node logs ``store_call_stuck`` and
+   exits with status 1, so an orchestrator restarts it).
+
+The socket is shut down under the lock that the owning thread takes to
+deregister the call, so the descriptor cannot have been closed (and its
+number reused) meanwhile.
+
+Time the whole process was suspended (SIGSTOP, a VM pause) does not count:
+when one of the watchdog's own checks comes more than
+:data:`PAUSE_SLACK_S` late, every call's start is moved forward by the gap,
+so a node resumed after a freeze is judged on what its store does next.
+
+The watchdog also tells the node's liveness check (``/healthz``) which
+threads are inside a store call since when, and when each thread last
+completed one (:meth:`Watchdog.thread_state`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from scheduler import log
+
+CHECK_INTERVAL_S = 0.1
+"""How often the watchdog's thread looks at the calls in flight."""
+
+PAUSE_SLACK_S = 1.0
+"""A check this much later than :data:`CHECK_INTERVAL_S` means the process was
+suspended: the gap is not counted against the calls in flight."""
+
+@dataclasses.dataclass(frozen=True)
+class CallBounds:
+    """When a store call in flight is cancelled, broken, reported stuck (seconds since it started).
+
+    Raises ``ValueError`` unless ``0 < cancel_after_s <= break_after_s <= exit_after_s``.
+    """
+
+    cancel_after_s: float
+    break_after_s: float
+    exit_after_s: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.cancel_after_s <= self.break_after_s <= self.exit_after_s:
+            raise ValueError(f"call bounds must satisfy 0 < cancel <= break <= exit (got {self})")
+
+    @classmethod
+    def after_statement_timeout(cls, statement_timeout_s: float, margin_s: float) -> CallBounds:
+        """Cancel at timeout + margin, break at timeout + 2 × margin, report stuck
+        ``max(2 s, 2 × margin)`` after the break."""
+        return cls(statement_timeout_s + margin_s, statement_timeout_s + 2 * margin_s,
+                   statement_timeout_s + 2 * margin_s + max(2.0, 2 * margin_s))
+
+
+@dataclasses.dataclass
+class Call:
+    """One blocking store call in flight (see :meth:`Watchdog.begin`)."""
+
+    token: int
+    conn: Any
+    fd: int
+    thread: int
+    label: str
+    started: float
+    bounds: CallBounds
+    stage: int = 0
+    """0 running, 1 cancel sent, 2 socket shut down, 3 reported stuck."""
+
+
+def _cancel_async(conn: Any) -> None:
+    """Send a cancel request for ``conn``'s running statement.
+
+    The cancel key is copied from the connection here (``PQgetCancel``, on
+    the watchdog's thread while the call is registered, so the connection
+    is still open); the request itself (a new connection to the store, which
+    may block) runs on a short-lived daemon thread that never touches
+    ``conn``.
+    """
+    try:
+        canceller = conn.pgconn.get_cancel()
+    except (psycopg.Error, AttributeError) as exc:
+        log.event("store_cancel_failed", logging.DEBUG, error=(str(exc).splitlines() or [type(exc).__name__])[0])
+        return
+
+    def send() -> None:
+        try:
+            canceller.cancel()
+        except Exception as exc:  # noqa: BLE001 (best effort: the break follows anyway)
+            log.event("store_cancel_failed", logging.DEBUG,
+                      error=(str(exc).splitlines() or [type(exc).__name__])[0])
+
+    threading.Thread(target=send, name="store-cancel", daemon=True).start()
+
+
+def shutdown_socket(fd: int) -> None:
+    """Shut down (both directions) the socket behind descriptor ``fd`` without closing ``fd``.
+
+    The owner of ``fd`` sees end-of-file / a reset on its next read or wait
+    and fails with a connection error; ``fd`` stays valid until it closes
+    it. Raises ``OSError`` if ``fd`` is not a socket.
+    """
+    dup = os.dup(fd)
+    try:
+        sock = socket.socket(fileno=dup)
+    except OSError:
+        os.close(dup)
+        raise
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    finally:
+        sock.close()
+
+
+class Watchdog:
+    """Bounds every registered store call in flight (see the module doc).
+
+    ``clock`` is a monotonic clock in seconds (tests inject a manual one and
+    call :meth:`check`); ``cancel(conn)`` and ``shutdown(fd)`` default to a
+    cancel request on its own thread and :func:`shutdown_socket`;
+    ``on_stuck(call)`` is called once per call still blocked past its
+    ``exit_after_s`` (default: only the ``store_call_stuck`` log line).
+    Thread-safe.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, *,
+                 check_interval_s: float = CHECK_INTERVAL_S,
+                 cancel: Callable[[Any], None] = _cancel_async,
+                 shutdown: Callable[[int], None] = shutdown_socket,
+                 on_stuck: Callable[[Call], None] | None = None) -> None:
+        self.clock = clock
+        self.check_interval_s = check_interval_s
+        self.on_stuck = on_stuck
+        self._cancel = cancel
+        self._shutdown = shutdown
+        self._calls: dict[int, Call] = {}
+        self._last_done: dict[int, float] = {}
+        self._tokens = itertools.count(1)
+        self._lock = threading.Lock()
+        self._last_check: float | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- calls
+
+    def begin(self, conn: Any, bounds: CallBounds, label: str = "") -> int:
+        """Register a blocking call on ``conn`` (a psycopg connection) by the current thread; return its token."""
+        try:
+            fd = conn.pgconn.socket
+        except (psycopg.Error, AttributeError):
+            fd = -1
+        with self._lock:
+            token = next(self._tokens)
+            self._calls[token] = Call(token, conn, fd, threading.get_ident(), label, self.clock(), bounds)
+        return token
+
+    def end(self, token: int) -> None:
+        """Deregister the call ``token`` (it returned or raised)."""
+        with self._lock:
+            call = self._calls.pop(token, None)
+            if call is not None:
+                self._last_done[call.thread] = self.clock()
+
+    def thread_state(self, thread: int) -> tuple[float | None, float | None]:
+        """``(in_call_since, last_call_done)`` of thread id ``thread`` (this watchdog's clock; None: never)."""
+        with self._lock:
+            since = [call.started for call in self._calls.values() if call.thread == thread]
+            return (min(since) if since else None), self._last_done.get(thread)
+
+    def in_flight(self) -> list[Call]:
+        """A snapshot of the calls in flight, oldest first."""
+        with self._lock:
+            return sorted((dataclasses.replace(call) for call in self._calls.values()), key=lambda c: c.started)
+
+    # ---------------------------------------------------------------- checks
+
+    def check(self) -> None:
+        """One look at the calls in flight: cancel, break or report those past their bounds."""
+        now = self.clock()
+        stuck: list[Call] = []
+        with self._lock:
+            if self._last_check is not None:
+                gap = now - self._last_check - self.check_interval_s
+                if gap > PAUSE_SLACK_S:  # the process was suspended: not the store's fault
+                    for call in self._calls.values():
+                        call.started += gap
+            self._last_check = now
+            for call in self._calls.values():
+                age = now - call.started
+                if call.stage == 0 and age >= call.bounds.cancel_after_s:
+                    call.stage = 1
+                    log.event("store_call_cancelled", logging.WARNING, session=call.label,
+                              seconds=round(age, 3))
+                    self._cancel(call.conn)
+                if call.stage == 1 and age >= call.bounds.break_after_s:
+                    call.stage = 2
+                    log.event("store_call_broken", logging.WARNING, session=call.label,
+                              seconds=round(age, 3))
+                    if call.fd >= 0:
+                        try:  # under the lock: the owner cannot have closed the descriptor
+                            self._shutdown(call.fd)
+                        except OSError as exc:
+                            log.event("store_break_failed", logging.WARNING, session=call.label,
+                                      error=exc.strerror or str(exc))
+                if call.stage == 2 and age >= call.bounds.exit_after_s:
+                    call.stage = 3
+                    stuck.append(dataclasses.replace(call))
+        for call in stuck:
+            log.event("store_call_stuck", logging.ERROR, session=call.label,
+                      seconds=round(now - call.started, 3))
+            if self.on_stuck is not None:
+                self.on_stuck(call)
+
+    def run(self, stop: threading.Event) -> None:
+        """Check every ``check_interval_s`` until ``stop`` is set."""
+        while not stop.wait(self.check_interval_s):
+            try:
+                self.check()
+            except Exception as exc:  # noqa: BLE001 (the watchdog must outlive a bug)
+                log.event("watchdog_failed", logging.ERROR, exc_info=True, error=f"{type(exc).__name__}: {exc}")
+
+    def start(self) -> None:
+        """Run :meth:`run` on a daemon thread (once; later calls do nothing)."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self.run, args=(threading.Event(),),
+                                            name="store-watchdog", daemon=True)
+        self._thread.start()
+
+
+_shared: Watchdog | None = None
+_shared_lock = threading.Lock()
+
+
+def shared() -> Watchdog:
+    """The process's watchdog (started on first use); every node session registers with it."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = Watchdog()
+            _shared.start()
+        return _shared
+
+
+class WatchedConnection(psycopg.Connection):
+    """A psycopg connection whose blocking calls register with a :class:`Watchdog`.
+
+    ``watch`` is ``(watchdog, bounds, label)``, set by
+    :func:`scheduler.store.connect`; ``None`` makes it a plain connection.
+    """
+
+    watch: tuple[Watchdog, CallBounds, str] | None = None
+
+    def wait(self, gen, *args: Any, **kwargs: Any):  # type: ignore[override]
+        watch = self.watch
+        if watch is None:
+            return super().wait(gen, *args, **kwargs)
+        watchdog, bounds, label = watch
+        token = watchdog.begin(self, bounds, label)
+        try:
+            return super().wait(gen, *args, **kwargs)
+        finally:
+            watchdog.end(token)

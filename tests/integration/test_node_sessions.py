@@ -1,0 +1,73 @@
+"""Every node session is built by store.node_connect with the client-side bounds.
+
+The firing lanes, the lease session, retention and the health probe each
+open a :class:`WatchedConnection` whose libpq parameters carry TCP
+keepalives and ``tcp_user_timeout`` derived from the TTL, whose server-side
+timeouts are the node's, and whose blocking calls the watchdog bounds.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from scheduler import store
+from scheduler.clock import SystemClock
+from scheduler.firing import Firer
+from scheduler.health import StoreProbe
+from scheduler.lease import LeaseTable, SqlCoordinator
+from scheduler.metrics import Metrics
+from scheduler.retention import STATEMENT_TIMEOUT_S, RetentionLoop
+from scheduler.settings import Settings
+from scheduler.watchdog import CallBounds, Watchdog, WatchedConnection
+
+
+def settings(pg_dsn: str) -> Settings:
+    return Settings(dsn=pg_dsn, node_id="n1", lease_ttl_s=10.0, retention_s=3600.0).validated()
+
+
+def test_a_node_session_carries_keepalives_tcp_user_timeout_and_the_watchdog_bounds(pg_dsn):
+    watchdog = Watchdog()
+    conn = store.node_connect(settings(pg_dsn), "scheduler-test:n1", watchdog=watchdog)
+    try:
+        params = conn.info.get_parameters()
+        assert {k: params.get(k) for k in ("keepalives", "keepalives_idle", "keepalives_interval",
+                                           "keepalives_count", "tcp_user_timeout", "connect_timeout")} == {
+            "keepalives": "1", "keepalives_idle": "2", "keepalives_interval": "1", "keepalives_count": "3",
+            "tcp_user_timeout": "5000", "connect_timeout": "5"}
+        shown = {name: conn.execute(f"SHOW {name}").fetchone()[name]
+                 for name in ("lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout")}
+        assert shown == {"lock_timeout": "2s", "statement_timeout": "4s", "idle_in_transaction_session_timeout": "4s"}
+        assert isinstance(conn, WatchedConnection)
+        assert conn.watch == (watchdog, CallBounds(6.0, 8.0, 12.0), "scheduler-test:n1")
+        assert watchdog.in_flight() == []
+        _, done = watchdog.thread_state(threading.get_ident())
+        assert done is not None  # the SHOW queries went through the watchdog
+    finally:
+        conn.close()
+
+
+def test_every_node_component_opens_watched_sessions(pg_dsn):
+    s = settings(pg_dsn)
+    metrics = Metrics()
+    firer = Firer(s, LeaseTable(SystemClock(), s.safety_margin_s), SystemClock(), metrics)
+    coordinator = SqlCoordinator(s, metrics)
+    retention = RetentionLoop(s, lambda: [], SystemClock(), metrics)
+    probe = StoreProbe(s.dsn, application_name="scheduler-probe:n1", settings=s)
+    try:
+        sessions = {"firing": firer._connection("read"), "lease": coordinator._connection(),
+                    "retention": retention._connection()}
+        assert probe.check() is None
+        sessions["probe"] = probe._conn
+        assert {name: type(conn).__name__ for name, conn in sessions.items()} == dict.fromkeys(
+            sessions, "WatchedConnection")
+        assert {name: conn.watch[1] for name, conn in sessions.items()} == {
+            "firing": CallBounds(6.0, 8.0, 12.0), "lease": CallBounds(6.0, 8.0, 12.0),
+            "retention": CallBounds.after_statement_timeout(STATEMENT_TIMEOUT_S, 2.0),
+            "probe": CallBounds(3.0, 5.0, 9.0)}
+        assert {name: conn.info.get_parameters().get("tcp_user_timeout") for name, conn in sessions.items()} \
+            == dict.fromkeys(sessions, "5000")
+    finally:
+        firer.close()
+        coordinator.close()
+        retention.close()
+        probe.close()

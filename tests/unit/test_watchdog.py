@@ -1,0 +1,143 @@
+"""The store-call watchdog (scheduler/watchdog.py) with an injected clock.
+
+The watchdog's thread is not started: each test calls ``check()`` itself
+after moving a manual clock, with recording stand-ins for the cancel request
+and the socket shutdown. One test breaks a real socket pair to show that
+:func:`shutdown_socket` unblocks a thread waiting on it without closing its
+descriptor.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from scheduler.settings import Settings
+from scheduler.watchdog import CallBounds, Watchdog, shutdown_socket
+
+
+class FakeConn:
+    """What the watchdog reads of a psycopg connection: ``pgconn.socket``."""
+
+    def __init__(self, fd: int) -> None:
+        self.pgconn = type("PgConn", (), {"socket": fd})()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float, watchdog: Watchdog) -> None:
+        """Move time forward in check-sized steps, checking at each (as the thread does)."""
+        for _ in range(round(seconds / STEP_S)):
+            self.now += STEP_S
+            watchdog.check()
+
+
+STEP_S = 0.125
+"""The rig's check interval: a binary fraction, so sums of steps are exact."""
+
+
+@pytest.fixture
+def rig():
+    clock = Clock()
+    actions: list[tuple] = []
+    watchdog = Watchdog(clock, check_interval_s=STEP_S, cancel=lambda conn: actions.append(("cancel", conn.pgconn.socket, clock.now)),
+                        shutdown=lambda fd: actions.append(("shutdown", fd, clock.now)),
+                        on_stuck=lambda call: actions.append(("stuck", call.fd, clock.now)))
+    watchdog.check()  # first look: sets the reference time
+    return clock, watchdog, actions
+
+
+BOUNDS = CallBounds(cancel_after_s=5.0, break_after_s=7.0, exit_after_s=9.0)
+
+
+def test_a_call_past_its_bounds_is_cancelled_then_broken_then_reported_stuck(rig):
+    clock, watchdog, actions = rig
+    token = watchdog.begin(FakeConn(41), BOUNDS, "scheduler-fire:n1")
+    clock.advance(4.875, watchdog)
+    assert actions == []
+    clock.advance(0.125, watchdog)
+    assert actions == [("cancel", 41, pytest.approx(105.0))]
+    clock.advance(2.0, watchdog)
+    assert actions[1:] == [("shutdown", 41, pytest.approx(107.0))]
+    clock.advance(2.0, watchdog)
+    assert actions[2:] == [("stuck", 41, pytest.approx(109.0))]
+    clock.advance(10.0, watchdog)
+    assert len(actions) == 3  # each step once
+    watchdog.end(token)
+    assert watchdog.in_flight() == []
+
+
+def test_calls_that_return_in_time_are_left_alone_and_progress_is_recorded(rig):
+    clock, watchdog, actions = rig
+    thread = threading.get_ident()
+    for _ in range(20):
+        token = watchdog.begin(FakeConn(7), BOUNDS)
+        assert watchdog.thread_state(thread) == (pytest.approx(clock.now), None if _ == 0 else pytest.approx(clock.now))
+        clock.advance(4.0, watchdog)
+        watchdog.end(token)
+    assert actions == []
+    assert watchdog.thread_state(thread) == (None, pytest.approx(180.0))
+
+
+def test_only_the_late_call_is_acted_on(rig):
+    clock, watchdog, actions = rig
+    watchdog.begin(FakeConn(10), BOUNDS)
+    clock.advance(3.0, watchdog)
+    young = watchdog.begin(FakeConn(11), BOUNDS)
+    clock.advance(4.0, watchdog)
+    assert [(kind, fd) for kind, fd, _ in actions] == [("cancel", 10), ("shutdown", 10)]
+    watchdog.end(young)
+    clock.advance(10.0, watchdog)
+    assert [(kind, fd) for kind, fd, _ in actions] == [("cancel", 10), ("shutdown", 10), ("stuck", 10)]
+
+
+def test_time_the_process_was_suspended_does_not_count(rig):
+    clock, watchdog, actions = rig
+    watchdog.begin(FakeConn(5), BOUNDS)
+    clock.advance(2.0, watchdog)
+    clock.now += 60.0  # SIGSTOP for a minute: no check ran meanwhile
+    watchdog.check()  # counts as one check interval, not 60 s
+    assert actions == []
+    clock.advance(2.75, watchdog)  # 2 + 0.125 + 2.75 s of the call's life seen
+    assert actions == []
+    clock.advance(0.125, watchdog)
+    assert [kind for kind, _, _ in actions] == ["cancel"]
+
+
+def test_bounds_follow_the_statement_timeout_and_the_margin():
+    assert CallBounds.after_statement_timeout(4.0, 2.0) == CallBounds(6.0, 8.0, 12.0)
+    assert CallBounds.after_statement_timeout(0.8, 0.5) == CallBounds(1.3, 1.8, 3.8)
+    with pytest.raises(ValueError):
+        CallBounds(2.0, 1.0, 3.0)
+
+
+def test_settings_derive_the_client_side_bounds_from_the_ttl():
+    s = Settings(dsn="postgresql://h/db", lease_ttl_s=10.0).validated()
+    assert (s.effective_statement_timeout_s, s.effective_store_call_margin_s) == (4.0, 2.0)
+    assert (s.keepalive_idle_s, s.keepalive_interval_s, s.keepalive_count) == (2, 1, 3)
+    assert s.effective_tcp_user_timeout_s == 5.0
+    assert (s.effective_loop_stall_s, s.stop_timeout_s) == (10.0, 10.0)
+    small = Settings(dsn="postgresql://h/db", lease_ttl_s=2.0, renew_interval_s=0.5).validated()
+    assert (small.effective_store_call_margin_s, small.keepalive_idle_s, small.effective_tcp_user_timeout_s) \
+        == (0.5, 1, 1.0)
+
+
+def test_shutdown_socket_unblocks_a_reader_and_keeps_its_descriptor():
+    left, right = socket.socketpair()
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(left.recv(10)))
+    reader.start()
+    shutdown_socket(left.fileno())
+    reader.join(5)
+    assert not reader.is_alive() and got == [b""]
+    os.fstat(left.fileno())  # still open: only its owner closes it
+    left.close()
+    right.close()
