@@ -1,6 +1,6 @@
 """The midnight herd: many jobs due at one instant, one big tenant, many small ones.
 
-Shape (DESIGN.md §5): ``jobs`` cron jobs all due at the same minute boundary
+Shape (docs/design.md §5): ``jobs`` cron jobs all due at the same minute boundary
 ``T`` (expressions of the kinds found in the real corpus, in several zones, all
 matching ``T``), one big tenant holding ``big_share`` of them and
 ``tenants - 1`` small tenants sharing the rest, among ``background_jobs``

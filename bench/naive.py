@@ -1,7 +1,7 @@
 """The naive design the seed rejects, as a baseline: every process races on due rows.
 
 "Why not let all sixteen nodes race for due rows with SELECT … FOR UPDATE SKIP
-LOCKED?" (seed §8). This module is that design, minimal but honest, so the
+LOCKED?" (the seed's answer is in docs/design.md, at the top). This module is that design, minimal but honest, so the
 ``compare`` workload can measure the engine against it on the same store:
 
 * its own schema (:data:`SCHEMA`): ``jobs`` (one row per timer, the next fire

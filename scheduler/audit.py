@@ -1,4 +1,4 @@
-"""The audit: every (job, nominal time) in a window exactly once, never early (DESIGN.md §8).
+"""The audit: every (job, nominal time) in a window exactly once, never early (docs/design.md §8).
 
 :func:`verify` recomputes, from each job's schedule, every slot with nominal
 time in ``[since, until)`` and compares them with ``runs`` and ``skips`` in

@@ -1,4 +1,4 @@
-"""Injected clocks (STYLE.md rule 4; db-scheduler's one-method ``Clock``).
+"""Injected clocks (CONTRIBUTING.md rule 4; db-scheduler's one-method ``Clock``).
 
 The store's clock is the authority for leases and due times. A node's own
 clock is used only for local deadlines (when to stop trusting a lease, when

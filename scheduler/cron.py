@@ -4,7 +4,7 @@ This module knows nothing about time zones. It answers one question: given
 a *wall-clock* time (a naive local date and time, encoded as integer
 seconds since the naive 1970-01-01 00:00:00), which is the next wall-clock
 time the expression matches? :mod:`scheduler.schedule` turns that into real
-instants in a zone, with the DST policy of DESIGN.md §3.
+instants in a zone, with the DST policy of docs/design.md §3.
 
 Matching is delegated to ``cronsim`` (its ``CronSim`` iterating a *naive*
 datetime steps through matching wall times, and gets ``L``, ``LW``,

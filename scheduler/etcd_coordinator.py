@@ -1,4 +1,4 @@
-"""The etcd coordinator: leases and membership in etcd, epochs in the store (DESIGN.md §2, the seed).
+"""The etcd coordinator: leases and membership in etcd, epochs in the store (docs/design.md §2, the seed).
 
 Keys, under ``settings.etcd_prefix`` (default ``/scheduler/``)::
 

@@ -1,4 +1,4 @@
-"""Tenant fairness within a tick's budget (DESIGN.md §5): pure, no I/O.
+"""Tenant fairness within a tick's budget (docs/design.md §5): pure, no I/O.
 
 The allocator is a *weighted deficit round robin* (Shreedhar & Varghese,
 1995) over the tenants with due work, one round per tick:

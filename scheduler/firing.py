@@ -1,4 +1,4 @@
-"""The firing loop: once a second, one fenced, set-based transaction (DESIGN.md §4).
+"""The firing loop: once a second, one fenced, set-based transaction (docs/design.md §4).
 
 A tick
 ------
@@ -311,7 +311,7 @@ class _Sent:
 class Firer:
     """Runs firing ticks for one node.
 
-    Lifecycle (STYLE.md rule 6): :meth:`tick` is one iteration (tests call it);
+    Lifecycle (CONTRIBUTING.md rule 6): :meth:`tick` is one iteration (tests call it);
     :meth:`run` ticks once per ``tick_interval_s`` until ``stop`` is set;
     :meth:`wake` makes the loop tick now (after a claim).
     """

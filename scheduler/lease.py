@@ -1,4 +1,4 @@
-"""Partition leases: who *should* fire each partition (DESIGN.md §2, §6).
+"""Partition leases: who *should* fire each partition (docs/design.md §2, §6).
 
 The protocol
 ------------
@@ -215,12 +215,12 @@ class LeaseTable:
 
 
 def fair_share(live_nodes: int) -> int:
-    """⌈1024 / live_nodes⌉: the most partitions one node should hold (DESIGN.md §2)."""
+    """⌈1024 / live_nodes⌉: the most partitions one node should hold (docs/design.md §2)."""
     return math.ceil(PARTITION_COUNT / max(1, live_nodes))
 
 
 class Coordinator(Protocol):
-    """Ownership decisions: membership, claim, renew, release (DESIGN.md §2).
+    """Ownership decisions: membership, claim, renew, release (docs/design.md §2).
 
     Implementations: :class:`SqlCoordinator` (default) and the etcd one. The
     firing transaction and its fence do not depend on which is used. All

@@ -1,4 +1,4 @@
-"""Structured logs: one stable ``event`` name per record (STYLE.md rule 8).
+"""Structured logs: one stable ``event`` name per record (CONTRIBUTING.md rule 8).
 
 Call :func:`event` with the event name and fields; :func:`configure` picks
 text (default) or JSON lines. Secrets never reach a record: DSNs are passed

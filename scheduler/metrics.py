@@ -1,4 +1,4 @@
-"""Node metrics: an object with its own registry (STYLE.md rule 8).
+"""Node metrics: an object with its own registry (CONTRIBUTING.md rule 8).
 
 Names follow ``scheduler_<subsystem>_<name>_<unit|total>``. Labels are
 bounded: SQLSTATE *class* (two characters), lease event kind, never a raw

@@ -3,7 +3,7 @@
 The migration scripts live in ``alembic/`` beside ``alembic.ini`` at the
 project root (an editable install keeps them there). Each revision runs in
 its own transaction and uses ``IF NOT EXISTS`` so an interrupted upgrade can
-be re-run (DESIGN.md §7).
+be re-run (docs/design.md §7).
 
 The DSN may be a URI or libpq keywords (``host=... dbname=...``); see
 :func:`scheduler.store.sqlalchemy_url`. Its password, in every spelling,

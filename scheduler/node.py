@@ -1,4 +1,4 @@
-"""The composition root of a scheduler node (STYLE.md rule 6).
+"""The composition root of a scheduler node (CONTRIBUTING.md rule 6).
 
 A node is two loops on two threads, each with its own store connection:
 
@@ -20,7 +20,7 @@ pieces complete a production node:
   ``retention_batch_interval_s`` over the partitions this node holds, on a
   third thread with its own connection, so it never stalls firing.
 
-Graceful stop (SIGTERM/SIGINT, DESIGN.md §6): ``/readyz`` turns 503, the
+Graceful stop (SIGTERM/SIGINT, docs/design.md §6): ``/readyz`` turns 503, the
 firing loop finishes its tick and exits, then the lease loop releases every
 lease and deletes the heartbeat, so peers claim the partitions on their next
 poll (lateness ≤ ~2 s); the endpoint closes last. Whatever the threads are

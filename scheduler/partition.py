@@ -24,7 +24,7 @@ import hashlib
 import uuid
 
 PARTITION_COUNT = 1024
-"""Logical partitions (DESIGN.md §2). Changing it re-homes every job: don't."""
+"""Logical partitions (docs/design.md §2). Changing it re-homes every job: don't."""
 
 
 def stable_hash(job_id: uuid.UUID) -> int:

@@ -3,10 +3,10 @@
 Given a job's next slot (nominal time), its misfire policy and the store's
 ``now``, :func:`plan_job` returns the runs to fire this tick (oldest first,
 at most ``limit``), the range of slots to record as skipped, and the job's
-new next slot. No I/O; ``now`` is an argument (STYLE.md rule 1; Temporal's
+new next slot. No I/O; ``now`` is an argument (CONTRIBUTING.md rule 1; Temporal's
 ``ProcessTimeRange``).
 
-Misfire (catch-up) policies, DESIGN.md §3. "Overdue" means the slot's
+Misfire (catch-up) policies, docs/design.md §3. "Overdue" means the slot's
 scheduled time (nominal + jitter) is ≤ now.
 
 ``all`` (default)
@@ -48,9 +48,9 @@ from typing import Protocol
 
 MISFIRE_POLICIES = ("all", "once", "skip")
 CATCHUP_WINDOW_S = 86_400
-"""Default catch-up window of the ``all`` policy (DESIGN.md §3)."""
+"""Default catch-up window of the ``all`` policy (docs/design.md §3)."""
 MISFIRE_GRACE_S = 60
-"""Default grace of the ``skip`` policy (DESIGN.md §3)."""
+"""Default grace of the ``skip`` policy (docs/design.md §3)."""
 COUNT_CAP = 10_000
 """Skipped slots are counted up to this many; beyond, the count is ``None``."""
 

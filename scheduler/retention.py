@@ -180,7 +180,7 @@ def prune(conn: psycopg.Connection, older_than_s: float, *, partition_ids: Itera
 class RetentionLoop:
     """A node's retention thread: :class:`PruneWalk` passes over the partitions it holds.
 
-    Lifecycle (STYLE.md rule 6): :meth:`run_once` runs at most one batch
+    Lifecycle (CONTRIBUTING.md rule 6): :meth:`run_once` runs at most one batch
     (tests call it); :meth:`run` calls it every ``retention_batch_interval_s``
     until ``stop`` is set; :meth:`close` frees the connection. Store failures
     are counted and logged, never raised: the walk resumes on the next call.

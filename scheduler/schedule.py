@@ -7,7 +7,7 @@ the host's time zone: ``now`` is always an argument (case C19: a schedule in
 UTC must not care that the host falls back tonight).
 
 - :class:`CronSchedule`: a cron expression evaluated on the wall clock of
-  an IANA zone (DESIGN.md §3).
+  an IANA zone (docs/design.md §3).
 - :class:`IntervalSchedule`: every ``interval_s`` *elapsed* seconds from
   an anchor instant (24 h is 86,400 s, across DST too).
 - :class:`OnceSchedule`: one instant.
@@ -15,7 +15,7 @@ UTC must not care that the host falls back tonight).
 Cron across DST: the policy
 ----------------------------
 We follow Debian/ISC cron, the behaviour most operators expect, and the
-cases in ``shared/cases/cron-cases.json`` pin it down. A job is
+cases in ``tests/data/cron-cases.json`` pin it down. A job is
 *fixed-time* when neither its minute nor its hour field starts with ``*``
 (``30 2 * * *``, ``0 1-23/2 * * *``); otherwise it is a *wildcard* job
 (``*/15 * * * *``, ``0 */2 * * *``, ``* 2 * * *``).

@@ -1,7 +1,7 @@
-"""One validated settings object for a node (STYLE.md rule 7).
+"""One validated settings object for a node (CONTRIBUTING.md rule 7).
 
 Every field carries its unit in its name; defaults are the named constants
-below and come from DESIGN.md §2 and §6. The CLI exposes each field as a flag
+below and come from docs/design.md §2 and §6. The CLI exposes each field as a flag
 and as an environment variable ``SCHEDULER_<FIELD>`` (upper case), e.g.
 ``--lease-ttl-s`` / ``SCHEDULER_LEASE_TTL_S``, and reads an optional TOML
 config file (``--config FILE`` / ``SCHEDULER_CONFIG``) whose keys are the
@@ -12,8 +12,8 @@ field names. Precedence, highest first: flag, environment, file, default
 Derived store timeouts: a paused node can hold the partition rows' share
 locks taken by its firing transaction, so every node session sets
 ``lock_timeout``, ``statement_timeout`` and
-``idle_in_transaction_session_timeout`` well below the lease TTL (DESIGN.md
-§2): by default 20 %, 40 % and 40 % of the TTL. The store then aborts a
+``idle_in_transaction_session_timeout`` well below the lease TTL
+(docs/design.md §2): by default 20 %, 40 % and 40 % of the TTL. The store then aborts a
 frozen node's transaction and a takeover proceeds.
 
 Client-side bounds (the store can go silent: a hung pooler or proxy, a
@@ -43,20 +43,20 @@ from typing import Any
 from scheduler.errors import ConfigError
 
 LEASE_TTL_S = 10.0
-"""Lease time-to-live (DESIGN.md §2)."""
+"""Lease time-to-live (docs/design.md §2)."""
 RENEW_INTERVAL_S = 3.0
-"""Lease renewal and heartbeat period (DESIGN.md §2)."""
+"""Lease renewal and heartbeat period (docs/design.md §2)."""
 POLL_INTERVAL_S = 1.0
-"""Membership / free-partition poll period (DESIGN.md §2)."""
+"""Membership / free-partition poll period (docs/design.md §2)."""
 TICK_INTERVAL_S = 1.0
-"""Firing tick period (DESIGN.md §4)."""
+"""Firing tick period (docs/design.md §4)."""
 SAFETY_MARGIN_S = 1.0
 """Stop firing this long before the lease expires by the node's monotonic
-clock if renewals fail (DESIGN.md §2: at least 0.5 s, CockroachDB's default
+clock if renewals fail (docs/design.md §2: at least 0.5 s, CockroachDB's default
 maximum clock offset)."""
 MAX_RATE_PER_S = 100_000.0
 """Per-node firing budget in runs/s; high enough that a node on a 2-core box
-is capacity-bound (DESIGN.md §5)."""
+is capacity-bound (docs/design.md §5)."""
 NODE_PRUNE_AFTER_S = 3600.0
 """Heartbeat rows older than this are deleted."""
 METRICS_HOST = "127.0.0.1"
@@ -66,7 +66,7 @@ RETENTION_BATCH_ROWS = 1000
 RETENTION_BATCH_INTERVAL_S = 1.0
 """The node's retention loop runs at most one batch per this many seconds."""
 COORDINATORS = ("sql", "etcd")
-"""Ownership coordinators (DESIGN.md §2): lease rows in the store, or etcd leases."""
+"""Ownership coordinators (docs/design.md §2): lease rows in the store, or etcd leases."""
 STOP_TIMEOUT_S = 10.0
 """After SIGTERM/SIGINT the node exits within this many seconds: gracefully
 if it can, else with status 1 (``stop_deadline_passed``)."""

@@ -10,7 +10,7 @@ smallest gap between consecutive slots (:func:`check_jitter`).
 :class:`ScheduleCache` builds schedule objects from job rows and memoizes
 ``next_after`` per (schedule, instant): in a midnight herd most jobs share a
 handful of expressions and the same nominal time, so 300,000 next-fire
-computations collapse into a few dozen (DESIGN.md §5).
+computations collapse into a few dozen (docs/design.md §5).
 """
 
 from __future__ import annotations

@@ -8,14 +8,14 @@ costs 2× on the hot path.
 
 Connections: every node session sets ``lock_timeout``, ``statement_timeout``
 and ``idle_in_transaction_session_timeout`` well below the lease TTL
-(DESIGN.md §2), so a frozen node's open transaction is aborted by the store
+(docs/design.md §2), so a frozen node's open transaction is aborted by the store
 and cannot hold the partition rows' locks past its lease. The converse (a
 store or proxy that goes silent while the node waits) is bounded on the
 client: every node session is opened by :func:`node_connect`, with TCP
 keepalives, ``tcp_user_timeout`` and the watchdog's bounds on each blocking
 call (:mod:`scheduler.watchdog`).
 
-Retries (DESIGN.md §7): CockroachDB (and PostgreSQL at SERIALIZABLE) ask
+Retries (docs/design.md §7): CockroachDB (and PostgreSQL at SERIALIZABLE) ask
 clients to retry a whole transaction on SQLSTATE 40001 (serialization
 failure) and 40P01 (deadlock). :func:`run_transaction` does so with bounded,
 jittered exponential backoff; the decision is made on the SQLSTATE class,

@@ -1,4 +1,4 @@
-"""Client-side bounds on store calls: the node's watchdog (DESIGN.md §2).
+"""Client-side bounds on store calls: the node's watchdog (docs/design.md §2).
 
 Server-side timeouts (``statement_timeout``, ``lock_timeout``) end a slow
 statement only if the store can still answer. A connection that goes silent

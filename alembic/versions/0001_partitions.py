@@ -1,4 +1,4 @@
-"""Partitions: one lease row per partition; owner_epoch is the fencing token (DESIGN.md §2).
+"""Partitions: one lease row per partition; owner_epoch is the fencing token (docs/design.md §2).
 
 Not UNLOGGED: a crash must never reset epochs.
 

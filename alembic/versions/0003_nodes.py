@@ -1,4 +1,4 @@
-"""Nodes: the membership heartbeat table (DESIGN.md §2).
+"""Nodes: the membership heartbeat table (docs/design.md §2).
 
 Revision ID: 0003
 Revises: 0002

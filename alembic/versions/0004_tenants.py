@@ -1,4 +1,4 @@
-"""Tenants: fairness weight and optional fleet-wide rate cap (DESIGN.md §5).
+"""Tenants: fairness weight and optional fleet-wide rate cap (docs/design.md §5).
 
 Revision ID: 0004
 Revises: 0003

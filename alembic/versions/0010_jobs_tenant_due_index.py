@@ -1,4 +1,4 @@
-"""Index: due jobs per tenant in due order (the fair due scan, DESIGN.md §5).
+"""Index: due jobs per tenant in due order (the fair due scan, docs/design.md §5).
 
 Revision ID: 0010
 Revises: 0009

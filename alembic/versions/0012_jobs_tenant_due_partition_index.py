@@ -1,5 +1,5 @@
 """Due index keyed (tenant, next_due_at, partition_id, job_id): a node reads
-only its own partitions' due timers (DESIGN.md §4, §5).
+only its own partitions' due timers (docs/design.md §4, §5).
 
 Replaces jobs_tenant_due_idx (tenant, next_due_at, job_id). With the
 partition id after the due time, the timers of one tenant due at one instant

@@ -1,4 +1,4 @@
-"""Leases: one row per partition, apart from the fence (DESIGN.md §2).
+"""Leases: one row per partition, apart from the fence (docs/design.md §2).
 
 The lease (who should fire a partition, until when) lives here; the fence
 (``partitions.owner_node`` / ``owner_epoch``, locked ``FOR SHARE`` by every

@@ -1,5 +1,5 @@
 -- Named queries of the trigger engine. Loaded once by scheduler/store.py.
--- Rules (DESIGN.md §7, the PostgreSQL/CockroachDB common subset):
+-- Rules (docs/design.md §7, the PostgreSQL/CockroachDB common subset):
 --   * store time (now(), statement_timestamp()) is the only clock for leases
 --     and due times; never clock_timestamp();
 --   * every write that depends on owning a partition carries node and epoch
@@ -52,7 +52,7 @@ DELETE FROM nodes WHERE heartbeat_at < now() - %(prune_after_s)s * interval '1 s
 --           one gets each row, and a renewal that committed first wins;
 --   bumped  owner_epoch + 1 on the partition rows (the fence). This UPDATE
 --           waits for the share locks of an in-flight firing statement of the
---           previous owner: the takeover waits for its commit (DESIGN.md §2);
+--           previous owner: the takeover waits for its commit (docs/design.md §2);
 --   the lease rows get owner, epoch copy and expiry (re-checked: a row that
 --           is no longer free or expired keeps its lease; its partition's
 --           epoch moved on, which only fences its holder out).
@@ -283,7 +283,7 @@ SELECT version_num FROM alembic_version;
 SELECT now() AS store_now;
 
 -- name: fire_runs
--- The fenced firing statement (DESIGN.md §4). One statement, so atomic:
+-- The fenced firing statement (docs/design.md §4). One statement, so atomic:
 --   fence    locks the partition rows FOR SHARE where owner and epoch are
 --            still ours: a concurrent takeover (which UPDATEs owner_epoch)
 --            waits for this transaction's commit, or has already committed
@@ -390,7 +390,7 @@ SELECT (SELECT pids FROM fenced) AS fenced,
 -- exact probes of jobs_tenant_due_part_idx, one per fenced partition of the
 -- slice (the fenced list is only known when the statement runs, so the
 -- planner cannot trade the probes for a walk of the whole instant), and
--- updates them in place; other nodes' partitions are never read. Same guarantees as fire_runs (DESIGN.md §4):
+-- updates them in place; other nodes' partitions are never read. Same guarantees as fire_runs (docs/design.md §4):
 --   fence    locks the chunk's partition rows FOR SHARE where owner and
 --            epoch are still ours (evaluated once; the epoch is a subscript
 --            of %(epochs)s, so no join whose plan follows the partitions

@@ -101,7 +101,7 @@ class Timings:
 
     @property
     def crash_lateness_bound_s(self) -> float:
-        """DESIGN.md §6 crash bound TTL + poll + tick, scaled down (no margin)."""
+        """docs/design.md §6 crash bound TTL + poll + tick, scaled down (no margin)."""
         return self.lease_ttl_s + self.poll_interval_s + self.tick_interval_s
 
 

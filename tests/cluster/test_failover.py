@@ -1,4 +1,4 @@
-"""Failover with real node processes and real signals (DESIGN.md §2, §6, §8).
+"""Failover with real node processes and real signals (docs/design.md §2, §6, §8).
 
 Every test runs :data:`JOBS` interval jobs firing every second under the
 scaled-down timings of ``harness.TIMINGS`` (TTL 2 s, renew 0.5 s, poll
@@ -334,7 +334,7 @@ def test_serialization_failure_in_firing_statement_is_retried_node_keeps_firing(
                      lambda value: value >= 1, timeout_s=MARGIN_S)
     hit_at = cluster.now()
 
-    # DESIGN.md §7: the transaction is retried; n2 keeps firing its own partitions.
+    # docs/design.md §7: the transaction is retried; n2 keeps firing its own partitions.
     cluster.wait_fired(VICTIM, hit_at, pids=sorted(old), timeout_s=MARGIN_S)
     _wait_caught_up(cluster)
     rows = partitions(cluster.conn)

@@ -1,4 +1,4 @@
-"""Membership and claiming on one PostgreSQL (DESIGN.md §2).
+"""Membership and claiming on one PostgreSQL (docs/design.md §2).
 
 * real node processes: three converge on the 1,024 partitions, a fourth
   joins and every node ends within its share, one leaves gracefully
@@ -106,7 +106,7 @@ def test_nodes_converge_fourth_joins_one_leaves_gracefully(cluster: Cluster) -> 
     history = cluster.finish(since, covering=absorbed)
     late_s = max_lateness_s(conn, handed_over, left_from)
     print(f"graceful leave: max lateness of its partitions {late_s:.3f}s; window {history.report}")
-    assert late_s <= 2.0 + MARGIN_S  # DESIGN.md §6: graceful stop costs ≤ 2 s
+    assert late_s <= 2.0 + MARGIN_S  # docs/design.md §6: graceful stop costs ≤ 2 s
     # `scheduler verify --json` over the same window agrees.
     verify_cli = run_cli("verify", "--dsn", cluster.dsn, "--since", history.since.isoformat(),
                          "--until", history.until.isoformat(), "--json")

@@ -1,4 +1,4 @@
-"""Fairness and pacing of the firing loop on a real store (DESIGN.md §5).
+"""Fairness and pacing of the firing loop on a real store (docs/design.md §5).
 
 The allocator's properties are tested in tests/unit/test_fairness.py; here:
 the node serves tenants by weight within a tick, a big tenant cannot delay a

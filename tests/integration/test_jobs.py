@@ -1,7 +1,7 @@
 """Registering and managing jobs and tenants against a real store (scheduler/jobs.py).
 
 Bad input must raise ValidationError naming the field and change nothing
-(DESIGN.md §8): every rejection test snapshots ``jobs`` and ``tenants``
+(docs/design.md §8): every rejection test snapshots ``jobs`` and ``tenants``
 before and after. The corpus import runs on the project's real 1,500-line
 corpus with its exact outcome pinned.
 """

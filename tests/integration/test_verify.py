@@ -1,4 +1,4 @@
-"""``verify`` finds every break of DESIGN.md §8 (scheduler/audit.py, scheduler/oracle.py).
+"""``verify`` finds every break of docs/design.md §8 (scheduler/audit.py, scheduler/oracle.py).
 
 Each scenario is written into the store with plain SQL (jobs, job_revisions,
 runs, skips), so the audit is tested on exactly the rows it reads, whatever

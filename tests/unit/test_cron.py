@@ -3,7 +3,7 @@
 The DST oracle in the property tests is independent of the code under test:
 it walks every UTC minute of a window with ``zoneinfo`` (``fold`` tells the
 second pass of a repeated hour) and detects transitions minute by minute,
-then applies DESIGN.md §3 literally.
+then applies docs/design.md §3 literally.
 """
 
 from __future__ import annotations
@@ -1103,7 +1103,7 @@ def _field_set(text: str, low: int, high: int) -> set[int]:
 
 
 def _oracle(expr: str, zone: zoneinfo.ZoneInfo, start_s: int, end_s: int) -> list[int]:
-    """Fires in [start_s, end_s) by DESIGN.md §3, minute by minute (whole-minute zones)."""
+    """Fires in [start_s, end_s) by docs/design.md §3, minute by minute (whole-minute zones)."""
     minute_text, hour_text, _, _, dow_text = expr.split()
     minutes, hours = _field_set(minute_text, 0, 59), _field_set(hour_text, 0, 23)
     dows = {d % 7 for d in _field_set(dow_text, 0, 7)}

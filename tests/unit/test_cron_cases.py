@@ -1,11 +1,12 @@
-"""The 41 cron/DST cases from public bug reports (shared/cases/cron-cases.json).
+"""The 41 cron/DST cases from public bug reports (tests/data/cron-cases.json).
 
-Each case is one test: ``fires`` cases must produce exactly ``expected_next``
-(UTC, in order, the first strictly after ``start``); ``reject`` and ``never``
-cases must be refused when the schedule is built (ValidationError), which is
-the policy DESIGN.md §3 prefers for both. The suite reads its own copy in
-``tests/data`` (so it runs without ``shared/``) and falls back to the shared
-file.
+The file is the source of truth: a list of cases, each drawn from a real
+report against a scheduler or cron library (paraphrased in ``note``), with
+``id``, ``expr``, ``tz`` (the IANA zone), ``start`` (ISO-8601 with offset)
+and ``expect``. Each case is one test: ``fires`` cases must produce exactly
+``expected_next`` (UTC, in order, the first strictly after ``start``);
+``reject`` and ``never`` cases must be refused when the schedule is built
+(ValidationError), which is the policy docs/design.md §3 prefers for both.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ import pytest
 from scheduler.errors import ValidationError
 from scheduler.schedule import CronSchedule, format_instant, parse_instant
 
-_LOCAL = Path(__file__).resolve().parents[1] / "data" / "cron-cases.json"
-_SHARED = Path(__file__).resolve().parents[3] / "shared" / "cases" / "cron-cases.json"
-CASES_PATH = _LOCAL if _LOCAL.exists() else _SHARED
+CASES_PATH = Path(__file__).resolve().parents[1] / "data" / "cron-cases.json"
 CASES = json.loads(CASES_PATH.read_text("utf-8"))
 
 
@@ -29,12 +28,6 @@ def test_all_cases_are_present() -> None:
     assert len(CASES) == 41
     assert len({case["id"] for case in CASES}) == 41
     assert {case["expect"] for case in CASES} == {"fires", "reject", "never"}
-
-
-def test_local_copy_matches_shared_file() -> None:
-    if not _SHARED.exists():
-        pytest.skip("shared/ not present")
-    assert json.loads(_LOCAL.read_text("utf-8")) == json.loads(_SHARED.read_text("utf-8"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case["id"] for case in CASES])

@@ -1,4 +1,4 @@
-"""The project's SQL stays in the PostgreSQL/CockroachDB common subset (DESIGN.md §7).
+"""The project's SQL stays in the PostgreSQL/CockroachDB common subset (docs/design.md §7).
 
 Scans every named query of ``scheduler/sql/queries.sql`` and every string
 constant of ``alembic/versions/*.py`` (the SQL the migrations execute; module
