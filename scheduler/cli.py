@@ -47,6 +47,7 @@ from scheduler.errors import (
     ValidationError,
     clip,
 )
+from scheduler.planner import CATCHUP_WINDOW_S, DEFAULT_MISFIRE, MISFIRE_GRACE_S, MISFIRE_POLICIES
 from scheduler.settings import Settings
 
 EXIT_INVALID = 2
@@ -441,13 +442,13 @@ def _schedule_options(func: Callable) -> Callable:
               help="One-shot instant, ISO-8601 with offset (2030-01-01T09:00:00Z).")
 @click.option("--name", default=None, help="Unique per tenant; makes the call idempotent.")
 @click.option("--replace", is_flag=True, help="With --name: change an existing job whose spec differs.")
-@click.option("--misfire", type=click.Choice(["all", "once", "skip"]), default="all", show_default=True,
+@click.option("--misfire", type=click.Choice(MISFIRE_POLICIES), default=DEFAULT_MISFIRE, show_default=True,
               help="Catch-up policy for overdue slots (all: every slot within --catchup-window-s; "
                    "once: one run for all; skip: drop slots later than --misfire-grace-s).")
 @click.option("--catchup-window-s", type=Seconds("catchup_window"), default=None,
-              help="Window of the 'all' policy (only): slots older are skipped  [default: 86400].")
+              help=f"Window of the 'all' policy (only): slots older are skipped  [default: {CATCHUP_WINDOW_S}].")
 @click.option("--misfire-grace-s", type=Seconds("misfire_grace"), default=None,
-              help="Grace of the 'once' and 'skip' policies (not 'all')  [default: 60].")
+              help=f"Grace of the 'once' and 'skip' policies (not 'all')  [default: {MISFIRE_GRACE_S}].")
 @click.option("--jitter", "jitter_s", type=Seconds("jitter"), default=0, show_default=True,
               help="Deterministic delay of up to this many seconds per run.")
 def jobs_add(dsn: str, tenant: str, cron: str | None, tz: str | None, dialect: str | None,
@@ -478,7 +479,7 @@ def jobs_add(dsn: str, tenant: str, cron: str | None, tz: str | None, dialect: s
 @dsn_option
 @click.argument("csv_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--tenant", required=True, envvar="SCHEDULER_TENANT", show_envvar=True)
-@click.option("--misfire", type=click.Choice(["all", "once", "skip"]), default="all", show_default=True)
+@click.option("--misfire", type=click.Choice(MISFIRE_POLICIES), default=DEFAULT_MISFIRE, show_default=True)
 @click.option("--name-column", default=None,
               help="Take each job's name from this CSV column [default: a name derived from the line].")
 @json_option

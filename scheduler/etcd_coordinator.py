@@ -97,6 +97,11 @@ MAX_TXN_OPS = 128
 """etcd's default ``--max-txn-ops``: operations per transaction branch."""
 CLAIM_TXNS_MAX = 24
 """Claim transactions one ``claim()`` call may send (lost races included)."""
+SWITCHING_COORDINATORS_DOC = "docs/operations.md, 'Switching coordinators'"
+"""Where raising etcd's revision above the stored epochs is explained."""
+EPOCH_REGRESSION_HINT = ("etcd's revision must exceed every stored owner_epoch (a reset etcd, or a switch "
+                         f"from the SQL coordinator): see {SWITCHING_COORDINATORS_DOC}")
+"""The ``hint`` of every ``epoch_regression`` record."""
 
 
 def parse_endpoints(text: str) -> list[tuple[str, int]]:
@@ -368,14 +373,16 @@ class EtcdCoordinator(StoreSession):
         # later claim is above it: only a revision *below* a stored epoch is a
         # regression (an epoch equal to it was this etcd's own last claim).
         if revision < top["owner_epoch"]:
-            log.event("epoch_regression", logging.ERROR, node=self.node_id, partition=top["partition_id"],
-                      stored_epoch=top["owner_epoch"], revision=revision,
-                      hint="etcd's revision must exceed every stored owner_epoch (a reset etcd, or a switch "
-                           "from the SQL coordinator): see docs/operations.md, 'Switching coordinators'")
+            self._log_regression(top["partition_id"], top["owner_epoch"], revision)
             raise EpochRegressionError(
                 f"etcd revision {revision} is below the store's owner_epoch {top['owner_epoch']} "
                 f"(partition {top['partition_id']}): claims would not fence the previous owners; raise the "
-                f"etcd revision above {top['owner_epoch']} first (docs/operations.md, 'Switching coordinators')")
+                f"etcd revision above {top['owner_epoch']} first ({SWITCHING_COORDINATORS_DOC})")
+
+    def _log_regression(self, partition_id: int, stored_epoch: int | None, revision: int) -> None:
+        """ERROR ``epoch_regression``: ``partition_id``'s stored epoch (None: unread) is not below ``revision``."""
+        log.event("epoch_regression", logging.ERROR, node=self.node_id, partition=partition_id,
+                  stored_epoch=stored_epoch, revision=revision, hint=EPOCH_REGRESSION_HINT)
 
     def preflight(self) -> None:
         """Called by the node before it starts its loops: join and check epochs now.
@@ -576,10 +583,7 @@ class EtcdCoordinator(StoreSession):
         except (psycopg.Error, SchedulerError):
             stored = {}
         for pid in pids:
-            log.event("epoch_regression", logging.ERROR, node=self.node_id, partition=pid,
-                      stored_epoch=stored.get(pid), revision=revision,
-                      hint="etcd's revision must exceed every stored owner_epoch (a reset etcd, or a switch "
-                           "from the SQL coordinator): see docs/operations.md, 'Switching coordinators'")
+            self._log_regression(pid, stored.get(pid), revision)
         with contextlib.suppress(SchedulerError):
             self._call(self._delete_keys, [(pid, revision) for pid in pids], what="drop regressed")
 

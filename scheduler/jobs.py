@@ -46,7 +46,7 @@ import psycopg
 from scheduler import store
 from scheduler.errors import ConflictError, NotFoundError, ValidationError, clip
 from scheduler.partition import partition_of
-from scheduler.planner import count_slots, scheduled_time
+from scheduler.planner import DEFAULT_MISFIRE, count_slots, scheduled_time
 from scheduler.spec import JobSpec, build_schedule, validate_tenant
 
 T = TypeVar("T")
@@ -224,7 +224,7 @@ def import_name(tenant: str, expr: str, dialect: str, tz: str, occurrence: int) 
     return f"{IMPORT_NAME_PREFIX}{digest[:16]}:{occurrence}"
 
 
-def corpus_specs(path: Path, tenant: str, *, misfire: str = "all",
+def corpus_specs(path: Path, tenant: str, *, misfire: str = DEFAULT_MISFIRE,
                  name_column: str | None = None) -> Iterator[tuple[int, str, JobSpec | str]]:
     """Read a corpus-format CSV; yield ``(line_number, expr, JobSpec or reason)``.
 
@@ -304,7 +304,7 @@ _UNDECODABLE = re.compile("[\udc80-\udcff]")
 """Bytes that did not decode as UTF-8 (``surrogateescape``)."""
 
 
-def import_csv(conn: psycopg.Connection, path: Path, tenant: str, *, misfire: str = "all",
+def import_csv(conn: psycopg.Connection, path: Path, tenant: str, *, misfire: str = DEFAULT_MISFIRE,
                name_column: str | None = None, batch_size: int = IMPORT_BATCH) -> ImportReport:
     """Import every valid line of a corpus-format CSV for ``tenant``; idempotent.
 

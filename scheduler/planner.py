@@ -44,25 +44,24 @@ import dataclasses
 import hashlib
 import uuid
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the planner imports nothing of the engine at run time
+    from scheduler.schedule import Schedule
 
 MISFIRE_POLICIES = ("all", "once", "skip")
+"""The misfire (catch-up) policies, in the order the CLI offers them."""
+DEFAULT_MISFIRE = "all"
+"""The policy of a job that names none (docs/design.md §3)."""
 CATCHUP_WINDOW_S = 86_400
 """Default catch-up window of the ``all`` policy (docs/design.md §3)."""
 MISFIRE_GRACE_S = 60
-"""Default grace of the ``skip`` policy (docs/design.md §3)."""
+"""Default grace of the ``once`` and ``skip`` policies (docs/design.md §3)."""
 COUNT_CAP = 10_000
 """Skipped slots are counted up to this many; beyond, the count is ``None``."""
 
 _EPSILON = timedelta(microseconds=1)
 _PROBES_S = (60, 3_600, 86_400, 31 * 86_400, 400 * 86_400)
-
-
-class Schedule(Protocol):
-    """What the planner needs of a schedule (see scheduler/schedule.py)."""
-
-    def next_after(self, instant: datetime) -> datetime | None:
-        """First fire strictly after ``instant`` (aware, UTC), or ``None``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +144,7 @@ def plan_job(
     job_id: uuid.UUID,
     next_nominal: datetime | None,
     now: datetime,
-    misfire: str = "all",
+    misfire: str = DEFAULT_MISFIRE,
     catchup_window_s: int = CATCHUP_WINDOW_S,
     misfire_grace_s: int = MISFIRE_GRACE_S,
     jitter_s: int = 0,

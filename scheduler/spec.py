@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from scheduler.errors import ValidationError
-from scheduler.planner import CATCHUP_WINDOW_S, MISFIRE_GRACE_S, MISFIRE_POLICIES
+from scheduler.planner import CATCHUP_WINDOW_S, DEFAULT_MISFIRE, MISFIRE_GRACE_S, MISFIRE_POLICIES
 from scheduler.schedule import CronSchedule, IntervalSchedule, OnceSchedule
 from scheduler.zones import load_zone
 
@@ -62,7 +62,7 @@ class JobSpec:
     interval_s: int | None = None
     at: datetime | None = None
     name: str | None = None
-    misfire: str = "all"
+    misfire: str = DEFAULT_MISFIRE
     catchup_window_s: int = CATCHUP_WINDOW_S
     misfire_grace_s: int = MISFIRE_GRACE_S
     jitter_s: int = 0
@@ -70,7 +70,7 @@ class JobSpec:
     @classmethod
     def build(cls, *, tenant: str, cron: str | None = None, tz: str | None = None,
               dialect: str | None = None, interval_s: Any = None, at: datetime | None = None,
-              name: str | None = None, misfire: str = "all",
+              name: str | None = None, misfire: str = DEFAULT_MISFIRE,
               catchup_window_s: Any = None, misfire_grace_s: Any = None,
               jitter_s: Any = 0) -> JobSpec:
         """Build and validate a spec from user input; raises ValidationError.

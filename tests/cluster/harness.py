@@ -68,6 +68,8 @@ from scheduler.partition import PARTITION_COUNT
 from scheduler.spec import JobSpec
 from scheduler.status import cluster_status
 
+from helpers import store_now
+
 T = TypeVar("T")
 
 
@@ -372,10 +374,6 @@ class NodeProcess:
 
 
 # ---------------------------------------------------------------- store probes
-
-
-def store_now(conn: psycopg.Connection) -> datetime:
-    return store.execute(conn, "store_now")[0]["store_now"]
 
 
 def add_interval_jobs(conn: psycopg.Connection, count: int, interval_s: int = 1,

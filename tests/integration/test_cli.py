@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -23,19 +22,15 @@ from click.testing import CliRunner
 
 from scheduler import audit, jobs, store
 from scheduler.cli import cli
-from scheduler.clock import SystemClock
-from scheduler.firing import Firer
-from scheduler.lease import LeaseTable, SqlCoordinator
-from scheduler.metrics import Metrics
 from scheduler.planner import scheduled_time
 from scheduler.schedule import format_instant
-from scheduler.settings import Settings
 from scheduler.spec import JobSpec
+
+from helpers import OneNode, cron_cases, store_now
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).with_name("scheduler")
-CASES_PATH = REPO / "tests" / "data" / "cron-cases.json"
-CASES = {case["id"]: case for case in json.loads(CASES_PATH.read_text("utf-8"))}
+CASES = {case["id"]: case for case in cron_cases()}
 CORPUS = REPO / "scheduler" / "data" / "cron-corpus.csv"
 VERIFY_KEYS = {"expected", "runs", "missing", "duplicates", "unexpected", "early", "skips_invalid",
                "expected_disagreements", "jobs_excluded", "lateness_p50_s", "lateness_p99_s", "lateness_max_s",
@@ -57,10 +52,6 @@ def one_line_error(result, status: int, prefix: str) -> str:
     assert lines[0].startswith(prefix), lines[0]
     assert result.stdout == ""
     return lines[0]
-
-
-def store_now(conn: psycopg.Connection) -> datetime:
-    return conn.execute("SELECT now() AS n").fetchone()["n"]
 
 
 # ---------------------------------------------------------------- jobs next (no store)
@@ -300,19 +291,11 @@ def test_db_upgrade_is_rerunnable(empty_pg_dsn) -> None:
 
 def tick_once(dsn: str) -> int:
     """One firing tick of a node "cli-node" holding every partition; returns the runs fired."""
-    settings = Settings(dsn=dsn, node_id="cli-node").validated()
-    metrics = Metrics()
-    table = LeaseTable(SystemClock(), settings.safety_margin_s)
-    coord = SqlCoordinator(settings, metrics)
-    firer = Firer(settings, table, SystemClock(), metrics)
+    node = OneNode(dsn, node_id="cli-node")
     try:
-        coord.join()
-        sent = time.monotonic()
-        table.grant(coord.claim(1024), sent, settings.lease_ttl_s)
-        return firer.tick().fired
+        return node.firer.tick().fired
     finally:
-        firer.close()
-        coord.close()
+        node.close()
 
 
 def fire_two_jobs(pg_dsn: str, conn: psycopg.Connection) -> tuple[uuid.UUID, uuid.UUID, datetime]:

@@ -14,23 +14,18 @@ from collections import Counter
 from datetime import timedelta
 
 from scheduler import firing, jobs
-from scheduler.clock import ManualClock, SystemClock
+from scheduler.clock import ManualClock
 from scheduler.firing import Firer
-from scheduler.lease import LeaseTable, SqlCoordinator
-from scheduler.metrics import Metrics
+from scheduler.lease import SqlCoordinator
 from scheduler.partition import partition_of
-from scheduler.settings import Settings
+
+from helpers import OneNode
 
 
-def _node(dsn: str, clock=None, **overrides):
-    settings = Settings(dsn=dsn, node_id="fair", **overrides).validated()
-    metrics = Metrics()
-    clock = clock or SystemClock()
-    table = LeaseTable(clock, settings.safety_margin_s)
-    coord = SqlCoordinator(settings, metrics)
-    coord.join()
-    table.grant(coord.claim(1024), clock.monotonic(), settings.lease_ttl_s)
-    return Firer(settings, table, clock, metrics), coord
+def _node(dsn: str, clock=None, **overrides) -> tuple[Firer, SqlCoordinator]:
+    """The firer and coordinator of a :class:`OneNode` "fair" (close both)."""
+    node = OneNode(dsn, node_id="fair", clock=clock, **overrides)
+    return node.firer, node.coord
 
 
 def _load_due(conn, tenant: str, count: int, due_ago_s: int) -> None:

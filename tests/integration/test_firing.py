@@ -29,7 +29,7 @@ from scheduler.planner import scheduled_time
 from scheduler.schedule import CronSchedule
 from scheduler.spec import JobSpec
 
-from helpers import OneNode
+from helpers import OneNode, store_now
 
 S = timedelta(seconds=1)
 MINUTE = timedelta(minutes=1)
@@ -43,10 +43,6 @@ def node(pg_dsn: str):
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def store_now(conn: psycopg.Connection) -> datetime:
-    return conn.execute("SELECT now() AS n").fetchone()["n"]
 
 
 def whole_second(instant: datetime) -> datetime:

@@ -23,12 +23,10 @@ from scheduler.planner import scheduled_time
 from scheduler.schedule import CronSchedule
 from scheduler.spec import JobSpec
 
+from helpers import store_now
+
 UTC = timezone.utc
 CORPUS = Path(__file__).resolve().parents[2] / "scheduler" / "data" / "cron-corpus.csv"
-
-
-def store_now(conn: psycopg.Connection) -> datetime:
-    return conn.execute("SELECT now() AS n").fetchone()["n"]
 
 
 def snapshot(conn: psycopg.Connection) -> tuple[list[dict], list[dict]]:

@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -39,6 +39,8 @@ from scheduler.metrics import Metrics
 from scheduler.node import Node
 from scheduler.settings import Settings
 from scheduler.spec import JobSpec
+
+from helpers import store_now
 
 TIMINGS = {"lease_ttl_s": 2.0, "renew_interval_s": 0.5, "poll_interval_s": 0.25, "tick_interval_s": 0.5,
            "safety_margin_s": 0.5}
@@ -113,10 +115,6 @@ def ready(port: int) -> tuple[int, dict]:
 def query(conn: psycopg.Connection, sql: str, params: tuple = ()) -> dict:
     """First row of a read, retried on 40001: under SERIALIZABLE even a test's read may be asked to retry."""
     return store.run_transaction(conn, lambda c: c.execute(sql, params).fetchone())
-
-
-def store_now(conn: psycopg.Connection) -> datetime:
-    return query(conn, "SELECT now() AS now")["now"]
 
 
 def count_runs(conn: psycopg.Connection) -> int:

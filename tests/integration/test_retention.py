@@ -14,7 +14,7 @@ import os
 import time
 import urllib.request
 import uuid
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -28,12 +28,10 @@ from scheduler.partition import partition_of
 from scheduler.settings import Settings
 from scheduler.spec import JobSpec
 
+from helpers import store_now
+
 DAY = timedelta(days=1)
 WEEK_S = 7 * 86_400
-
-
-def store_now(conn: psycopg.Connection) -> datetime:
-    return conn.execute("SELECT now() AS now").fetchone()["now"]
 
 
 def read(conn: psycopg.Connection, sql: str) -> list[dict]:

@@ -20,15 +20,11 @@ from scheduler import jobs, store, tzreplan
 from scheduler.schedule import CronSchedule
 from scheduler.spec import JobSpec
 
-from helpers import OneNode
+from helpers import OneNode, store_now
 
 ZONE = "America/Havana"
 HOUR = timedelta(hours=1)
 HAVANA = CronSchedule("* * * * *", ZONE).zone
-
-
-def store_now(conn: psycopg.Connection) -> datetime:
-    return conn.execute("SELECT now() AS n").fetchone()["n"]
 
 
 def daily_job_at(conn: psycopg.Connection, local: datetime) -> tuple[uuid.UUID, CronSchedule]:

@@ -11,17 +11,16 @@ and ``expect``. Each case is one test: ``fires`` cases must produce exactly
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import pytest
 
 from scheduler.errors import ValidationError
 from scheduler.schedule import CronSchedule, format_instant, parse_instant
 
-CASES_PATH = Path(__file__).resolve().parents[1] / "data" / "cron-cases.json"
-CASES = json.loads(CASES_PATH.read_text("utf-8"))
+from helpers import cron_cases
+
+CASES = cron_cases()
 
 
 def test_all_cases_are_present() -> None:

@@ -12,7 +12,6 @@ examples; the sample avoids the expressions they change.
 from __future__ import annotations
 
 import ast
-import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -24,8 +23,10 @@ from scheduler import oracle
 from scheduler.errors import ValidationError
 from scheduler.schedule import CronSchedule, IntervalSchedule, format_instant, parse_instant
 
+from helpers import cron_cases
+
 UTC = timezone.utc
-CASES = json.loads((Path(__file__).resolve().parents[1] / "data" / "cron-cases.json").read_text("utf-8"))
+CASES = cron_cases()
 FIRES = [case for case in CASES if case["expect"] == "fires"]
 
 
