@@ -60,7 +60,7 @@ from psycopg import sql
 
 from bench import naive, peers
 from bench.herd import herd_expressions
-from bench.load import NodeProcess, copy_jobs, ensure_tenants, reset_store, wait_until
+from bench.load import copy_jobs, ensure_tenants, reset_store, start_node, wait_until
 from scheduler import store
 from scheduler.partition import partition_of
 
@@ -316,7 +316,7 @@ def run_ours(cfg: Config, work: Work, nodes: int) -> Fires:
     try:
         ensure_tenants(conn, tenants())
         created = store.execute(conn, "store_now")[0]["store_now"]
-        procs = [NodeProcess(cfg.dsn, f"cmp-{i}", cfg.log_dir) for i in range(nodes)]
+        procs = [start_node(cfg.dsn, f"cmp-{i}", cfg.log_dir) for i in range(nodes)]
         try:
             share = math.ceil(PARTITIONS / nodes)
 

@@ -44,7 +44,7 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
-from bench.load import NodeProcess, copy_jobs, ensure_tenants, reset_store, wait_until
+from bench.load import copy_jobs, ensure_tenants, reset_store, start_node, wait_until
 from scheduler import store
 from scheduler.audit import verify
 from scheduler.etcd_server import ThrowawayEtcd, raise_revision, range_prefix, scrape_requests
@@ -143,7 +143,7 @@ def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_di
         stagger = random.Random(trial)
         for i in range(nodes):
             extra = [*node_args, *etcd_flags, *(coordinator_args(i) if coordinator_args else ())]
-            procs.append(NodeProcess(dsn, f"bench-{i}", log_dir, extra))
+            procs.append(start_node(dsn, f"bench-{i}", log_dir, extra))
             time.sleep(stagger.uniform(0.0, START_STAGGER_S))
         try:
             wait_until(lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
@@ -263,7 +263,7 @@ def run_load(dsn: str, nodes: int, jobs: int, seconds: float, out_dir: Path, nod
     conn, flags = _prepare(dsn, jobs, etcd_endpoint)
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    procs = [NodeProcess(dsn, f"load-{i}", log_dir, [*node_args, *flags]) for i in range(nodes)]
+    procs = [start_node(dsn, f"load-{i}", log_dir, [*node_args, *flags]) for i in range(nodes)]
     try:
         wait_until(lambda: _balanced(conn, nodes), 60, what="every node to hold its fair share")
         time.sleep(STATS_SETTLE_S)

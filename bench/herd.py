@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from bench import report
-from bench.load import NodeProcess, copy_jobs, cron_row, ensure_tenants, reset_store, wait_until
+from bench.load import copy_jobs, cron_row, ensure_tenants, reset_store, start_node, wait_until
 from scheduler import store
 from scheduler.audit import verify
 from scheduler.schedule import CronSchedule
@@ -89,7 +89,7 @@ def run_herd(dsn: str, jobs: int, background_jobs: int, tenants: int, big_share:
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     extra = [] if max_rate is None else ["--max-rate-per-s", str(max_rate)]
-    procs = [NodeProcess(dsn, f"bench-{i}", log_dir, extra) for i in range(nodes)]
+    procs = [start_node(dsn, f"bench-{i}", log_dir, extra) for i in range(nodes)]
     try:
         wait_until(lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
                    60, what="nodes to own all 1,024 partitions")

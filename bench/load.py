@@ -1,4 +1,4 @@
-"""Loading bench workloads into the store fast (COPY), and running node processes.
+"""Loading bench workloads into the store fast (COPY), and starting node processes.
 
 The bench uses the engine's own pieces for everything that has a meaning
 (partition hash, jitter, schedule math, migrations, the ``scheduler node``
@@ -10,9 +10,6 @@ columns ``scheduler.jobs.add_job`` would, with COPY.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -21,6 +18,7 @@ from pathlib import Path
 
 import psycopg
 
+from bench.process import NodeProcess
 from scheduler import store
 from scheduler.migrate import upgrade
 from scheduler.partition import partition_of
@@ -98,52 +96,15 @@ def ensure_tenants(conn: psycopg.Connection, tenants: Iterable[str]) -> None:
     store.execute(conn, "ensure_tenants", {"tenants": sorted(set(tenants))})
 
 
-class NodeProcess:
-    """A ``scheduler node`` child process (its stderr goes to ``log_path``)."""
+def start_node(dsn: str, node_id: str, log_dir: Path, extra: Iterable[str] = ()) -> NodeProcess:
+    """Start ``scheduler node --node-id NODE_ID EXTRA`` against ``dsn`` (JSON logs to ``log_dir/NODE_ID.log``).
 
-    def __init__(self, dsn: str, node_id: str, log_dir: Path, extra: Iterable[str] = ()) -> None:
-        self.node_id = node_id
-        self.log_path = log_dir / f"{node_id}.log"
-        env = {**os.environ, "SCHEDULER_DSN": dsn, "SCHEDULER_LOG_FORMAT": "json"}
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduler", "node", "--node-id", node_id, *extra],
-            env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def peak_rss_mb(self) -> float | None:
-        """Peak resident set size (VmHWM) in MB, or None once the process is gone."""
-        try:
-            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        except OSError:
-            return None
-        return None
-
-    def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.pid, sig)
-
-    def stop(self, timeout_s: float = 30.0) -> int | None:
-        """SIGTERM, wait, then SIGKILL; return the exit status."""
-        return stop_child(self.proc, self._log, timeout_s)
-
-
-def stop_child(proc: subprocess.Popen, log_file, timeout_s: float = 30.0) -> int | None:
-    """SIGTERM ``proc``, wait ``timeout_s``, then SIGKILL; close its log; return the exit status."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    log_file.close()
-    return proc.returncode
+    The store and the log format come from ``SCHEDULER_DSN`` and
+    ``SCHEDULER_LOG_FORMAT`` in the child's environment (the bench's own,
+    plus those two).
+    """
+    env = {**os.environ, "SCHEDULER_DSN": dsn, "SCHEDULER_LOG_FORMAT": "json"}
+    return NodeProcess(node_id, log_dir / f"{node_id}.log", ["node", "--node-id", node_id, *extra], env).start()
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.1, what: str = "condition") -> float:

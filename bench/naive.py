@@ -45,7 +45,8 @@ import click
 import psycopg
 from psycopg import sql
 
-from bench.load import copy_rows, stop_child
+from bench.load import copy_rows
+from bench.process import stop_child
 from scheduler import store
 from scheduler.schedule import CronSchedule
 

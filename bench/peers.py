@@ -47,7 +47,7 @@ from pathlib import Path
 
 import click
 
-from bench.load import stop_child
+from bench.process import stop_child
 
 PGQUEUER_SCHEMA = "bench_pgqueuer"
 APSCHEDULER_SCHEMA = "bench_apscheduler"

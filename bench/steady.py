@@ -15,7 +15,7 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-from bench.load import NodeProcess, copy_jobs, ensure_tenants, reset_store, wait_until
+from bench.load import copy_jobs, ensure_tenants, reset_store, start_node, wait_until
 from scheduler import store
 from scheduler.audit import verify
 from scheduler.partition import partition_of
@@ -66,7 +66,7 @@ def run_steady(dsn: str, rate: int, seconds: int, nodes: int, out_dir: Path, per
     conn.execute("VACUUM ANALYZE jobs")
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    procs = [NodeProcess(dsn, f"steady-{i}", log_dir) for i in range(nodes)]
+    procs = [start_node(dsn, f"steady-{i}", log_dir) for i in range(nodes)]
     try:
         wait_until(lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
                    60, what="nodes to own all 1,024 partitions")

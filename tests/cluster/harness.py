@@ -5,12 +5,13 @@ Pieces (the ``cluster`` fixture in ``conftest.py`` wires them per test):
 :class:`Timings`
     scaled-down lease timings (TTL 2 s, renew 0.5 s, poll 0.25 s, tick 0.5 s,
     safety margin 0.5 s) and the failover bounds derived from them.
-:class:`NodeProcess`
-    one ``python -m scheduler --log-format json node ...`` child: its stderr
-    is read on a thread and parsed into JSON events (``lease_claimed``,
-    ``fence_rejected``, ``lease_lost``, ``node_stopped``, ...); real signals
-    (:meth:`~NodeProcess.kill` = SIGKILL, :meth:`~NodeProcess.pause` = SIGSTOP,
-    :meth:`~NodeProcess.resume` = SIGCONT, :meth:`~NodeProcess.terminate` =
+:class:`ClusterNode`
+    one ``python -m scheduler --log-format json node ...`` child (the bench's
+    :class:`bench.process.NodeProcess`): its stderr is read on a thread and
+    parsed into JSON events (``lease_claimed``, ``fence_rejected``,
+    ``lease_lost``, ``node_stopped``, ...); real signals
+    (:meth:`~ClusterNode.kill` = SIGKILL, :meth:`~ClusterNode.pause` = SIGSTOP,
+    :meth:`~ClusterNode.resume` = SIGCONT, :meth:`~ClusterNode.terminate` =
     SIGTERM and wait). Children get ``PR_SET_PDEATHSIG`` = SIGKILL, so they die
     with the test process even if its teardown never runs.
 :class:`Cluster`
@@ -41,9 +42,7 @@ All SQL the cluster tests run against the store lives in this module.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
-import json
 import os
 import signal
 import subprocess
@@ -60,6 +59,7 @@ import psycopg
 import psycopg.sql
 import pytest
 
+from bench.process import NodeProcess
 from scheduler import jobs, store
 from scheduler.audit import VerifyReport, verify
 from scheduler.etcd_server import range_prefix
@@ -191,14 +191,6 @@ def sleep_until_wall_fraction(fraction: float) -> None:
 # ---------------------------------------------------------------- processes
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 def _child_env() -> dict[str, str]:
     """The test's environment without any SCHEDULER_* setting (flags only)."""
     return {k: v for k, v in os.environ.items()
@@ -211,131 +203,78 @@ def run_cli(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[
                           env=_child_env(), timeout=timeout_s, check=False)
 
 
-class NodeProcess:
-    """One ``scheduler node`` child process with JSON logs parsed from stderr.
+class ClusterNode(NodeProcess):
+    """One ``scheduler node`` child of a cluster test (:class:`bench.process.NodeProcess`).
 
-    ``events`` holds every JSON record (dicts with ``ts``, ``level``,
-    ``event`` and the fields) plus ``_mono``: the test's monotonic time the
-    line was read; ``garbage`` holds stderr lines that are not JSON (e.g. a
-    traceback). The raw stderr is also written to ``log_path``.
+    Started with ``--log-format json``, the store and the node settings as
+    flags (``timings``, then ``extra_flags``) and no ``SCHEDULER_*``
+    variable; its JSON log records are read into ``events``; it dies with
+    the test process. ``expected_running`` is true from :meth:`start` until
+    the test kills, stops or destroys it: a node that exits meanwhile fails
+    the test (:meth:`check_alive`). Signals to a node that is not running
+    fail the test too.
     """
 
     def __init__(self, dsn: str, node_id: str, log_path: Path, timings: Timings = TIMINGS,
                  extra_flags: list[str] | None = None) -> None:
         self.dsn = dsn
-        self.node_id = node_id
-        self.log_path = log_path
         self.timings = timings
         self.extra_flags = list(extra_flags or [])
-        self.events: list[dict[str, Any]] = []
-        self.garbage: list[str] = []
         self.expected_running = False
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._reader: threading.Thread | None = None
+        super().__init__(node_id, log_path,
+                         ["--log-format", "json", "node", "--dsn", dsn, "--node-id", node_id,
+                          *timings.flags(), *self.extra_flags],
+                         _child_env(), read_events=True, die_with_parent=True)
 
     # ---- lifecycle
 
-    def start(self) -> NodeProcess:
+    def start(self) -> ClusterNode:
         """Launch the process (returns at once; see :meth:`wait_event`)."""
-        cmd = [sys.executable, "-m", "scheduler", "--log-format", "json", "node",
-               "--dsn", self.dsn, "--node-id", self.node_id, *self.timings.flags(), *self.extra_flags]
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, env=_child_env(),
-                                      preexec_fn=_die_with_parent)
+        super().start()
         self.expected_running = True
-        self._reader = threading.Thread(target=self._read, name=f"stderr-{self.node_id}", daemon=True)
-        self._reader.start()
         return self
 
-    def _read(self) -> None:
-        assert self._proc is not None and self._proc.stderr is not None
-        with open(self.log_path, "ab") as raw:
-            for line in self._proc.stderr:
-                raw.write(line)
-                raw.flush()
-                text = line.decode(errors="replace").rstrip("\n")
-                try:
-                    record = json.loads(text)
-                    if not isinstance(record, dict):
-                        raise ValueError
-                except ValueError:
-                    with self._lock:
-                        self.garbage.append(text)
-                    continue
-                record["_mono"] = time.monotonic()
-                with self._lock:
-                    self.events.append(record)
-
-    @property
-    def pid(self) -> int:
-        assert self._proc is not None, "not started"
-        return self._proc.pid
-
-    def returncode(self) -> int | None:
-        """Exit status if the process has exited, else None (reaps it)."""
-        return None if self._proc is None else self._proc.poll()
-
-    def state(self) -> str:
-        """Linux process state letter (``R``, ``S``, ``T`` = stopped, ...); ``X`` if gone."""
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return "X"
-        return stat.rsplit(")", 1)[1].split()[0]
-
-    def _signal(self, sig: signal.Signals) -> None:
+    def _require_running(self) -> None:
         assert self._proc is not None and self._proc.poll() is None, f"{self.node_id} is not running"
-        self._proc.send_signal(sig)
 
     def kill(self) -> None:
         """SIGKILL and reap (``kill -9``); the store sees its sockets close."""
+        self._require_running()
         self.expected_running = False
-        self._signal(signal.SIGKILL)
-        self._proc.wait(10)
-        self._join_reader()
+        super().kill()
 
     def pause(self) -> None:
         """SIGSTOP; returns once the kernel reports the process stopped."""
-        self._signal(signal.SIGSTOP)
+        self._require_running()
+        self.signal(signal.SIGSTOP)
         wait_for(f"{self.node_id} to stop", self.state, lambda s: s in ("T", "t"), timeout_s=5, interval_s=0.005)
 
     def resume(self) -> None:
         """SIGCONT."""
-        self._signal(signal.SIGCONT)
+        self._require_running()
+        self.signal(signal.SIGCONT)
 
     def terminate(self, timeout_s: float = 15.0) -> int:
-        """SIGTERM (graceful stop) and wait; return the exit status."""
+        """SIGTERM (graceful stop) and wait; return the exit status.
+
+        Raises AssertionError if the node has not exited after ``timeout_s``.
+        """
+        self._require_running()
         self.expected_running = False
-        self._signal(signal.SIGTERM)
+        self.signal(signal.SIGTERM)
         try:
             return self._proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"{self.node_id} did not exit within {timeout_s}s of SIGTERM") from None
         finally:
-            self._join_reader()
+            self._finish_output()
 
     def destroy(self) -> None:
         """Teardown: SIGKILL if still running (works on stopped processes too); never raises."""
         self.expected_running = False
-        if self._proc is not None and self._proc.poll() is None:
-            with contextlib.suppress(OSError):
-                self._proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(10)
-        self._join_reader()
-
-    def _join_reader(self) -> None:
-        if self._reader is not None:
-            self._reader.join(5)
+        super().destroy()
 
     # ---- logs
-
-    def events_named(self, name: str, since_mono: float | None = None) -> list[dict[str, Any]]:
-        """Events called ``name`` (read at or after ``since_mono``, test monotonic time)."""
-        with self._lock:
-            return [e for e in self.events
-                    if e.get("event") == name and (since_mono is None or e["_mono"] >= since_mono)]
 
     def wait_event(self, name: str, predicate: Callable[[dict], bool] = lambda e: True, *,
                    timeout_s: float = 10.0, since_mono: float | None = None) -> dict[str, Any]:
@@ -351,26 +290,6 @@ class NodeProcess:
         if self.expected_running and self.returncode() is not None:
             self.expected_running = False
             raise AssertionError(f"node {self.node_id} exited with status {self.returncode()}:\n{self.tail()}")
-
-    def tail(self, lines: int = 25) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return "\n".join(text[-lines:])
-
-    def problems(self) -> list[str]:
-        """Signs of a crash: a Python traceback on stderr, or error-level records.
-
-        Other non-JSON stderr lines (``garbage``) are not counted: libraries
-        such as psycopg log plain-text warnings there (e.g. "error ignored in
-        rollback" after the store ended a frozen node's transaction).
-        """
-        with self._lock:
-            tracebacks = [line for line in self.garbage if line.startswith("Traceback")]
-            errors = [json.dumps({k: v for k, v in e.items() if k != "_mono"})
-                      for e in self.events if e.get("level") in ("error", "critical")]
-            return tracebacks + errors
 
 
 # ---------------------------------------------------------------- store probes
@@ -629,8 +548,8 @@ class Cluster:
         self.coordinator = coordinator
         self.etcd_endpoint = etcd_endpoint
         self.etcd_prefix = etcd_prefix
-        self.nodes: dict[str, NodeProcess] = {}
-        self._retired: list[NodeProcess] = []
+        self.nodes: dict[str, ClusterNode] = {}
+        self._retired: list[ClusterNode] = []
         self._generation: Counter = Counter()
 
     @property
@@ -643,13 +562,13 @@ class Cluster:
             return []
         return ["--coordinator", "etcd", "--etcd-endpoints", self.etcd_endpoint, "--etcd-prefix", self.etcd_prefix]
 
-    def spawn(self, node_id: str, extra_flags: list[str] | None = None, dsn: str | None = None) -> NodeProcess:
-        """Start a node (a restart under an existing id gets a fresh NodeProcess).
+    def spawn(self, node_id: str, extra_flags: list[str] | None = None, dsn: str | None = None) -> ClusterNode:
+        """Start a node (a restart under an existing id gets a fresh ClusterNode).
 
         ``dsn`` overrides the store DSN the node gets (e.g. through a relay)."""
         self._generation[node_id] += 1
         log_path = self.log_dir / f"{node_id}.{self._generation[node_id]}.log"
-        node = NodeProcess(dsn or self.dsn, node_id, log_path, self.timings,
+        node = ClusterNode(dsn or self.dsn, node_id, log_path, self.timings,
                            [*self.coordinator_flags(), *(extra_flags or [])])
         old = self.nodes.get(node_id)
         if old is not None:
@@ -657,7 +576,7 @@ class Cluster:
         self.nodes[node_id] = node
         return node.start()
 
-    def all_processes(self) -> list[NodeProcess]:
+    def all_processes(self) -> list[ClusterNode]:
         """Every process spawned, including replaced ones (restarts)."""
         return [*self._retired, *self.nodes.values()]
 
