@@ -6,8 +6,12 @@ One definition each: a helper two test modules need lives here, not in both.
 from __future__ import annotations
 
 import json
+import socket
+import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
 
@@ -17,6 +21,8 @@ from scheduler.firing import Firer
 from scheduler.lease import LeaseTable, SqlCoordinator
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
+
+T = TypeVar("T")
 
 CRON_CASES_PATH = Path(__file__).resolve().parent / "data" / "cron-cases.json"
 """The cron/DST cases from public bug reports (the fields: tests/unit/test_cron_cases.py)."""
@@ -30,6 +36,42 @@ def cron_cases() -> list[dict]:
 def store_now(conn: psycopg.Connection) -> datetime:
     """The store's ``now()`` (aware): on an autocommit connection, the instant of this call."""
     return store.execute(conn, "store_now")[0]["store_now"]
+
+
+def wait_for(what: str, probe: Callable[[], T], predicate: Callable[[T], bool] = bool, *,
+             timeout_s: float = 15.0, interval_s: float = 0.05,
+             check: Callable[[], None] | None = None) -> T:
+    """Poll ``probe()`` until ``predicate(value)``; return that value.
+
+    ``check()`` runs before each probe and may raise to fail early (e.g. a
+    node died). A probe the store cancels with 40001/40P01 (at SERIALIZABLE
+    even a read can be, CI's second pass) counts as "not yet" and is asked
+    again. Raises AssertionError naming ``what``, the timeout and the last
+    value seen.
+    """
+    deadline = time.monotonic() + timeout_s
+    value = None
+    while True:
+        if check is not None:
+            check()
+        try:
+            value = probe()
+        except psycopg.Error as exc:
+            if not store.is_retryable(exc) or time.monotonic() >= deadline:
+                raise
+        else:
+            if predicate(value):
+                return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:.1f}s waiting for {what}; last seen: {value!r}")
+        time.sleep(interval_s)
+
+
+def closed_port() -> int:
+    """A loopback TCP port nothing listens on (bound once, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 class OneNode:

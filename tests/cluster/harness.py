@@ -60,7 +60,7 @@ import psycopg.sql
 import pytest
 
 from bench.process import NodeProcess
-from scheduler import jobs, store
+from scheduler import jobs
 from scheduler.audit import VerifyReport, verify
 from scheduler.etcd_server import range_prefix
 from scheduler.lease import fair_share
@@ -68,7 +68,7 @@ from scheduler.partition import PARTITION_COUNT
 from scheduler.spec import JobSpec
 from scheduler.status import cluster_status
 
-from helpers import store_now
+from helpers import store_now, wait_for
 
 T = TypeVar("T")
 
@@ -123,35 +123,6 @@ both_coordinators = pytest.mark.parametrize("cluster", COORDINATORS, indirect=Tr
 
 
 # ---------------------------------------------------------------- waiting
-
-
-def wait_for(what: str, probe: Callable[[], T], predicate: Callable[[T], bool] = bool, *,
-             timeout_s: float, interval_s: float = 0.05,
-             check: Callable[[], None] | None = None) -> T:
-    """Poll ``probe()`` until ``predicate(value)``; return that value.
-
-    ``check()`` runs before each probe and may raise to fail early (e.g. a
-    node died). A probe the store cancels with 40001/40P01 (at SERIALIZABLE
-    even a read can be, CI's second pass) counts as "not yet" and is asked
-    again. Raises AssertionError naming ``what``, the timeout and the last
-    value seen.
-    """
-    deadline = time.monotonic() + timeout_s
-    value = None
-    while True:
-        if check is not None:
-            check()
-        try:
-            value = probe()
-        except psycopg.Error as exc:
-            if not store.is_retryable(exc) or time.monotonic() >= deadline:
-                raise
-        else:
-            if predicate(value):
-                return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s:.1f}s waiting for {what}; last seen: {value!r}")
-        time.sleep(interval_s)
 
 
 def race_claims(coordinators: list, limit: int) -> list[list[tuple[int, int]]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import uuid
 
 import psycopg
@@ -26,6 +25,8 @@ from scheduler import jobs, store
 from scheduler.cli import cli
 from scheduler.migrate import alembic_config
 from scheduler.spec import JobSpec
+
+from helpers import closed_port
 
 HEAD = ScriptDirectory.from_config(alembic_config("postgresql://unused")).get_current_head()
 """The newest migration revision (scheduler db current prints it)."""
@@ -60,12 +61,6 @@ def derived_name(tenant: str, expr: str, dialect: str, tz: str, occurrence: int)
 def keyword_dsn(uri: str, **extra: str) -> str:
     params = {**conninfo_to_dict(uri), **extra}
     return " ".join(f"{key}={value}" for key, value in params.items())
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ---------------------------------------------------------------- idempotent import

@@ -35,6 +35,8 @@ from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT
 from scheduler.settings import Settings
 
+from helpers import wait_for
+
 TIMINGS = dict(lease_ttl_s=6.0, renew_interval_s=2.0, poll_interval_s=1.0, safety_margin_s=0.5)
 """Node timings of these tests: responsive bound 4 s, statement timeout 2.4 s."""
 
@@ -115,13 +117,6 @@ def owners(conn: psycopg.Connection) -> dict[int, str | None]:
     return {row["partition_id"]: row["owner_node"] for row in rows}
 
 
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
-        time.sleep(0.05)
-
-
 # ---------------------------------------------------------------- a long tick and a join
 
 
@@ -158,8 +153,9 @@ def test_a_long_tick_during_a_join_loses_no_lease_of_the_live_node(
     firer.release.set()
     ticking.join(10)
     # Now the draining half is released, and b claims it.
-    wait_for(lambda: len(a.table) == len(b.table) == PARTITION_COUNT // 2, 5 * a.settings.poll_interval_s + 5,
-             "a to hand over half of its partitions to b")
+    wait_for("a to hand over half of its partitions to b",
+             lambda: len(a.table) == len(b.table) == PARTITION_COUNT // 2,
+             timeout_s=5 * a.settings.poll_interval_s + 5)
     assert sorted(a.table.held()) == list(range(PARTITION_COUNT // 2))
     assert sorted(b.table.held()) == list(range(PARTITION_COUNT // 2, PARTITION_COUNT))
     stored = owners(conn)
@@ -230,9 +226,9 @@ class ShareLocksInTurns:
 
     def __enter__(self) -> ShareLocksInTurns:
         self._threads[0].start()
-        wait_for(lambda: self.locked, 5, "the first share lock")
+        wait_for("the first share lock", lambda: self.locked, timeout_s=5)
         self._threads[1].start()
-        wait_for(lambda: len(self.locked) >= 4, 5, "the share locks to change hands")
+        wait_for("the share locks to change hands", lambda: len(self.locked) >= 4, timeout_s=5)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,8 @@ from scheduler.metrics import Metrics
 from scheduler.node import Node
 from scheduler.settings import Settings
 
+from helpers import closed_port
+
 TIMINGS = {"lease_ttl_s": 2.0, "renew_interval_s": 0.5, "poll_interval_s": 0.25, "tick_interval_s": 0.5,
            "safety_margin_s": 0.5}
 UPGRADE_HINT = "run `scheduler db upgrade` first"
@@ -36,12 +37,6 @@ UPGRADE_HINT = "run `scheduler db upgrade` first"
 def with_netloc(dsn: str, netloc: str | None = None, path: str | None = None) -> str:
     parts = urlsplit(dsn)
     return urlunsplit(parts._replace(netloc=netloc or parts.netloc, path=path or parts.path))
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def node_for(dsn: str) -> Node:

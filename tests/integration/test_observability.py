@@ -21,10 +21,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -40,7 +38,7 @@ from scheduler.node import Node
 from scheduler.settings import Settings
 from scheduler.spec import JobSpec
 
-from helpers import store_now
+from helpers import closed_port, store_now, wait_for
 
 TIMINGS = {"lease_ttl_s": 2.0, "renew_interval_s": 0.5, "poll_interval_s": 0.25, "tick_interval_s": 0.5,
            "safety_margin_s": 0.5}
@@ -68,18 +66,6 @@ SECRET = "S3cret-Pw-7f1c"
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def wait_for(what: str, probe: Callable[[], Any], predicate: Callable[[Any], bool] = bool, *,
-             timeout_s: float = 15.0, interval_s: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if predicate(value):
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last seen: {value!r}")
-        time.sleep(interval_s)
 
 
 def get(port: int, path: str, timeout_s: float = 5.0) -> tuple[int, str]:
@@ -127,12 +113,6 @@ def with_host(dsn: str, host: str, port: int, password: str | None = None) -> st
     if password:
         auth += f":{password}"
     return urlunsplit(parts._replace(netloc=f"{auth}@{host}:{port}"))
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
