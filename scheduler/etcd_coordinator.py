@@ -24,7 +24,8 @@ partition key hang on it, so when a node dies they all expire together.
   Free keys are tried in rendezvous-hash order over the live members (each
   node first tries the partitions it "wins"), so racing claimers rarely
   collide. The mirror picks the candidates; if it shows nothing free while
-  the node is under its share, etcd is listed at most once per TTL. The claim's
+  the node is under its share, etcd is listed at most once per TTL (timed by
+  the node's injected clock, like every local time here). The claim's
   revision is the **epoch**, written with ``claim_partitions_at_epoch``
   (``SET owner_epoch = :rev WHERE owner_epoch < :rev`` on the fence row, and
   the store's lease row with it), so a new owner that pauses before writing
@@ -72,13 +73,13 @@ import math
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Iterable
 
 import psycopg
 
 from scheduler import log, store
+from scheduler.clock import Clock, SystemClock
 from scheduler.errors import ConfigError, CoordinatorError, EpochRegressionError, SchedulerError
 from scheduler.lease import Lease, StoreSession
 from scheduler.metrics import Metrics
@@ -126,9 +127,14 @@ def _first_line(exc: BaseException) -> str:
 
 
 class EtcdCoordinator(StoreSession):
-    """Ownership decisions in etcd; epochs written to the store. See the module docstring."""
+    """Ownership decisions in etcd; epochs written to the store. See the module docstring.
 
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    ``clock`` (default :class:`~scheduler.clock.SystemClock`) is the node's
+    injected clock; its ``monotonic()`` times the coordinator's local
+    decisions (how long ago etcd itself was last listed), so tests can step it.
+    """
+
+    def __init__(self, settings: Settings, metrics: Metrics, clock: Clock | None = None) -> None:
         if aetcd is None:
             raise ConfigError("coordinator: 'etcd' needs the optional etcd extra "
                               "(pip install 'trigger-engine[etcd]', which brings aetcd)")
@@ -153,7 +159,8 @@ class EtcdCoordinator(StoreSession):
         self._lease_id: int | None = None
         self._granted_ttl_s: int | None = None
         self._join_revision = 0
-        self._last_listed = time.monotonic()
+        self._clock = clock or SystemClock()
+        self._last_listed = self._clock.monotonic()
         self._epochs_checked = False
         self._on_change = None
         self._closing = False
@@ -511,7 +518,7 @@ class EtcdCoordinator(StoreSession):
             taken = set(self._owners)
             members = sorted(self._members)
         candidates = self._candidates(taken, members)
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if not candidates and now - self._last_listed > self._settings.lease_ttl_s:
             # Under share and the mirror says nothing is free: check etcd itself now and
             # then (bounds the harm of a stalled watch; never written into the mirror).

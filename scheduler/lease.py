@@ -570,14 +570,17 @@ class LeaseLoop:
             self._metrics.partitions_owned.set(len(self._table))
 
 
-def make_coordinator(settings: Settings, metrics: Metrics) -> Coordinator:
+def make_coordinator(settings: Settings, metrics: Metrics, clock: Clock | None = None) -> Coordinator:
     """The coordinator ``settings.coordinator`` names: ``sql`` (default) or ``etcd``.
 
-    The etcd one needs the optional ``etcd`` extra (``pip install '.[etcd]'``).
+    ``clock`` (default: the system clock) is the node's injected clock; the
+    etcd coordinator reads its local time from it (the SQL one keeps no local
+    time: the store's clock judges its leases). The etcd one needs the
+    optional ``etcd`` extra (``pip install '.[etcd]'``).
     """
     kind = getattr(settings, "coordinator", "sql")
     if kind == "etcd":
         from scheduler.etcd_coordinator import EtcdCoordinator
 
-        return EtcdCoordinator(settings, metrics)
+        return EtcdCoordinator(settings, metrics, clock)
     return SqlCoordinator(settings, metrics)

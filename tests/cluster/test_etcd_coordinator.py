@@ -9,6 +9,8 @@
   returned, and its key is deleted; the others are claimed;
 * epoch regression at start: a node refuses to start (exit status ≠ 0, one
   line saying what to do) when etcd's revision is below the stored epochs;
+* claim lists etcd itself past a mirror that shows nothing free at most once
+  per TTL of the coordinator's injected clock;
 * renew: keys still on our lease are returned; an expired (here: revoked)
   lease returns nothing and the node re-registers under a new lease; keys on
   our lease the loop does not hold are deleted.
@@ -29,6 +31,7 @@ import pytest
 from harness import TIMINGS, etcd_keys, partitions, race_claims, run_cli
 
 from scheduler import log
+from scheduler.clock import Clock, ManualClock
 from scheduler.errors import EpochRegressionError
 from scheduler.etcd_server import ThrowawayEtcd
 from scheduler.lease import Lease, fair_share
@@ -43,17 +46,17 @@ RACERS = 4
 
 @pytest.fixture
 def make(pg_dsn: str, etcd_server: ThrowawayEtcd, etcd_prefix: str) -> Iterator:
-    """``make(node_id) -> EtcdCoordinator`` on this test's database and prefix; all closed after."""
+    """``make(node_id, clock=None) -> EtcdCoordinator`` on this test's database and prefix; all closed after."""
     from scheduler.etcd_coordinator import EtcdCoordinator
 
     made = []
 
-    def factory(node_id: str) -> EtcdCoordinator:
+    def factory(node_id: str, clock: Clock | None = None) -> EtcdCoordinator:
         settings = Settings(dsn=pg_dsn, node_id=node_id, lease_ttl_s=TIMINGS.lease_ttl_s,
                             renew_interval_s=TIMINGS.renew_interval_s, safety_margin_s=TIMINGS.safety_margin_s,
                             coordinator="etcd", etcd_endpoints=etcd_server.endpoint,
                             etcd_prefix=etcd_prefix).validated()
-        coordinator = EtcdCoordinator(settings, Metrics())
+        coordinator = EtcdCoordinator(settings, Metrics(), clock=clock)
         made.append(coordinator)
         return coordinator
 
@@ -230,3 +233,22 @@ def test_refusal_error_is_epoch_regression_error(make, conn: psycopg.Connection)
     coordinator = make("refused")
     with pytest.raises(EpochRegressionError, match="is below the store's owner_epoch 1000000000000"):
         coordinator.join()
+
+
+def test_claim_lists_etcd_past_a_stale_mirror_once_per_ttl_of_the_injected_clock(make) -> None:
+    clock = ManualClock()
+    coordinator = make("lister", clock=clock)
+    coordinator.join()
+    with coordinator._mirror_lock:  # a stalled watch: the mirror believes every partition is taken
+        coordinator._owners = {pid: 0 for pid in range(PARTITION_COUNT)}
+
+    sent = coordinator.requests
+    assert coordinator.claim(4) == []  # listed less than a TTL ago (at construction): not again
+    assert coordinator.requests == sent
+
+    clock.advance(TIMINGS.lease_ttl_s + 0.5)  # the coordinator's clock, not the process's
+    claimed = coordinator.claim(4)
+    assert len(claimed) == 4 and len({epoch for _, epoch in claimed}) == 1
+    assert coordinator.requests == sent + 2  # one listing, one claim transaction
+    assert coordinator.claim(4) == []  # the mirror still says nothing is free: no listing for a TTL
+    assert coordinator.requests == sent + 2
