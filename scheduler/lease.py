@@ -392,7 +392,8 @@ class LeaseLoop:
     """Keeps this node's share of leases: heartbeat, renew, poll, claim, drain, release.
 
     Lifecycle: :meth:`run_once` does one iteration (tests call it directly
-    with a manual clock); :meth:`run` loops until ``stop`` is set, then
+    with a manual clock and a fake coordinator: tests/unit/test_lease_loop.py);
+    :meth:`run` loops until ``stop`` is set, then
     :meth:`leave` releases everything.
 
     Nothing here ever waits for the firing loop. Over its share, the loop
