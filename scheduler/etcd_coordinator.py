@@ -46,8 +46,10 @@ partition key hang on it, so when a node dies they all expire together.
   does not hold (a claim whose store write failed) are deleted.
 * **Release** = the store's lease row first (``release_leases``, so it
   reads free; the fence row keeps its epoch), then the keys (a transaction
-  per chunk, each delete conditional on the key's ``create_revision`` being
-  our epoch). **Leave** revokes the lease.
+  per chunk of 64, each delete conditional on the key hanging on our lease
+  and its ``create_revision`` being the lease's epoch: keyed on node and
+  epoch, so a stale epoch or another node's lease releases nothing).
+  **Leave** revokes the lease.
 
 Store writes per second are only claims and releases; the steady state costs
 the store nothing (the fence is the same as with the SQL coordinator). etcd
@@ -593,28 +595,32 @@ class EtcdCoordinator(StoreSession):
     # ------------------------------------------------------------------ release
 
     async def _delete_keys(self, items: list[tuple[int, int | None]]) -> list[int]:
-        """Delete our keys: each only if its create_revision is the given epoch (None: if it
-        hangs on our lease). Return the partitions whose key was deleted."""
-        def compare(pid: int, epoch: int | None):
+        """Delete our keys: each only if it hangs on our lease and, unless the epoch
+        given is None, its create_revision is that epoch (keyed on node and epoch:
+        another node's key, or ours from another claim, is left alone). Return the
+        partitions whose key was deleted."""
+        def compare(pid: int, epoch: int | None) -> list:
+            ours = rpc.Compare(key=self._key(pid), target=rpc.Compare.LEASE, result=rpc.Compare.EQUAL,
+                               lease=self._lease_id or 0)
             if epoch is None:
-                return rpc.Compare(key=self._key(pid), target=rpc.Compare.LEASE, result=rpc.Compare.EQUAL,
-                                   lease=self._lease_id or 0)
-            return rpc.Compare(key=self._key(pid), target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
-                               create_revision=epoch)
+                return [ours]
+            return [ours, rpc.Compare(key=self._key(pid), target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
+                                      create_revision=epoch)]
 
         def delete(pid: int):
             return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=self._key(pid)))
 
         deleted: list[int] = []
-        for start in range(0, len(items), MAX_TXN_OPS):
-            chunk = items[start:start + MAX_TXN_OPS]
-            response = await self._txn([compare(pid, epoch) for pid, epoch in chunk],
+        step = MAX_TXN_OPS // 2  # up to two compares per key
+        for start in range(0, len(items), step):
+            chunk = items[start:start + step]
+            response = await self._txn([c for pid, epoch in chunk for c in compare(pid, epoch)],
                                        [delete(pid) for pid, _ in chunk], [])
             if response.succeeded:
                 deleted += [pid for pid, _ in chunk]
                 continue
             for pid, epoch in chunk:  # some key is not ours any more: one by one
-                single = await self._txn([compare(pid, epoch)], [delete(pid)], [])
+                single = await self._txn(compare(pid, epoch), [delete(pid)], [])
                 if single.succeeded:
                     deleted.append(pid)
         return deleted
@@ -628,8 +634,9 @@ class EtcdCoordinator(StoreSession):
             "epochs": [lease.epoch for lease in leases]}))
         deleted = self._call(self._delete_keys, [(lease.partition_id, lease.epoch) for lease in leases],
                              what="release")
-        for lease in leases:
-            self._held.pop(lease.partition_id, None)
+        for lease in leases:  # a stale epoch releases nothing: the lease held stays held
+            if self._held.get(lease.partition_id) == lease.epoch:
+                del self._held[lease.partition_id]
         return deleted
 
     # ------------------------------------------------------------------ close
