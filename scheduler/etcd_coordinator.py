@@ -24,7 +24,8 @@ partition key hang on it, so when a node dies they all expire together.
   Free keys are tried in rendezvous-hash order over the live members (each
   node first tries the partitions it "wins"), so racing claimers rarely
   collide. The mirror picks the candidates; if it shows nothing free while
-  the node is under its share, etcd is listed at most once per TTL. The claim's
+  the node is under its share, etcd is listed at most once per TTL (timed by
+  the node's injected clock, like every local time here). The claim's
   revision is the **epoch**, written with ``claim_partitions_at_epoch``
   (``SET owner_epoch = :rev WHERE owner_epoch < :rev`` on the fence row, and
   the store's lease row with it), so a new owner that pauses before writing
@@ -45,8 +46,10 @@ partition key hang on it, so when a node dies they all expire together.
   does not hold (a claim whose store write failed) are deleted.
 * **Release** = the store's lease row first (``release_leases``, so it
   reads free; the fence row keeps its epoch), then the keys (a transaction
-  per chunk, each delete conditional on the key's ``create_revision`` being
-  our epoch). **Leave** revokes the lease.
+  per chunk of 64, each delete conditional on the key hanging on our lease
+  and its ``create_revision`` being the lease's epoch: keyed on node and
+  epoch, so a stale epoch or another node's lease releases nothing).
+  **Leave** revokes the lease.
 
 Store writes per second are only claims and releases; the steady state costs
 the store nothing (the fence is the same as with the SQL coordinator). etcd
@@ -72,13 +75,13 @@ import math
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Iterable
 
 import psycopg
 
 from scheduler import log, store
+from scheduler.clock import Clock, SystemClock
 from scheduler.errors import ConfigError, CoordinatorError, EpochRegressionError, SchedulerError
 from scheduler.lease import Lease, StoreSession
 from scheduler.metrics import Metrics
@@ -131,9 +134,14 @@ def _first_line(exc: BaseException) -> str:
 
 
 class EtcdCoordinator(StoreSession):
-    """Ownership decisions in etcd; epochs written to the store. See the module docstring."""
+    """Ownership decisions in etcd; epochs written to the store. See the module docstring.
 
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    ``clock`` (default :class:`~scheduler.clock.SystemClock`) is the node's
+    injected clock; its ``monotonic()`` times the coordinator's local
+    decisions (how long ago etcd itself was last listed), so tests can step it.
+    """
+
+    def __init__(self, settings: Settings, metrics: Metrics, clock: Clock | None = None) -> None:
         if aetcd is None:
             raise ConfigError("coordinator: 'etcd' needs the optional etcd extra "
                               "(pip install 'trigger-engine[etcd]', which brings aetcd)")
@@ -158,7 +166,8 @@ class EtcdCoordinator(StoreSession):
         self._lease_id: int | None = None
         self._granted_ttl_s: int | None = None
         self._join_revision = 0
-        self._last_listed = time.monotonic()
+        self._clock = clock or SystemClock()
+        self._last_listed = self._clock.monotonic()
         self._epochs_checked = False
         self._on_change = None
         self._closing = False
@@ -518,7 +527,7 @@ class EtcdCoordinator(StoreSession):
             taken = set(self._owners)
             members = sorted(self._members)
         candidates = self._candidates(taken, members)
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if not candidates and now - self._last_listed > self._settings.lease_ttl_s:
             # Under share and the mirror says nothing is free: check etcd itself now and
             # then (bounds the harm of a stalled watch; never written into the mirror).
@@ -590,28 +599,32 @@ class EtcdCoordinator(StoreSession):
     # ------------------------------------------------------------------ release
 
     async def _delete_keys(self, items: list[tuple[int, int | None]]) -> list[int]:
-        """Delete our keys: each only if its create_revision is the given epoch (None: if it
-        hangs on our lease). Return the partitions whose key was deleted."""
-        def compare(pid: int, epoch: int | None):
+        """Delete our keys: each only if it hangs on our lease and, unless the epoch
+        given is None, its create_revision is that epoch (keyed on node and epoch:
+        another node's key, or ours from another claim, is left alone). Return the
+        partitions whose key was deleted."""
+        def compare(pid: int, epoch: int | None) -> list:
+            ours = rpc.Compare(key=self._key(pid), target=rpc.Compare.LEASE, result=rpc.Compare.EQUAL,
+                               lease=self._lease_id or 0)
             if epoch is None:
-                return rpc.Compare(key=self._key(pid), target=rpc.Compare.LEASE, result=rpc.Compare.EQUAL,
-                                   lease=self._lease_id or 0)
-            return rpc.Compare(key=self._key(pid), target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
-                               create_revision=epoch)
+                return [ours]
+            return [ours, rpc.Compare(key=self._key(pid), target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
+                                      create_revision=epoch)]
 
         def delete(pid: int):
             return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=self._key(pid)))
 
         deleted: list[int] = []
-        for start in range(0, len(items), MAX_TXN_OPS):
-            chunk = items[start:start + MAX_TXN_OPS]
-            response = await self._txn([compare(pid, epoch) for pid, epoch in chunk],
+        step = MAX_TXN_OPS // 2  # up to two compares per key
+        for start in range(0, len(items), step):
+            chunk = items[start:start + step]
+            response = await self._txn([c for pid, epoch in chunk for c in compare(pid, epoch)],
                                        [delete(pid) for pid, _ in chunk], [])
             if response.succeeded:
                 deleted += [pid for pid, _ in chunk]
                 continue
             for pid, epoch in chunk:  # some key is not ours any more: one by one
-                single = await self._txn([compare(pid, epoch)], [delete(pid)], [])
+                single = await self._txn(compare(pid, epoch), [delete(pid)], [])
                 if single.succeeded:
                     deleted.append(pid)
         return deleted
@@ -625,8 +638,9 @@ class EtcdCoordinator(StoreSession):
             "epochs": [lease.epoch for lease in leases]}))
         deleted = self._call(self._delete_keys, [(lease.partition_id, lease.epoch) for lease in leases],
                              what="release")
-        for lease in leases:
-            self._held.pop(lease.partition_id, None)
+        for lease in leases:  # a stale epoch releases nothing: the lease held stays held
+            if self._held.get(lease.partition_id) == lease.epoch:
+                del self._held[lease.partition_id]
         return deleted
 
     # ------------------------------------------------------------------ close

@@ -392,7 +392,8 @@ class LeaseLoop:
     """Keeps this node's share of leases: heartbeat, renew, poll, claim, drain, release.
 
     Lifecycle: :meth:`run_once` does one iteration (tests call it directly
-    with a manual clock); :meth:`run` loops until ``stop`` is set, then
+    with a manual clock and a fake coordinator: tests/unit/test_lease_loop.py);
+    :meth:`run` loops until ``stop`` is set, then
     :meth:`leave` releases everything.
 
     Nothing here ever waits for the firing loop. Over its share, the loop
@@ -570,14 +571,17 @@ class LeaseLoop:
             self._metrics.partitions_owned.set(len(self._table))
 
 
-def make_coordinator(settings: Settings, metrics: Metrics) -> Coordinator:
+def make_coordinator(settings: Settings, metrics: Metrics, clock: Clock | None = None) -> Coordinator:
     """The coordinator ``settings.coordinator`` names: ``sql`` (default) or ``etcd``.
 
-    The etcd one needs the optional ``etcd`` extra (``pip install '.[etcd]'``).
+    ``clock`` (default: the system clock) is the node's injected clock; the
+    etcd coordinator reads its local time from it (the SQL one keeps no local
+    time: the store's clock judges its leases). The etcd one needs the
+    optional ``etcd`` extra (``pip install '.[etcd]'``).
     """
     kind = getattr(settings, "coordinator", "sql")
     if kind == "etcd":
         from scheduler.etcd_coordinator import EtcdCoordinator
 
-        return EtcdCoordinator(settings, metrics)
+        return EtcdCoordinator(settings, metrics, clock)
     return SqlCoordinator(settings, metrics)

@@ -93,7 +93,7 @@ class Node:
         self.watchdog = watchdog if watchdog is not None else _shared_watchdog()
         self.metrics = metrics or Metrics()
         self.table = LeaseTable(self.clock, self.settings.safety_margin_s)
-        self.coordinator = coordinator or make_coordinator(self.settings, self.metrics)
+        self.coordinator = coordinator or make_coordinator(self.settings, self.metrics, self.clock)
         self.firer = Firer(self.settings, self.table, self.clock, self.metrics)
         self.lease_loop = LeaseLoop(self.settings, self.coordinator, self.table, self.clock,
                                     self.metrics, on_claimed=self.firer.wake)

@@ -47,7 +47,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -123,30 +122,6 @@ both_coordinators = pytest.mark.parametrize("cluster", COORDINATORS, indirect=Tr
 
 
 # ---------------------------------------------------------------- waiting
-
-
-def race_claims(coordinators: list, limit: int) -> list[list[tuple[int, int]]]:
-    """All coordinators (SQL or etcd) call ``claim(limit)`` at once (a barrier);
-    return each one's grants. An exception in a claimer is re-raised here."""
-    barrier = threading.Barrier(len(coordinators))
-    results: list = [[] for _ in coordinators]
-
-    def claim(i: int) -> None:
-        try:
-            barrier.wait(10)
-            results[i] = coordinators[i].claim(limit)
-        except BaseException as exc:  # re-raised in the test thread
-            results[i] = exc
-
-    threads = [threading.Thread(target=claim, args=(i,)) for i in range(len(coordinators))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
 
 
 def sleep_until_wall_fraction(fraction: float) -> None:
@@ -294,6 +269,13 @@ def partitions(conn: psycopg.Connection) -> dict[int, PartitionRow]:
     return {row["partition_id"]: PartitionRow(**row) for row in rows}
 
 
+def fences(conn: psycopg.Connection) -> dict[int, tuple[str | None, int]]:
+    """Every partition's fence row: ``{partition_id: (owner_node, owner_epoch)}``
+    (``partitions``: only claims write it; a release leaves it as it was)."""
+    rows = conn.execute("SELECT partition_id, owner_node, owner_epoch FROM partitions").fetchall()
+    return {row["partition_id"]: (row["owner_node"], row["owner_epoch"]) for row in rows}
+
+
 def owned_by(conn: psycopg.Connection, node_id: str) -> dict[int, PartitionRow]:
     """Partitions whose row names ``node_id`` as owner (live or not)."""
     return {pid: row for pid, row in partitions(conn).items() if row.owner_node == node_id}
@@ -310,19 +292,6 @@ def balanced(counts: dict[str, int], nodes: list[str]) -> bool:
     share = fair_share(len(nodes))
     return (sorted(counts) == sorted(nodes) and sum(counts.values()) == PARTITION_COUNT
             and all(n <= share for n in counts.values()))
-
-
-def hold_all_but(conn: psycopg.Connection, free: list[int], *, expired: bool, holder: str = "holder") -> None:
-    """Lease every partition to ``holder`` for an hour except ``free``: those
-    are released (no owner) or, with ``expired``, still owned but expired.
-    Epochs are left alone (only claims bump them)."""
-    conn.execute("UPDATE leases SET owner_node = %s, lease_expires_at = now() + interval '1 hour'", (holder,))
-    if expired:
-        conn.execute("UPDATE leases SET lease_expires_at = now() - interval '1 second'"
-                     " WHERE partition_id = ANY(%s)", (free,))
-    else:
-        conn.execute("UPDATE leases SET owner_node = NULL, lease_expires_at = NULL"
-                     " WHERE partition_id = ANY(%s)", (free,))
 
 
 def install_firing_fault(conn: psycopg.Connection, node_id: str, sqlstate: str) -> Callable[[], None]:

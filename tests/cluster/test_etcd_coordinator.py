@@ -1,14 +1,17 @@
 """The etcd coordinator in process, on one PostgreSQL and the session's throwaway etcd.
 
-* racing claimers (:meth:`EtcdCoordinator.claim` on threads released by a
-  barrier): every partition is won by exactly one, its epoch is the claim's
-  etcd revision, and the store and etcd agree; after releases, the next
-  claims carry higher revisions;
+What every coordinator must do (claim races, increasing epochs, renew and
+release keyed on (node, epoch), a restarted node inheriting nothing) is
+checked for this one and the SQL one alike in
+``test_coordinator_contract.py``; here, what is the etcd coordinator's own:
+
 * epoch regression at claim time: a partition whose stored epoch is already
   ≥ the revision is logged at ERROR (partition, stored epoch, revision), not
   returned, and its key is deleted; the others are claimed;
 * epoch regression at start: a node refuses to start (exit status ≠ 0, one
   line saying what to do) when etcd's revision is below the stored epochs;
+* claim lists etcd itself past a mirror that shows nothing free at most once
+  per TTL of the coordinator's injected clock;
 * renew: keys still on our lease are returned; an expired (here: revoked)
   lease returns nothing and the node re-registers under a new lease; keys on
   our lease the loop does not hold are deleted.
@@ -20,40 +23,37 @@ import asyncio
 import json
 import logging
 import threading
-import time
-from collections import Counter
 from collections.abc import Iterator
 
 import psycopg
 import pytest
-from harness import TIMINGS, etcd_keys, partitions, race_claims, run_cli
+from harness import TIMINGS, etcd_keys, partitions, run_cli
 
 from scheduler import log
+from scheduler.clock import Clock, ManualClock
 from scheduler.errors import EpochRegressionError
 from scheduler.etcd_server import ThrowawayEtcd
-from scheduler.lease import Lease, fair_share
+from scheduler.lease import Lease
 from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT
 from scheduler.settings import Settings
 
 pytestmark = pytest.mark.cluster
 
-RACERS = 4
-
 
 @pytest.fixture
 def make(pg_dsn: str, etcd_server: ThrowawayEtcd, etcd_prefix: str) -> Iterator:
-    """``make(node_id) -> EtcdCoordinator`` on this test's database and prefix; all closed after."""
+    """``make(node_id, clock=None) -> EtcdCoordinator`` on this test's database and prefix; all closed after."""
     from scheduler.etcd_coordinator import EtcdCoordinator
 
     made = []
 
-    def factory(node_id: str) -> EtcdCoordinator:
+    def factory(node_id: str, clock: Clock | None = None) -> EtcdCoordinator:
         settings = Settings(dsn=pg_dsn, node_id=node_id, lease_ttl_s=TIMINGS.lease_ttl_s,
                             renew_interval_s=TIMINGS.renew_interval_s, safety_margin_s=TIMINGS.safety_margin_s,
                             coordinator="etcd", etcd_endpoints=etcd_server.endpoint,
                             etcd_prefix=etcd_prefix).validated()
-        coordinator = EtcdCoordinator(settings, Metrics())
+        coordinator = EtcdCoordinator(settings, Metrics(), clock=clock)
         made.append(coordinator)
         return coordinator
 
@@ -81,60 +81,6 @@ def events() -> Iterator[list[dict]]:
     finally:
         log.LOGGER.removeHandler(handler)
         log.LOGGER.setLevel(level)
-
-
-def _check(conn: psycopg.Connection, endpoint: str, prefix: str, coordinators, results) -> None:
-    """Each partition claimed at most once; store rows and etcd keys agree with the winners."""
-    wins = Counter(pid for result in results for pid, _ in result)
-    assert not wins or max(wins.values()) == 1, [pid for pid, n in wins.items() if n > 1]
-    rows = partitions(conn)
-    keys = etcd_keys(endpoint, prefix)
-    for coordinator, result in zip(coordinators, results):
-        for pid, epoch in result:
-            assert (rows[pid].owner_node, rows[pid].owner_epoch) == (coordinator.node_id, epoch), pid
-            assert keys.owners[pid] == coordinator.node_id, pid
-            assert epoch <= keys.revision
-
-
-def test_racing_claimers_win_each_partition_once_at_their_revision(
-        make, conn: psycopg.Connection, etcd_server: ThrowawayEtcd, etcd_prefix: str) -> None:
-    coordinators = [make(f"racer-{i}") for i in range(RACERS)]
-    for coordinator in coordinators:
-        coordinator.join()
-    assert sorted(coordinators[0].live_nodes()) == [f"racer-{i}" for i in range(RACERS)]
-
-    # Round 0: all free; each asks for its share: no partition is won twice, and
-    # (as the lease loop would, on its next polls) asking again fills every share.
-    results = race_claims(coordinators, fair_share(RACERS))
-    _check(conn, etcd_server.endpoint, etcd_prefix, coordinators, results)
-    held = [{pid: epoch for pid, epoch in result} for result in results]
-    for _ in range(5):
-        if sum(map(len, held)) == PARTITION_COUNT:
-            break
-        time.sleep(0.1)  # the watch catches up
-        more = [c.claim(fair_share(RACERS) - len(h)) for c, h in zip(coordinators, held)]
-        for h, result in zip(held, more):
-            assert not set(h) & {pid for pid, _ in result}
-            h.update(result)
-    assert sum(map(len, held)) == PARTITION_COUNT
-    assert [len(h) for h in held] == [fair_share(RACERS)] * RACERS
-    _check(conn, etcd_server.endpoint, etcd_prefix, coordinators, [list(h.items()) for h in held])
-
-    # Rounds 1..3: racer-0 releases a few; the others race greedily for everything.
-    for round_no in range(1, 4):
-        give_back = sorted(held[0])[:8]
-        released = coordinators[0].release([Lease(pid, held[0][pid], 0.0) for pid in give_back])
-        assert sorted(released) == give_back
-        for pid in give_back:
-            del held[0][pid]
-        before = {pid: row.owner_epoch for pid, row in partitions(conn).items()}
-        results = race_claims(coordinators[1:], PARTITION_COUNT)
-        _check(conn, etcd_server.endpoint, etcd_prefix, coordinators[1:], results)
-        won = sorted(pid for result in results for pid, _ in result)
-        assert won == give_back, round_no
-        assert all(epoch > before[pid] for result in results for pid, epoch in result)
-        for i, result in enumerate(results, start=1):
-            held[i].update(result)
 
 
 def test_claim_with_stored_epoch_above_revision_is_refused_loudly(
@@ -230,3 +176,22 @@ def test_refusal_error_is_epoch_regression_error(make, conn: psycopg.Connection)
     coordinator = make("refused")
     with pytest.raises(EpochRegressionError, match="is below the store's owner_epoch 1000000000000"):
         coordinator.join()
+
+
+def test_claim_lists_etcd_past_a_stale_mirror_once_per_ttl_of_the_injected_clock(make) -> None:
+    clock = ManualClock()
+    coordinator = make("lister", clock=clock)
+    coordinator.join()
+    with coordinator._mirror_lock:  # a stalled watch: the mirror believes every partition is taken
+        coordinator._owners = {pid: 0 for pid in range(PARTITION_COUNT)}
+
+    sent = coordinator.requests
+    assert coordinator.claim(4) == []  # listed less than a TTL ago (at construction): not again
+    assert coordinator.requests == sent
+
+    clock.advance(TIMINGS.lease_ttl_s + 0.5)  # the coordinator's clock, not the process's
+    claimed = coordinator.claim(4)
+    assert len(claimed) == 4 and len({epoch for _, epoch in claimed}) == 1
+    assert coordinator.requests == sent + 2  # one listing, one claim transaction
+    assert coordinator.claim(4) == []  # the mirror still says nothing is free: no listing for a TTL
+    assert coordinator.requests == sent + 2

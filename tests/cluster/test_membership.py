@@ -1,24 +1,19 @@
 """Membership and claiming on one PostgreSQL (docs/design.md §2).
 
-* real node processes: three converge on the 1,024 partitions, a fourth
-  joins and every node ends within its share, one leaves gracefully
-  (SIGTERM) and the rest absorb its partitions within about one poll;
-* in-process racing claimers (``SqlCoordinator.claim`` on threads released by
-  a barrier): of concurrent claimers exactly one wins each free or expired
-  partition, and its epoch goes up by exactly one.
+Real node processes: three converge on the 1,024 partitions, a fourth
+joins and every node ends within its share, one leaves gracefully
+(SIGTERM) and the rest absorb its partitions within about one poll.
 
-The process test runs against both coordinators (``@both_coordinators``);
-the etcd coordinator's own claim races and epoch checks are in
-``test_etcd_coordinator.py``.
+The process test runs against both coordinators (``@both_coordinators``).
+Racing claimers, increasing epochs and the other rules every coordinator
+keeps are checked in process, against both, in ``test_coordinator_contract.py``.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from datetime import datetime
 
-import psycopg
 import pytest
 from harness import (
     MARGIN_S,
@@ -26,18 +21,13 @@ from harness import (
     Cluster,
     add_interval_jobs,
     both_coordinators,
-    hold_all_but,
     max_lateness_s,
     owned_by,
     partitions,
-    race_claims,
     run_cli,
 )
 
-from scheduler.lease import SqlCoordinator, fair_share
-from scheduler.metrics import Metrics
-from scheduler.partition import PARTITION_COUNT
-from scheduler.settings import Settings
+from scheduler.lease import fair_share
 
 pytestmark = pytest.mark.cluster
 
@@ -113,57 +103,3 @@ def test_nodes_converge_fourth_joins_one_leaves_gracefully(cluster: Cluster) -> 
     assert verify_cli.returncode == 0, verify_cli.stdout + verify_cli.stderr
     assert json.loads(verify_cli.stdout) == history.report.as_dict()
     cluster.stop_all()
-
-
-# ---------------------------------------------------------------- racing claimers
-
-
-RACERS = 4
-
-
-def _check_round(conn: psycopg.Connection, coordinators: list[SqlCoordinator],
-                 results: list[list[tuple[int, int]]], free: list[int], before: dict[int, int]) -> None:
-    """Each free partition won by exactly one claimer, epoch +1, and the store agrees."""
-    wins = Counter(pid for result in results for pid, _ in result)
-    assert sorted(wins) == sorted(free), "claimed set differs from the free set"
-    assert max(wins.values()) == 1, f"partitions won twice: {[p for p, n in wins.items() if n > 1]}"
-    rows = partitions(conn)
-    for coordinator, result in zip(coordinators, results):
-        for pid, epoch in result:
-            assert epoch == before[pid] + 1, (pid, before[pid], epoch)
-            assert (rows[pid].owner_node, rows[pid].owner_epoch) == (coordinator.node_id, epoch)
-            assert rows[pid].lease_live
-
-
-def test_racing_claimers_win_each_partition_once_with_increasing_epochs(
-        pg_dsn: str, conn: psycopg.Connection) -> None:
-    settings = [Settings(dsn=pg_dsn, node_id=f"racer-{i}", lease_ttl_s=TIMINGS.lease_ttl_s,
-                         renew_interval_s=TIMINGS.renew_interval_s,
-                         safety_margin_s=TIMINGS.safety_margin_s).validated() for i in range(RACERS)]
-    coordinators = [SqlCoordinator(s, Metrics()) for s in settings]
-    try:
-        for coordinator in coordinators:
-            coordinator.join()  # opens the connection before the race
-        epochs = {pid: row.owner_epoch for pid, row in partitions(conn).items()}
-        assert set(epochs.values()) == {0}
-
-        # Round 0: all 1,024 free, every claimer asks for its fair share.
-        results = race_claims(coordinators, fair_share(RACERS))
-        assert all(len(result) <= fair_share(RACERS) for result in results)
-        _check_round(conn, coordinators, results, list(range(PARTITION_COUNT)), epochs)
-        epochs = {pid: row.owner_epoch for pid, row in partitions(conn).items()}
-
-        # Rounds 1..: a few partitions free (released) or expired, the rest held
-        # live; every claimer greedily asks for all, so they fight for the same rows.
-        for round_no in range(1, 13):
-            free = sorted({(round_no * 37 + k * 101) % PARTITION_COUNT for k in range(8)})
-            hold_all_but(conn, free, expired=round_no % 2 == 0)
-            results = race_claims(coordinators, PARTITION_COUNT)
-            _check_round(conn, coordinators, results, free, epochs)
-            after = {pid: row.owner_epoch for pid, row in partitions(conn).items()}
-            assert all(after[pid] > epochs[pid] for pid in free)
-            assert all(after[pid] == epochs[pid] for pid in after if pid not in free)
-            epochs = after
-    finally:
-        for coordinator in coordinators:
-            coordinator.close()
