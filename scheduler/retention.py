@@ -52,7 +52,7 @@ from scheduler.clock import Clock
 from scheduler.errors import SchedulerError, ValidationError
 from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT
-from scheduler.settings import Settings
+from scheduler.settings import MAX_RETENTION_S, Settings
 
 PARTITIONS_PER_STATEMENT = 64
 """Partitions one retention statement walks: bounds the rows one statement may
@@ -77,7 +77,7 @@ def parse_duration(text: str, field: str = "older_than") -> float:
     """Seconds in ``text``: ``7d``, ``12h``, ``30m``, ``45s``, ``1d12h`` or plain seconds (``3600``).
 
     Raises :class:`ValidationError` (naming ``field``) unless the result is a
-    finite number of seconds > 0.
+    number of seconds > 0 and at most :data:`MAX_RETENTION_S` (100 years).
     """
     value = str(text).strip().lower()
     seconds: float | None = None
@@ -88,6 +88,8 @@ def parse_duration(text: str, field: str = "older_than") -> float:
             seconds = sum(float(n) * _UNITS[unit] for n, unit in _DURATION.findall(value))
     if seconds is None or not 0 < seconds < float("inf"):
         raise ValidationError(field, "must be a duration > 0 such as 7d, 12h, 30m, 45s or seconds", text)
+    if seconds > MAX_RETENTION_S:
+        raise ValidationError(field, f"must be at most {MAX_RETENTION_S // 86_400}d (100 years)", text)
     return seconds
 
 
@@ -237,6 +239,13 @@ class RetentionLoop:
             self._metrics.error(getattr(exc, "sqlstate", None))
             log.event("retention_failed", logging.WARNING, node=self._s.node_id,
                       error=(str(exc).splitlines() or [type(exc).__name__])[0])
+            self.close()
+            return 0
+        except Exception as exc:  # a bug must not end the loop silently: log it loudly, go on
+            log.event("retention_crashed", logging.ERROR, exc_info=True, node=self._s.node_id,
+                      error=f"{type(exc).__name__}: {exc}")
+            self._walk = None
+            self._next_pass = now + PASS_INTERVAL_S
             self.close()
             return 0
 

@@ -84,6 +84,7 @@ from scheduler.errors import ValidationError
 from scheduler.zones import (
     DAY_S,
     MAX_EPOCH_S,
+    MIN_EPOCH_S,
     TRANSITION_HORIZON_S,
     load_zone,
     next_transition,
@@ -336,13 +337,15 @@ class OnceSchedule:
     """Fires once, at aware ``at`` (stored in UTC).
 
     Raises :class:`~scheduler.errors.ValidationError` (field ``at``) for a
-    naive datetime.
+    naive datetime or one outside years 2..9997.
     """
 
     __slots__ = ("at",)
 
     def __init__(self, at: datetime) -> None:
         self.at = _require_aware(at, "at").astimezone(UTC)
+        if not MIN_EPOCH_S <= _epoch_s(self.at) < MAX_EPOCH_S:
+            raise ValidationError("at", "must lie in years 2 to 9997 (the supported range)", format_instant(self.at))
 
     def __repr__(self) -> str:
         return f"OnceSchedule({format_instant(self.at)!r})"

@@ -54,6 +54,10 @@ SAFETY_MARGIN_S = 1.0
 """Stop firing this long before the lease expires by the node's monotonic
 clock if renewals fail (docs/design.md §2: at least 0.5 s, CockroachDB's default
 maximum clock offset)."""
+MAX_RETENTION_S = 100 * 365 * 86_400
+"""Longest retention / ``runs prune --older-than`` (100 years): a cutoff further
+back leaves the store's date range (and means "keep everything": leave
+retention unset)."""
 MAX_RATE_PER_S = 100_000.0
 """Per-node firing budget in runs/s; high enough that a node on a 2-core box
 is capacity-bound (docs/design.md §5)."""
@@ -218,6 +222,9 @@ class Settings:
         if self.retention_s is not None and not (
                 isinstance(self.retention_s, (int, float)) and 0 < self.retention_s < math.inf):
             raise ConfigError(f"retention_s must be a finite number of seconds > 0, or unset (got {self.retention_s!r})")
+        if self.retention_s is not None and self.retention_s > MAX_RETENTION_S:
+            raise ConfigError(f"retention_s must be at most {MAX_RETENTION_S} seconds (100 years), or unset "
+                              f"(got {self.retention_s!r})")
         if not (isinstance(self.retention_batch_rows, int) and 1 <= self.retention_batch_rows <= 100_000):
             raise ConfigError(f"retention_batch_rows must be a whole number from 1 to 100000 "
                               f"(got {self.retention_batch_rows!r})")

@@ -324,6 +324,8 @@ BAD = [
     ("tz-on-interval", {"interval_s": 60, "tz": "UTC"}, "tz", "--cron schedules only"),
     ("at-naive", {"at": datetime(2031, 1, 1, 9, 0)}, "at", "UTC offset"),
     ("at-past", {"at": datetime(2001, 1, 1, tzinfo=UTC)}, "at", "future"),
+    ("at-past-9997", {"at": datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC), "jitter_s": 86_400}, "at",
+     "years 2 to 9997"),
     ("interval-0", {"interval_s": 0}, "interval", "positive"),
     ("interval-neg", {"interval_s": -5}, "interval", "positive"),
     ("interval-frac", {"interval_s": 1.5}, "interval", "whole number"),

@@ -157,6 +157,7 @@ def test_invalid_combination_from_env_and_file(tmp_path):
     ("metrics_port = 70000\n", ["metrics_port", "0-65535"]),
     ('log_format = "xml"\n', ["log_format", "text, json"]),
     ("retention_s = -1\n", ["retention_s", "> 0"]),
+    ("retention_s = 99999999999999999999\n", ["retention_s", "at most"]),
     ("lease_ttl_s = \n", ["not valid TOML"]),
 ])
 def test_bad_config_file_is_one_line(tmp_path, text, words):
