@@ -296,7 +296,12 @@ def _oracle_slots(segments: list[dict], since: datetime, until: datetime):
     """
     schedules = {(r["cron_expr"], r["cron_dialect"], r["tz"]) for r in segments if r["kind"] == "cron"}
     days = (until - since) / timedelta(days=1) + 3  # the oracle's margin of local days
-    units = sum(days * (86_400 if dialect == "seconds" else 1_440) for _, dialect, _ in schedules)
+    units = 0.0
+    for expr, dialect, _ in schedules:
+        try:
+            units += days * oracle.candidates_per_day(oracle.parse(expr, dialect))
+        except oracle.OracleError:
+            pass  # reported per job by slots_of below
     units += sum((until - since) / timedelta(seconds=r["interval_s"]) for r in segments if r["kind"] == "interval")
     if units > EXHAUSTIVE_BUDGET:
         raise ValidationError(

@@ -266,13 +266,19 @@ def _after_gap(wall: datetime, zone) -> datetime:
     return _EPOCH + timedelta(seconds=high)
 
 
+def candidates_per_day(rule: CronRule) -> int:
+    """Wall times one matching day holds for ``rule``: matching hours × minutes
+    (× seconds in the ``seconds`` dialect), the units :func:`cron_slots` tests."""
+    return len(rule.hours) * len(rule.minutes) * (len(rule.seconds) if rule.seconds_dialect else 1)
+
+
 def cron_slots(expr: str, dialect: str, tz: str, start: datetime, end: datetime, *,
                budget: int = DEFAULT_BUDGET) -> list[datetime]:
     """Slots of a cron expression in zone ``tz`` with ``start ≤ slot < end``, sorted, aware UTC.
 
     Raises OracleError for syntax it cannot read, or when testing would
-    take more than ``budget`` wall-clock units (minutes, or seconds in the
-    ``seconds`` dialect, of local days whose date matches).
+    take more than ``budget`` wall-clock units (the wall times of matching
+    local days whose hour, minute and second match: :func:`candidates_per_day`).
     """
     rule = parse(expr, dialect)
     zone = load_zone(tz)
@@ -284,22 +290,22 @@ def cron_slots(expr: str, dialect: str, tz: str, start: datetime, end: datetime,
         if rule.day_matches(day):
             days.append(day)
         day += timedelta(days=1)
-    per_day = 86_400 if rule.seconds_dialect else 1_440
+    per_day = candidates_per_day(rule)
     if len(days) * per_day > budget:
         raise OracleError(f"{len(days) * per_day} wall-clock units to test, more than the budget of {budget}")
     out: set[datetime] = set()
-    seconds = range(60) if rule.seconds_dialect else (0,)
+    seconds = sorted(rule.seconds) if rule.seconds_dialect else [0]
     for day in days:
         midnight = datetime(day.year, day.month, day.day)
         offset = zone.utcoffset(midnight)
         # One offset at both wall midnights: no transition that day (zones
         # change offset at most once a day), each wall time is one instant.
         plain = offset == zone.utcoffset(midnight + timedelta(days=1))
-        for hour in range(24):
-            for minute in range(60):
+        # Every wall time of the day whose hour, minute and second match (the
+        # others cannot: skipping them is the same test, cheaper).
+        for hour in sorted(rule.hours):
+            for minute in sorted(rule.minutes):
                 for second in seconds:
-                    if second not in rule.seconds or minute not in rule.minutes or hour not in rule.hours:
-                        continue
                     wall = datetime(day.year, day.month, day.day, hour, minute, second)
                     if plain:
                         out.add((wall - offset).replace(tzinfo=UTC))

@@ -365,6 +365,24 @@ def test_exhaustive_agrees_on_a_fall_back_day_and_refuses_windows_too_big_to_enu
     assert "audit a shorter window" in raised.value.rule
 
 
+def test_exhaustive_on_the_real_corpus_audits_a_short_window(pg_dsn, conn) -> None:
+    """1,356 distinct real schedules: a one-hour window costs their matching wall
+    times of three local days each, not three whole days of minutes each (which
+    refused even a one-second window)."""
+    from pathlib import Path
+
+    from scheduler import jobs
+
+    corpus = Path(__file__).resolve().parents[2] / "scheduler" / "data" / "cron-corpus.csv"
+    report = jobs.import_csv(conn, corpus, "corpus")
+    assert len(report.imported) == 1356
+    since = conn.execute("SELECT date_trunc('hour', now()) - interval '2 hours' AS t").fetchone()["t"]
+    conn.execute("UPDATE jobs SET created_at = %(t)s, changed_at = %(t)s", {"t": since - timedelta(days=1)})
+    result = audit.verify(conn, since, since + timedelta(hours=1), exhaustive=True)
+    assert result.expected_disagreements == 0
+    assert result.expected > 0 and result.missing == result.expected  # no node ran: every slot missing
+
+
 # ---------------------------------------------------------------- bounded lists
 
 
