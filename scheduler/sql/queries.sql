@@ -852,13 +852,18 @@ WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s
 -- and for once a run at until_nominal (the collapsed run carries the latest
 -- missed slot); edited, paused, deleted: recorded at a rewrite of the job
 -- (a job_revisions.valid_until) and no slot in the range after it; any other
--- reason is invalid. A skip recorded while the job's history is unknown is
--- only checked for its reason.
+-- reason is invalid; so is any skip whose range holds a run of its job (a
+-- slot cannot be both fired and skipped). A skip recorded while the job's
+-- history is unknown is only checked for its reason and its runs.
 CREATE TEMPORARY TABLE audit_skips ON COMMIT DROP AS
 SELECT s.partition_id, s.job_id, s.first_nominal, s.until_nominal, s.reason, s.recorded_at,
        CASE
          WHEN s.reason NOT IN ('catchup_window', 'grace', 'once', 'edited', 'paused', 'deleted')
            THEN 'unknown reason'
+         WHEN EXISTS (SELECT 1 FROM runs AS r
+                      WHERE r.partition_id = s.partition_id AND r.job_id = s.job_id
+                        AND r.nominal_time >= s.first_nominal AND r.nominal_time < s.until_nominal)
+           THEN 'a run exists in the range (the slot fired and was skipped)'
          WHEN s.reason IN ('edited', 'paused', 'deleted') THEN
            CASE
              WHEN NOT EXISTS (SELECT 1 FROM job_revisions AS jr

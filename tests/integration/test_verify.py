@@ -219,6 +219,24 @@ def test_each_skip_reason_is_checked_against_its_rule(pg_dsn, conn) -> None:
     assert sorted(row["job_id"] for row in report.findings["missing"]) == sorted(str(j) for j in invalid.values())
 
 
+def test_a_skip_over_a_slot_that_fired_is_invalid(pg_dsn, conn) -> None:
+    """A slot cannot be both fired and skipped: a skip whose range holds a run of
+    its job is invalid whatever its reason, even one recorded late enough to
+    pass its policy's rule."""
+    base = window_base(conn)
+    slots = every(base, 10 * MINUTE, 6)
+    job = insert_job(conn, created_at=base - MINUTE, cron="*/10 * * * *", misfire="skip", misfire_grace_s=60)
+    for slot in slots:
+        insert_run(conn, job, slot)
+    insert_skip(conn, job, slots[1], slots[2], "grace", slots[1] + 2 * MINUTE)
+
+    report = audit.verify(conn, base, base + 60 * MINUTE)
+
+    assert (report.expected, report.runs, report.missing, report.skips_invalid, report.ok) == (6, 6, 0, 1, False)
+    [finding] = report.findings["skips_invalid"]
+    assert finding["rule"] == "a run exists in the range (the slot fired and was skipped)"
+
+
 # ---------------------------------------------------------------- edited, paused and deleted jobs
 
 
