@@ -686,9 +686,11 @@ def jobs_next(cron: str | None, tz: str | None, dialect: str | None, after: date
         raise ValidationError("cron", "is required (--cron EXPR)")
     schedule = CronSchedule(cron, "UTC" if tz is None else tz, dialect or "unix")
     instant_ = after
-    for _ in range(count):
+    for listed in range(count):
         instant_ = schedule.next_after(instant_)
         if instant_ is None:
+            click.echo(f"no {'' if listed == 0 else 'further '}fire before the end of the supported range "
+                       "(year 9997)", err=True)
             break
         click.echo(format_instant(instant_))
 

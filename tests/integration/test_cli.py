@@ -68,6 +68,13 @@ def test_jobs_next_prints_the_exact_instants_of_known_cases(case_id: str) -> Non
     assert result.stderr == ""
 
 
+def test_jobs_next_says_when_the_supported_range_ends_first() -> None:
+    result = run(["jobs", "next", "--cron", "0 0 29 2 *", "--after", "9990-01-01T00:00:00Z", "--count", "3"])
+    assert result.exit_code == 0
+    assert result.stdout.splitlines() == ["9992-02-29T00:00:00Z", "9996-02-29T00:00:00Z"]
+    assert result.stderr == "no further fire before the end of the supported range (year 9997)\n"
+
+
 def test_jobs_next_seconds_dialect_and_default_count() -> None:
     result = run(["jobs", "next", "--cron", "*/20 * * * * *", "--dialect", "seconds",
                   "--after", "2030-01-01T00:00:00Z"])
