@@ -534,6 +534,8 @@ def test_db_downgrade_above_the_stores_revision_exits_2(pg_dsn, conn) -> None:
     line = one_line_error(run(["db", "upgrade", "0010"], pg_dsn), 2, "error: revision: ")
     assert line == ("error: revision: must be at or above the store's revision 0012 "
                     "(`scheduler db downgrade 0010` goes down) (got '0010')")
+    # a target only alembic resolves, which it refuses: the request was wrong too
+    one_line_error(run(["db", "downgrade", "--yes", "--", "-99"], pg_dsn), 2, "error: revision: ")
     assert run(["db", "current"], pg_dsn).stdout == f"0012 (behind head {HEAD}: run `scheduler db upgrade`)\n"
 
 
