@@ -215,14 +215,26 @@ def json_option(func: Callable) -> Callable:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(func)
 
 
-def open_store(dsn: str) -> psycopg.Connection:
-    """Connect for a CLI command; one-line error if no DSN or unreachable."""
-    from scheduler import store
-
+def _need_dsn(dsn: str) -> None:
+    """Raise ConfigError (exit status 2) if no DSN is set; else remember its password (never printed)."""
     if not dsn:
         raise ConfigError(f"dsn: no store configured; pass --dsn or set SCHEDULER_DSN (e.g. {DSN_HINT})")
     _register_dsn(None, None, dsn)
-    return store.connect(dsn, application_name="scheduler-cli")
+
+
+def open_store(dsn: str) -> psycopg.Connection:
+    """Connect for a CLI command and check the store can be used, as a node does at start.
+
+    :func:`scheduler.store.open_usable` classifies: exit status 2 for a bad
+    setting (no DSN, a malformed one, authentication refused, the database
+    absent) or a schema missing or behind head (a newer one is used), 1 for
+    a store that cannot be reached.
+    """
+    from scheduler import store
+    from scheduler.migrate import script_revisions
+
+    _need_dsn(dsn)
+    return store.open_usable(lambda: store.connect(dsn, application_name="scheduler-cli"), dsn, script_revisions())
 
 
 def _echo_json(value: Any) -> None:
@@ -285,22 +297,22 @@ def db() -> None:
     """Schema migrations (alembic)."""
 
 
-def _need_dsn(dsn: str) -> None:
-    if not dsn:
-        raise ConfigError(f"dsn: no store configured; pass --dsn or set SCHEDULER_DSN (e.g. {DSN_HINT})")
-    _register_dsn(None, None, dsn)
-
-
 @db.command("upgrade")
 @dsn_option
-@click.option("--revision", default="head", show_default=True, help="Target revision.")
-def db_upgrade(dsn: str, revision: str) -> None:
-    """Migrate the store's schema to REVISION (default: head). Safe to re-run.
+@click.argument("revision", required=False)
+@click.option("--revision", "revision_option", default=None, help="Same as REVISION.")
+def db_upgrade(dsn: str, revision: str | None, revision_option: str | None) -> None:
+    """Migrate the store's schema up to REVISION (default: head). Safe to re-run.
 
-    The DSN may be a URI or libpq keywords (host=... dbname=...).
+    REVISION is an id (`scheduler db current` shows the store's), `head`, or
+    relative (+1); one below the store's revision exits 2 (that is `scheduler
+    db downgrade`). The DSN may be a URI or libpq keywords (host=... dbname=...).
     """
     from scheduler.migrate import upgrade
 
+    if revision is not None and revision_option is not None:
+        raise ValidationError("revision", "give it as REVISION or --revision, not both")
+    revision = revision or revision_option or "head"
     _need_dsn(dsn)
     upgrade(dsn, revision)
     click.echo(f"schema at {revision}")
@@ -315,15 +327,19 @@ def db_downgrade(dsn: str, revision: str, yes: bool) -> None:
 
     A store that holds live (not deleted) jobs is downgraded only with
     --yes; without it the command says how many jobs are at stake and
-    exits 2, changing nothing.
+    exits 2, changing nothing. A store already at REVISION is left as it is
+    (exit 0); a REVISION above the store's exits 2.
     """
-    from scheduler.migrate import downgrade, downgrade_drops_jobs, live_job_count
+    from scheduler.migrate import downgrade, live_job_count, plan
 
     _need_dsn(dsn)
-    drops_jobs = downgrade_drops_jobs(dsn, revision)  # ValidationError for an unknown revision
+    checked = plan(dsn, revision, "downgrade")  # ValidationError for an unknown or higher revision
+    if checked.noop:
+        click.echo(f"already at {checked.current or 'base'}")
+        return
     live = live_job_count(dsn)
     if live and not yes:
-        loss = "drops the jobs table and loses them" if drops_jobs else "drops schema the running version needs"
+        loss = "drops the jobs table and loses them" if checked.drops_jobs else "drops schema the running version needs"
         raise ValidationError("yes", f"the store holds {live} live jobs; downgrading to {revision} {loss}: "
                                      "pass --yes to confirm")
     downgrade(dsn, revision)

@@ -21,8 +21,9 @@ import time
 LOGGER = logging.getLogger("scheduler")
 
 MIN_SECRET_CHARS = 3
-"""Shorter secrets are not scrubbed from free text (they would mangle it);
-DSNs are still redacted structurally by ``store.redact_dsn``."""
+"""Shorter secrets are not scrubbed from free text (they would mangle it), here
+nor by ``store.redact_text``; DSNs are still redacted structurally by
+``store.redact_dsn``."""
 
 _secrets: set[str] = set()
 _secrets_lock = threading.Lock()

@@ -7,16 +7,26 @@ be re-run (docs/design.md §7).
 
 The DSN may be a URI or libpq keywords (``host=... dbname=...``); see
 :func:`scheduler.store.sqlalchemy_url`. Its password, in every spelling,
-never appears in an error. An unknown target revision is a
-:class:`~scheduler.errors.ValidationError` (the request was wrong), any
-other failure a :class:`~scheduler.errors.StoreError`.
+never appears in an error. Errors, as for every command that uses the store
+(CLI exit status 2 or 1):
+
+* :class:`~scheduler.errors.ValidationError` (field ``revision``): the
+  request was wrong: an unknown target revision, a downgrade target above the
+  store's revision or an upgrade target below it, any target alembic refuses;
+* :class:`~scheduler.errors.ConfigError`: a malformed DSN
+  (:func:`scheduler.store.check_dsn`), or its subclass
+  :class:`~scheduler.errors.StoreSetupError`: authentication refused, the
+  database absent (:func:`scheduler.store.open_usable`);
+* :class:`~scheduler.errors.StoreError`: the store unreachable, or a
+  migration that failed in the store.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote, quote_plus
 
 import psycopg
 from alembic import command
@@ -26,7 +36,7 @@ from alembic.util.exc import CommandError
 
 from scheduler import log, store
 from scheduler.errors import StoreError, ValidationError
-from scheduler.store import dsn_secrets, redact_dsn, redact_text, sqlalchemy_url
+from scheduler.store import redact_dsn, redact_text, secret_spellings, sqlalchemy_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,12 +55,6 @@ def alembic_config(dsn: str) -> Config:
     config.set_main_option("script_location", str(ROOT / "alembic"))
     config.set_main_option("sqlalchemy.url", sqlalchemy_url(dsn).replace("%", "%%"))
     return config
-
-
-def _secrets(dsn: str) -> list[str]:
-    """The DSN's passwords as written, decoded, and percent-encoded as in the SQLAlchemy URL."""
-    found = dsn_secrets(dsn)
-    return list(dict.fromkeys(found + [quote(s, safe="") for s in found] + [quote_plus(s) for s in found]))
 
 
 def _script() -> ScriptDirectory:
@@ -82,18 +86,22 @@ def head_revision() -> str:
 
 def is_known(revision: str) -> bool:
     """True if this version of the code has ``revision`` (a store migrated by a newer one may not)."""
-    try:
-        return _script().get_revision(revision) is not None
-    except CommandError:
-        return False
+    return _known(_script(), revision)
+
+
+def _connect(dsn: str) -> psycopg.Connection:
+    """A session on the store whose errors are classified as every command's
+    (:func:`scheduler.store.open_usable`; the schema is not checked: it is what migrations change)."""
+    return store.open_usable(lambda: store.connect(dsn, application_name="scheduler-migrate"), dsn, schema=False)
 
 
 def current_revision(dsn: str) -> str | None:
     """The store's schema revision, or ``None`` for a database never migrated.
 
-    Raises StoreError if the store cannot be reached.
+    Raises ConfigError (StoreSetupError) if the store cannot be used as
+    configured, StoreError if it cannot be reached.
     """
-    with store.connect(dsn, application_name="scheduler-migrate") as conn:
+    with _connect(dsn) as conn:
         try:
             rows = store.execute(conn, "get_schema_revision")
         except psycopg.errors.UndefinedTable:
@@ -102,41 +110,86 @@ def current_revision(dsn: str) -> str | None:
 
 
 def live_job_count(dsn: str) -> int:
-    """Jobs not deleted in the store (0 if it has no ``jobs`` table). Raises StoreError if unreachable."""
-    with store.connect(dsn, application_name="scheduler-migrate") as conn:
+    """Jobs not deleted in the store (0 if it has no ``jobs`` table). Errors as :func:`current_revision`."""
+    with _connect(dsn) as conn:
         try:
             return store.execute(conn, "count_live_jobs")[0]["n"]
         except psycopg.errors.UndefinedTable:
             return 0
 
 
-def downgrade_drops_jobs(dsn: str, revision: str) -> bool:
-    """True if downgrading the store to ``revision`` drops the ``jobs`` table.
+@dataclass(frozen=True)
+class Plan:
+    """Where a migration of the store goes (:func:`plan`).
 
-    ``revision`` is an id, ``base`` or relative (``-2``). Raises
-    ValidationError (field ``revision``) for an unknown revision, StoreError
-    if the store cannot be reached.
+    ``current``: the store's revision (None: no schema). ``target``: the
+    revision id the store ends at (None: base), if ``resolved``; a relative
+    or symbolic target other than ``head``/``base``/``-N`` is left to alembic
+    (``resolved`` False). ``drops_jobs``: the migration drops the ``jobs``
+    table (a downgrade below :data:`JOBS_REVISION`; True when unresolved).
+    """
+
+    current: str | None
+    target: str | None
+    resolved: bool
+    drops_jobs: bool
+
+    @property
+    def noop(self) -> bool:
+        """True if the store is already at the target: nothing to migrate."""
+        return self.resolved and self.target == self.current
+
+
+def plan(dsn: str, revision: str, direction: str) -> Plan:
+    """Check a migration of the store to ``revision`` (``direction`` ``"upgrade"`` or ``"downgrade"``).
+
+    ``revision`` is an id, ``head``, ``base`` or relative (``-2``). Raises
+    ValidationError (field ``revision``) for an unknown revision, a
+    downgrade target above the store's revision, an upgrade target below it,
+    or a store at a revision this version does not know (a newer one);
+    otherwise errors as :func:`current_revision`.
     """
     script = _script()
-    target = _check_revision(script, revision)
+    named = _check_revision(script, revision)
     current = current_revision(dsn)
-    if current is None or JOBS_REVISION not in _ancestry(script, current):
-        return False
-    if revision == "base":
-        return True
+    if current is not None and not _known(script, current):
+        raise ValidationError("revision", f"cannot be reached from the store's revision {current}, which this "
+                                          "version does not know (a newer version migrated it)", revision)
+    below = _ancestry(script, current) if current is not None else []
+    resolved, target = True, named
     relative = re.fullmatch(r"-(\d+)", revision)
-    if relative:
-        chain = _ancestry(script, current)
-        steps = int(relative.group(1))
-        target = chain[steps] if steps < len(chain) else None
-    return target is None or JOBS_REVISION not in _ancestry(script, target)
+    if revision in ("head", "heads"):
+        target = script.get_current_head()
+    elif relative and direction == "downgrade" and int(relative.group(1)) < len(below):
+        target = below[int(relative.group(1))]
+    elif named is None and revision != "base":
+        resolved = False
+    if resolved and direction == "downgrade" and target is not None and target not in below:
+        go_up = f"`scheduler db upgrade {revision}` goes up"
+        raise ValidationError("revision", f"must be at or below the store's revision {current} ({go_up})"
+                              if current is not None else f"must be base: the store has no schema ({go_up})",
+                              revision)
+    if resolved and direction == "upgrade" and current is not None and target != current and (
+            target is None or target in below):
+        raise ValidationError("revision", f"must be at or above the store's revision {current} "
+                                          f"(`scheduler db downgrade {revision}` goes down)", revision)
+    drops_jobs = direction == "downgrade" and JOBS_REVISION in below and (
+        not resolved or target is None or JOBS_REVISION not in _ancestry(script, target))
+    return Plan(current, target, resolved, drops_jobs)
+
+
+def _known(script: ScriptDirectory, revision: str) -> bool:
+    try:
+        return script.get_revision(revision) is not None
+    except CommandError:
+        return False
 
 
 def _ancestry(script: ScriptDirectory, revision: str) -> list[str]:
-    """``revision`` and every revision below it, newest first."""
+    """``revision`` and every revision below it, newest first (``[revision]`` for one this version does not know)."""
     try:
         return [rev.revision for rev in script.iterate_revisions(revision, "base")]
-    except CommandError:  # a store revision this version does not know (a newer one)
+    except CommandError:
         return [revision]
 
 
@@ -154,29 +207,36 @@ def script_revisions() -> tuple[str, frozenset[str]] | None:
     return head, frozenset(rev.revision for rev in script.walk_revisions())
 
 
-def upgrade(dsn: str, revision: str = "head") -> None:
-    """Migrate to ``revision``. Raises ValidationError for an unknown revision,
-    StoreError (password redacted) on failure."""
-    _check_revision(_script(), revision)
-    _run(command.upgrade, dsn, revision)
+def upgrade(dsn: str, revision: str = "head") -> Plan:
+    """Migrate up to ``revision`` (checked by :func:`plan`; nothing runs if the
+    store is there already) and return the plan. Errors: see the module doc."""
+    checked = plan(dsn, revision, "upgrade")
+    if not checked.noop:
+        _run(command.upgrade, dsn, revision)
+    return checked
 
 
-def downgrade(dsn: str, revision: str) -> None:
-    """Migrate down to ``revision`` (``base`` drops every table). Errors as :func:`upgrade`."""
-    _check_revision(_script(), revision)
-    _run(command.downgrade, dsn, revision)
+def downgrade(dsn: str, revision: str) -> Plan:
+    """Migrate down to ``revision`` (``base`` drops every table) as :func:`upgrade` does."""
+    checked = plan(dsn, revision, "downgrade")
+    if not checked.noop:
+        _run(command.downgrade, dsn, revision)
+    return checked
 
 
-def _run(action, dsn: str, revision: str) -> None:
-    secrets = _secrets(dsn)
-    log.add_secret(*secrets)  # alembic's and SQLAlchemy's log records too
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _run(action: Callable[[Config, str], None], dsn: str, revision: str) -> None:
+    log.add_secret(*secret_spellings(dsn))  # alembic's and SQLAlchemy's log records too
+    config = alembic_config(dsn)  # ConfigError for a malformed DSN
     try:
-        action(alembic_config(dsn), revision)
+        action(config, revision)
+    except CommandError as exc:  # alembic refuses the target: the request was wrong
+        raise ValidationError("revision", redact_text(_first_line(exc), dsn), revision) from None
     except StoreError:
         raise
     except Exception as exc:  # sqlalchemy/alembic errors carry the URL: redact it
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        message = redact_text(message, dsn)
-        for secret in sorted(secrets, key=len, reverse=True):
-            message = message.replace(secret, "***")
-        raise StoreError(f"migration to {revision} failed on {redact_dsn(dsn)}: {message}") from exc
+        raise StoreError(f"migration to {revision} failed on {redact_dsn(dsn)}: "
+                         f"{redact_text(_first_line(exc), dsn)}") from exc

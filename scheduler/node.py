@@ -39,7 +39,9 @@ Start-up check (:meth:`Node.start`): the store must be usable. A fatal
 misconfiguration (schema missing or behind the code's migrations,
 authentication refused, database absent) raises
 :class:`~scheduler.errors.StoreSetupError` before anything starts (the CLI
-exits 2 with the fix, e.g. ``run `scheduler db upgrade` first``); a store
+exits 2 with the fix, e.g. ``run `scheduler db upgrade` first``), a DSN
+libpq would misparse or cannot parse a :class:`~scheduler.errors.ConfigError`
+(:func:`scheduler.store.check_dsn`); a store
 that cannot be reached yet (refused, timed out) is retried every second
 while the node runs, and a fatal finding then stops it the same way.
 """
@@ -55,7 +57,7 @@ from types import FrameType
 
 from scheduler import log, store, watchdog
 from scheduler.clock import Clock, SystemClock
-from scheduler.errors import StoreSetupError
+from scheduler.errors import ConfigError, StoreSetupError
 from scheduler.firing import Firer
 from scheduler.health import HealthServer, StoreProbe
 from scheduler.lease import Coordinator, LeaseLoop, LeaseTable, make_coordinator
@@ -210,7 +212,8 @@ class Node:
         """Start the endpoint (if configured), then the lease, firing and retention threads.
 
         Raises :class:`~scheduler.errors.StoreSetupError` if the store is
-        misconfigured (see the module doc; a store that cannot be reached
+        misconfigured, :class:`~scheduler.errors.ConfigError` if its DSN is
+        malformed (see the module doc; a store that cannot be reached
         yet is checked again by :meth:`check_store_again`),
         :class:`~scheduler.errors.SchedulerError` if the metrics port cannot
         be bound, or if the coordinator's preflight refuses (the etcd
@@ -221,7 +224,7 @@ class Node:
             self.watchdog.on_stuck = self._store_call_stuck
         try:
             self._store_pending = self._check_store()
-        except StoreSetupError as exc:
+        except ConfigError as exc:  # StoreSetupError, or a DSN check_dsn refuses
             log.event("store_misconfigured", logging.ERROR, node=self.node_id, error=str(exc))
             self.coordinator.close()
             raise

@@ -31,13 +31,13 @@ import time
 from collections.abc import Callable
 from importlib import resources
 from typing import TypeVar
-from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, quote_plus, unquote, urlencode, urlsplit
 
 import psycopg
 from psycopg.rows import dict_row
 
 from scheduler import log
-from scheduler.errors import StoreError, StoreSetupError
+from scheduler.errors import ConfigError, StoreError, StoreSetupError
 from scheduler.settings import Settings
 from scheduler.watchdog import CallBounds, Watchdog, WatchedConnection
 from scheduler.watchdog import shared as shared_watchdog
@@ -112,19 +112,51 @@ def redact_dsn(dsn: str) -> str:
     return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
 
 
-PASSWORD_FRAGMENT_MIN_CHARS = 3
-"""Pieces of a password split at an unescaped ``@ : / ? #`` shorter than this
-are not scrubbed from free text (they would mangle it)."""
+DSN_URI_AT_RULE = ("a URI may hold '@' only once, between the user info and the host: percent-encode "
+                   "@ : / ? # in the user name and password (e.g. @ as %40)")
+"""The rule :func:`check_dsn` names for a URI libpq would split elsewhere than meant."""
+
+_AUTHORITY_END = re.compile(r"[/?#]")
+
+
+def check_dsn(dsn: str) -> None:
+    """Refuse a DSN that cannot mean what it says, before anything connects with it.
+
+    Called by every path that opens the store (:func:`connect`, so node
+    sessions, the CLI and the health probe; :func:`sqlalchemy_url`, so
+    migrations). A URI (``scheme://...``) whose authority holds more than one
+    ``@``, or with an ``@`` after its authority (in the path, query or
+    fragment), has a user name or password with an unescaped ``@`` (and then
+    perhaps ``/ ? #``): libpq would take part of the password for the host
+    or the database, and echo it in its errors. A DSN libpq cannot parse at
+    all (``garbage``, a ``mysql://`` URI, an unknown keyword) is refused too.
+    Raises :class:`ConfigError` (``dsn: <rule>``, exit status 2) that never
+    holds the password; an empty ``dsn`` passes (callers say none is set).
+    """
+    if "://" in dsn:
+        rest = dsn.split("://", 1)[1]
+        end = _AUTHORITY_END.search(rest)
+        authority, after = (rest, "") if end is None else (rest[:end.start()], rest[end.start():])
+        if authority.count("@") > 1 or "@" in after:
+            raise ConfigError(f"dsn: {DSN_URI_AT_RULE}")
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(libpq_dsn(dsn))
+    except psycopg.Error as exc:
+        raise ConfigError("dsn: must be a URI (postgresql://user:password@host:5432/dbname) or libpq keywords "
+                          f"(host=... dbname=...); libpq: {redact_text(_first_line(exc), dsn)}") from None
 
 
 def dsn_secrets(dsn: str) -> list[str]:
     """The password(s) in ``dsn`` as written and percent-decoded (URI or key=value form).
 
     A URI password holding an unescaped ``@``, ``:``, ``/``, ``?`` or ``#``
-    is misparsed by libpq, whose errors then echo pieces of it (e.g.
+    would be misparsed by libpq, whose errors would echo pieces of it (e.g.
     ``failed to resolve host 'SuperSecret42@127.0.0.1'`` for the password
-    ``Pass@SuperSecret42``): those pieces (at least
-    :data:`PASSWORD_FRAGMENT_MIN_CHARS` long) are secrets too. Callers
+    ``Pass@SuperSecret42``); :func:`check_dsn` refuses such a URI before
+    libpq sees it, and as a second line of defence those pieces (at least
+    :data:`scheduler.log.MIN_SECRET_CHARS` long) are secrets too. Callers
     register the result with :func:`scheduler.log.add_secret` so they are
     scrubbed from every log line and error message.
     """
@@ -143,7 +175,7 @@ def dsn_secrets(dsn: str) -> list[str]:
         for secret in raw:
             if re.search(r"[@:/?#]", secret):
                 found += [piece for piece in re.split(r"[@:/?#]", secret)
-                          if len(piece) >= PASSWORD_FRAGMENT_MIN_CHARS]
+                          if len(piece) >= log.MIN_SECRET_CHARS]
     else:
         for match in re.findall(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", dsn):
             found.append(match)
@@ -152,12 +184,27 @@ def dsn_secrets(dsn: str) -> list[str]:
     return [secret for secret in dict.fromkeys(found) if secret]
 
 
+def secret_spellings(dsn: str) -> list[str]:
+    """:func:`dsn_secrets`, each also percent-encoded as in a URL (``quote``, ``quote_plus``):
+    the spellings a driver's or SQLAlchemy's error may echo (:func:`sqlalchemy_url` encodes them)."""
+    found = dsn_secrets(dsn)
+    return list(dict.fromkeys(found + [quote(s, safe="") for s in found] + [quote_plus(s) for s in found]))
+
+
 def redact_text(text: str, dsn: str) -> str:
-    """Return ``text`` (an error message) without ``dsn`` or any of its passwords."""
+    """Return ``text`` (an error message) without ``dsn`` or any of its passwords.
+
+    The DSN itself, wherever ``text`` echoes it, is replaced by
+    :func:`redact_dsn`'s form; then every spelling of a password
+    (:func:`secret_spellings`) at least :data:`scheduler.log.MIN_SECRET_CHARS`
+    long is replaced by ``***``. A shorter one is left in free text, which it
+    would mangle (``y`` in ``mysql``); it is still masked inside the DSN.
+    """
     if dsn:
         text = text.replace(dsn, redact_dsn(dsn))
-        for secret in sorted(dsn_secrets(dsn), key=len, reverse=True):
-            text = text.replace(secret, "***")
+        for secret in sorted(secret_spellings(dsn), key=len, reverse=True):
+            if len(secret) >= log.MIN_SECRET_CHARS:
+                text = text.replace(secret, "***")
     return text
 
 
@@ -172,9 +219,10 @@ def sqlalchemy_url(dsn: str) -> str:
     (user and password percent-encoded; a socket directory or several hosts,
     and every other keyword, as query parameters psycopg receives as they
     are). The result holds the password: never print it (see
-    :func:`redact_dsn`). Raises :class:`StoreError` (password redacted) for a
-    DSN that is neither a URI nor valid libpq keywords.
+    :func:`redact_dsn`). Raises :class:`ConfigError` (:func:`check_dsn`) for a
+    DSN libpq would misparse or cannot parse.
     """
+    check_dsn(dsn)
     for prefix, replacement in (
         ("postgresql://", "postgresql+psycopg://"),
         ("postgres://", "postgresql+psycopg://"),
@@ -186,11 +234,7 @@ def sqlalchemy_url(dsn: str) -> str:
         return dsn
     from psycopg.conninfo import conninfo_to_dict
 
-    try:
-        params = {key: str(value) for key, value in conninfo_to_dict(dsn).items()}
-    except psycopg.Error as exc:
-        raise StoreError(f"the store DSN is neither a URI (postgresql://user:pass@host:port/db) nor valid "
-                         f"libpq keywords (host=... dbname=...): {redact_text(_first_line(exc), dsn)}") from None
+    params = {key: str(value) for key, value in conninfo_to_dict(dsn).items()}  # parses: check_dsn passed
     user, password, dbname = params.pop("user", None), params.pop("password", None), params.pop("dbname", None)
     host = port = None
     if "host" in params and not params["host"].startswith("/") and "," not in params["host"]:
@@ -230,9 +274,11 @@ def connect(
     ``watch``, the connection is a :class:`~scheduler.watchdog.WatchedConnection`
     whose blocking calls ``watchdog`` (default: the process's,
     :func:`scheduler.watchdog.shared`) bounds by ``watch``. Raises
-    :class:`StoreError` (with the password and anything the driver echoed of
-    it redacted) if the store cannot be reached.
+    :class:`ConfigError` for a DSN :func:`check_dsn` refuses (nothing is
+    opened), :class:`StoreError` (with the password and anything the driver
+    echoed of it redacted) if the store cannot be reached.
     """
+    check_dsn(dsn)
     options = []
     for guc, value in (
         ("lock_timeout", lock_timeout_s),
@@ -327,7 +373,8 @@ SETUP_HINTS = {
     "authentication": "check the DSN's user and password (in a URI, percent-encode @ : / ? # % in the "
                       "password, e.g. @ as %40)",
     "database": "create the database, then run `scheduler db upgrade`",
-    "host": "the host name holds an '@': a URI password must percent-encode '@' as %40",
+    "host": "a host name cannot hold an '@': check the DSN's host (a URI password must percent-encode '@' "
+            "as %40)",
 }
 
 
@@ -371,34 +418,63 @@ def check_schema(conn: psycopg.Connection, revisions: tuple[str, frozenset[str]]
                               f"version's {head}; {hint}")
 
 
-def check_node_store(settings: Settings, revisions: tuple[str, frozenset[str]] | None,
-                     watchdog: Watchdog | None = None) -> str | None:
-    """The node's start-up check of its store: None if usable.
+def open_usable(opener: Callable[[], psycopg.Connection], dsn: str,
+                revisions: tuple[str, frozenset[str]] | None = None, *, schema: bool = True) -> psycopg.Connection:
+    """Open a session with ``opener()`` and check the store can be used; return the open session.
 
-    Opens a node session (:func:`node_connect`) and checks the schema
-    (:func:`check_schema`). Returns a one-line reason (password redacted) if
-    the store cannot be reached now (refused, timed out: the caller retries);
-    raises :class:`StoreSetupError` with the fix in its message if it is
-    misconfigured (authentication refused, database absent, schema missing
-    or behind, a host name holding an unescaped '@').
+    The one classification of a store's problems, shared by the node's
+    start-up check (:func:`check_node_store`) and every CLI command:
+    :class:`StoreSetupError` (with the fix in its message; exit status 2) if
+    it is misconfigured: authentication refused, database absent (see
+    :func:`setup_problem`) or, with ``schema``, the schema missing or behind
+    ``revisions`` (:func:`check_schema`; a newer one is accepted).
+    :class:`ConfigError` for a DSN :func:`check_dsn` refuses;
+    :class:`StoreError` (password redacted; exit status 1) if the store
+    cannot be reached or the check failed otherwise: transient. ``dsn`` is
+    the one ``opener`` uses (to redact errors).
     """
     try:
-        conn = node_connect(settings, f"scheduler-check:{settings.node_id}", watchdog=watchdog)
+        conn = opener()
     except StoreError as exc:
         problem = setup_problem(exc)
         if problem is not None:
             raise StoreSetupError(f"store: {exc}; {SETUP_HINTS[problem]}") from None
-        return str(exc)
+        raise
+    if not schema:
+        return conn
     try:
         check_schema(conn, revisions)
+    except StoreSetupError:
+        conn.close()
+        raise
     except psycopg.Error as exc:
-        line = redact_text(_first_line(exc), settings.dsn)
+        conn.close()
+        line = redact_text(_first_line(exc), dsn)
         problem = setup_problem(exc)
         if problem is not None:
             raise StoreSetupError(f"store: {line}; {SETUP_HINTS[problem]}") from None
-        return f"store: {line}"
-    finally:
-        conn.close()
+        raise StoreError(f"store: {line}", exc.sqlstate) from None
+    return conn
+
+
+def check_node_store(settings: Settings, revisions: tuple[str, frozenset[str]] | None,
+                     watchdog: Watchdog | None = None) -> str | None:
+    """The node's start-up check of its store: None if usable.
+
+    Opens a node session (:func:`node_connect`) and checks it as
+    :func:`open_usable` does. Returns a one-line reason (password redacted)
+    if the store cannot be reached now (refused, timed out: the caller
+    retries); raises :class:`StoreSetupError` with the fix in its message if
+    it is misconfigured (authentication refused, database absent, schema
+    missing or behind), :class:`ConfigError` for a DSN :func:`check_dsn`
+    refuses.
+    """
+    try:
+        conn = open_usable(lambda: node_connect(settings, f"scheduler-check:{settings.node_id}", watchdog=watchdog),
+                           settings.dsn, revisions)
+    except StoreError as exc:
+        return str(exc)
+    conn.close()
     return None
 
 

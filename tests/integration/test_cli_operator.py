@@ -1,6 +1,10 @@
 """What a new operator hit (issue 11, item 10): idempotent import, bulk delete,
 input that must be refused, one exit-code rule, guarded downgrade, ``db
-current``, BOM CSVs and keyword DSNs, unknown tenants.
+current``, BOM CSVs and keyword DSNs, unknown tenants; and what a fresh-user
+trial found after: every command exits 2 for a store it cannot use (a DSN
+libpq would misparse or cannot parse, refused authentication, a missing
+database, a schema missing or behind head), ``db upgrade REVISION``, a
+downgrade target above the store's revision, a downgrade to where the store is.
 
 Commands run in process through ``click.testing.CliRunner`` like
 tests/integration/test_cli.py; every assertion is on exact output, exit
@@ -13,6 +17,7 @@ import hashlib
 import json
 import os
 import uuid
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -386,15 +391,110 @@ def test_a_failed_system_exits_1(empty_pg_dsn) -> None:
     unreachable = f"postgresql://nobody:SuperSecret42@127.0.0.1:{closed_port()}/nowhere"
     line = one_line_error(run(["jobs", "list"], unreachable), 1, "error: cannot connect to the store")
     assert "SuperSecret42" not in line
-    one_line_error(run(["db", "upgrade"], unreachable), 1, "error: migration to head failed")
+    line = one_line_error(run(["db", "upgrade"], unreachable), 1, "error: cannot connect to the store")
+    assert "SuperSecret42" not in line
     with psycopg.connect(empty_pg_dsn, autocommit=True) as c:  # a table in the way of revision 0006
         c.execute("CREATE TABLE jobs (x int)")
     one_line_error(run(["db", "upgrade"], empty_pg_dsn), 1, "error: migration to head failed")
 
 
 def test_an_unmigrated_store_exits_2_with_the_hint(empty_pg_dsn) -> None:
-    line = one_line_error(run(["jobs", "list"], empty_pg_dsn), 2, "error: store: the schema is missing or old")
-    assert line.endswith("run `scheduler db upgrade` first")
+    line = one_line_error(run(["jobs", "list"], empty_pg_dsn), 2, "error: store: the schema is missing")
+    assert line == "error: store: the schema is missing (no alembic_version table); run `scheduler db upgrade` first"
+
+
+STORE_COMMANDS = [
+    ["db", "upgrade"],
+    ["db", "current"],
+    ["db", "downgrade", "0013", "--yes"],
+    ["status"],
+    ["jobs", "list"],
+    ["jobs", "add", "--tenant", "acme", "--interval", "60"],
+    ["verify", "--since", "2030-01-01T00:00:00Z", "--until", "2030-01-02T00:00:00Z"],
+    ["tenants", "list"],
+    ["runs", "prune", "--older-than", "7d"],
+]
+"""Commands that use the store, each in its own way of opening it (CLI session, migrations)."""
+
+DSN_RULE = ("error: dsn: a URI may hold '@' only once, between the user info and the host: percent-encode "
+            "@ : / ? # in the user name and password (e.g. @ as %40)")
+AUTH_HINT = ("check the DSN's user and password (in a URI, percent-encode @ : / ? # % in the password, "
+             "e.g. @ as %40)")
+
+
+def _bad_setting(pg_dsn: str, case: str) -> tuple[str, str | tuple[str, str]]:
+    """(DSN, the one error line of every store command: exact, or its (start, end))."""
+    parts = urlsplit(pg_dsn)
+    server = f"{parts.hostname}:{parts.port}"
+    missing = f"postgresql://{parts.netloc}/no_such_database_here"
+    return {
+        "at and slash": (f"postgresql://op:Sup3r@S3cret/Path@{server}{parts.path}", DSN_RULE),
+        "question mark": (f"postgresql://op:Sup3r?S3cret@{server}{parts.path}", DSN_RULE),
+        "short piece": (f"postgresql://op:k3y@1@{server}{parts.path}", DSN_RULE),
+        "garbage": ("garbage", "error: dsn: must be a URI (postgresql://user:password@host:5432/dbname) or libpq "
+                               'keywords (host=... dbname=...); libpq: missing "=" after "garbage" in connection '
+                               "info string"),
+        "mysql": (f"mysql://x:y@{server}/db", "error: dsn: must be a URI (postgresql://user:password@host:5432/"
+                                              "dbname) or libpq keywords (host=... dbname=...); libpq: missing "
+                                              f'"=" after "mysql://x:***@{server}/db" in connection info string'),
+        "unknown role": (f"postgresql://nobody_here:Sup3rS3cret@{server}{parts.path}",
+                         (f"error: store: cannot connect to the store at postgresql://nobody_here:***@{server}"
+                          f"{parts.path}: ", f'role "nobody_here" does not exist; {AUTH_HINT}')),
+        "missing database": (missing,
+                             (f"error: store: cannot connect to the store at {store.redact_dsn(missing)}: ",
+                              'database "no_such_database_here" does not exist; '
+                              "create the database, then run `scheduler db upgrade`")),
+    }[case]
+
+
+@pytest.mark.parametrize("case", ["at and slash", "question mark", "short piece", "garbage", "mysql",
+                                  "unknown role", "missing database"])
+def test_a_store_that_cannot_be_used_as_configured_exits_2_for_every_command(pg_dsn, conn, case) -> None:
+    dsn, expected = _bad_setting(pg_dsn, case)
+    for command in STORE_COMMANDS:
+        result = run(command, dsn)
+        line = one_line_error(result, 2, "error: ")
+        if isinstance(expected, tuple):
+            assert line.startswith(expected[0]) and line.endswith(expected[1]), (command, line)
+        else:
+            assert line == expected, (command, line)
+        assert result.stdout == ""
+        for piece in ("Sup3r", "S3cret", "k3y", "'1@", "x:y@"):
+            assert piece not in line, (command, line)
+    assert count(conn, "jobs") == 0 and count(conn, "tenants") == 0
+    assert conn.execute("SELECT version_num FROM alembic_version").fetchone()["version_num"] == HEAD
+
+
+SCHEMA_COMMANDS = [
+    ["jobs", "add", "--tenant", "acme", "--interval", "60"],
+    ["jobs", "add", "--tenant", "acme", "--interval", "60", "--name", "n", "--replace"],
+    ["jobs", "list"],
+    ["jobs", "show", str(uuid.UUID(int=1))],
+    ["tenants", "list"],
+    ["tenants", "add", "acme"],
+    ["runs", "list"],
+    ["runs", "prune", "--older-than", "7d"],
+    ["verify", "--since", "2030-01-01T00:00:00Z", "--until", "2030-01-02T00:00:00Z"],
+    ["status"],
+]
+
+
+def test_a_schema_behind_head_exits_2_for_every_command(pg_dsn, conn) -> None:
+    conn.execute("UPDATE alembic_version SET version_num = '0012'")
+    for command in SCHEMA_COMMANDS:
+        line = one_line_error(run(command, pg_dsn), 2, "error: store: ")
+        assert line == (f"error: store: the schema is at revision 0012, behind this version's {HEAD}; "
+                        "run `scheduler db upgrade` first"), (command, line)
+    assert count(conn, "jobs") == 0 and count(conn, "tenants") == 0
+
+
+def test_a_schema_newer_than_the_code_is_used(pg_dsn, conn) -> None:
+    conn.execute("UPDATE alembic_version SET version_num = '9999_from_a_newer_release'")
+    added = run(["jobs", "add", "--tenant", "acme", "--interval", "60"], pg_dsn)
+    assert added.exit_code == 0, added.stderr
+    listed = run(["jobs", "list", "--json"], pg_dsn)
+    assert listed.exit_code == 0, listed.stderr
+    assert [row["job_id"] for row in json.loads(listed.stdout)] == [added.stdout.strip()]
 
 
 # ---------------------------------------------------------------- db downgrade / current
@@ -416,6 +516,42 @@ def test_db_downgrade_of_a_store_with_jobs_needs_yes(pg_dsn, conn) -> None:
     done = run(["db", "downgrade", "0013", "--yes"], pg_dsn)
     assert (done.exit_code, done.stdout) == (0, "schema at 0013\n"), done.stderr
     assert count(conn, "jobs") == 3
+
+
+def test_db_downgrade_to_the_stores_revision_does_nothing(pg_dsn, conn) -> None:
+    add(conn, "acme", "a")
+    result = run(["db", "downgrade", HEAD], pg_dsn)
+    assert (result.exit_code, result.stdout, result.stderr) == (0, f"already at {HEAD}\n", "")
+    assert run(["db", "current"], pg_dsn).stdout == f"{HEAD} (head)\n"
+    assert live(conn) == [("acme", "a")]
+
+
+def test_db_downgrade_above_the_stores_revision_exits_2(pg_dsn, conn) -> None:
+    assert run(["db", "downgrade", "0012", "--yes"], pg_dsn).exit_code == 0
+    line = one_line_error(run(["db", "downgrade", "0013", "--yes"], pg_dsn), 2, "error: revision: ")
+    assert line == ("error: revision: must be at or below the store's revision 0012 "
+                    "(`scheduler db upgrade 0013` goes up) (got '0013')")
+    line = one_line_error(run(["db", "upgrade", "0010"], pg_dsn), 2, "error: revision: ")
+    assert line == ("error: revision: must be at or above the store's revision 0012 "
+                    "(`scheduler db downgrade 0010` goes down) (got '0010')")
+    # a target only alembic resolves, which it refuses: the request was wrong too
+    one_line_error(run(["db", "downgrade", "--yes", "--", "-99"], pg_dsn), 2, "error: revision: ")
+    assert run(["db", "current"], pg_dsn).stdout == f"0012 (behind head {HEAD}: run `scheduler db upgrade`)\n"
+
+
+def test_db_upgrade_takes_the_revision_as_an_argument(empty_pg_dsn) -> None:
+    usage = CliRunner().invoke(cli, ["db", "upgrade", "--help"], prog_name="scheduler").stdout.splitlines()[0]
+    assert usage == "Usage: scheduler db upgrade [OPTIONS] [REVISION]"
+    result = run(["db", "upgrade", "0010"], empty_pg_dsn)
+    assert (result.exit_code, result.stdout) == (0, "schema at 0010\n"), result.stderr
+    assert run(["db", "current"], empty_pg_dsn).stdout == f"0010 (behind head {HEAD}: run `scheduler db upgrade`)\n"
+    option = run(["db", "upgrade", "--revision", "0012"], empty_pg_dsn)
+    assert (option.exit_code, option.stdout) == (0, "schema at 0012\n"), option.stderr
+    one_line_error(run(["db", "upgrade", "0013", "--revision", "0014"], empty_pg_dsn), 2,
+                   "error: revision: give it as REVISION or --revision, not both")
+    result = run(["db", "upgrade"], empty_pg_dsn)
+    assert (result.exit_code, result.stdout) == (0, "schema at head\n"), result.stderr
+    assert run(["db", "current"], empty_pg_dsn).stdout == f"{HEAD} (head)\n"
 
 
 def test_db_downgrade_of_an_empty_store_needs_no_yes(pg_dsn) -> None:
@@ -448,7 +584,7 @@ def test_db_upgrade_with_a_keyword_dsn(empty_pg_dsn, capfd) -> None:
     assert "SuperSecret42" not in result.stderr + capfd.readouterr().err
     unreachable = keyword_dsn(empty_pg_dsn, password="SuperSecret42", port=str(closed_port()))
     failed = run(["db", "upgrade"], unreachable)
-    line = one_line_error(failed, 1, "error: migration to head failed")
+    line = one_line_error(failed, 1, "error: cannot connect to the store")
     assert "SuperSecret42" not in line and "password=***" in line
 
 

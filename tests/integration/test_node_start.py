@@ -4,10 +4,12 @@ A fatal misconfiguration ends the node at start, before anything runs
 (:class:`StoreSetupError`; ``scheduler node`` exits 2 with the fix in one
 line): the schema missing or behind the code's head revision, the
 authentication refused (an unknown role here: the test cluster trusts every
-password), the database absent, a URI password with an unescaped ``@``. A
-store that cannot be reached (a closed port) is transient: the node starts
-and keeps retrying, as before. A schema newer than the code (a rolling
-upgrade) is accepted.
+password), the database absent. A DSN libpq would misparse (a URI with an
+unescaped ``@`` in its password, with or without ``/ ? #``) or cannot parse
+is a bad setting, refused before any connection (:class:`ConfigError` naming
+``dsn``; exit status 2). A store that cannot be reached (a closed port) is
+transient: the node starts and keeps retrying, as before. A schema newer
+than the code (a rolling upgrade) is accepted.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from scheduler.errors import StoreSetupError
+from scheduler.errors import ConfigError, StoreSetupError
 from scheduler.metrics import Metrics
 from scheduler.node import Node
 from scheduler.settings import Settings
@@ -32,6 +34,8 @@ from helpers import closed_port
 TIMINGS = {"lease_ttl_s": 2.0, "renew_interval_s": 0.5, "poll_interval_s": 0.25, "tick_interval_s": 0.5,
            "safety_margin_s": 0.5}
 UPGRADE_HINT = "run `scheduler db upgrade` first"
+DSN_RULE = ("dsn: a URI may hold '@' only once, between the user info and the host: percent-encode "
+            "@ : / ? # in the user name and password (e.g. @ as %40)")
 
 
 def with_netloc(dsn: str, netloc: str | None = None, path: str | None = None) -> str:
@@ -43,9 +47,9 @@ def node_for(dsn: str) -> Node:
     return Node(Settings(dsn=dsn, node_id="starter", **TIMINGS), metrics=Metrics())
 
 
-def refused(dsn: str) -> str:
+def refused(dsn: str, error: type[ConfigError] = StoreSetupError) -> str:
     node = node_for(dsn)
-    with pytest.raises(StoreSetupError) as caught:
+    with pytest.raises(error) as caught:
         node.start()
     assert node._threads == []
     return str(caught.value)
@@ -88,12 +92,22 @@ def test_refused_authentication_is_refused_with_a_hint(pg_dsn):
     assert "check the DSN's user and password" in message and "Tr0ub4dor99" not in message
 
 
-def test_an_unescaped_at_in_the_password_is_refused_and_never_printed(pg_dsn):
+@pytest.mark.parametrize("userinfo", [
+    "postgres:Pass@SuperSecret42",
+    "op:Sup3r@S3cret/Path",      # libpq: host 'S3cret', database 'Path@...': was retried as a store down
+    "op:Sup3r?S3cret",           # libpq: a query parameter without '=': was retried as a store down
+    "op:k3y@1",                  # libpq echoed the short piece: host '1@127.0.0.1'
+    "op:a@b@c-longersecret",
+])
+def test_a_uri_libpq_would_misparse_is_refused_before_connecting(pg_dsn, userinfo):
     parts = urlsplit(pg_dsn)
-    message = refused(with_netloc(pg_dsn, netloc=f"postgres:Pass@SuperSecret42@{parts.hostname}:{parts.port}"))
-    assert "SuperSecret42" not in message and "Pass" not in message
-    assert "failed to resolve host '***@127.0.0.1'" in message
-    assert message.endswith("a URI password must percent-encode '@' as %40")
+    assert refused(f"postgresql://{userinfo}@{parts.hostname}:{parts.port}{parts.path}", ConfigError) == DSN_RULE
+
+
+def test_a_dsn_libpq_cannot_parse_is_refused():
+    assert refused("garbage", ConfigError) == (
+        "dsn: must be a URI (postgresql://user:password@host:5432/dbname) or libpq keywords "
+        '(host=... dbname=...); libpq: missing "=" after "garbage" in connection info string')
 
 
 def _node_cli(dsn: str) -> subprocess.Popen:
@@ -104,20 +118,33 @@ def _node_cli(dsn: str) -> subprocess.Popen:
                              *flags], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("case", ["schema", "authentication"])
+@pytest.mark.parametrize("case", ["schema", "authentication", "at and slash", "question mark", "garbage"])
 def test_the_node_command_exits_2_with_one_line_naming_the_fix(empty_pg_dsn, case):
     parts = urlsplit(empty_pg_dsn)
-    dsn = empty_pg_dsn if case == "schema" else with_netloc(
-        empty_pg_dsn, netloc=f"nobody_here:Pass@SuperSecret42@{parts.hostname}:{parts.port}")
+    server = f"{parts.hostname}:{parts.port}"
+    dsn = {"schema": empty_pg_dsn,
+           "authentication": f"postgresql://nobody_here:SuperSecret42@{server}{parts.path}",
+           "at and slash": f"postgresql://op:Pass@SuperSecret42/x@{server}{parts.path}",
+           "question mark": f"postgresql://op:Pass?SuperSecret42@{server}{parts.path}",
+           "garbage": "garbage"}[case]
     process = _node_cli(dsn)
-    stdout, stderr = process.communicate(timeout=30)
+    try:
+        stdout, stderr = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:  # still retrying: the fault this test guards against
+            process.kill()
+            process.communicate()
     assert process.returncode == 2, stderr
     (line,) = [line for line in stderr.splitlines() if not line.startswith("{")]
-    assert line.startswith("error: store: ")
     if case == "schema":
-        assert line.endswith(UPGRADE_HINT)
+        assert line == f"error: store: the schema is missing (no alembic_version table); {UPGRADE_HINT}"
+    elif case == "authentication":
+        assert line.startswith("error: store: ") and 'role "nobody_here" does not exist' in line
+    elif case == "garbage":
+        assert line.startswith("error: dsn: must be a URI")
     else:
-        assert "SuperSecret42" not in stdout + stderr
+        assert line == f"error: {DSN_RULE}"
+    assert "SuperSecret42" not in stdout + stderr
     assert not [json.loads(x) for x in stderr.splitlines() if x.startswith("{") and '"node_started"' in x]
 
 

@@ -16,7 +16,7 @@ from alembic import command
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine
 
-from scheduler.errors import StoreError
+from scheduler.errors import ConfigError
 from scheduler.migrate import alembic_config
 from scheduler.store import libpq_dsn, sqlalchemy_url
 
@@ -45,7 +45,7 @@ def test_sqlalchemy_url_maps_a_key_value_dsn():
     assert sqlalchemy_url("host=h port=5433 dbname=db user=u password='p@ss word' sslmode=require") == (
         "postgresql+psycopg://u:p%40ss%20word@h:5433/db?sslmode=require")
     assert sqlalchemy_url("host=/run/postgresql dbname=db") == "postgresql+psycopg:///db?host=%2Frun%2Fpostgresql"
-    with pytest.raises(StoreError, match="neither a URI") as caught:
+    with pytest.raises(ConfigError, match="dsn: must be a URI") as caught:  # a bad setting: exit status 2
         sqlalchemy_url("host=h password=Secret1234 dbname")
     assert "Secret1234" not in str(caught.value)
 

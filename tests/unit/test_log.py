@@ -1,4 +1,5 @@
-"""Structured logs and secret redaction (scheduler/log.py, store.redact_dsn / dsn_secrets)."""
+"""Structured logs and secret redaction (scheduler/log.py, store.redact_dsn / dsn_secrets / redact_text),
+and the DSN check that refuses a URI libpq would misparse before any connection (store.check_dsn)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import logging
 
 import pytest
 
-from scheduler import log
+from scheduler import log, store
+from scheduler.errors import ConfigError
 from scheduler.store import dsn_secrets, redact_dsn, redact_text
 
 
@@ -120,3 +122,74 @@ def test_what_the_driver_echoes_of_a_misparsed_password_is_scrubbed(dsn, secret,
     assert secret not in redact_text(echoed, dsn)
     log.add_secret(*dsn_secrets(dsn))
     assert secret not in log.redact(echoed)
+
+
+@pytest.mark.parametrize("dsn, text, redacted", [
+    # what `db upgrade --dsn mysql://x:y@...` printed: the 1-character password scrubbed from "mysql"
+    ("mysql://x:y@h:3306/db", 'missing "=" after "mysql://x:y@h:3306/db" in connection info string',
+     'missing "=" after "mysql://x:***@h:3306/db" in connection info string'),
+    ("postgresql://u:ab@h/db", "connection to postgresql://u:ab@h/db failed: database table absent",
+     "connection to postgresql://u:***@h/db failed: database table absent"),
+    ("host=h user=u password=pw dbname=d", "bad option in host=h user=u password=pw dbname=d: pwd",
+     "bad option in host=h user=u password=*** dbname=d: pwd"),
+])
+def test_a_short_password_is_masked_in_the_dsn_but_never_scrubs_other_text(dsn, text, redacted):
+    assert len(dsn_secrets(dsn)[0]) < log.MIN_SECRET_CHARS
+    assert redact_text(text, dsn) == redacted
+
+
+def test_redact_text_scrubs_the_percent_encoded_spellings_of_a_keyword_password():
+    """A keyword DSN's password reaches SQLAlchemy percent-encoded (store.sqlalchemy_url)."""
+    dsn = "host=h user=u password='p@ss w/rd' dbname=d"
+    text = "at postgresql+psycopg://u:p%40ss%20w%2Frd@h/d and p%40ss+w%2Frd: refused"
+    assert redact_text(text, dsn) == "at postgresql+psycopg://u:***@h/d and ***: refused"
+
+
+DSN_RULE = ("dsn: a URI may hold '@' only once, between the user info and the host: percent-encode "
+            "@ : / ? # in the user name and password (e.g. @ as %40)")
+
+
+@pytest.mark.parametrize("dsn", [
+    "postgresql://op:Sup3r@S3cret/Path@127.0.0.1:55432/sched3",   # '@' then '/': libpq takes 'S3cret' as the host
+    "postgresql://op:Sup3r?S3cret@127.0.0.1:55432/sched3",        # '?' ends the authority: '@' in the query
+    "postgresql://op:Sup3r#S3cret@127.0.0.1:55432/sched3",        # '#': '@' in the fragment
+    "postgresql://op:k3y@1@127.0.0.1:55432/sched3",
+    "postgresql://op:S3cr@t!pw#x@127.0.0.1:55432/sched3",
+    "postgresql://op:a@b@c-longersecret@127.0.0.1:55432/sched3",
+    "postgres://op@127.0.0.1/sched3?application_name=a@b",
+    "postgresql+psycopg://op:a@b@127.0.0.1/sched3",
+    "cockroachdb://op:a@b@127.0.0.1:26257/sched3",
+])
+def test_a_uri_with_an_unescaped_at_is_refused_without_echoing_it(dsn):
+    with pytest.raises(ConfigError) as caught:
+        store.check_dsn(dsn)
+    assert str(caught.value) == DSN_RULE
+
+
+@pytest.mark.parametrize("dsn, reason", [
+    ("garbage", 'missing "=" after "garbage" in connection info string'),
+    ("mysql://x:y@h:3306/db", 'missing "=" after "mysql://x:***@h:3306/db" in connection info string'),
+    ("postgresql://u@h/db?sslmode", 'missing key/value separator "=" in URI query parameter: "sslmode"'),
+    ("host=h password='s3cret-pw", "unterminated quoted string in connection info string"),
+    ("host=h bogus=1 password=s3cret-pw", 'invalid connection option "bogus"'),
+])
+def test_a_dsn_libpq_cannot_parse_is_refused(dsn, reason):
+    with pytest.raises(ConfigError) as caught:
+        store.check_dsn(dsn)
+    assert str(caught.value) == (
+        "dsn: must be a URI (postgresql://user:password@host:5432/dbname) or libpq keywords "
+        f"(host=... dbname=...); libpq: {reason}")
+
+
+@pytest.mark.parametrize("dsn", [
+    "postgresql://u:pa%40ss%2F%3F%23@h:5432/db",
+    "postgresql://u@h/db?password=s3cret&application_name=a%40b",
+    "postgresql://u:p:a:ss@[::1]:5432/db",
+    "postgresql://u@h1:5432,h2:5433/db?target_session_attrs=read-write",
+    "postgresql+psycopg://u:pw@h/db",
+    "cockroachdb://root@h:26257/db?sslmode=disable",
+    "host=h user=u password=p@ss/w?rd#x dbname=d",
+    "host=/var/run/postgresql dbname=d",
+])
+def test_a_well_formed_dsn_passes_the_check(dsn):
+    store.check_dsn(dsn)
