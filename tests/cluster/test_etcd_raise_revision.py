@@ -20,12 +20,13 @@ import psycopg
 import pytest
 from harness import run_cli
 
-from helpers import closed_port
 from scheduler.devtools.etcd_server import ThrowawayEtcd
 from scheduler.errors import EpochRegressionError
 from scheduler.etcd_gateway import BUMP_KEY, range_prefix
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
+
+from helpers import closed_port
 
 pytestmark = pytest.mark.cluster
 
