@@ -33,6 +33,7 @@ from typing import Any
 
 import click
 import psycopg
+import tzdata
 
 from scheduler import __version__
 from scheduler import log as logmod
@@ -270,7 +271,8 @@ def _table(rows: list[dict], columns: list[str]) -> None:
 
 @group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
                          "auto_envvar_prefix": "SCHEDULER"})
-@click.version_option(__version__, prog_name="scheduler")
+@click.version_option(__version__, prog_name="scheduler",
+                      message=f"%(prog)s, version %(version)s (tzdata {tzdata.IANA_VERSION})")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", envvar="SCHEDULER_LOG_FORMAT",
               show_envvar=True, show_default=True, help="Log record format (stderr).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
@@ -1009,6 +1011,46 @@ def status_cmd(dsn: str, lease_ttl_s: float, renew_interval_s: float, poll_inter
         click.echo(f"  and {more} more orphaned partitions")
 
 
+# ---------------------------------------------------------------- etcd
+
+
+@cli.group(cls=OneLineErrors)
+def etcd() -> None:
+    """Operations on the etcd the etcd coordinator uses."""
+
+
+@etcd.command("raise-revision")
+@dsn_option
+@click.option("--etcd-endpoints", envvar="SCHEDULER_ETCD_ENDPOINTS", show_envvar=True, default="",
+              help="etcd client endpoints host:port[,host:port] (the fleet's; the first that answers is used).")
+@json_option
+def etcd_raise_revision(dsn: str, etcd_endpoints: str, as_json: bool) -> None:
+    """Raise etcd's revision above every owner_epoch in the store.
+
+    Run it before starting nodes with --coordinator etcd on a store whose
+    epochs came from the SQL coordinator, or from an etcd rebuilt from
+    scratch: a node refuses to start while etcd's revision is below a stored
+    epoch. Puts (then deletes) the key /scheduler-revision-bump until the
+    revision is above the largest epoch; about a thousand puts a second.
+    Safe to re-run. Exit status 2 on bad input, 1 if the store or every etcd
+    endpoint fails.
+    """
+    from scheduler.etcd_coordinator import parse_endpoints
+    from scheduler.etcd_gateway import raise_above_store
+
+    endpoints = parse_endpoints(etcd_endpoints)  # ConfigError naming etcd_endpoints
+    with open_store(dsn) as conn:
+        done = raise_above_store(conn, endpoints)
+    if as_json:
+        _echo_json(dataclasses.asdict(done))
+    elif done.before > done.top_epoch:
+        click.echo(f"etcd revision {done.before} is already above the store's largest owner_epoch "
+                   f"{done.top_epoch} (partition {done.partition}): nothing to do")
+    else:
+        click.echo(f"etcd revision {done.before} -> {done.after}, above the store's largest owner_epoch "
+                   f"{done.top_epoch} (partition {done.partition}): nodes may start with --coordinator etcd")
+
+
 @cli.command("demo")
 @click.option("--seconds", default=30, show_default=True, type=WholeNumber("seconds", 5, 3600),
               help="How long the node runs.")
@@ -1019,7 +1061,7 @@ def demo_cmd(seconds: int, dsn: str) -> None:
 
     Exits non-zero if any due (job, nominal time) is missing or duplicated.
     """
-    from scheduler.demo import run_demo
+    from scheduler.devtools.demo import run_demo
 
     sys.exit(run_demo(seconds, dsn or None))
 

@@ -1,7 +1,10 @@
 """Schema migrations through alembic's API (``scheduler db upgrade``).
 
-The migration scripts live in ``alembic/`` beside ``alembic.ini`` at the
-project root (an editable install keeps them there). Each revision runs in
+The migration scripts live in the repository's top-level ``alembic/`` (with
+``alembic.ini`` beside it, for alembic's own CLI); a wheel carries a copy as
+``scheduler/migrations`` (setup.py's build step). :func:`script_location`
+finds them in either place: an installed wheel or a checkout (an editable
+install runs the checkout's). Each revision runs in
 its own transaction and uses ``IF NOT EXISTS`` so an interrupted upgrade can
 be re-run (docs/design.md §7).
 
@@ -38,7 +41,10 @@ from scheduler import log, store
 from scheduler.errors import StoreError, ValidationError
 from scheduler.store import redact_dsn, redact_text, secret_spellings, sqlalchemy_url
 
-ROOT = Path(__file__).resolve().parent.parent
+PACKAGED = Path(__file__).resolve().parent / "migrations"
+"""The migration scripts inside an installed wheel."""
+CHECKOUT = Path(__file__).resolve().parent.parent / "alembic"
+"""The migration scripts of a checkout (an editable install)."""
 
 JOBS_REVISION = "0005"
 """The revision that creates the ``jobs`` table (a downgrade below it drops every job)."""
@@ -46,13 +52,30 @@ JOBS_REVISION = "0005"
 _RELATIVE = re.compile(r"(\w*)[+-]\d+")
 
 
+def script_location() -> Path | None:
+    """The directory of the migration scripts (``env.py``, ``versions/``), or None if not installed.
+
+    The wheel's ``scheduler/migrations`` first, else the checkout's
+    ``alembic/`` (a wheel's site-packages has no such sibling of
+    ``scheduler``; its ``alembic`` there is the library, without ``env.py``).
+    """
+    for location in (PACKAGED, CHECKOUT):
+        if (location / "env.py").is_file() and (location / "versions").is_dir():
+            return location
+    return None
+
+
 def alembic_config(dsn: str) -> Config:
-    """An alembic Config for ``dsn``; raises StoreError if the scripts are missing."""
-    ini = ROOT / "alembic.ini"
-    if not ini.exists():
-        raise StoreError(f"alembic.ini not found at {ini}: install the project with `pip install -e .`")
-    config = Config(str(ini))
-    config.set_main_option("script_location", str(ROOT / "alembic"))
+    """An alembic Config for ``dsn`` (no ini file: the script location and URL are set here).
+
+    Raises StoreError if the migration scripts are not installed.
+    """
+    location = script_location()
+    if location is None:
+        raise StoreError(f"migration scripts not found (neither {PACKAGED} nor {CHECKOUT}): install the "
+                         "project from a wheel or a checkout (`pip install -e .`)")
+    config = Config()
+    config.set_main_option("script_location", str(location))
     config.set_main_option("sqlalchemy.url", sqlalchemy_url(dsn).replace("%", "%%"))
     return config
 
@@ -199,7 +222,7 @@ def script_revisions() -> tuple[str, frozenset[str]] | None:
     Used by the node's start-up check: a store whose recorded revision is a
     known one other than head is behind; an unknown one is newer than this code.
     """
-    if not (ROOT / "alembic").is_dir():
+    if script_location() is None:
         return None
     script = _script()
     head = script.get_current_head()

@@ -9,7 +9,7 @@
     ``@both_coordinators`` (``parametrize("cluster", ["sql", "etcd"],
     indirect=True)``).
 ``etcd_server`` (session)
-    a throwaway single-member etcd (:class:`scheduler.etcd_server.ThrowawayEtcd`:
+    a throwaway single-member etcd (:class:`scheduler.devtools.etcd_server.ThrowawayEtcd`:
     free loopback ports, data on /dev/shm), started on first use and stopped
     at the end of the session. Each etcd test uses its own key prefix. Without
     an etcd binary the test FAILS when ``CI=true`` (CI installs
@@ -33,7 +33,7 @@ if _HERE not in sys.path:
 
 from harness import Cluster  # noqa: E402
 
-from scheduler.etcd_server import EtcdUnavailable, ThrowawayEtcd, find_etcd  # noqa: E402
+from scheduler.devtools.etcd_server import EtcdUnavailable, ThrowawayEtcd, find_etcd  # noqa: E402
 
 _prefixes = itertools.count(1)
 

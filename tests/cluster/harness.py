@@ -61,7 +61,7 @@ import pytest
 from bench.process import NodeProcess
 from scheduler import jobs
 from scheduler.audit import VerifyReport, verify
-from scheduler.etcd_server import range_prefix
+from scheduler.etcd_gateway import range_prefix
 from scheduler.lease import fair_share
 from scheduler.partition import PARTITION_COUNT
 from scheduler.spec import JobSpec

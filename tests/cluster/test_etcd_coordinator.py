@@ -32,7 +32,7 @@ from harness import TIMINGS, etcd_keys, partitions, run_cli
 from scheduler import log
 from scheduler.clock import Clock, ManualClock
 from scheduler.errors import EpochRegressionError
-from scheduler.etcd_server import ThrowawayEtcd
+from scheduler.devtools.etcd_server import ThrowawayEtcd
 from scheduler.lease import Lease
 from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT

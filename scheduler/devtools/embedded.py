@@ -397,7 +397,7 @@ def _start(bins: Path, data: Path, directory: Path, run_as: str | None, timeout_
     for _attempt in range(3):
         port = _free_port()
         with open(data / "postgresql.conf", "a") as conf:
-            conf.write(f"# scheduler.embedded\n{settings}port = {port}\n")
+            conf.write(f"# scheduler.devtools.embedded\n{settings}port = {port}\n")
         try:
             _run(bins, "pg_ctl", ["-D", str(data), "-l", str(log), "-w", "-t", str(int(timeout_s)), "-s", "start"],
                  run_as, directory, what="start PostgreSQL (pg_ctl start)", timeout=timeout_s + 10)

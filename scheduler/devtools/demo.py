@@ -1,6 +1,6 @@
 """``scheduler demo``: the whole engine on a private PostgreSQL, end to end.
 
-1. start a private PostgreSQL (:mod:`scheduler.embedded`) unless a DSN is given;
+1. start a private PostgreSQL (:mod:`scheduler.devtools.embedded`) unless a DSN is given;
 2. migrate it to head;
 3. import the real corpus (``scheduler/data/cron-corpus.csv``, 1,500 cron
    schedules from public repositories, malformed lines included: they are
@@ -71,7 +71,7 @@ def run_demo(seconds: int, dsn: str | None = None, out=None) -> int:
     echo = (lambda text: click.echo(text, file=out)) if out is not None else click.echo
     with ExitStack() as stack:
         if dsn is None:
-            from scheduler.embedded import start_private_postgres
+            from scheduler.devtools.embedded import start_private_postgres
 
             echo("starting a private PostgreSQL ...")
             pg = stack.enter_context(start_private_postgres(dbname="scheduler_demo"))

@@ -1,0 +1,138 @@
+"""``scheduler etcd raise-revision``: the switch from SQL epochs to the etcd coordinator
+(docs/operations.md, 'Switching coordinators'), run as an operator runs it.
+
+On the session's throwaway etcd (shared: each test reads its revision first)
+and a fresh database whose epochs are set above that revision:
+
+* the command raises etcd's revision exactly past the store's largest epoch
+  (puts, then deletes the bump key), after which an etcd coordinator joins
+  where it refused before; a second run changes nothing;
+* the first endpoint that answers is used;
+* bad input is one line on stderr and exit status 2, nothing written; an
+  etcd that does not answer is exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+from harness import run_cli
+
+from scheduler.devtools.etcd_server import ThrowawayEtcd
+from scheduler.errors import EpochRegressionError
+from scheduler.etcd_gateway import BUMP_KEY, range_prefix
+from scheduler.metrics import Metrics
+from scheduler.settings import Settings
+
+from helpers import closed_port
+
+pytestmark = pytest.mark.cluster
+
+
+def revision(server: ThrowawayEtcd) -> int:
+    return range_prefix(server.endpoint, "/")[0]
+
+
+def epochs_above(conn: psycopg.Connection, server: ThrowawayEtcd, by: int) -> int:
+    """Set partition 17's epoch ``by`` above etcd's revision, partition 900's one below that; the top."""
+    top = revision(server) + by
+    conn.execute("UPDATE partitions SET owner_epoch = %s WHERE partition_id = 17", (top,))
+    conn.execute("UPDATE partitions SET owner_epoch = %s WHERE partition_id = 900", (top - 1,))
+    return top
+
+
+def one_line_error(result, status: int) -> str:
+    assert result.returncode == status, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and result.stdout == "", (result.stdout, result.stderr)
+    return lines[0]
+
+
+def join_etcd(pg_dsn: str, server: ThrowawayEtcd, prefix: str) -> None:
+    """Join (and leave) an etcd coordinator: what a node does at start (EpochRegressionError if refused)."""
+    from scheduler.etcd_coordinator import EtcdCoordinator
+
+    settings = Settings(dsn=pg_dsn, node_id="joiner", coordinator="etcd", etcd_endpoints=server.endpoint,
+                        etcd_prefix=prefix).validated()
+    coordinator = EtcdCoordinator(settings, Metrics())
+    try:
+        coordinator.join()
+    finally:
+        coordinator.close()
+
+
+def test_raises_the_revision_past_the_stored_epochs_then_a_node_may_join(
+        pg_dsn: str, conn: psycopg.Connection, etcd_server: ThrowawayEtcd, etcd_prefix: str) -> None:
+    top = epochs_above(conn, etcd_server, 300)
+    with pytest.raises(EpochRegressionError, match=f"below the store's owner_epoch {top} "):
+        join_etcd(pg_dsn, etcd_server, etcd_prefix)
+    before = revision(etcd_server)
+
+    result = run_cli("etcd", "raise-revision", "--dsn", pg_dsn, "--etcd-endpoints", etcd_server.endpoint)
+
+    assert result.returncode == 0, result.stderr
+    # puts up to top + 1 (the first revision above the top), then the delete of the bump key: top + 2
+    assert result.stdout == (f"etcd revision {before} -> {top + 2}, above the store's largest owner_epoch "
+                             f"{top} (partition 17): nodes may start with --coordinator etcd\n")
+    assert revision(etcd_server) == top + 2
+    assert range_prefix(etcd_server.endpoint, BUMP_KEY)[1] == []
+    join_etcd(pg_dsn, etcd_server, etcd_prefix)  # no refusal now
+
+    again = run_cli("etcd", "raise-revision", "--dsn", pg_dsn, "--etcd-endpoints", etcd_server.endpoint, "--json")
+    assert again.returncode == 0, again.stderr
+    after_join = revision(etcd_server)
+    assert json.loads(again.stdout) == {"top_epoch": top, "partition": 17, "before": after_join,
+                                        "after": after_join, "endpoint": etcd_server.endpoint}
+    assert revision(etcd_server) == after_join
+
+
+def test_the_first_endpoint_that_answers_is_used(
+        pg_dsn: str, conn: psycopg.Connection, etcd_server: ThrowawayEtcd) -> None:
+    top = epochs_above(conn, etcd_server, 5)
+    dead = f"127.0.0.1:{closed_port()}"
+
+    result = run_cli("etcd", "raise-revision", "--dsn", pg_dsn, "--etcd-endpoints",
+                     f"{dead},{etcd_server.endpoint}", "--json")
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["endpoint"] == etcd_server.endpoint
+    assert revision(etcd_server) == top + 2
+
+
+@pytest.mark.parametrize(("endpoints", "message"), [
+    ("", "error: etcd_endpoints: the etcd coordinator needs at least one host:port "
+         "(--etcd-endpoints / SCHEDULER_ETCD_ENDPOINTS)"),
+    ("etcd-1", "error: etcd_endpoints: each endpoint must be host:port (got 'etcd-1')"),
+    ("etcd-1:99999", "error: etcd_endpoints: each endpoint must be host:port (got 'etcd-1:99999')"),
+])
+def test_bad_endpoints_are_one_line_and_status_2(
+        pg_dsn: str, conn: psycopg.Connection, etcd_server: ThrowawayEtcd, endpoints: str, message: str) -> None:
+    before = revision(etcd_server)
+    result = run_cli("etcd", "raise-revision", "--dsn", pg_dsn, "--etcd-endpoints", endpoints)
+    assert one_line_error(result, 2) == message
+    assert revision(etcd_server) == before
+
+
+def test_no_store_is_one_line_and_status_2(etcd_server: ThrowawayEtcd) -> None:
+    before = revision(etcd_server)
+    result = run_cli("etcd", "raise-revision", "--etcd-endpoints", etcd_server.endpoint)
+    assert one_line_error(result, 2).startswith("error: dsn: no store configured; pass --dsn or set SCHEDULER_DSN")
+    assert revision(etcd_server) == before
+
+
+def test_a_store_never_migrated_is_one_line_and_status_2(empty_pg_dsn: str, etcd_server: ThrowawayEtcd) -> None:
+    before = revision(etcd_server)
+    result = run_cli("etcd", "raise-revision", "--dsn", empty_pg_dsn, "--etcd-endpoints", etcd_server.endpoint)
+    line = one_line_error(result, 2)
+    assert line.startswith("error: store: the schema is missing or old (") and \
+        line.endswith("); run `scheduler db upgrade` first"), line
+    assert revision(etcd_server) == before
+
+
+def test_no_etcd_answering_is_one_line_and_status_1(pg_dsn: str, conn: psycopg.Connection) -> None:
+    port = closed_port()
+    result = run_cli("etcd", "raise-revision", "--dsn", pg_dsn, "--etcd-endpoints", f"127.0.0.1:{port}")
+    assert one_line_error(result, 1) == (f"error: etcd_endpoints: no endpoint answered (127.0.0.1:{port}: "
+                                         "URLError: [Errno 111] Connection refused)")
