@@ -103,7 +103,8 @@ CLAIM_TXNS_MAX = 24
 SWITCHING_COORDINATORS_DOC = "docs/operations.md, 'Switching coordinators'"
 """Where raising etcd's revision above the stored epochs is explained."""
 EPOCH_REGRESSION_HINT = ("etcd's revision must exceed every stored owner_epoch (a reset etcd, or a switch "
-                         f"from the SQL coordinator): see {SWITCHING_COORDINATORS_DOC}")
+                         f"from the SQL coordinator): run `scheduler etcd raise-revision`, see "
+                         f"{SWITCHING_COORDINATORS_DOC}")
 """The ``hint`` of every ``epoch_regression`` record."""
 
 
@@ -386,7 +387,8 @@ class EtcdCoordinator(StoreSession):
             raise EpochRegressionError(
                 f"etcd revision {revision} is below the store's owner_epoch {top['owner_epoch']} "
                 f"(partition {top['partition_id']}): claims would not fence the previous owners; raise the "
-                f"etcd revision above {top['owner_epoch']} first ({SWITCHING_COORDINATORS_DOC})")
+                f"etcd revision above {top['owner_epoch']} first: `scheduler etcd raise-revision` "
+                f"({SWITCHING_COORDINATORS_DOC})")
 
     def _log_regression(self, partition_id: int, stored_epoch: int | None, revision: int) -> None:
         """ERROR ``epoch_regression``: ``partition_id``'s stored epoch (None: unread) is not below ``revision``."""
