@@ -35,7 +35,7 @@ def cron_cases() -> list[dict]:
 
 def store_now(conn: psycopg.Connection) -> datetime:
     """The store's ``now()`` (aware): on an autocommit connection, the instant of this call."""
-    return store.execute(conn, "store_now")[0]["store_now"]
+    return store.now(conn)
 
 
 def wait_for(what: str, probe: Callable[[], T], predicate: Callable[[T], bool] = bool, *,
@@ -87,7 +87,7 @@ class OneNode:
         self.metrics = Metrics()
         self.clock = clock or SystemClock()
         self.table = LeaseTable(self.clock, self.settings.safety_margin_s)
-        self.coord = SqlCoordinator(self.settings, self.metrics)
+        self.coord = SqlCoordinator(self.settings, self.metrics, self.clock)
         self.coord.join()
         sent = self.clock.monotonic()
         grants = self.coord.claim(1024)
