@@ -292,7 +292,7 @@ def _fire_loaded(conn, cfg: Config, t0: datetime, last: datetime, still_due: Cal
     Returns that deadline (epoch s). Raises RuntimeError if loading ran past ``t0``.
     """
     conn.execute("VACUUM ANALYZE jobs")
-    loaded = store.execute(conn, "store_now")[0]["store_now"]
+    loaded = store.now(conn)
     if loaded >= t0:
         raise RuntimeError(f"loading took past T ({loaded} >= {t0}): raise --lead-s")
     deadline = _epoch(last) + cfg.bound_s
@@ -315,7 +315,7 @@ def run_ours(cfg: Config, work: Work, nodes: int) -> Fires:
     conn = reset_store(cfg.dsn)
     try:
         ensure_tenants(conn, tenants())
-        created = store.execute(conn, "store_now")[0]["store_now"]
+        created = store.now(conn)
         procs = [start_node(cfg.dsn, f"cmp-{i}", cfg.log_dir) for i in range(nodes)]
         try:
             share = math.ceil(PARTITIONS / nodes)
@@ -325,7 +325,7 @@ def run_ours(cfg: Config, work: Work, nodes: int) -> Fires:
                 return sum(owned) == PARTITIONS and len(owned) == nodes and max(owned) <= share
 
             wait_until(balanced, 90, what=f"{nodes} node(s) to own {PARTITIONS} partitions")
-            now = store.execute(conn, "store_now")[0]["store_now"]
+            now = store.now(conn)
             t0 = first_instant(now, work, work.jobs / 40_000, cfg.lead_s)
             last = t0 + timedelta(seconds=work.seconds - 1)
             cfg.echo(f"  {work.jobs:,} timers first due at {t0:%H:%M:%S}Z")
@@ -357,7 +357,7 @@ def run_naive(cfg: Config, work: Work, processes: int) -> Fires:
         procs = [naive.NaiveProcess(cfg.dsn, f"naive-{i}", cfg.log_dir, cfg.naive_batch,
                                     cfg.naive_poll_s) for i in range(processes)]
         try:
-            now = store.execute(conn, "store_now")[0]["store_now"]
+            now = store.now(conn)
             t0 = first_instant(now, work, work.jobs / 40_000, cfg.lead_s)
             last = t0 + timedelta(seconds=work.seconds - 1)
             cfg.echo(f"  {work.jobs:,} timers first due at {t0:%H:%M:%S}Z")

@@ -90,7 +90,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 def _balanced(conn, nodes: int) -> bool:
-    rows = store.execute(conn, "partition_status")
+    rows = store.execute(conn, "partition_status", {"now": None})
     counts = Counter(row["owner_node"] for row in rows if row["owner_node"] is not None)
     return (len(counts) == nodes and sum(counts.values()) == PARTITION_COUNT
             and max(counts.values()) <= fair_share(nodes))
@@ -112,7 +112,7 @@ def _prepare(dsn: str, jobs: int, etcd_endpoint: str | None) -> tuple:
         raise_revision(etcd_endpoint, above=top)
         flags = ["--coordinator", "etcd", "--etcd-endpoints", etcd_endpoint,
                  "--etcd-prefix", f"/bench/{uuid.uuid4().hex[:12]}/"]
-    now = store.execute(conn, "store_now")[0]["store_now"]
+    now = store.now(conn)
     anchor = now.replace(microsecond=0) + timedelta(seconds=1)
     copy_jobs(conn, ((partition_of(job_id), job_id, "failover", "interval", None, None, None, 1,
                       anchor, "all", anchor, anchor, now, now)
@@ -152,7 +152,7 @@ def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_di
             # ... each within its share (the start-up rebalancing is not part of the measure).
             wait_until(lambda: _balanced(conn, nodes), 60, what="every node to hold its fair share")
             time.sleep(STATS_SETTLE_S)
-            started = store.execute(conn, "store_now")[0]["store_now"]
+            started = store.now(conn)
             w0 = store.execute(conn, "coordination_writes")[0]["writes"]
             x0 = store.execute(conn, "store_transactions")[0]["xacts"]
             e0 = _etcd_requests(etcd_endpoint) if etcd_endpoint else 0.0
@@ -160,7 +160,7 @@ def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_di
             victim = procs[0]
             owned = [r["partition_id"] for r in store.execute(conn, "partitions_of_node",
                                                                 {"node_id": victim.node_id})]
-            killed_at = store.execute(conn, "store_now")[0]["store_now"]
+            killed_at = store.now(conn)
             victim.signal(signal.SIGKILL if kind == "crash" else signal.SIGTERM)
             t_kill = time.monotonic()
             old_expiry = None
@@ -177,7 +177,7 @@ def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_di
                     _, kvs = range_prefix(etcd_endpoint, etcd_flags[-1] + "partitions/")
                     if not any(kv["value"] == victim.node_id for kv in kvs):
                         own_queries += 1
-                        gone.append(store.execute(conn, "store_now")[0]["store_now"])
+                        gone.append(store.now(conn))
                 own_queries += 1
                 return store.execute(conn, "count_orphans_among", {
                     "partition_ids": owned, "node_id": victim.node_id})[0]["orphans"] == 0
@@ -189,7 +189,7 @@ def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_di
                 expired = gone[0] if gone else old_expiry
                 detects.append((max(r["acquired_at"] for r in claims) - expired).total_seconds())
             time.sleep(max(AFTER_S, STATS_SETTLE_S))
-            ended = store.execute(conn, "store_now")[0]["store_now"]
+            ended = store.now(conn)
             w1 = store.execute(conn, "coordination_writes")[0]["writes"]
             x1 = store.execute(conn, "store_transactions")[0]["xacts"]
             e1 = _etcd_requests(etcd_endpoint) if etcd_endpoint else 0.0

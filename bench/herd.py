@@ -75,7 +75,7 @@ def run_herd(dsn: str, jobs: int, background_jobs: int, tenants: int, big_share:
     conn = reset_store(dsn)
     small = [f"small-{i:03d}" for i in range(max(0, tenants - 1))]
     ensure_tenants(conn, ["big", *small])
-    created = store.execute(conn, "store_now")[0]["store_now"]
+    created = store.now(conn)
 
     if background_jobs:
         bar = progress(total=background_jobs, desc="background jobs (COPY)") if progress else None
@@ -93,7 +93,7 @@ def run_herd(dsn: str, jobs: int, background_jobs: int, tenants: int, big_share:
     try:
         wait_until(lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
                    60, what="nodes to own all 1,024 partitions")
-        now = store.execute(conn, "store_now")[0]["store_now"]
+        now = store.now(conn)
         # The herd instant: the first minute boundary after loading should be done.
         ready = now + timedelta(seconds=jobs / 40_000 + lead_s)
         t = ready.replace(second=0, microsecond=0) + timedelta(minutes=1)
@@ -113,7 +113,7 @@ def run_herd(dsn: str, jobs: int, background_jobs: int, tenants: int, big_share:
         # A real midnight herd hits a table vacuumed long ago; without this the
         # bench would measure autovacuum of a fresh bulk load racing the herd.
         conn.execute("VACUUM ANALYZE jobs")
-        loaded = store.execute(conn, "store_now")[0]["store_now"]
+        loaded = store.now(conn)
         if loaded >= t:
             raise RuntimeError(f"loading took past the herd instant {t}: raise --lead-s")
         time.sleep(max(0.0, (t - loaded).total_seconds()))
@@ -146,7 +146,7 @@ def run_herd(dsn: str, jobs: int, background_jobs: int, tenants: int, big_share:
     stats = store.execute(conn, "herd_stats", {"nominal": t})[0]
     # The audit window [t, t + 1 s) must be over (store clock) before it is
     # audited: a small herd drains in well under a second.
-    wait_until(lambda: store.execute(conn, "store_now")[0]["store_now"] >= t + timedelta(seconds=1), 5,
+    wait_until(lambda: store.now(conn) >= t + timedelta(seconds=1), 5,
                interval_s=0.05, what="the herd second to pass")
     audit = verify(conn, t, t + timedelta(seconds=1))
     series = store.execute(conn, "herd_series", {"nominal": t})

@@ -48,7 +48,7 @@ def run_steady(dsn: str, rate: int, seconds: int, nodes: int, out_dir: Path, per
     conn = reset_store(dsn)
     names = [f"tenant-{i:02d}" for i in range(tenants)]
     ensure_tenants(conn, names)
-    now = store.execute(conn, "store_now")[0]["store_now"]
+    now = store.now(conn)
     base = now.replace(microsecond=0) + timedelta(seconds=period_s)
     jobs = rate * period_s
 
@@ -70,9 +70,9 @@ def run_steady(dsn: str, rate: int, seconds: int, nodes: int, out_dir: Path, per
     try:
         wait_until(lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
                    60, what="nodes to own all 1,024 partitions")
-        started = store.execute(conn, "store_now")[0]["store_now"]
+        started = store.now(conn)
         time.sleep(seconds)
-        ended = store.execute(conn, "store_now")[0]["store_now"]
+        ended = store.now(conn)
         rss = [p.peak_rss_mb() for p in procs]
     finally:
         for proc in procs:

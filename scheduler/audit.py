@@ -208,7 +208,7 @@ def verify(conn: psycopg.Connection, since: datetime, until: datetime, *, exhaus
     window = {"since": since, "until": until}
 
     def audit(conn: psycopg.Connection) -> VerifyReport:
-        now = store.execute(conn, "store_now")[0]["store_now"]
+        now = store.now(conn)
         if until > now:
             raise ValidationError("until", "must not be in the future: slots after now (store time "
                                   f"{now.isoformat()}) cannot have fired yet", until.isoformat())

@@ -81,7 +81,7 @@ from collections.abc import Iterable
 import psycopg
 
 from scheduler import log, store
-from scheduler.clock import Clock, SystemClock
+from scheduler.clock import Clock
 from scheduler.errors import ConfigError, CoordinatorError, EpochRegressionError, SchedulerError
 from scheduler.lease import Lease, StoreSession
 from scheduler.metrics import Metrics
@@ -139,14 +139,16 @@ class EtcdCoordinator(StoreSession):
 
     ``clock`` (default :class:`~scheduler.clock.SystemClock`) is the node's
     injected clock; its ``monotonic()`` times the coordinator's local
-    decisions (how long ago etcd itself was last listed), so tests can step it.
+    decisions (how long ago etcd itself was last listed), so tests can step it,
+    and its store pin is the ``now`` of the store queries it sends
+    (:class:`~scheduler.lease.StoreSession`).
     """
 
     def __init__(self, settings: Settings, metrics: Metrics, clock: Clock | None = None) -> None:
         if aetcd is None:
             raise ConfigError("coordinator: 'etcd' needs the optional etcd extra "
                               "(pip install 'trigger-engine[etcd]', which brings aetcd)")
-        super().__init__(settings, metrics)
+        super().__init__(settings, metrics, clock)
         self.node_id = settings.node_id
         self.incarnation = uuid.uuid4()
         self._endpoints = parse_endpoints(getattr(settings, "etcd_endpoints", ""))
@@ -167,7 +169,6 @@ class EtcdCoordinator(StoreSession):
         self._lease_id: int | None = None
         self._granted_ttl_s: int | None = None
         self._join_revision = 0
-        self._clock = clock or SystemClock()
         self._last_listed = self._clock.monotonic()
         self._epochs_checked = False
         self._on_change = None
@@ -374,7 +375,8 @@ class EtcdCoordinator(StoreSession):
         in between came from a revision etcd has already passed, so racing
         joiners never refuse each other.
         """
-        rows = self._tx(lambda conn: store.execute(conn, "partition_status"))
+        rows = self._tx(lambda conn: store.execute(conn, "partition_status",
+                                                    {"now": self._clock.store_now_or_none()}))
         if not rows:
             return
         top = max(rows, key=lambda row: row["owner_epoch"])
@@ -583,13 +585,14 @@ class EtcdCoordinator(StoreSession):
     def _write_epochs(self, pids: list[int], revision: int) -> set[int]:
         rows = self._tx(lambda conn: store.execute(conn, "claim_partitions_at_epoch", {
             "node_id": self.node_id, "epoch": revision, "ttl_s": self._settings.lease_ttl_s,
-            "partition_ids": pids}))
+            "partition_ids": pids, "now": self._clock.store_now_or_none()}))
         return {row["partition_id"] for row in rows}
 
     def _regressed(self, pids: list[int], revision: int) -> None:
         """Stored epoch ≥ our revision: say so loudly, never fire them, give the keys back."""
         try:
-            rows = self._tx(lambda conn: store.execute(conn, "partition_status"))
+            rows = self._tx(lambda conn: store.execute(conn, "partition_status",
+                                                        {"now": self._clock.store_now_or_none()}))
             stored = {row["partition_id"]: row["owner_epoch"] for row in rows}
         except (psycopg.Error, SchedulerError):
             stored = {}

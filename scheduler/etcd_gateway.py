@@ -108,7 +108,7 @@ def store_top_epoch(conn: psycopg.Connection) -> tuple[int, int]:
     """``(owner_epoch, partition_id)``: the store's largest fence epoch and a partition holding it
     (the smallest id). Raises ``psycopg.errors.UndefinedTable`` for a store never migrated,
     StoreError if it has no partition rows."""
-    rows = store.execute(conn, "partition_status")
+    rows = store.execute(conn, "partition_status", {"now": None})
     if not rows:
         raise StoreError("partitions: the store has no partition rows (migration 0002 seeds them)")
     top = max(rows, key=lambda row: (row["owner_epoch"], -row["partition_id"]))

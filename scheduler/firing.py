@@ -57,6 +57,12 @@ both paths. A timer edited between the plan and the statement no longer
 matches its plan row (or its slot) and is left due for the next tick.
 Measured effect in docs/performance.md.
 
+Store time: "due" (``next_due_at <= now``), the ``now`` plans are made for
+and a run's ``fired_at`` are the store's clock, never the node's. Each of
+these statements takes the injected clock's store pin as ``now``
+(scheduler/clock.py, "The pinned store clock"): None in production, an
+instant in tests, which then get one exact answer, lateness included.
+
 Why a stale owner commits nothing: see scheduler/lease.py. Partitions the
 statement did not fence are counted (``scheduler_firing_fence_rejections_total``),
 logged as ``fence_rejected`` and dropped from the lease table.
@@ -254,7 +260,8 @@ class _Batch:
             self.p_skip.append(len(self.s_first))
         return len(self.p_next_nominal)
 
-    def params(self, node_id: str, firable: dict[int, int]) -> dict:
+    def params(self, node_id: str, firable: dict[int, int], now: datetime | None) -> dict:
+        """The statement's parameters; ``now`` is the store clock's pin (None in production)."""
         fence = sorted(self.partitions)
         position = {pid: i for i, pid in enumerate(fence, 1)}
         params = {name: getattr(self, name) for name in self.__slots__[4:-2]}
@@ -262,7 +269,7 @@ class _Batch:
                       revs=_array_literal(self.revs), plans=_array_literal(self.plans),
                       fpos=_array_literal([position[pid] for pid in self.pids]),
                       node_id=node_id, fence_pids=fence, fence_epochs=[firable[pid] for pid in fence],
-                      epochs=_epochs_literal(firable))
+                      epochs=_epochs_literal(firable), now=now)
         return params
 
 
@@ -517,6 +524,7 @@ class Firer:
             "tenants": tenants, "after_due": [c[0] for c in cursors], "after_pid": [c[1] for c in cursors],
             "after_job": [uuid.UUID(c[2]) for c in cursors],
             "partition_ids": list(firable), "min_jobs": HERD_MIN_JOBS,
+            "now": self._clock.store_now_or_none(),
         })
         herds: dict[str, _Herd] = {}
         for head in heads:
@@ -527,7 +535,8 @@ class Firer:
         for tenant, herd in list(herds.items()):
             rows = store.execute(read, "herd_schedules", {
                 "tenant": tenant, "due": herd.due, "pids": herd.pids,
-                "per_partition": max(1, -(-HERD_SAMPLE // max(1, len(herd.pids))))})
+                "per_partition": max(1, -(-HERD_SAMPLE // max(1, len(herd.pids)))),
+                "now": self._clock.store_now_or_none()})
             plans = [(row, self._herd_plan(row, herd.due)) for row in rows]
             plans = [(row, nxt) for row, nxt in plans if nxt is not False][:HERD_MAX_SCHEDULES]
             if not plans:
@@ -614,7 +623,7 @@ class Firer:
             # cursor's, so every chunk carries it.
             params = dict(herd.plans, tenant=herd.tenant, due=herd.due, pids=chunk,
                           lo_pid=herd.after and herd.after[0], lo_job=herd.after and herd.after[1],
-                          epochs=epochs, node_id=self._s.node_id)
+                          epochs=epochs, node_id=self._s.node_id, now=self._clock.store_now_or_none())
             sent.append(self._send(lanes[len(sent) % len(lanes)], "fire_group", params, set(chunk)))
 
     def _stream(self, read: psycopg.Connection, lanes: list[psycopg.Connection], firable: dict[int, int],
@@ -639,6 +648,7 @@ class Firer:
             "after_pid": [c[1] for c in cursors],
             "after_job": [uuid.UUID(c[2]) for c in cursors],
             "partition_ids": list(firable),
+            "now": self._clock.store_now_or_none(),
         }
         batch = _Batch()
         with read.cursor(row_factory=tuple_row) as cur:
@@ -655,7 +665,8 @@ class Firer:
 
     def _send_batch(self, write: psycopg.Connection, batch: _Batch, firable: dict[int, int]) -> _Sent:
         """Queue one per-timer chunk (``fire_runs``) on the pipelined ``write`` connection."""
-        sent = self._send(write, "fire_runs", batch.params(self._s.node_id, firable), batch.partitions)
+        params = batch.params(self._s.node_id, firable, self._clock.store_now_or_none())
+        sent = self._send(write, "fire_runs", params, batch.partitions)
         sent.batch = batch
         return sent
 

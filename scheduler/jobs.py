@@ -65,7 +65,7 @@ CORPUS_DIALECTS = {"unix5": "unix", "macro": "unix", "seconds6": "seconds"}
 
 
 def _store_now(conn: psycopg.Connection) -> datetime:
-    return store.execute(conn, "store_now")[0]["store_now"]
+    return store.now(conn)
 
 
 SCHEDULE_COLUMNS = ("kind", "cron_expr", "cron_dialect", "tz", "interval_s", "fire_at")

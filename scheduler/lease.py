@@ -79,7 +79,7 @@ from typing import Protocol
 import psycopg
 
 from scheduler import log, store
-from scheduler.clock import Clock
+from scheduler.clock import Clock, SystemClock
 from scheduler.errors import SchedulerError, StoreError
 from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT
@@ -274,12 +274,16 @@ class StoreSession:
     Shared by :class:`SqlCoordinator` and the etcd coordinator (which writes
     only the claim's epoch and releases). The session carries the node
     timeouts (lock, statement, idle in transaction) and the application name
-    ``scheduler-lease:<node id>``.
+    ``scheduler-lease:<node id>``. ``clock`` (default the system clock) is
+    the node's injected clock: its :meth:`~scheduler.clock.Clock.store_now_or_none`
+    is the ``now`` every time-dependent lease query is sent (None in
+    production: the store's ``now()``).
     """
 
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, clock: Clock | None = None) -> None:
         self._settings = settings
         self._metrics = metrics
+        self._clock = clock or SystemClock()
         self._conn: psycopg.Connection | None = None
 
     def _connection(self) -> psycopg.Connection:
@@ -315,18 +319,20 @@ class SqlCoordinator(StoreSession):
     renewal statements (P lease row writes) every ``renew_interval_s``, plus
     claims. The heartbeat (``nodes``) and the renewal (``leases``) are
     separate transactions, heartbeat first, and neither touches the
-    ``partitions`` rows the firing fence locks: only a claim does.
+    ``partitions`` rows the firing fence locks: only a claim does. Store
+    times (heartbeat, expiry, "expired") are the store's clock, or the
+    ``clock``'s pin in tests (:class:`StoreSession`).
     """
 
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
-        super().__init__(settings, metrics)
+    def __init__(self, settings: Settings, metrics: Metrics, clock: Clock | None = None) -> None:
+        super().__init__(settings, metrics, clock)
         self.node_id = settings.node_id
         self.incarnation = uuid.uuid4()
 
     def _heartbeat(self, conn: psycopg.Connection) -> None:
         store.execute(conn, "upsert_heartbeat", {
             "node_id": self.node_id, "incarnation": self.incarnation,
-            "host": socket.gethostname(), "pid": os.getpid()})
+            "host": socket.gethostname(), "pid": os.getpid(), "now": self._clock.store_now_or_none()})
 
     def join(self) -> None:
         self.heartbeat()
@@ -343,7 +349,7 @@ class SqlCoordinator(StoreSession):
         rows = self._tx(lambda conn: store.execute(conn, "renew_leases", {
             "node_id": self.node_id, "ttl_s": self._settings.lease_ttl_s,
             "partition_ids": [lease.partition_id for lease in leases],
-            "epochs": [lease.epoch for lease in leases]}))
+            "epochs": [lease.epoch for lease in leases], "now": self._clock.store_now_or_none()}))
         return [(row["partition_id"], row["owner_epoch"]) for row in rows]
 
     def live_nodes(self) -> list[str]:
@@ -359,14 +365,16 @@ class SqlCoordinator(StoreSession):
         but a share computed a little high for a moment.
         """
         rows = self._tx(lambda conn: store.execute(
-            conn, "list_live_nodes", {"max_age_s": self._settings.responsive_s}))
+            conn, "list_live_nodes", {"max_age_s": self._settings.responsive_s,
+                                      "now": self._clock.store_now_or_none()}))
         return [row["node_id"] for row in rows]
 
     def claim(self, limit: int) -> list[tuple[int, int]]:
         if limit <= 0:
             return []
         rows = self._tx(lambda conn: store.execute(conn, "claim_partitions", {
-            "node_id": self.node_id, "ttl_s": self._settings.lease_ttl_s, "limit": limit}))
+            "node_id": self.node_id, "ttl_s": self._settings.lease_ttl_s, "limit": limit,
+            "now": self._clock.store_now_or_none()}))
         return [(row["partition_id"], row["owner_epoch"]) for row in rows]
 
     def release(self, leases: list[Lease]) -> list[int]:
@@ -385,7 +393,7 @@ class SqlCoordinator(StoreSession):
     def prune(self) -> None:
         """Delete heartbeat rows of nodes dead for ``node_prune_after_s``."""
         self._tx(lambda conn: store.execute(conn, "prune_nodes", {
-            "prune_after_s": self._settings.node_prune_after_s}))
+            "prune_after_s": self._settings.node_prune_after_s, "now": self._clock.store_now_or_none()}))
 
 
 class LeaseLoop:
@@ -576,12 +584,14 @@ def make_coordinator(settings: Settings, metrics: Metrics, clock: Clock | None =
 
     ``clock`` (default: the system clock) is the node's injected clock; the
     etcd coordinator reads its local time from it (the SQL one keeps no local
-    time: the store's clock judges its leases). The etcd one needs the
-    optional ``etcd`` extra (``pip install '.[etcd]'``).
+    time: the store's clock judges its leases), and both send its store pin
+    (:meth:`~scheduler.clock.Clock.store_now_or_none`, None in production)
+    as the ``now`` of their store queries. The etcd one needs the optional
+    ``etcd`` extra (``pip install '.[etcd]'``).
     """
     kind = getattr(settings, "coordinator", "sql")
     if kind == "etcd":
         from scheduler.etcd_coordinator import EtcdCoordinator
 
         return EtcdCoordinator(settings, metrics, clock)
-    return SqlCoordinator(settings, metrics)
+    return SqlCoordinator(settings, metrics, clock)

@@ -3,7 +3,9 @@
 What goes
 ---------
 With a retention of ``R`` seconds and ``cutoff = store now − R`` (computed once
-per pass, on the store's clock):
+per pass, on the store's clock; a node's retention loop reads it through its
+clock's store pin, so a test that pins the store clock gets an exact
+cutoff, see scheduler/clock.py):
 
 * runs whose ``nominal_time < cutoff``;
 * skip ranges whose ``until_nominal < cutoff`` (entirely older);
@@ -154,26 +156,28 @@ class PruneWalk:
         return table, deleted
 
 
-def cutoff_for(conn: psycopg.Connection, older_than_s: float) -> datetime:
-    """``store now − older_than_s`` on the store's clock."""
-    now = store.execute(conn, "store_now")[0]["store_now"]
-    return now - timedelta(seconds=older_than_s)
+def cutoff_for(conn: psycopg.Connection, older_than_s: float, now: datetime | None = None) -> datetime:
+    """``store now − older_than_s`` on the store's clock (``now``: its pin, None in production)."""
+    return store.now(conn, now) - timedelta(seconds=older_than_s)
 
 
 def prune(conn: psycopg.Connection, older_than_s: float, *, partition_ids: Iterable[int] | None = None,
-          batch_rows: int = 1000, on_retry: Callable[[str], None] | None = None) -> PruneReport:
+          batch_rows: int = 1000, on_retry: Callable[[str], None] | None = None,
+          now: datetime | None = None) -> PruneReport:
     """Delete runs, skips and soft-deleted jobs older than ``older_than_s`` seconds (one pass).
 
-    ``partition_ids`` defaults to all 1,024. Raises ValidationError for a
-    non-positive age or batch size, StoreError / ``psycopg.Error`` if the
-    store fails (batches already committed stay deleted; re-running resumes).
+    ``partition_ids`` defaults to all 1,024; ``now`` pins the store's clock
+    the cutoff is counted from (tests; None: the store's ``now()``). Raises
+    ValidationError for a non-positive age or batch size, StoreError /
+    ``psycopg.Error`` if the store fails (batches already committed stay
+    deleted; re-running resumes).
     """
     if not 0 < older_than_s < float("inf"):
         raise ValidationError("older_than", "must be a duration > 0", older_than_s)
     if not (isinstance(batch_rows, int) and batch_rows >= 1):
         raise ValidationError("batch_rows", "must be a whole number >= 1", batch_rows)
     walk = PruneWalk(range(PARTITION_COUNT) if partition_ids is None else partition_ids,
-                     cutoff_for(conn, older_than_s), batch_rows)
+                     cutoff_for(conn, older_than_s, now), batch_rows)
     while not walk.done:
         walk.step(conn, on_retry)
     return walk.report
@@ -220,7 +224,8 @@ class RetentionLoop:
                 if not held:
                     return 0
                 conn = self._connection()
-                self._walk = PruneWalk(held, cutoff_for(conn, self._s.retention_s),
+                self._walk = PruneWalk(held, cutoff_for(conn, self._s.retention_s,
+                                                        self._clock.store_now_or_none()),
                                        self._s.retention_batch_rows)
             started = self._clock.monotonic()
             table, deleted = self._walk.step(self._connection(), self._metrics.retry)

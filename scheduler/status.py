@@ -20,6 +20,7 @@ shows only what claims wrote (docs/operations.md, "Running with etcd").
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import datetime
 
 import psycopg
 
@@ -36,8 +37,12 @@ def node_state(heartbeat_age_s: float, lease_ttl_s: float, responsive_s: float) 
     return "suspect" if heartbeat_age_s < lease_ttl_s else "dead"
 
 
-def cluster_status(conn: psycopg.Connection, lease_ttl_s: float, responsive_s: float) -> dict:
+def cluster_status(conn: psycopg.Connection, lease_ttl_s: float, responsive_s: float,
+                   now: datetime | None = None) -> dict:
     """Snapshot of membership and leases, judged by store time (seconds throughout).
+
+    ``now``: the store clock's pin (a test's, :meth:`scheduler.clock.Clock.store_now_or_none`);
+    None (always, outside tests) judges by the store's ``now()``.
 
     Returns ``{"lease_ttl_s", "responsive_s", "nodes": [{node_id, state,
     live, heartbeat_age_s, partitions, epochs, lease_left_s, host, pid}]
@@ -54,8 +59,8 @@ def cluster_status(conn: psycopg.Connection, lease_ttl_s: float, responsive_s: f
     ``epochs`` is ``[min, max]`` of the node's partition epochs (the fence's),
     ``lease_left_s`` the longest time left on its leases (None without any).
     """
-    nodes = store.execute(conn, "node_status")
-    partitions = store.execute(conn, "partition_status")
+    nodes = store.execute(conn, "node_status", {"now": now})
+    partitions = store.execute(conn, "partition_status", {"now": now})
     states = {node["node_id"]: node_state(node["heartbeat_age_s"], lease_ttl_s, responsive_s)
               for node in nodes}
     owned: dict[str, list[dict]] = defaultdict(list)

@@ -29,6 +29,7 @@ import random
 import re
 import time
 from collections.abc import Callable
+from datetime import datetime
 from importlib import resources
 from typing import TypeVar
 from urllib.parse import quote, quote_plus, unquote, urlencode, urlsplit
@@ -533,6 +534,16 @@ def execute(conn: psycopg.Connection, name: str, params: dict | None = None, *,
     with conn.cursor() as cur:
         cur.execute(QUERIES[name], params, prepare=prepare)
         return cur.fetchall() if cur.description is not None else []
+
+
+def now(conn: psycopg.Connection, pinned: datetime | None = None) -> datetime:
+    """The store's clock (aware): ``pinned`` if given, else the store's ``now()``.
+
+    ``pinned`` is a clock's store pin (:meth:`scheduler.clock.Clock.store_now_or_none`,
+    None in production); on an autocommit connection ``now()`` is the
+    instant of this call, in a transaction its start.
+    """
+    return execute(conn, "store_now", {"now": pinned})[0]["store_now"]
 
 
 def execute_rowcount(conn: psycopg.Connection, name: str, params: dict | None = None) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import psycopg
+import pytest
 
 from scheduler import store
 from scheduler.clock import Clock, SystemClock
@@ -35,7 +36,36 @@ def cron_cases() -> list[dict]:
 
 def store_now(conn: psycopg.Connection) -> datetime:
     """The store's ``now()`` (aware): on an autocommit connection, the instant of this call."""
-    return store.execute(conn, "store_now")[0]["store_now"]
+    return store.now(conn)
+
+
+PINNABLE_QUERIES = frozenset(name for name, sql in store.QUERIES.items()
+                             if "coalesce(%(now)s::timestamptz" in sql)
+"""Named queries that take the store clock's pin as a nullable ``now`` (scheduler/clock.py)."""
+
+_QUERY_NAMES = {sql: name for name, sql in store.QUERIES.items()}
+
+
+def record_named_queries(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]]:
+    """Record every named query (scheduler/sql/queries.sql) any psycopg client
+    cursor executes or streams from now until the test ends: the returned list
+    fills with ``(query name, parameters)`` in the order sent, from every thread."""
+    sent: list[tuple[str, object]] = []
+    real_execute, real_stream = psycopg.Cursor.execute, psycopg.Cursor.stream
+
+    def execute(self, query, params=None, **kwargs):
+        if isinstance(query, str) and query in _QUERY_NAMES:
+            sent.append((_QUERY_NAMES[query], params))
+        return real_execute(self, query, params, **kwargs)
+
+    def stream(self, query, params=None, **kwargs):
+        if isinstance(query, str) and query in _QUERY_NAMES:
+            sent.append((_QUERY_NAMES[query], params))
+        yield from real_stream(self, query, params, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+    monkeypatch.setattr(psycopg.Cursor, "stream", stream)
+    return sent
 
 
 def wait_for(what: str, probe: Callable[[], T], predicate: Callable[[T], bool] = bool, *,
@@ -78,16 +108,18 @@ class OneNode:
     """A node's firing half, driven by hand: joined, holding all 1,024 leases.
 
     ``node_id`` names it in the store (runs, skips); ``clock`` (default the
-    system clock) is the lease table's and the firer's, and the leases'
-    local deadlines count from its ``monotonic()``; ``overrides`` are
-    Settings. ``close()`` closes the firer and the coordinator."""
+    system clock) is the lease table's, the coordinator's and the firer's:
+    the leases' local deadlines count from its ``monotonic()``, and a
+    ``ManualClock(store_at=...)`` pins the store clock of every query they
+    send (scheduler/clock.py); ``overrides`` are Settings. ``close()``
+    closes the firer and the coordinator."""
 
     def __init__(self, dsn: str, node_id: str = "t1", clock: Clock | None = None, **overrides) -> None:
         self.settings = Settings(dsn=dsn, node_id=node_id, **overrides).validated()
         self.metrics = Metrics()
         self.clock = clock or SystemClock()
         self.table = LeaseTable(self.clock, self.settings.safety_margin_s)
-        self.coord = SqlCoordinator(self.settings, self.metrics)
+        self.coord = SqlCoordinator(self.settings, self.metrics, self.clock)
         self.coord.join()
         sent = self.clock.monotonic()
         grants = self.coord.claim(1024)

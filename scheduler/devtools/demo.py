@@ -91,21 +91,21 @@ def run_demo(seconds: int, dsn: str | None = None, out=None) -> int:
              f"rejected {len(report.rejected)} lines, e.g.:")
         for line, expr, reason in report.rejected[:5]:
             echo(f"  line {line}: {expr!r}: {reason}")
-        now = store.execute(conn, "store_now")[0]["store_now"]
+        now = store.now(conn)
         specs = _demo_specs(now)
         for spec in specs:
             jobs.add_job(conn, spec)
         echo(f"added {len(specs)} short-interval jobs (tenants demo-fast, demo-slow)")
 
         node = Node(Settings(dsn=dsn, node_id="demo-node"))
-        since = store.execute(conn, "store_now")[0]["store_now"]
+        since = store.now(conn)
         node.start()
         try:
             _live_view(conn, node, seconds, echo)
         finally:
             node.stop()
             node.join()
-        stopped = store.execute(conn, "store_now")[0]["store_now"]
+        stopped = store.now(conn)
         until = (stopped - timedelta(seconds=SETTLE_S)).replace(microsecond=0)
         result = verify(conn, since, until)
         fired = int(node.metrics.value("scheduler_firing_runs_fired_total"))

@@ -2,6 +2,11 @@
 -- Rules (docs/design.md §7, the PostgreSQL/CockroachDB common subset):
 --   * store time (now(), statement_timestamp()) is the only clock for leases
 --     and due times; never clock_timestamp();
+--   * the store clock can be pinned (tests): a time-dependent query takes a
+--     nullable %(now)s and reads coalesce(%(now)s::timestamptz, now()), or
+--     statement_timestamp() in the firing statements' place (River's
+--     pattern). A node passes its clock's pin (scheduler/clock.py, "The
+--     pinned store clock"), which is always NULL in production;
 --   * every write that depends on owning a partition carries node and epoch
 --     in its WHERE clause (the fence is inside the statement);
 --   * ON CONFLICT names its conflict columns; no UPSERT, no advisory locks,
@@ -11,9 +16,11 @@
 -- ---------------------------------------------------------------- membership
 
 -- name: upsert_heartbeat
--- Membership heartbeat of one node process; returns the store's clock.
+-- Membership heartbeat of one node process at store time %(now)s (NULL:
+-- now()); returns that clock.
 INSERT INTO nodes (node_id, incarnation, host, pid, started_at, heartbeat_at)
-VALUES (%(node_id)s, %(incarnation)s, %(host)s, %(pid)s, now(), now())
+VALUES (%(node_id)s, %(incarnation)s, %(host)s, %(pid)s,
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (node_id) DO UPDATE
 SET incarnation = excluded.incarnation,
     host = excluded.host,
@@ -21,15 +28,15 @@ SET incarnation = excluded.incarnation,
     started_at = CASE WHEN nodes.incarnation = excluded.incarnation
                       THEN nodes.started_at ELSE excluded.started_at END,
     heartbeat_at = excluded.heartbeat_at
-RETURNING now() AS store_now;
+RETURNING coalesce(%(now)s::timestamptz, now()) AS store_now;
 
 -- name: list_live_nodes
 -- Nodes whose heartbeat is younger than %(max_age_s)s seconds, by store
 -- time (the lease loop passes Settings.responsive_s: the nodes shares are
--- computed over).
+-- computed over). %(now)s: the store clock's pin (NULL: now()).
 SELECT node_id, incarnation
 FROM nodes
-WHERE heartbeat_at > now() - %(max_age_s)s * interval '1 second'
+WHERE heartbeat_at > coalesce(%(now)s::timestamptz, now()) - %(max_age_s)s * interval '1 second'
 ORDER BY node_id;
 
 -- name: delete_heartbeat
@@ -37,8 +44,9 @@ ORDER BY node_id;
 DELETE FROM nodes WHERE node_id = %(node_id)s AND incarnation = %(incarnation)s;
 
 -- name: prune_nodes
--- Rows of nodes dead for longer than prune_after_s.
-DELETE FROM nodes WHERE heartbeat_at < now() - %(prune_after_s)s * interval '1 second';
+-- Rows of nodes dead for longer than prune_after_s (at %(now)s; NULL: now()).
+DELETE FROM nodes
+WHERE heartbeat_at < coalesce(%(now)s::timestamptz, now()) - %(prune_after_s)s * interval '1 second';
 
 -- ---------------------------------------------------------------- leases
 
@@ -56,10 +64,11 @@ DELETE FROM nodes WHERE heartbeat_at < now() - %(prune_after_s)s * interval '1 s
 --   the lease rows get owner, epoch copy and expiry (re-checked: a row that
 --           is no longer free or expired keeps its lease; its partition's
 --           epoch moved on, which only fences its holder out).
+-- "Expired" and the new expiry are judged at %(now)s (NULL: now()).
 WITH picked AS (
     SELECT partition_id
     FROM leases
-    WHERE owner_node IS NULL OR lease_expires_at <= now()
+    WHERE owner_node IS NULL OR lease_expires_at <= coalesce(%(now)s::timestamptz, now())
     ORDER BY md5(%(node_id)s || partition_id::text)
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -74,12 +83,12 @@ WITH picked AS (
 UPDATE leases AS l
 SET owner_node = %(node_id)s,
     owner_epoch = b.owner_epoch,
-    lease_expires_at = now() + %(ttl_s)s * interval '1 second',
-    acquired_at = now(),
-    renewed_at = now()
+    lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(ttl_s)s * interval '1 second',
+    acquired_at = coalesce(%(now)s::timestamptz, now()),
+    renewed_at = coalesce(%(now)s::timestamptz, now())
 FROM bumped AS b
 WHERE l.partition_id = b.partition_id
-  AND (l.owner_node IS NULL OR l.lease_expires_at <= now())
+  AND (l.owner_node IS NULL OR l.lease_expires_at <= coalesce(%(now)s::timestamptz, now()))
 RETURNING l.partition_id, l.owner_epoch;
 
 -- name: claim_partitions_at_epoch
@@ -89,7 +98,7 @@ RETURNING l.partition_id, l.owner_epoch;
 -- one, and the lease rows of the partitions so taken (owner, epoch copy,
 -- expiry; informational: etcd holds the lease itself). Returns the
 -- partitions taken; a partition missing from the result has a stored epoch
--- >= %(epoch)s.
+-- >= %(epoch)s. Lease times are store time %(now)s (NULL: now()).
 WITH bumped AS (
     UPDATE partitions
     SET owner_node = %(node_id)s,
@@ -101,9 +110,9 @@ WITH bumped AS (
 UPDATE leases AS l
 SET owner_node = %(node_id)s,
     owner_epoch = b.owner_epoch,
-    lease_expires_at = now() + %(ttl_s)s * interval '1 second',
-    acquired_at = now(),
-    renewed_at = now()
+    lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(ttl_s)s * interval '1 second',
+    acquired_at = coalesce(%(now)s::timestamptz, now()),
+    renewed_at = coalesce(%(now)s::timestamptz, now())
 FROM bumped AS b
 WHERE l.partition_id = b.partition_id
 RETURNING l.partition_id, l.owner_epoch;
@@ -112,10 +121,11 @@ RETURNING l.partition_id, l.owner_epoch;
 -- Renew all of one node's leases in one statement, keyed on (node, epoch):
 -- a lease whose epoch moved on (taken over) is simply not returned. Writes
 -- only lease rows, never the partition rows the firing fence locks, so the
--- fence's share locks cannot make a renewal wait.
+-- fence's share locks cannot make a renewal wait. The new expiry counts
+-- from store time %(now)s (NULL: now()).
 UPDATE leases AS l
-SET lease_expires_at = now() + %(ttl_s)s * interval '1 second',
-    renewed_at = now()
+SET lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(ttl_s)s * interval '1 second',
+    renewed_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(partition_ids)b::int4[], %(epochs)b::int8[]) AS r (pid, epoch)
 WHERE l.partition_id = r.pid
   AND l.owner_epoch = r.epoch
@@ -137,18 +147,22 @@ RETURNING l.partition_id;
 
 -- name: partition_status
 -- Every partition with its lease's owner, the fence's epoch, and the
--- lease's time left and age (seconds, store time).
+-- lease's time left and age (seconds, at store time %(now)s; NULL: now()).
 SELECT p.partition_id, l.owner_node, p.owner_epoch,
-       extract(epoch FROM (l.lease_expires_at - now()))::float8 AS lease_left_s,
-       extract(epoch FROM (now() - l.renewed_at))::float8 AS lease_age_s
+       extract(epoch FROM (l.lease_expires_at - coalesce(%(now)s::timestamptz, now())))::float8
+           AS lease_left_s,
+       extract(epoch FROM (coalesce(%(now)s::timestamptz, now()) - l.renewed_at))::float8
+           AS lease_age_s
 FROM partitions AS p
 JOIN leases AS l ON l.partition_id = p.partition_id
 ORDER BY p.partition_id;
 
 -- name: node_status
--- Every node row with its heartbeat age (seconds).
+-- Every node row with its heartbeat age (seconds, at store time %(now)s;
+-- NULL: now()).
 SELECT node_id, incarnation, host, pid, started_at,
-       extract(epoch FROM (now() - heartbeat_at))::float8 AS heartbeat_age_s
+       extract(epoch FROM (coalesce(%(now)s::timestamptz, now()) - heartbeat_at))::float8
+           AS heartbeat_age_s
 FROM nodes
 ORDER BY node_id;
 
@@ -164,14 +178,15 @@ ORDER BY node_id;
 -- scheduler/firing.py, older than any timer: a cursor that is never NULL
 -- keeps the row comparison an index qualifier, so a scan starts at the
 -- cursor instead of walking, and filtering, everything before it). Reads
--- only: the fence is in fire_runs. Returns the store's clock.
+-- only: the fence is in fire_runs. Due means next_due_at <= %(now)s (the
+-- store clock's pin; NULL: now()), which is returned as the store's clock.
 -- The column ORDER is part of the contract (scheduler/firing.py reads rows
 -- as tuples); job_id comes as text, which is how fire_runs takes it back.
 SELECT j.partition_id, j.job_id::text, j.tenant, j.kind, j.cron_expr, j.cron_dialect,
        j.tz, j.interval_s, j.anchor_at, j.fire_at, j.misfire,
        j.catchup_window_s, j.misfire_grace_s, j.jitter_s,
        j.next_nominal_at, j.next_due_at, j.revision,
-       now() AS store_now
+       coalesce(%(now)s::timestamptz, now()) AS store_now
 FROM unnest(%(tenants)b::text[], %(quotas)b::int8[], %(after_due)b::timestamptz[],
             %(after_pid)b::int4[], %(after_job)b::uuid[])
      AS q (tenant, quota, after_due, after_pid, after_job)
@@ -179,7 +194,7 @@ CROSS JOIN LATERAL (
     SELECT *
     FROM jobs AS d
     WHERE d.tenant = q.tenant
-      AND d.next_due_at <= now()
+      AND d.next_due_at <= coalesce(%(now)s::timestamptz, now())
       AND (d.next_due_at, d.partition_id, d.job_id) > (q.after_due, q.after_pid, q.after_job)
       AND d.partition_id = ANY(%(partition_ids)b::int4[])
     ORDER BY d.next_due_at, d.partition_id, d.job_id
@@ -191,11 +206,12 @@ CROSS JOIN LATERAL (
 -- %(tenants)s[i]: the instant (next_due_at) of its oldest due timer in the
 -- node's firable partitions after the cursor (%(after_due)s[i],
 -- %(after_pid)s[i], %(after_job)s[i]) (never NULL, as in select_due_jobs),
--- returned only if at least
--- %(min_jobs)s of its timers there are due at that instant (after the
--- cursor). Index entries only (index-only scans of jobs_tenant_due_part_idx
--- while pages are all-visible): per tenant one ordered probe, then a walk
--- of at most %(min_jobs)s entries at the instant (small tenants stop there).
+-- returned only if at least %(min_jobs)s of its timers there are due at
+-- that instant (after the cursor). Due: next_due_at <= %(now)s (the store
+-- clock's pin; NULL: now()). Index entries only (index-only scans of
+-- jobs_tenant_due_part_idx while pages are all-visible): per tenant one
+-- ordered probe, then a walk of at most %(min_jobs)s entries at the instant
+-- (small tenants stop there).
 SELECT h.tenant, h.due
 FROM (
     SELECT q.tenant, q.after_due, q.after_pid, q.after_job, f.next_due_at AS due
@@ -205,7 +221,7 @@ FROM (
         SELECT x.next_due_at
         FROM jobs AS x
         WHERE x.tenant = q.tenant
-          AND x.next_due_at <= now()
+          AND x.next_due_at <= coalesce(%(now)s::timestamptz, now())
           AND (x.next_due_at, x.partition_id, x.job_id) > (q.after_due, q.after_pid, q.after_job)
           AND x.partition_id = ANY(%(partition_ids)b::int4[])
         ORDER BY x.next_due_at, x.partition_id, x.job_id
@@ -255,10 +271,11 @@ WHERE c.n > 0;
 -- schedule the sample misses is simply not in fire_group's plans: its
 -- timers stay due, and once too few of them are left at the instant to
 -- form a herd, the per-timer path fires them (as it does jittered timers).
--- Returns the store's clock, the `now` the plans are made for.
+-- Returns the store's clock (%(now)s; NULL: now()), the `now` the plans
+-- are made for.
 SELECT s.kind, s.cron_expr, s.cron_dialect, s.tz, s.interval_s, s.anchor_at, s.fire_at,
        s.misfire, s.catchup_window_s, s.misfire_grace_s, count(*)::int8 AS sampled,
-       now() AS store_now
+       coalesce(%(now)s::timestamptz, now()) AS store_now
 FROM unnest(%(pids)b::int4[]) AS o (pid)
 CROSS JOIN LATERAL (
     SELECT d.kind, d.cron_expr, d.cron_dialect, d.tz, d.interval_s, d.anchor_at, d.fire_at,
@@ -280,7 +297,8 @@ GROUP BY s.kind, s.cron_expr, s.cron_dialect, s.tz, s.interval_s, s.anchor_at, s
 SELECT version_num FROM alembic_version;
 
 -- name: store_now
-SELECT now() AS store_now;
+-- The store's clock: %(now)s when the caller pins it (tests), else now().
+SELECT coalesce(%(now)s::timestamptz, now()) AS store_now;
 
 -- name: fire_runs
 -- The fenced firing statement (docs/design.md §4). One statement, so atomic:
@@ -304,6 +322,8 @@ SELECT now() AS store_now;
 --   skipped  records misfire decisions of advanced jobs;
 --   inserted writes one run per (job, nominal time) of advanced jobs; the
 --            primary key makes a duplicate impossible.
+-- A run's fired_at and a skip's recorded_at are the statement's timestamp,
+-- or the store clock's pin %(now)s when given (tests: exact lateness).
 -- Shape of the parameters (scheduler/firing.py, _Batch): a job is four
 -- scalars, partition, id, revision and plan number, plus the 1-based
 -- position (fpos) of its partition in the sorted fence arrays. What to do
@@ -354,7 +374,7 @@ WITH fence AS (
     SELECT ad.partition_id, ad.job_id,
            (%(s_first)b::timestamptz[])[ad.skip], (%(s_until)b::timestamptz[])[ad.skip],
            (%(s_slots)b::int8[])[ad.skip], (%(s_reasons)b::text[])[ad.skip],
-           statement_timestamp(), %(node_id)s, ad.epoch
+           coalesce(%(now)s::timestamptz, statement_timestamp()), %(node_id)s, ad.epoch
     FROM advanced AS ad
     WHERE ad.skip > 0
     ON CONFLICT (partition_id, job_id, first_nominal) DO NOTHING
@@ -367,7 +387,8 @@ WITH fence AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
                       fired_at, node_id, epoch)
     SELECT r.partition_id, r.job_id, (%(f_nominal)b::timestamptz[])[r.i], r.tenant,
-           (%(f_scheduled)b::timestamptz[])[r.i], statement_timestamp(), %(node_id)s, r.epoch
+           (%(f_scheduled)b::timestamptz[])[r.i],
+           coalesce(%(now)s::timestamptz, statement_timestamp()), %(node_id)s, r.epoch
     FROM fires AS r
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
     RETURNING extract(epoch FROM (fired_at - scheduled_at))::float8 AS lag_s
@@ -404,7 +425,8 @@ SELECT (SELECT pids FROM fenced) AS fenced,
 --            partition id + 1); the runs primary key makes a duplicate
 --            impossible, and re-sending the chunk finds nothing left to advance.
 -- Every run of the statement has the same lateness (fired_at is the
--- statement's timestamp, scheduled_at the instant), returned once as lag_s.
+-- statement's timestamp, or the store clock's pin %(now)s when given;
+-- scheduled_at is the instant), returned once as lag_s.
 -- Nullable schedule columns compare through coalesce() to values no timer
 -- can hold ('' is no valid expression, dialect or zone; intervals are > 0;
 -- the API cannot store -infinity), so NULLs match NULLs and the join with
@@ -453,7 +475,8 @@ WITH fence AS (
 ), inserted AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
                       fired_at, node_id, epoch)
-    SELECT ad.partition_id, ad.job_id, %(due)s, ad.tenant, %(due)s, statement_timestamp(),
+    SELECT ad.partition_id, ad.job_id, %(due)s, ad.tenant, %(due)s,
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
            %(node_id)s, (%(epochs)s::int8[])[ad.partition_id + 1]
     FROM advanced AS ad
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
@@ -462,7 +485,8 @@ WITH fence AS (
 SELECT (SELECT pids FROM fenced) AS fenced,
        (SELECT count(*) FROM advanced) AS advanced,
        (SELECT count(*) FROM inserted) AS inserted,
-       extract(epoch FROM (statement_timestamp() - %(due)s::timestamptz))::float8 AS lag_s;
+       extract(epoch FROM (coalesce(%(now)s::timestamptz, statement_timestamp())
+                           - %(due)s::timestamptz))::float8 AS lag_s;
 
 -- name: last_handled
 -- Per job (pids[i], jids[i]): the latest nominal time of its runs and the

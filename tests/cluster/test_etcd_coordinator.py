@@ -14,7 +14,9 @@ checked for this one and the SQL one alike in
   per TTL of the coordinator's injected clock;
 * renew: keys still on our lease are returned; an expired (here: revoked)
   lease returns nothing and the node re-registers under a new lease; keys on
-  our lease the loop does not hold are deleted.
+  our lease the loop does not hold are deleted;
+* the store clock: its store queries send NULL as ``now`` with the system
+  clock, and a pinned clock's instant otherwise.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
 from harness import TIMINGS, etcd_keys, partitions, run_cli
+from helpers import PINNABLE_QUERIES, record_named_queries
 
 from scheduler import log
 from scheduler.clock import Clock, ManualClock
@@ -195,3 +199,27 @@ def test_claim_lists_etcd_past_a_stale_mirror_once_per_ttl_of_the_injected_clock
     assert coordinator.requests == sent + 2  # one listing, one claim transaction
     assert coordinator.claim(4) == []  # the mirror still says nothing is free: no listing for a TTL
     assert coordinator.requests == sent + 2
+
+
+def test_store_queries_send_the_clocks_store_pin(make, conn: psycopg.Connection, monkeypatch) -> None:
+    """With the system clock (production) every time-dependent store query the
+    coordinator sends carries NULL as ``now`` (the store's clock judges); with a
+    pinned clock its claims write lease times at exactly the pinned instant
+    (scheduler/clock.py, "The pinned store clock")."""
+    sent = record_named_queries(monkeypatch)
+    plain = make("plain")
+    plain.join()  # the epoch check at start reads partition_status
+    assert len(plain.claim(4)) == 4
+    pinnable = [(name, params["now"]) for name, params in sent if name in PINNABLE_QUERIES]
+    assert {name for name, _ in pinnable} == {"partition_status", "claim_partitions_at_epoch"}
+    assert [(name, now) for name, now in pinnable if now is not None] == []
+
+    at = datetime(2031, 3, 4, 5, 6, 7, 123456, tzinfo=timezone.utc)
+    pinned = make("pinned", clock=ManualClock(store_at=at))
+    pinned.join()
+    claimed = pinned.claim(4)
+    rows = conn.execute("SELECT partition_id, owner_node, owner_epoch, acquired_at, renewed_at, lease_expires_at"
+                        " FROM leases WHERE owner_node = 'pinned'").fetchall()
+    expiry = at + timedelta(seconds=TIMINGS.lease_ttl_s)
+    assert sorted((r["partition_id"], r["owner_epoch"]) for r in rows) == sorted(claimed)
+    assert {(r["acquired_at"], r["renewed_at"], r["lease_expires_at"]) for r in rows} == {(at, at, expiry)}

@@ -1,18 +1,18 @@
 """One node, in process, firing against a real store (scheduler/firing.py).
 
 Each test registers jobs through the public API (``scheduler.jobs``), then
-simulates an outage by moving the jobs' next slot (and, for interval jobs,
-their anchor and creation time) into the past relative to the STORE's clock,
-so the exact nominal times that must fire are computable here. Then it calls
-``Firer.tick()`` directly (no loop, no sleep) and asserts the exact rows of
-``runs`` and ``skips``.
+simulates an outage, so the exact nominal times that must fire are
+computable here. Then it calls ``Firer.tick()`` directly (no loop, no sleep)
+and asserts the exact rows of ``runs`` and ``skips``.
 
-Interval jobs are placed so that every slot is at least 10 s away from
-``now`` and from every policy boundary (window, grace, jitter), so those
-tests are exact whatever the tick's timing. Cron slots are tied to the wall
-clock; for them the store's time is read just before and just after the
-tick, and in the (rare) case that a slot boundary passed in between, both
-exact outcomes are accepted.
+Cron slots are tied to the wall clock, so the cron and one-shot tests pin
+the store's clock instead (``ManualClock(store_at=...)``, scheduler/clock.py,
+"The pinned store clock"): the node comes back at an instant computed from
+the job's first slot, and the slots due, each run's ``fired_at`` and its
+lateness have one exact value. Interval tests move the job's next slot (and
+its anchor and creation time) into the past relative to the STORE's clock,
+every slot at least 10 s away from ``now`` and from every policy boundary
+(window, grace, jitter), so they are exact whatever the tick's timing.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import psycopg
 import pytest
 
 from scheduler import firing, jobs, store
+from scheduler.clock import ManualClock
 from scheduler.firing import Firer
 from scheduler.planner import scheduled_time
-from scheduler.schedule import CronSchedule
 from scheduler.spec import JobSpec
 
 from helpers import OneNode, store_now
@@ -40,6 +40,20 @@ def node(pg_dsn: str):
     n = OneNode(pg_dsn)
     yield n
     n.close()
+
+
+@pytest.fixture
+def pinned(pg_dsn: str):
+    """``pinned(at)``: a node (``t1``, every lease) whose store clock is pinned at ``at``."""
+    made: list[OneNode] = []
+
+    def build(at: datetime) -> OneNode:
+        made.append(OneNode(pg_dsn, clock=ManualClock(store_at=at)))
+        return made[-1]
+
+    yield build
+    for n in made:
+        n.close()
 
 
 # ---------------------------------------------------------------- helpers
@@ -61,20 +75,20 @@ def job_row(conn: psycopg.Connection, job_id: uuid.UUID) -> dict:
 
 
 def backdate(conn: psycopg.Connection, job_id: uuid.UUID, next_nominal: datetime,
-             anchor: datetime | None = None, fire_at: datetime | None = None) -> None:
-    """Move a job's next slot (and interval anchor / creation, or one-shot instant) into the past."""
+             anchor: datetime | None = None) -> None:
+    """Move an interval job's next slot (and its anchor and creation) into the past."""
     row = job_row(conn, job_id)
     created = min(row["created_at"], next_nominal - S, anchor or next_nominal)
     count = conn.execute(
         """
         UPDATE jobs
         SET next_nominal_at = %(nominal)s, next_due_at = %(due)s,
-            anchor_at = coalesce(%(anchor)s, anchor_at), fire_at = coalesce(%(fire_at)s, fire_at),
+            anchor_at = coalesce(%(anchor)s, anchor_at),
             created_at = %(created)s, changed_at = %(created)s
         WHERE job_id = %(job_id)s
         """,
         {"nominal": next_nominal, "due": scheduled_time(job_id, next_nominal, row["jitter_s"]),
-         "anchor": anchor, "fire_at": fire_at, "created": created, "job_id": job_id},
+         "anchor": anchor, "created": created, "job_id": job_id},
     ).rowcount
     assert count == 1
 
@@ -107,50 +121,29 @@ def count(conn: psycopg.Connection, table: str) -> int:
     return conn.execute(f"SELECT count(*) AS c FROM {table}").fetchone()["c"]  # noqa: S608 (fixed names)
 
 
-def slots_through(schedule, first: datetime, until: datetime) -> list[datetime]:
-    out, slot = [], first
-    while slot is not None and slot <= until:
-        out.append(slot)
-        slot = schedule.next_after(slot)
-    return out
-
-
-def tick_between(conn: psycopg.Connection, node: OneNode):
-    """Tick once; return (result, store time just before, store time just after)."""
-    before = store_now(conn)
-    result = node.firer.tick()
-    after = store_now(conn)
-    return result, before, after
-
-
-def expected_candidates(schedule, first: datetime, before: datetime, after: datetime) -> list[list[datetime]]:
-    """The exact run lists possible for a tick whose store time lay in [before, after]."""
-    low, high = slots_through(schedule, first, before), slots_through(schedule, first, after)
-    return [low] if low == high else [low, high]
+def lateness(now: datetime, slots: list[datetime]) -> list[float]:
+    """Seconds from each slot to ``now``, ascending (TickResult.lags_s, sorted)."""
+    return sorted((now - slot).total_seconds() for slot in slots)
 
 
 # ---------------------------------------------------------------- schedule kinds
 
 
-def test_cron_every_minute_fires_each_slot_of_a_five_minute_outage(conn, node) -> None:
+def test_cron_every_minute_fires_each_slot_of_a_five_minute_outage(conn, pinned) -> None:
     job_id = add(conn, cron="* * * * *")
-    now = store_now(conn)
-    first = now.replace(second=0, microsecond=0) - 5 * MINUTE
-    backdate(conn, job_id, first)
+    first = job_row(conn, job_id)["next_nominal_at"]
+    now = first + 5 * MINUTE + 30 * S  # the store's clock when the node is back
+    node = pinned(now)
 
-    result, before, after = tick_between(conn, node)
+    result = node.firer.tick()
 
-    schedule = CronSchedule("* * * * *")
-    candidates = expected_candidates(schedule, first, before, after)
-    got = nominals(conn, job_id)
-    assert got in candidates
-    assert got[:6] == [first + i * MINUTE for i in range(6)]  # 00..05 minutes after the first slot
-    assert len(got) in (6, 7)
-    assert result.fired == len(got)
-    assert result.skipped_ranges == 0
+    slots = [first + i * MINUTE for i in range(6)]  # 00..05 minutes after the first slot
+    assert nominals(conn, job_id) == slots
+    assert (result.fired, result.skipped_ranges) == (6, 0)
+    assert sorted(result.lags_s) == lateness(now, slots)
     assert skips_of(conn, job_id) == []
     row = job_row(conn, job_id)
-    assert row["next_nominal_at"] == row["next_due_at"] == got[-1] + MINUTE
+    assert row["next_nominal_at"] == row["next_due_at"] == first + 6 * MINUTE
     pid = row["partition_id"]
     for run in runs_of(conn, job_id):
         assert run["scheduled_at"] == run["nominal_time"]
@@ -158,8 +151,23 @@ def test_cron_every_minute_fires_each_slot_of_a_five_minute_outage(conn, node) -
         assert run["epoch"] == node.epoch(pid) == 1  # first claim of a fresh store
         assert run["tenant"] == "acme"
         assert run["partition_id"] == pid
-        assert before <= run["fired_at"] <= after
-    assert node.metrics.value("scheduler_firing_runs_fired_total") == len(got)
+        assert run["fired_at"] == now
+    assert node.metrics.value("scheduler_firing_runs_fired_total") == 6
+
+
+def test_a_cron_slot_is_due_at_its_instant_not_a_microsecond_before(conn, pinned) -> None:
+    job_id = add(conn, cron="* * * * *")
+    first = job_row(conn, job_id)["next_nominal_at"]
+    node = pinned(first - timedelta(microseconds=1))
+
+    before = node.firer.tick()
+    node.clock.advance(1e-6)
+    at = node.firer.tick()
+
+    assert (before.fired, before.due_read) == (0, 0)
+    assert (at.fired, at.lags_s) == (1, [0.0])
+    assert [(r["nominal_time"], r["fired_at"]) for r in runs_of(conn, job_id)] == [(first, first)]
+    assert job_row(conn, job_id)["next_nominal_at"] == first + MINUTE
 
 
 def test_interval_job_fires_every_overdue_slot(conn, node) -> None:
@@ -174,38 +182,37 @@ def test_interval_job_fires_every_overdue_slot(conn, node) -> None:
     assert row["next_nominal_at"] == row["next_due_at"] == anchor + timedelta(seconds=360)
 
 
-def test_one_shot_fires_once_then_never_again(conn, node) -> None:
+def test_one_shot_fires_once_then_never_again(conn, pinned) -> None:
     at = whole_second(store_now(conn)) + timedelta(hours=1)
     job_id = add(conn, at=at)
     assert job_row(conn, job_id)["next_nominal_at"] == at
-    past = whole_second(store_now(conn)) - timedelta(seconds=20)
-    backdate(conn, job_id, past, fire_at=past)
+    node = pinned(at + 20 * S)  # back 20 s after the instant
 
     first = node.firer.tick()
+    node.clock.advance(5.0)  # within the leases' TTL: the second tick still scans
     second = node.firer.tick()
 
-    assert nominals(conn, job_id) == [past]
-    assert first.fired == 1
+    assert nominals(conn, job_id) == [at]
+    assert (first.fired, first.lags_s) == (1, [20.0])
+    assert runs_of(conn, job_id)[0]["fired_at"] == at + 20 * S
     assert second.fired == 0 and second.due_read == 0
     row = job_row(conn, job_id)
     assert row["next_nominal_at"] is None and row["next_due_at"] is None
     assert count(conn, "runs") == 1
 
 
-def test_seconds_dialect_job_fires_every_ten_seconds(conn, node) -> None:
-    expr = "*/10 * * * * *"
-    job_id = add(conn, cron=expr, dialect="seconds")
-    now = store_now(conn)
-    first = now.replace(second=now.second - now.second % 10, microsecond=0) - 60 * S
-    backdate(conn, job_id, first)
+def test_seconds_dialect_job_fires_every_ten_seconds(conn, pinned) -> None:
+    job_id = add(conn, cron="*/10 * * * * *", dialect="seconds")
+    first = job_row(conn, job_id)["next_nominal_at"]
+    now = first + 65 * S
+    node = pinned(now)
 
-    result, before, after = tick_between(conn, node)
+    result = node.firer.tick()
 
-    got = nominals(conn, job_id)
-    assert got in expected_candidates(CronSchedule(expr, "UTC", "seconds"), first, before, after)
-    assert got[:7] == [first + 10 * i * S for i in range(7)]
-    assert result.fired == len(got) in (7, 8)
-    assert job_row(conn, job_id)["next_nominal_at"] == got[-1] + 10 * S
+    slots = [first + 10 * i * S for i in range(7)]
+    assert nominals(conn, job_id) == slots
+    assert (result.fired, sorted(result.lags_s)) == (7, lateness(now, slots))
+    assert job_row(conn, job_id)["next_nominal_at"] == first + 70 * S
 
 
 # ---------------------------------------------------------------- misfire policies
