@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 
-from alembic import context
 from sqlalchemy import create_engine, pool
 
+from alembic import context
 from scheduler.store import sqlalchemy_url
 
 config = context.config

@@ -11,9 +11,21 @@ import click
 
 from bench import report
 
-HERD_COLUMNS = ["jobs", "background_jobs", "nodes", "drain_s", "throughput_runs_per_s", "lag_p50_s",
-                "lag_p99_s", "lag_max_s", "small_tenants_lag_p99_s", "big_tenant_lag_p99_s",
-                "missing", "duplicates", "node_rss_mb_max"]
+HERD_COLUMNS = [
+    "jobs",
+    "background_jobs",
+    "nodes",
+    "drain_s",
+    "throughput_runs_per_s",
+    "lag_p50_s",
+    "lag_p99_s",
+    "lag_max_s",
+    "small_tenants_lag_p99_s",
+    "big_tenant_lag_p99_s",
+    "missing",
+    "duplicates",
+    "node_rss_mb_max",
+]
 
 
 def _progress():
@@ -32,15 +44,26 @@ def cli() -> None:
 
 @cli.command()
 @click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, required=True)
-@click.option("--jobs", default=300_000, show_default=True, type=click.IntRange(min=1), help="Jobs due at the herd instant.")
-@click.option("--background-jobs", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Jobs not due (months away).")
-@click.option("--tenants", default=51, show_default=True, type=click.IntRange(min=1), help="One big tenant plus small ones.")
-@click.option("--big-tenant-share", default=0.9, show_default=True, type=click.FloatRange(0, 1),
-              help="Big tenant's share of the herd.")
+@click.option(
+    "--jobs", default=300_000, show_default=True, type=click.IntRange(min=1), help="Jobs due at the herd instant."
+)
+@click.option(
+    "--background-jobs", default=0, show_default=True, type=click.IntRange(min=0), help="Jobs not due (months away)."
+)
+@click.option(
+    "--tenants", default=51, show_default=True, type=click.IntRange(min=1), help="One big tenant plus small ones."
+)
+@click.option(
+    "--big-tenant-share",
+    default=0.9,
+    show_default=True,
+    type=click.FloatRange(0, 1),
+    help="Big tenant's share of the herd.",
+)
 @click.option("--nodes", default=1, show_default=True, type=click.IntRange(1, 64), help="Node processes.")
-@click.option("--max-rate", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Per-node --max-rate-per-s (pacing).")
+@click.option(
+    "--max-rate", type=click.FloatRange(min=0, min_open=True), default=None, help="Per-node --max-rate-per-s (pacing)."
+)
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the summary here.")
 def herd(dsn, jobs, background_jobs, tenants, big_tenant_share, nodes, max_rate, out_dir, json_path) -> None:
@@ -48,8 +71,9 @@ def herd(dsn, jobs, background_jobs, tenants, big_tenant_share, nodes, max_rate,
     from bench.herd import run_herd
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = run_herd(dsn, jobs, background_jobs, tenants, big_tenant_share, nodes, out_dir,
-                      max_rate=max_rate, progress=_progress())
+    result = run_herd(
+        dsn, jobs, background_jobs, tenants, big_tenant_share, nodes, out_dir, max_rate=max_rate, progress=_progress()
+    )
     row = dataclasses.asdict(result)
     click.echo(report.markdown_table([row], HERD_COLUMNS))
     if json_path:
@@ -58,17 +82,39 @@ def herd(dsn, jobs, background_jobs, tenants, big_tenant_share, nodes, max_rate,
         sys.exit(1)
 
 
-STEADY_COLUMNS = ["rate", "jobs", "nodes", "seconds", "runs", "throughput_runs_per_s", "lag_p50_s",
-                  "lag_p99_s", "lag_max_s", "missing", "duplicates", "node_rss_mb_max"]
+STEADY_COLUMNS = [
+    "rate",
+    "jobs",
+    "nodes",
+    "seconds",
+    "runs",
+    "throughput_runs_per_s",
+    "lag_p50_s",
+    "lag_p99_s",
+    "lag_max_s",
+    "missing",
+    "duplicates",
+    "node_rss_mb_max",
+]
 
 
 @cli.command()
 @click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, required=True)
 @click.option("--rate", default=12_000, show_default=True, type=click.IntRange(min=1), help="Runs due per second.")
-@click.option("--seconds", default=60, show_default=True, type=click.IntRange(min=11),
-              help="How long the nodes fire (the first and last 5 s are left out).")
-@click.option("--period-s", default=10, show_default=True, type=click.IntRange(min=1),
-              help="Interval of each job (jobs = rate × period).")
+@click.option(
+    "--seconds",
+    default=60,
+    show_default=True,
+    type=click.IntRange(min=11),
+    help="How long the nodes fire (the first and last 5 s are left out).",
+)
+@click.option(
+    "--period-s",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Interval of each job (jobs = rate × period).",
+)
 @click.option("--nodes", default=1, show_default=True, type=click.IntRange(1, 64))
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
@@ -86,30 +132,67 @@ def steady(dsn, rate, seconds, period_s, nodes, out_dir, json_path) -> None:
         sys.exit(1)
 
 
-FAILOVER_COLUMNS = ["coordinator", "kind", "trials", "affected_runs", "lateness_p50_s", "lateness_p99_s",
-                    "lateness_max_s", "reown_s", "detect_s", "missing", "duplicates", "coordination_writes_per_s",
-                    "store_transactions_per_s", "etcd_requests_per_s"]
+FAILOVER_COLUMNS = [
+    "coordinator",
+    "kind",
+    "trials",
+    "affected_runs",
+    "lateness_p50_s",
+    "lateness_p99_s",
+    "lateness_max_s",
+    "reown_s",
+    "detect_s",
+    "missing",
+    "duplicates",
+    "coordination_writes_per_s",
+    "store_transactions_per_s",
+    "etcd_requests_per_s",
+]
 
 
 @cli.command()
 @click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, required=True)
-@click.option("--coordinator", type=click.Choice(["sql", "etcd", "both"]), default="sql", show_default=True,
-              help="Coordinator(s) to measure; 'both' runs sql, then etcd.")
-@click.option("--etcd-endpoints", default=None, envvar="SCHEDULER_ETCD_ENDPOINTS", show_envvar=True,
-              help="etcd host:port[,host:port] for the etcd runs [default: start a throwaway etcd].")
+@click.option(
+    "--coordinator",
+    type=click.Choice(["sql", "etcd", "both"]),
+    default="sql",
+    show_default=True,
+    help="Coordinator(s) to measure; 'both' runs sql, then etcd.",
+)
+@click.option(
+    "--etcd-endpoints",
+    default=None,
+    envvar="SCHEDULER_ETCD_ENDPOINTS",
+    show_envvar=True,
+    help="etcd host:port[,host:port] for the etcd runs [default: start a throwaway etcd].",
+)
 @click.option("--kind", type=click.Choice(["crash", "graceful", "both"]), default="both", show_default=True)
-@click.option("--nodes", default=3, show_default=True, type=click.IntRange(2, 64),
-              help="Node processes (one is killed or stopped, so at least 2).")
-@click.option("--jobs", default=600, show_default=True, type=click.IntRange(min=1),
-              help="Interval jobs firing every second.")
+@click.option(
+    "--nodes",
+    default=3,
+    show_default=True,
+    type=click.IntRange(2, 64),
+    help="Node processes (one is killed or stopped, so at least 2).",
+)
+@click.option(
+    "--jobs", default=600, show_default=True, type=click.IntRange(min=1), help="Interval jobs firing every second."
+)
 @click.option("--trials", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option("--poll-interval-s", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Nodes' --poll-interval-s [default: the node default, 1 s].")
+@click.option(
+    "--poll-interval-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Nodes' --poll-interval-s [default: the node default, 1 s].",
+)
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
-              help='Write {"sql": {"crash": {...}, "graceful": {...}}, "etcd": {...}} here.')
-def failover(dsn, coordinator, etcd_endpoints, kind, nodes, jobs, trials, poll_interval_s, out_dir,
-             json_path) -> None:
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help='Write {"sql": {"crash": {...}, "graceful": {...}}, "etcd": {...}} here.',
+)
+def failover(dsn, coordinator, etcd_endpoints, kind, nodes, jobs, trials, poll_interval_s, out_dir, json_path) -> None:
     """Kill (crash) or stop (graceful) one of NODES nodes while jobs fire every second, per coordinator."""
     from bench.failover import run_comparison
 
@@ -117,8 +200,9 @@ def failover(dsn, coordinator, etcd_endpoints, kind, nodes, jobs, trials, poll_i
     coordinators = ["sql", "etcd"] if coordinator == "both" else [coordinator]
     kinds = ["crash", "graceful"] if kind == "both" else [kind]
     node_args = ("--poll-interval-s", str(poll_interval_s)) if poll_interval_s is not None else ()
-    results = run_comparison(dsn, coordinators, kinds, nodes, jobs, trials, out_dir,
-                             etcd_endpoints=etcd_endpoints, node_args=node_args)
+    results = run_comparison(
+        dsn, coordinators, kinds, nodes, jobs, trials, out_dir, etcd_endpoints=etcd_endpoints, node_args=node_args
+    )
     summary = {c: {k: dataclasses.asdict(r) for k, r in by_kind.items()} for c, by_kind in results.items()}
     rows = [{"coordinator": c, **r} for c, by_kind in summary.items() for r in by_kind.values()]
     click.echo(report.markdown_table(rows, FAILOVER_COLUMNS))
@@ -145,42 +229,75 @@ def _name_list(choices):
         if unknown or not names:
             raise click.BadParameter(f"{', '.join(unknown) or text!r}: choose from {', '.join(choices)}")
         return names
+
     return parse
 
 
 @cli.command()
 @click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, required=True)
-@click.option("--systems", default="naive,ours,pgqueuer,apscheduler", show_default=True,
-              callback=_name_list(("naive", "ours", "pgqueuer", "apscheduler")),
-              help="Systems to run (naive × 1 is the baseline of the ratios).")
-@click.option("--workloads", default="herd,steady", show_default=True,
-              callback=_name_list(("herd", "steady")))
-@click.option("--processes", default="1,4", show_default=True,
-              help="Node / worker processes of ours and naive.")
+@click.option(
+    "--systems",
+    default="naive,ours,pgqueuer,apscheduler",
+    show_default=True,
+    callback=_name_list(("naive", "ours", "pgqueuer", "apscheduler")),
+    help="Systems to run (naive × 1 is the baseline of the ratios).",
+)
+@click.option("--workloads", default="herd,steady", show_default=True, callback=_name_list(("herd", "steady")))
+@click.option("--processes", default="1,4", show_default=True, help="Node / worker processes of ours and naive.")
 @click.option("--pgqueuer-processes", default="1", show_default=True, help="pgqueuer worker processes.")
-@click.option("--herd-jobs", default=100_000, show_default=True, type=click.IntRange(min=1),
-              help="Herd size of ours and naive.")
+@click.option(
+    "--herd-jobs", default=100_000, show_default=True, type=click.IntRange(min=1), help="Herd size of ours and naive."
+)
 @click.option("--herd-jobs-pgqueuer", default=100_000, show_default=True, type=click.IntRange(min=1))
 @click.option("--herd-jobs-apscheduler", default=2_000, show_default=True, type=click.IntRange(min=1))
-@click.option("--steady-rate", default=1_000, show_default=True, type=click.IntRange(min=1),
-              help="Timers each due every second.")
+@click.option(
+    "--steady-rate", default=1_000, show_default=True, type=click.IntRange(min=1), help="Timers each due every second."
+)
 @click.option("--steady-rate-apscheduler", type=click.IntRange(min=1), default=None, help="[default: --steady-rate]")
-@click.option("--steady-seconds", default=30, show_default=True, type=click.IntRange(min=1),
-              help="Seconds of the steady window.")
-@click.option("--bound-s", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
-              help="Not fired this long after the last nominal instant = lost.")
-@click.option("--lead-s", default=5.0, show_default=True, type=click.FloatRange(min=0),
-              help="Slack between loading and T.")
-@click.option("--naive-batch", default=1_000, show_default=True, type=click.IntRange(min=1),
-              help="Due rows per naive transaction.")
-@click.option("--pgqueuer-batch", default=100, show_default=True, type=click.IntRange(min=1),
-              help="pgqueuer dequeue batch size.")
+@click.option(
+    "--steady-seconds", default=30, show_default=True, type=click.IntRange(min=1), help="Seconds of the steady window."
+)
+@click.option(
+    "--bound-s",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Not fired this long after the last nominal instant = lost.",
+)
+@click.option(
+    "--lead-s", default=5.0, show_default=True, type=click.FloatRange(min=0), help="Slack between loading and T."
+)
+@click.option(
+    "--naive-batch",
+    default=1_000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Due rows per naive transaction.",
+)
+@click.option(
+    "--pgqueuer-batch", default=100, show_default=True, type=click.IntRange(min=1), help="pgqueuer dequeue batch size."
+)
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
-              help="Write the rows here.")
-def compare(dsn, systems, workloads, processes, pgqueuer_processes, herd_jobs, herd_jobs_pgqueuer,
-            herd_jobs_apscheduler, steady_rate, steady_rate_apscheduler, steady_seconds, bound_s,
-            lead_s, naive_batch, pgqueuer_batch, out_dir, json_path) -> None:
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the rows here.")
+def compare(
+    dsn,
+    systems,
+    workloads,
+    processes,
+    pgqueuer_processes,
+    herd_jobs,
+    herd_jobs_pgqueuer,
+    herd_jobs_apscheduler,
+    steady_rate,
+    steady_rate_apscheduler,
+    steady_seconds,
+    bound_s,
+    lead_s,
+    naive_batch,
+    pgqueuer_batch,
+    out_dir,
+    json_path,
+) -> None:
     """The same herd and steady work against ours, the naive SKIP LOCKED loop, pgqueuer and
     APScheduler 4, one after the other; each as a ratio to the naive loop (1 process)."""
     import time
@@ -189,12 +306,26 @@ def compare(dsn, systems, workloads, processes, pgqueuer_processes, herd_jobs, h
 
     out_dir.mkdir(parents=True, exist_ok=True)
     works = {"herd": Work("herd", herd_jobs), "steady": Work("steady", steady_rate, steady_seconds)}
-    runs = plan(systems, [works[w] for w in workloads], _int_list(processes),
-                {"pgqueuer": _int_list(pgqueuer_processes), "apscheduler": [1]},
-                {("pgqueuer", "herd"): herd_jobs_pgqueuer, ("apscheduler", "herd"): herd_jobs_apscheduler,
-                 ("apscheduler", "steady"): steady_rate_apscheduler or steady_rate})
-    cfg = Config(dsn, out_dir, bound_s=bound_s, lead_s=lead_s, naive_batch=naive_batch,
-                 pgqueuer_batch=pgqueuer_batch, echo=lambda line: click.echo(line, err=True))
+    runs = plan(
+        systems,
+        [works[w] for w in workloads],
+        _int_list(processes),
+        {"pgqueuer": _int_list(pgqueuer_processes), "apscheduler": [1]},
+        {
+            ("pgqueuer", "herd"): herd_jobs_pgqueuer,
+            ("apscheduler", "herd"): herd_jobs_apscheduler,
+            ("apscheduler", "steady"): steady_rate_apscheduler or steady_rate,
+        },
+    )
+    cfg = Config(
+        dsn,
+        out_dir,
+        bound_s=bound_s,
+        lead_s=lead_s,
+        naive_batch=naive_batch,
+        pgqueuer_batch=pgqueuer_batch,
+        echo=lambda line: click.echo(line, err=True),
+    )
     start = time.monotonic()
     rows = run_compare(cfg, runs)
     click.echo(report.markdown_table(table_rows(rows), COLUMNS))

@@ -53,7 +53,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from psycopg import sql
@@ -71,9 +71,23 @@ TENANTS = 51
 BIG_TENANT_SHARE = 0.9
 PARTITIONS = 1024
 
-COLUMNS = ["system", "workload", "processes", "jobs", "occurrences", "fired", "lost",
-           "throughput_runs_per_s", "lag_p50_s", "lag_p99_s", "lag_max_s", "ratio_vs_naive",
-           "lag_p99_vs_naive", "small_tenants_lag_p99_s", "note"]
+COLUMNS = [
+    "system",
+    "workload",
+    "processes",
+    "jobs",
+    "occurrences",
+    "fired",
+    "lost",
+    "throughput_runs_per_s",
+    "lag_p50_s",
+    "lag_p99_s",
+    "lag_max_s",
+    "ratio_vs_naive",
+    "lag_p99_vs_naive",
+    "small_tenants_lag_p99_s",
+    "note",
+]
 
 # Measurement SQL of the bench itself (the engine's own queries are in scheduler/sql).
 OURS_TRUNCATE = "TRUNCATE runs, skips, jobs, tenants, nodes"
@@ -142,6 +156,7 @@ class Fires:
 
 # ---------------------------------------------------------------- statistics
 
+
 def percentile(values: list[float], q: float) -> float:
     """``percentile_cont`` of sorted ``values`` (may end in ``inf``); ``nan`` if empty."""
     if not values:
@@ -193,26 +208,34 @@ def summarize(system: str, work: Work, processes: int, fires: Fires, wall_s: flo
     last = max(first.values(), default=None)
     span = None if last is None else last - fires.first_nominal
     return {
-        "system": system, "workload": work.name, "processes": processes, "jobs": work.jobs,
-        "occurrences": fires.expected, "fired": fired_n, "lost": fires.expected - fired_n,
+        "system": system,
+        "workload": work.name,
+        "processes": processes,
+        "jobs": work.jobs,
+        "occurrences": fires.expected,
+        "fired": fired_n,
+        "lost": fires.expected - fired_n,
         "duplicates": calls - len(first),
         "throughput_runs_per_s": fired_n / span if span and span > 0 else None,
         "lag_p50_s": _finite(percentile(lags, 0.50)),
         "lag_p99_s": _finite(percentile(lags, 0.99)),
         "lag_max_s": _finite(lags[-1]) if lags else None,
         "small_tenants_lag_p99_s": _finite(percentile(_lags(small, small_expected), 0.99)),
-        "ratio_vs_naive": None, "lag_p99_vs_naive": None,
-        "nominal_first": datetime.fromtimestamp(fires.first_nominal, timezone.utc).isoformat(),
+        "ratio_vs_naive": None,
+        "lag_p99_vs_naive": None,
+        "nominal_first": datetime.fromtimestamp(fires.first_nominal, UTC).isoformat(),
         "bound_s": round(fires.deadline - fires.first_nominal - (work.seconds - 1), 3),
-        "wall_s": round(wall_s, 1), "note": fires.note,
+        "wall_s": round(wall_s, 1),
+        "note": fires.note,
     }
 
 
 def add_ratios(rows: list[dict]) -> None:
     """Fill ``ratio_vs_naive`` and ``lag_p99_vs_naive`` against naive × 1 of the same workload."""
     for workload in {r["workload"] for r in rows}:
-        base = next((r for r in rows if r["workload"] == workload and r["system"] == "naive"
-                     and r["processes"] == 1), None)
+        base = next(
+            (r for r in rows if r["workload"] == workload and r["system"] == "naive" and r["processes"] == 1), None
+        )
         if base is None:
             continue
         for row in rows:
@@ -237,6 +260,7 @@ def table_rows(rows: list[dict]) -> list[dict]:
 
 
 # ---------------------------------------------------------------- the work
+
 
 def big_count(jobs: int) -> int:
     return int(round(jobs * BIG_TENANT_SHARE))
@@ -311,6 +335,7 @@ def _exit_note(codes: dict[str, int | None]) -> str | None:
 
 # ---------------------------------------------------------------- ours
 
+
 def run_ours(cfg: Config, work: Work, nodes: int) -> Fires:
     conn = reset_store(cfg.dsn)
     try:
@@ -333,16 +358,33 @@ def run_ours(cfg: Config, work: Work, nodes: int) -> Fires:
             def rows():
                 for tenant, expr, dialect, zone in timers(work, t0):
                     job_id = uuid.uuid4()
-                    yield (partition_of(job_id), job_id, tenant, "cron", expr, dialect, zone, None,
-                           None, "all", t0, t0, created, created)
+                    yield (
+                        partition_of(job_id),
+                        job_id,
+                        tenant,
+                        "cron",
+                        expr,
+                        dialect,
+                        zone,
+                        None,
+                        None,
+                        "all",
+                        t0,
+                        t0,
+                        created,
+                        created,
+                    )
 
             copy_jobs(conn, rows())
-            deadline = _fire_loaded(conn, cfg, t0, last,
-                                    lambda: store.execute(conn, "any_due_at", {"nominal": last})[0]["due"])
+            deadline = _fire_loaded(
+                conn, cfg, t0, last, lambda: store.execute(conn, "any_due_at", {"nominal": last})[0]["due"]
+            )
         finally:
             codes = {proc.node_id: proc.stop() for proc in procs}
-        records = [(r["key"], r["nominal_s"], r["fired_s"])
-                   for r in conn.execute(OURS_FIRES, {"first": t0, "last": last}).fetchall()]
+        records = [
+            (r["key"], r["nominal_s"], r["fired_s"])
+            for r in conn.execute(OURS_FIRES, {"first": t0, "last": last}).fetchall()
+        ]
         return Fires(work.occurrences, _epoch(t0), deadline, records, _exit_note(codes))
     finally:
         conn.execute(OURS_TRUNCATE)
@@ -351,24 +393,32 @@ def run_ours(cfg: Config, work: Work, nodes: int) -> Fires:
 
 # ---------------------------------------------------------------- naive
 
+
 def run_naive(cfg: Config, work: Work, processes: int) -> Fires:
     conn = naive.reset_schema(cfg.dsn)
     try:
-        procs = [naive.NaiveProcess(cfg.dsn, f"naive-{i}", cfg.log_dir, cfg.naive_batch,
-                                    cfg.naive_poll_s) for i in range(processes)]
+        procs = [
+            naive.NaiveProcess(cfg.dsn, f"naive-{i}", cfg.log_dir, cfg.naive_batch, cfg.naive_poll_s)
+            for i in range(processes)
+        ]
         try:
             now = store.now(conn)
             t0 = first_instant(now, work, work.jobs / 40_000, cfg.lead_s)
             last = t0 + timedelta(seconds=work.seconds - 1)
             cfg.echo(f"  {work.jobs:,} timers first due at {t0:%H:%M:%S}Z")
-            naive.copy_jobs(conn, ((uuid.uuid4(), tenant, expr, dialect, zone, t0)
-                                   for tenant, expr, dialect, zone in timers(work, t0)))
-            deadline = _fire_loaded(conn, cfg, t0, last,
-                                    lambda: conn.execute(NAIVE_DUE, {"last": last}).fetchone()["due"])
+            naive.copy_jobs(
+                conn,
+                ((uuid.uuid4(), tenant, expr, dialect, zone, t0) for tenant, expr, dialect, zone in timers(work, t0)),
+            )
+            deadline = _fire_loaded(
+                conn, cfg, t0, last, lambda: conn.execute(NAIVE_DUE, {"last": last}).fetchone()["due"]
+            )
         finally:
             codes = {proc.worker: proc.stop() for proc in procs}
-        records = [(r["key"], r["nominal_s"], r["fired_s"])
-                   for r in conn.execute(NAIVE_FIRES, {"first": t0, "last": last}).fetchall()]
+        records = [
+            (r["key"], r["nominal_s"], r["fired_s"])
+            for r in conn.execute(NAIVE_FIRES, {"first": t0, "last": last}).fetchall()
+        ]
         return Fires(work.occurrences, _epoch(t0), deadline, records, _exit_note(codes))
     finally:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(naive.SCHEMA)))
@@ -392,10 +442,19 @@ def run_peer(cfg: Config, system: str, work: Work, processes: int) -> Fires:
         t0 = math.ceil(time.time() + cfg.lead_s + load_s + 3.0)  # + worker start-up
         last = t0 + work.seconds - 1
         deadline = last + cfg.bound_s
-        cfg.echo(f"  {work.jobs:,} timers first due at "
-                 f"{datetime.fromtimestamp(t0, timezone.utc):%H:%M:%S}Z")
-        load_args = ["load", system, "--dsn", dsn, "--jobs", str(work.jobs), "--t0", str(t0),
-                     "--seconds", str(work.seconds)]
+        cfg.echo(f"  {work.jobs:,} timers first due at {datetime.fromtimestamp(t0, UTC):%H:%M:%S}Z")
+        load_args = [
+            "load",
+            system,
+            "--dsn",
+            dsn,
+            "--jobs",
+            str(work.jobs),
+            "--t0",
+            str(t0),
+            "--seconds",
+            str(work.seconds),
+        ]
         workers: list[peers.PeerWorker] = []
         note = None
         try:
@@ -427,9 +486,17 @@ def run_peer(cfg: Config, system: str, work: Work, processes: int) -> Fires:
 
 
 def _start_workers(cfg: Config, system: str, processes: int, deadline: float) -> list:
-    workers = [peers.PeerWorker(system, cfg.dsn, cfg.log_dir / f"{system}-{i}.tsv", deadline,
-                                cfg.log_dir / f"{system}-{i}.log", cfg.pgqueuer_batch)
-               for i in range(processes)]
+    workers = [
+        peers.PeerWorker(
+            system,
+            cfg.dsn,
+            cfg.log_dir / f"{system}-{i}.tsv",
+            deadline,
+            cfg.log_dir / f"{system}-{i}.log",
+            cfg.pgqueuer_batch,
+        )
+        for i in range(processes)
+    ]
     try:
         wait_until(lambda: all(w.ready() for w in workers), 60, what=f"{system} workers to start")
     except (RuntimeError, TimeoutError):
@@ -443,6 +510,7 @@ def _start_workers(cfg: Config, system: str, processes: int, deadline: float) ->
 
 
 # ---------------------------------------------------------------- the comparison
+
 
 def _fmt(value: float | None) -> str:
     return "lost" if value is None else f"{value:.3f}s"
@@ -464,19 +532,30 @@ def run_one(cfg: Config, system: str, work: Work, processes: int) -> dict:
         with (cfg.log_dir / f"{system}-error.log").open("a") as log:
             log.write(traceback.format_exc())
         now = time.time()
-        fires = Fires(work.occurrences, now, now + work.seconds - 1 + cfg.bound_s, [],
-                      note=f"did not run: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-                      if str(exc) else f"did not run: {type(exc).__name__}")
+        fires = Fires(
+            work.occurrences,
+            now,
+            now + work.seconds - 1 + cfg.bound_s,
+            [],
+            note=f"did not run: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            if str(exc)
+            else f"did not run: {type(exc).__name__}",
+        )
     row = summarize(system, work, processes, fires, time.monotonic() - start)
-    cfg.echo(f"{label}: fired {row['fired']:,}, lost {row['lost']:,}, "
-             f"p99 {_fmt(row['lag_p99_s'])}, took {row['wall_s']}s"
-             + (f" ({row['note']})" if row["note"] else ""))
+    cfg.echo(
+        f"{label}: fired {row['fired']:,}, lost {row['lost']:,}, "
+        f"p99 {_fmt(row['lag_p99_s'])}, took {row['wall_s']}s" + (f" ({row['note']})" if row["note"] else "")
+    )
     return row
 
 
-def plan(systems: list[str], workloads: list[Work], processes: list[int],
-         peer_processes: dict[str, list[int]], peer_jobs: dict[tuple[str, str], int]
-         ) -> list[tuple[str, Work, int]]:
+def plan(
+    systems: list[str],
+    workloads: list[Work],
+    processes: list[int],
+    peer_processes: dict[str, list[int]],
+    peer_jobs: dict[tuple[str, str], int],
+) -> list[tuple[str, Work, int]]:
     """The runs in order: per workload, naive × 1 first (the baseline), then the rest."""
     runs = []
     for work in workloads:
@@ -495,5 +574,15 @@ def run_compare(cfg: Config, runs: list[tuple[str, Work, int]]) -> list[dict]:
     return rows
 
 
-__all__ = ["COLUMNS", "Config", "SYSTEMS", "WORKLOADS", "Work", "plan", "run_compare",
-           "table_rows", "percentile", "summarize"]
+__all__ = [
+    "COLUMNS",
+    "Config",
+    "SYSTEMS",
+    "WORKLOADS",
+    "Work",
+    "plan",
+    "run_compare",
+    "table_rows",
+    "percentile",
+    "summarize",
+]

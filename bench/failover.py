@@ -92,8 +92,9 @@ def _percentile(values: list[float], q: float) -> float | None:
 def _balanced(conn, nodes: int) -> bool:
     rows = store.execute(conn, "partition_status", {"now": None})
     counts = Counter(row["owner_node"] for row in rows if row["owner_node"] is not None)
-    return (len(counts) == nodes and sum(counts.values()) == PARTITION_COUNT
-            and max(counts.values()) <= fair_share(nodes))
+    return (
+        len(counts) == nodes and sum(counts.values()) == PARTITION_COUNT and max(counts.values()) <= fair_share(nodes)
+    )
 
 
 def _etcd_requests(endpoint: str) -> float:
@@ -110,19 +111,52 @@ def _prepare(dsn: str, jobs: int, etcd_endpoint: str | None) -> tuple:
     if etcd_endpoint is not None:
         top = conn.execute("SELECT coalesce(max(owner_epoch), 0) AS top FROM partitions").fetchone()["top"]
         raise_revision(etcd_endpoint, above=top)
-        flags = ["--coordinator", "etcd", "--etcd-endpoints", etcd_endpoint,
-                 "--etcd-prefix", f"/bench/{uuid.uuid4().hex[:12]}/"]
+        flags = [
+            "--coordinator",
+            "etcd",
+            "--etcd-endpoints",
+            etcd_endpoint,
+            "--etcd-prefix",
+            f"/bench/{uuid.uuid4().hex[:12]}/",
+        ]
     now = store.now(conn)
     anchor = now.replace(microsecond=0) + timedelta(seconds=1)
-    copy_jobs(conn, ((partition_of(job_id), job_id, "failover", "interval", None, None, None, 1,
-                      anchor, "all", anchor, anchor, now, now)
-                     for job_id in (uuid.uuid4() for _ in range(jobs))))
+    copy_jobs(
+        conn,
+        (
+            (
+                partition_of(job_id),
+                job_id,
+                "failover",
+                "interval",
+                None,
+                None,
+                None,
+                1,
+                anchor,
+                "all",
+                anchor,
+                anchor,
+                now,
+                now,
+            )
+            for job_id in (uuid.uuid4() for _ in range(jobs))
+        ),
+    )
     return conn, flags
 
 
-def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_dir: Path,
-                 node_args: tuple[str, ...] = (), coordinator_args=None,
-                 etcd_endpoint: str | None = None) -> FailoverResult:
+def run_failover(
+    dsn: str,
+    kind: str,
+    nodes: int,
+    jobs: int,
+    trials: int,
+    out_dir: Path,
+    node_args: tuple[str, ...] = (),
+    coordinator_args=None,
+    etcd_endpoint: str | None = None,
+) -> FailoverResult:
     """Run ``trials`` failures of ``kind`` (``crash`` or ``graceful``); see the module doc.
 
     ``coordinator_args(i)`` may return extra ``scheduler node`` arguments for
@@ -147,8 +181,11 @@ def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_di
             procs.append(start_node(dsn, f"bench-{i}", log_dir, extra))
             time.sleep(stagger.uniform(0.0, START_STAGGER_S))
         try:
-            wait_until(lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
-                       60, what="nodes to own all 1,024 partitions")
+            wait_until(
+                lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
+                60,
+                what="nodes to own all 1,024 partitions",
+            )
             # ... each within its share (the start-up rebalancing is not part of the measure).
             wait_until(lambda: _balanced(conn, nodes), 60, what="every node to hold its fair share")
             time.sleep(STATS_SETTLE_S)
@@ -158,16 +195,16 @@ def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_di
             e0 = _etcd_requests(etcd_endpoint) if etcd_endpoint else 0.0
             time.sleep(STEADY_S)
             victim = procs[0]
-            owned = [r["partition_id"] for r in store.execute(conn, "partitions_of_node",
-                                                                {"node_id": victim.node_id})]
+            owned = [r["partition_id"] for r in store.execute(conn, "partitions_of_node", {"node_id": victim.node_id})]
             killed_at = store.now(conn)
             victim.signal(signal.SIGKILL if kind == "crash" else signal.SIGTERM)
             t_kill = time.monotonic()
             old_expiry = None
             if kind == "crash":
                 time.sleep(0.2)  # a renewal the victim had already sent lands first
-                old_expiry = max(r["lease_expires_at"] for r in store.execute(
-                    conn, "partition_claims", {"partition_ids": owned}))  # final: the victim is dead
+                old_expiry = max(
+                    r["lease_expires_at"] for r in store.execute(conn, "partition_claims", {"partition_ids": owned})
+                )  # final: the victim is dead
             gone: list = []  # store time the victim's keys were seen gone from etcd
 
             def reowned() -> bool:
@@ -179,8 +216,12 @@ def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_di
                         own_queries += 1
                         gone.append(store.now(conn))
                 own_queries += 1
-                return store.execute(conn, "count_orphans_among", {
-                    "partition_ids": owned, "node_id": victim.node_id})[0]["orphans"] == 0
+                return (
+                    store.execute(conn, "count_orphans_among", {"partition_ids": owned, "node_id": victim.node_id})[0][
+                        "orphans"
+                    ]
+                    == 0
+                )
 
             wait_until(reowned, 60, interval_s=0.02, what="the victim's partitions to be owned again")
             reowns.append(time.monotonic() - t_kill)
@@ -202,28 +243,48 @@ def run_failover(dsn: str, kind: str, nodes: int, jobs: int, trials: int, out_di
         etcd_requests += e1 - e0 - own_etcd
         seconds += (ended - started).total_seconds()
         window = (killed_at - timedelta(seconds=1), ended - timedelta(seconds=2))
-        rows_ = store.execute(conn, "lateness_in_partitions", {
-            "partition_ids": owned, "since": window[0], "until": window[1]})
+        rows_ = store.execute(
+            conn, "lateness_in_partitions", {"partition_ids": owned, "since": window[0], "until": window[1]}
+        )
         lateness += [r["lateness_s"] for r in rows_]
-        audit = verify(conn, (started + timedelta(seconds=1)).replace(microsecond=0),
-                       (ended - timedelta(seconds=2)).replace(microsecond=0))
+        audit = verify(
+            conn,
+            (started + timedelta(seconds=1)).replace(microsecond=0),
+            (ended - timedelta(seconds=2)).replace(microsecond=0),
+        )
         missing += audit.missing
         duplicates += audit.duplicates
         conn.close()
     return FailoverResult(
-        kind=kind, trials=trials, nodes=nodes, jobs=jobs, affected_runs=len(lateness),
-        lateness_p50_s=_percentile(lateness, 0.5), lateness_p99_s=_percentile(lateness, 0.99),
+        kind=kind,
+        trials=trials,
+        nodes=nodes,
+        jobs=jobs,
+        affected_runs=len(lateness),
+        lateness_p50_s=_percentile(lateness, 0.5),
+        lateness_p99_s=_percentile(lateness, 0.99),
         lateness_max_s=max(lateness) if lateness else None,
-        reown_s=max(reowns) if reowns else float("nan"), detect_s=max(detects) if detects else None,
-        missing=missing, duplicates=duplicates,
+        reown_s=max(reowns) if reowns else float("nan"),
+        detect_s=max(detects) if detects else None,
+        missing=missing,
+        duplicates=duplicates,
         coordination_writes_per_s=writes / seconds if seconds else 0.0,
         store_transactions_per_s=xacts / seconds if seconds else 0.0,
-        etcd_requests_per_s=(etcd_requests / seconds if seconds else 0.0) if etcd_endpoint else None)
+        etcd_requests_per_s=(etcd_requests / seconds if seconds else 0.0) if etcd_endpoint else None,
+    )
 
 
-def run_comparison(dsn: str, coordinators: list[str], kinds: list[str], nodes: int, jobs: int, trials: int,
-                   out_dir: Path, etcd_endpoints: str | None = None,
-                   node_args: tuple[str, ...] = ()) -> dict[str, dict[str, FailoverResult]]:
+def run_comparison(
+    dsn: str,
+    coordinators: list[str],
+    kinds: list[str],
+    nodes: int,
+    jobs: int,
+    trials: int,
+    out_dir: Path,
+    etcd_endpoints: str | None = None,
+    node_args: tuple[str, ...] = (),
+) -> dict[str, dict[str, FailoverResult]]:
     """``{coordinator: {kind: result}}`` for each coordinator (``sql``, ``etcd``) and kind.
 
     For ``etcd`` without ``etcd_endpoints`` a throwaway etcd is started (and
@@ -239,8 +300,10 @@ def run_comparison(dsn: str, coordinators: list[str], kinds: list[str], nodes: i
                 else:
                     endpoint = stack.enter_context(ThrowawayEtcd()).endpoint
             logs = out_dir / coordinator
-            out[coordinator] = {kind: run_failover(dsn, kind, nodes, jobs, trials, logs, node_args,
-                                                   etcd_endpoint=endpoint) for kind in kinds}
+            out[coordinator] = {
+                kind: run_failover(dsn, kind, nodes, jobs, trials, logs, node_args, etcd_endpoint=endpoint)
+                for kind in kinds
+            }
     return out
 
 
@@ -257,8 +320,15 @@ class LoadResult:
     etcd_requests_per_s: float | None
 
 
-def run_load(dsn: str, nodes: int, jobs: int, seconds: float, out_dir: Path, node_args: tuple[str, ...] = (),
-             etcd_endpoint: str | None = None) -> LoadResult:
+def run_load(
+    dsn: str,
+    nodes: int,
+    jobs: int,
+    seconds: float,
+    out_dir: Path,
+    node_args: tuple[str, ...] = (),
+    etcd_endpoint: str | None = None,
+) -> LoadResult:
     """Start ``nodes`` nodes on ``jobs`` 1 s interval jobs, wait until balanced, then
     measure ``seconds`` of steady state (the bench sends two queries in the window)."""
     conn, flags = _prepare(dsn, jobs, etcd_endpoint)
@@ -281,7 +351,12 @@ def run_load(dsn: str, nodes: int, jobs: int, seconds: float, out_dir: Path, nod
         for proc in procs:
             proc.stop()
         conn.close()
-    return LoadResult(coordinator="etcd" if etcd_endpoint else "sql", nodes=nodes, jobs=jobs, seconds=elapsed,
-                      coordination_writes_per_s=(w1 - w0) / elapsed,
-                      store_transactions_per_s=(x1 - x0) / elapsed,
-                      etcd_requests_per_s=(e1 - e0) / elapsed if etcd_endpoint else None)
+    return LoadResult(
+        coordinator="etcd" if etcd_endpoint else "sql",
+        nodes=nodes,
+        jobs=jobs,
+        seconds=elapsed,
+        coordination_writes_per_s=(w1 - w0) / elapsed,
+        store_transactions_per_s=(x1 - x0) / elapsed,
+        etcd_requests_per_s=(e1 - e0) / elapsed if etcd_endpoint else None,
+    )

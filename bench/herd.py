@@ -15,7 +15,7 @@ import json
 import math
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from bench import report
@@ -35,8 +35,13 @@ def herd_expressions(t: datetime) -> list[tuple[str, str]]:
     for zone in ZONES:
         lt = t.astimezone(load_zone(zone))
         m, h, d, mon, dow = lt.minute, lt.hour, lt.day, lt.month, (lt.weekday() + 1) % 7
-        out += [(f"{m} {h} * * *", zone), (f"{m} * * * *", zone), (f"{m} {h} * * {dow}", zone),
-                (f"{m} {h} {d} * *", zone), (f"{m} {h} {d} {mon} *", zone)]
+        out += [
+            (f"{m} {h} * * *", zone),
+            (f"{m} * * * *", zone),
+            (f"{m} {h} * * {dow}", zone),
+            (f"{m} {h} {d} * *", zone),
+            (f"{m} {h} {d} {mon} *", zone),
+        ]
         for step in (5, 10, 15, 30):
             if m % step == 0:
                 out.append((f"*/{step} * * * *", zone))
@@ -68,9 +73,19 @@ class HerdResult:
     max_rate_per_s: float | None
 
 
-def run_herd(dsn: str, jobs: int, background_jobs: int, tenants: int, big_share: float, nodes: int,
-             out_dir: Path, max_rate: float | None = None, lead_s: float = 15.0, progress=None,
-             timeout_s: float = 600.0) -> HerdResult:
+def run_herd(
+    dsn: str,
+    jobs: int,
+    background_jobs: int,
+    tenants: int,
+    big_share: float,
+    nodes: int,
+    out_dir: Path,
+    max_rate: float | None = None,
+    lead_s: float = 15.0,
+    progress=None,
+    timeout_s: float = 600.0,
+) -> HerdResult:
     """Load, fire and measure one herd; see the module doc. Raises TimeoutError if it never drains."""
     conn = reset_store(dsn)
     small = [f"small-{i:03d}" for i in range(max(0, tenants - 1))]
@@ -80,8 +95,11 @@ def run_herd(dsn: str, jobs: int, background_jobs: int, tenants: int, big_share:
     if background_jobs:
         bar = progress(total=background_jobs, desc="background jobs (COPY)") if progress else None
         nexts = {e: CronSchedule(e).next_after(created) for e in BACKGROUND_EXPRS}
-        rows = (cron_row(small[i % len(small)] if small else "big", e, "UTC", nexts[e], created)
-                for i in range(background_jobs) for e in (BACKGROUND_EXPRS[i % len(BACKGROUND_EXPRS)],))
+        rows = (
+            cron_row(small[i % len(small)] if small else "big", e, "UTC", nexts[e], created)
+            for i in range(background_jobs)
+            for e in (BACKGROUND_EXPRS[i % len(BACKGROUND_EXPRS)],)
+        )
         copy_jobs(conn, rows, bar.update if bar else None)
         if bar:
             bar.close()
@@ -91,8 +109,11 @@ def run_herd(dsn: str, jobs: int, background_jobs: int, tenants: int, big_share:
     extra = [] if max_rate is None else ["--max-rate-per-s", str(max_rate)]
     procs = [start_node(dsn, f"bench-{i}", log_dir, extra) for i in range(nodes)]
     try:
-        wait_until(lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
-                   60, what="nodes to own all 1,024 partitions")
+        wait_until(
+            lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
+            60,
+            what="nodes to own all 1,024 partitions",
+        )
         now = store.now(conn)
         # The herd instant: the first minute boundary after loading should be done.
         ready = now + timedelta(seconds=jobs / 40_000 + lead_s)
@@ -146,21 +167,30 @@ def run_herd(dsn: str, jobs: int, background_jobs: int, tenants: int, big_share:
     stats = store.execute(conn, "herd_stats", {"nominal": t})[0]
     # The audit window [t, t + 1 s) must be over (store clock) before it is
     # audited: a small herd drains in well under a second.
-    wait_until(lambda: store.now(conn) >= t + timedelta(seconds=1), 5,
-               interval_s=0.05, what="the herd second to pass")
+    wait_until(lambda: store.now(conn) >= t + timedelta(seconds=1), 5, interval_s=0.05, what="the herd second to pass")
     audit = verify(conn, t, t + timedelta(seconds=1))
     series = store.execute(conn, "herd_series", {"nominal": t})
     result = HerdResult(
-        jobs=jobs, background_jobs=background_jobs, tenants=tenants, nodes=nodes,
-        drain_s=stats["drain_s"], runs=stats["runs"], missing=audit.missing, duplicates=audit.duplicates,
+        jobs=jobs,
+        background_jobs=background_jobs,
+        tenants=tenants,
+        nodes=nodes,
+        drain_s=stats["drain_s"],
+        runs=stats["runs"],
+        missing=audit.missing,
+        duplicates=audit.duplicates,
         unexpected=audit.unexpected,
         throughput_runs_per_s=stats["runs"] / stats["drain_s"] if stats["drain_s"] else math.inf,
-        lag_p50_s=stats["lag_p50_s"], lag_p99_s=stats["lag_p99_s"], lag_max_s=stats["lag_max_s"],
-        small_tenants_lag_p99_s=stats["small_p99_s"], big_tenant_lag_p99_s=stats["big_p99_s"],
+        lag_p50_s=stats["lag_p50_s"],
+        lag_p99_s=stats["lag_p99_s"],
+        lag_max_s=stats["lag_max_s"],
+        small_tenants_lag_p99_s=stats["small_p99_s"],
+        big_tenant_lag_p99_s=stats["big_p99_s"],
         node_rss_mb_max=max((r for r in rss if r is not None), default=None),
-        nominal_time=t.isoformat(), max_rate_per_s=max_rate)
-    report.plot_lag(series, out_dir / f"herd-{uuid.uuid4().hex[:6]}.png",
-                    f"herd: {jobs:,} jobs, {nodes} node(s)")
+        nominal_time=t.isoformat(),
+        max_rate_per_s=max_rate,
+    )
+    report.plot_lag(series, out_dir / f"herd-{uuid.uuid4().hex[:6]}.png", f"herd: {jobs:,} jobs, {nodes} node(s)")
     conn.close()
     return result
 
@@ -170,4 +200,4 @@ def write_json(path: Path, value) -> None:
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)

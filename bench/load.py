@@ -23,11 +23,38 @@ from scheduler import store
 from scheduler.migrate import upgrade
 from scheduler.partition import partition_of
 
-JOB_COLUMNS = ("partition_id", "job_id", "tenant", "kind", "cron_expr", "cron_dialect", "tz",
-               "interval_s", "anchor_at", "misfire", "next_nominal_at", "next_due_at",
-               "created_at", "changed_at")
-JOB_TYPES = ("int4", "uuid", "text", "text", "text", "text", "text", "int8", "timestamptz", "text",
-             "timestamptz", "timestamptz", "timestamptz", "timestamptz")
+JOB_COLUMNS = (
+    "partition_id",
+    "job_id",
+    "tenant",
+    "kind",
+    "cron_expr",
+    "cron_dialect",
+    "tz",
+    "interval_s",
+    "anchor_at",
+    "misfire",
+    "next_nominal_at",
+    "next_due_at",
+    "created_at",
+    "changed_at",
+)
+JOB_TYPES = (
+    "int4",
+    "uuid",
+    "text",
+    "text",
+    "text",
+    "text",
+    "text",
+    "int8",
+    "timestamptz",
+    "text",
+    "timestamptz",
+    "timestamptz",
+    "timestamptz",
+    "timestamptz",
+)
 
 
 BENCH_MARKER_TENANT = "bench.reserved"
@@ -46,28 +73,35 @@ def reset_store(dsn: str) -> psycopg.Connection:
     upgrade(dsn)
     conn = store.connect(dsn, application_name="bench")
     row = conn.execute(
-        "SELECT (SELECT count(*) FROM jobs) AS jobs,"
-        " EXISTS (SELECT 1 FROM tenants WHERE tenant = %s) AS marked", (BENCH_MARKER_TENANT,)).fetchone()
+        "SELECT (SELECT count(*) FROM jobs) AS jobs, EXISTS (SELECT 1 FROM tenants WHERE tenant = %s) AS marked",
+        (BENCH_MARKER_TENANT,),
+    ).fetchone()
     if row["jobs"] and not row["marked"]:
         conn.close()
         raise SystemExit(
             f"bench: refusing to empty {store.redact_dsn(dsn)}: it holds {row['jobs']} jobs that bench did not "
-            "create. Point --dsn / SCHEDULER_DSN at a dedicated database.")
+            "create. Point --dsn / SCHEDULER_DSN at a dedicated database."
+        )
     conn.execute("TRUNCATE runs, skips, jobs, tenants, nodes")
     conn.execute("UPDATE leases SET owner_node = NULL, lease_expires_at = NULL")
     ensure_tenants(conn, [BENCH_MARKER_TENANT])
     return conn
 
 
-def copy_rows(conn: psycopg.Connection, table: str, columns: Iterable[str], types: Iterable[str],
-              rows: Iterable[tuple], progress=None) -> int:
+def copy_rows(
+    conn: psycopg.Connection,
+    table: str,
+    columns: Iterable[str],
+    types: Iterable[str],
+    rows: Iterable[tuple],
+    progress=None,
+) -> int:
     """COPY ``rows`` (binary, ``columns`` order) into ``table``; return the count.
 
     ``progress(n)`` is called every 10,000 rows and once at the end.
     """
     count = 0
-    with conn.cursor() as cur, cur.copy(
-            f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
+    with conn.cursor() as cur, cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
         copy.set_types(list(types))
         for row in rows:
             copy.write_row(row)
@@ -84,12 +118,27 @@ def copy_jobs(conn: psycopg.Connection, rows: Iterable[tuple], progress=None) ->
     return copy_rows(conn, "jobs", JOB_COLUMNS, JOB_TYPES, rows, progress)
 
 
-def cron_row(tenant: str, expr: str, tz: str, nominal: datetime, created: datetime,
-             job_id: uuid.UUID | None = None) -> tuple:
+def cron_row(
+    tenant: str, expr: str, tz: str, nominal: datetime, created: datetime, job_id: uuid.UUID | None = None
+) -> tuple:
     """A ``jobs`` row for a unix-dialect cron job whose next slot is ``nominal``."""
     job_id = job_id or uuid.uuid4()
-    return (partition_of(job_id), job_id, tenant, "cron", expr, "unix", tz, None, None, "all",
-            nominal, nominal, created, created)
+    return (
+        partition_of(job_id),
+        job_id,
+        tenant,
+        "cron",
+        expr,
+        "unix",
+        tz,
+        None,
+        None,
+        "all",
+        nominal,
+        nominal,
+        created,
+        created,
+    )
 
 
 def ensure_tenants(conn: psycopg.Connection, tenants: Iterable[str]) -> None:

@@ -149,14 +149,17 @@ def fire_once(conn: psycopg.Connection, worker: str, batch: int = BATCH) -> int:
         job_ids = [r["job_id"] for r in rows]
         nominals = [r["next_fire_at"] for r in rows]
         nexts = [next_fire(r["cron_expr"], r["tz"], r["cron_dialect"], r["next_fire_at"]) for r in rows]
-        conn.execute(INSERT_RUNS, {"worker": worker, "job_ids": job_ids, "nominals": nominals,
-                                   "tenants": [r["tenant"] for r in rows]})
+        conn.execute(
+            INSERT_RUNS,
+            {"worker": worker, "job_ids": job_ids, "nominals": nominals, "tenants": [r["tenant"] for r in rows]},
+        )
         conn.execute(ADVANCE_JOBS, {"job_ids": job_ids, "next_fires": nexts})
     return len(rows)
 
 
-def run_worker(dsn: str, worker: str, batch: int = BATCH, poll_s: float = POLL_S,
-               stop: threading.Event | None = None) -> int:
+def run_worker(
+    dsn: str, worker: str, batch: int = BATCH, poll_s: float = POLL_S, stop: threading.Event | None = None
+) -> int:
     """Run the loop until ``stop`` is set; return the runs this worker inserted.
 
     A serialization failure or deadlock (none expected under READ COMMITTED)
@@ -184,14 +187,27 @@ def run_worker(dsn: str, worker: str, batch: int = BATCH, poll_s: float = POLL_S
 class NaiveProcess:
     """A naive worker child process (``python -m bench.naive``), output to ``log_dir``."""
 
-    def __init__(self, dsn: str, worker: str, log_dir: Path, batch: int = BATCH,
-                 poll_s: float = POLL_S) -> None:
+    def __init__(self, dsn: str, worker: str, log_dir: Path, batch: int = BATCH, poll_s: float = POLL_S) -> None:
         self.worker = worker
         self._log = open(log_dir / f"{worker}.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.naive", "--dsn", dsn, "--worker-id", worker,
-             "--batch", str(batch), "--poll-s", str(poll_s)],
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "bench.naive",
+                "--dsn",
+                dsn,
+                "--worker-id",
+                worker,
+                "--batch",
+                str(batch),
+                "--poll-s",
+                str(poll_s),
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM, wait, then SIGKILL; return the exit status."""

@@ -42,7 +42,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import click
@@ -85,6 +85,7 @@ def occurrences(t0: float, seconds: int) -> list[float]:
 
 # ---------------------------------------------------------------- worker plumbing
 
+
 class _Recorder:
     """Progress file, ready flag and the final TSV of one worker."""
 
@@ -106,7 +107,7 @@ class _Recorder:
                 break
             try:
                 await asyncio.wait_for(self.stop.wait(), 0.25)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def write(self) -> None:
@@ -125,11 +126,12 @@ class _Recorder:
 async def _stop_within(coro, timeout_s: float) -> None:
     try:
         await asyncio.wait_for(coro, timeout_s)
-    except (asyncio.TimeoutError, Exception):  # the records are already written
+    except (TimeoutError, Exception):  # the records are already written
         pass
 
 
 # ---------------------------------------------------------------- pgqueuer
+
 
 async def pgqueuer_setup(dsn: str) -> None:
     import asyncpg
@@ -152,14 +154,17 @@ async def pgqueuer_load(dsn: str, jobs: int, t0: float, seconds: int) -> int:
     try:
         queries = Queries(AsyncpgDriver(conn))
         order = registration_order(jobs)
-        payloads = [f"{i} {nominal:.6f}".encode() for nominal in occurrences(t0, seconds)
-                    for i in order]
+        payloads = [f"{i} {nominal:.6f}".encode() for nominal in occurrences(t0, seconds) for i in order]
         for start in range(0, len(payloads), ENQUEUE_CHUNK):
-            chunk = payloads[start:start + ENQUEUE_CHUNK]
+            chunk = payloads[start : start + ENQUEUE_CHUNK]
             nominals = [float(p.split()[1]) for p in chunk]
             now = time.time()  # execute_after is relative to the store's NOW()
-            await queries.enqueue([ENTRYPOINT] * len(chunk), chunk, [0] * len(chunk),
-                                  execute_after=[timedelta(seconds=n - now) for n in nominals])
+            await queries.enqueue(
+                [ENTRYPOINT] * len(chunk),
+                chunk,
+                [0] * len(chunk),
+                execute_after=[timedelta(seconds=n - now) for n in nominals],
+            )
         # As for the engine's jobs: a herd hits a table analysed long ago.
         await conn.execute(f'VACUUM ANALYZE "{PGQUEUER_SCHEMA}".pgqueuer')
         return len(payloads)
@@ -193,6 +198,7 @@ async def pgqueuer_worker(dsn: str, records: Path, deadline: float, batch: int) 
 
 # ---------------------------------------------------------------- APScheduler 4
 
+
 async def aps_fire(key: str) -> None:
     """The APScheduler task: record the call (module level, so the data store can name it)."""
     from apscheduler import current_job
@@ -223,13 +229,12 @@ async def apscheduler_setup(dsn: str) -> None:
 
 async def apscheduler_load(dsn: str, jobs: int, t0: float, seconds: int) -> int:
     """Add ``jobs`` schedules (herd: DateTrigger; steady: 1 s IntervalTrigger); return the count."""
+    import asyncpg
     from apscheduler import CoalescePolicy
     from apscheduler.triggers.date import DateTrigger
     from apscheduler.triggers.interval import IntervalTrigger
 
-    import asyncpg
-
-    start = datetime.fromtimestamp(t0, timezone.utc)
+    start = datetime.fromtimestamp(t0, UTC)
     engine, scheduler = _aps_scheduler(dsn)
     try:
         async with scheduler:
@@ -238,10 +243,12 @@ async def apscheduler_load(dsn: str, jobs: int, t0: float, seconds: int) -> int:
                 if seconds == 1:
                     trigger = DateTrigger(start)
                 else:
-                    trigger = IntervalTrigger(seconds=1, start_time=start,
-                                              end_time=start + timedelta(seconds=seconds - 1))
-                await scheduler.add_schedule(aps_fire, trigger, id=f"s{i}", args=(f"s{i}",),
-                                             coalesce=CoalescePolicy.all)
+                    trigger = IntervalTrigger(
+                        seconds=1, start_time=start, end_time=start + timedelta(seconds=seconds - 1)
+                    )
+                await scheduler.add_schedule(
+                    aps_fire, trigger, id=f"s{i}", args=(f"s{i}",), coalesce=CoalescePolicy.all
+                )
     finally:
         await engine.dispose()
     conn = await asyncpg.connect(asyncpg_dsn(dsn))
@@ -329,8 +336,13 @@ def run_step(system: str, args: list[str], log_path: Path, timeout_s: float) -> 
     """
     with open(log_path, "ab") as log:
         try:
-            proc = subprocess.run([sys.executable, "-m", "bench.peers", *args], env=env_for(system),
-                                  stdout=subprocess.PIPE, stderr=log, timeout=timeout_s)
+            proc = subprocess.run(
+                [sys.executable, "-m", "bench.peers", *args],
+                env=env_for(system),
+                stdout=subprocess.PIPE,
+                stderr=log,
+                timeout=timeout_s,
+            )
         except subprocess.TimeoutExpired as exc:
             raise RuntimeError(f"{' '.join(args[:2])} took over {timeout_s:.0f}s") from exc
     if proc.returncode != 0:
@@ -346,17 +358,35 @@ def log_tail(path: Path) -> str:
 class PeerWorker:
     """A ``python -m bench.peers worker SYSTEM`` child process and its records file."""
 
-    def __init__(self, system: str, dsn: str, records: Path, deadline: float, log_path: Path,
-                 batch: int = PGQUEUER_BATCH) -> None:
+    def __init__(
+        self, system: str, dsn: str, records: Path, deadline: float, log_path: Path, batch: int = PGQUEUER_BATCH
+    ) -> None:
         self.records = records
         self.log_path = log_path
         for path in (records, records.with_suffix(".count"), records.with_suffix(".ready")):
             path.unlink(missing_ok=True)
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.peers", "worker", system, "--dsn", dsn,
-             "--records", str(records), "--deadline", f"{deadline:.3f}", "--batch", str(batch)],
-            env=env_for(system), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "bench.peers",
+                "worker",
+                system,
+                "--dsn",
+                dsn,
+                "--records",
+                str(records),
+                "--deadline",
+                f"{deadline:.3f}",
+                "--batch",
+                str(batch),
+            ],
+            env=env_for(system),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def ready(self) -> bool:
         if self.proc.poll() is not None:

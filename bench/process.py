@@ -69,8 +69,16 @@ class NodeProcess:
     parent, which stops its children itself).
     """
 
-    def __init__(self, node_id: str, log_path: Path, args: Sequence[str], env: Mapping[str, str], *,
-                 read_events: bool = False, die_with_parent: bool = False) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        log_path: Path,
+        args: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        read_events: bool = False,
+        die_with_parent: bool = False,
+    ) -> None:
         self.node_id = node_id
         self.log_path = log_path
         self.args = list(args)
@@ -94,8 +102,9 @@ class NodeProcess:
             self._log = open(self.log_path, "ab")
             output = {"stdout": self._log, "stderr": subprocess.STDOUT}
         session = {"preexec_fn": _die_with_parent} if self.die_with_parent else {"start_new_session": True}
-        self._proc = subprocess.Popen([sys.executable, "-m", "scheduler", *self.args], stdin=subprocess.DEVNULL,
-                                      env=self.env, **output, **session)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "scheduler", *self.args], stdin=subprocess.DEVNULL, env=self.env, **output, **session
+        )
         if self.read_events:
             self._reader = threading.Thread(target=self._read, name=f"stderr-{self.node_id}", daemon=True)
             self._reader.start()
@@ -186,8 +195,9 @@ class NodeProcess:
     def events_named(self, name: str, since_mono: float | None = None) -> list[dict[str, Any]]:
         """Events called ``name`` (read at or after ``since_mono``, this process's monotonic time)."""
         with self._lock:
-            return [e for e in self.events
-                    if e.get("event") == name and (since_mono is None or e["_mono"] >= since_mono)]
+            return [
+                e for e in self.events if e.get("event") == name and (since_mono is None or e["_mono"] >= since_mono)
+            ]
 
     def tail(self, lines: int = 25) -> str:
         """The last ``lines`` lines of the log file ("(no log)" without one)."""
@@ -206,6 +216,9 @@ class NodeProcess:
         """
         with self._lock:
             tracebacks = [line for line in self.garbage if line.startswith("Traceback")]
-            errors = [json.dumps({k: v for k, v in e.items() if k != "_mono"})
-                      for e in self.events if e.get("level") in ("error", "critical")]
+            errors = [
+                json.dumps({k: v for k, v in e.items() if k != "_mono"})
+                for e in self.events
+                if e.get("level") in ("error", "critical")
+            ]
             return tracebacks + errors

@@ -40,8 +40,9 @@ class SteadyResult:
     node_rss_mb_max: float | None
 
 
-def run_steady(dsn: str, rate: int, seconds: int, nodes: int, out_dir: Path, period_s: int = 10,
-               tenants: int = 10, progress=None) -> SteadyResult:
+def run_steady(
+    dsn: str, rate: int, seconds: int, nodes: int, out_dir: Path, period_s: int = 10, tenants: int = 10, progress=None
+) -> SteadyResult:
     """Load ``rate × period_s`` interval jobs, fire for ``seconds``, measure."""
     if seconds <= 2 * EDGE_S:
         raise ValueError(f"--seconds must exceed {2 * EDGE_S}")
@@ -56,8 +57,22 @@ def run_steady(dsn: str, rate: int, seconds: int, nodes: int, out_dir: Path, per
         for i in range(jobs):
             job_id = uuid.uuid4()
             anchor = base + timedelta(seconds=i % period_s)
-            yield (partition_of(job_id), job_id, names[i % tenants], "interval", None, None, None,
-                   period_s, anchor, "all", anchor, anchor, now, now)
+            yield (
+                partition_of(job_id),
+                job_id,
+                names[i % tenants],
+                "interval",
+                None,
+                None,
+                None,
+                period_s,
+                anchor,
+                "all",
+                anchor,
+                anchor,
+                now,
+                now,
+            )
 
     bar = progress(total=jobs, desc="interval jobs (COPY)") if progress else None
     copy_jobs(conn, rows(), bar.update if bar else None)
@@ -68,8 +83,11 @@ def run_steady(dsn: str, rate: int, seconds: int, nodes: int, out_dir: Path, per
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = [start_node(dsn, f"steady-{i}", log_dir) for i in range(nodes)]
     try:
-        wait_until(lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
-                   60, what="nodes to own all 1,024 partitions")
+        wait_until(
+            lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
+            60,
+            what="nodes to own all 1,024 partitions",
+        )
         started = store.now(conn)
         time.sleep(seconds)
         ended = store.now(conn)
@@ -83,8 +101,17 @@ def run_steady(dsn: str, rate: int, seconds: int, nodes: int, out_dir: Path, per
     window_s = (until - since).total_seconds()
     conn.close()
     return SteadyResult(
-        rate=rate, period_s=period_s, jobs=jobs, nodes=nodes, seconds=seconds, runs=audit.runs,
-        missing=audit.missing, duplicates=audit.duplicates,
+        rate=rate,
+        period_s=period_s,
+        jobs=jobs,
+        nodes=nodes,
+        seconds=seconds,
+        runs=audit.runs,
+        missing=audit.missing,
+        duplicates=audit.duplicates,
         throughput_runs_per_s=audit.runs / window_s if window_s > 0 else 0.0,
-        lag_p50_s=audit.lateness_p50_s, lag_p99_s=audit.lateness_p99_s, lag_max_s=audit.lateness_max_s,
-        node_rss_mb_max=max((r for r in rss if r is not None), default=None))
+        lag_p50_s=audit.lateness_p50_s,
+        lag_p99_s=audit.lateness_p99_s,
+        lag_max_s=audit.lateness_max_s,
+        node_rss_mb_max=max((r for r in rss if r is not None), default=None),
+    )

@@ -178,8 +178,14 @@ def segment_slots(segments: list[dict], since: datetime, until: datetime, slots_
             yield row["partition_id"], row["job_id"], slot, at
 
 
-def verify(conn: psycopg.Connection, since: datetime, until: datetime, *, exhaustive: bool = False,
-           list_limit: int = LIST_LIMIT) -> VerifyReport:
+def verify(
+    conn: psycopg.Connection,
+    since: datetime,
+    until: datetime,
+    *,
+    exhaustive: bool = False,
+    list_limit: int = LIST_LIMIT,
+) -> VerifyReport:
     """Audit the runs with nominal time in ``[since, until)``; see the module doc.
 
     Both bounds must be aware datetimes with ``since < until``, at most
@@ -201,8 +207,11 @@ def verify(conn: psycopg.Connection, since: datetime, until: datetime, *, exhaus
     if since >= until:
         raise ValidationError("until", "must be later than --since", until.isoformat())
     if until - since > MAX_WINDOW:
-        raise ValidationError("until", f"the window may span at most {MAX_WINDOW.days} days; "
-                              "audit a long period as several windows", until.isoformat())
+        raise ValidationError(
+            "until",
+            f"the window may span at most {MAX_WINDOW.days} days; audit a long period as several windows",
+            until.isoformat(),
+        )
     if isinstance(list_limit, bool) or not isinstance(list_limit, int) or not 0 <= list_limit <= 10_000:
         raise ValidationError("list_limit", "must be a whole number from 0 to 10000", list_limit)
     window = {"since": since, "until": until}
@@ -210,32 +219,42 @@ def verify(conn: psycopg.Connection, since: datetime, until: datetime, *, exhaus
     def audit(conn: psycopg.Connection) -> VerifyReport:
         now = store.now(conn)
         if until > now:
-            raise ValidationError("until", "must not be in the future: slots after now (store time "
-                                  f"{now.isoformat()}) cannot have fired yet", until.isoformat())
+            raise ValidationError(
+                "until",
+                f"must not be in the future: slots after now (store time {now.isoformat()}) cannot have fired yet",
+                until.isoformat(),
+            )
         store.execute(conn, "create_audit_versions", window)
         store.execute(conn, "create_audit_tables")
         schedules = store.execute(conn, "audit_cron_schedules")
         segments = store.execute(conn, "audit_segments", {"all": exhaustive})
         oracle_slots = _oracle_slots(segments, since, until) if exhaustive else None  # refuses first
         with conn.cursor() as cur:
-            with cur.copy("COPY audit_cron_slots (cron_expr, cron_dialect, tz, nominal_time) "
-                          "FROM STDIN (FORMAT BINARY)") as copy:
+            with cur.copy(
+                "COPY audit_cron_slots (cron_expr, cron_dialect, tz, nominal_time) FROM STDIN (FORMAT BINARY)"
+            ) as copy:
                 copy.set_types(["text", "text", "text", "timestamptz"])
                 for row in schedules:
-                    schedule = build_schedule("cron", row["cron_expr"], row["cron_dialect"], row["tz"],
-                                              None, None, None)
+                    schedule = build_schedule(
+                        "cron", row["cron_expr"], row["cron_dialect"], row["tz"], None, None, None
+                    )
                     for slot in _slots(schedule, since, until):
                         copy.write_row((row["cron_expr"], row["cron_dialect"], row["tz"], slot))
-            per_job = segments if not exhaustive else [
-                row for row in segments if row["kind"] != "cron" or row["jitter_s"] > 0]
-            with cur.copy("COPY audit_expected (partition_id, job_id, nominal_time, scheduled_at) "
-                          "FROM STDIN (FORMAT BINARY)") as copy:
+            per_job = (
+                segments
+                if not exhaustive
+                else [row for row in segments if row["kind"] != "cron" or row["jitter_s"] > 0]
+            )
+            with cur.copy(
+                "COPY audit_expected (partition_id, job_id, nominal_time, scheduled_at) FROM STDIN (FORMAT BINARY)"
+            ) as copy:
                 copy.set_types(["int4", "uuid", "timestamptz", "timestamptz"])
                 for row in segment_slots(per_job, since, until, _schedule_slots(since, until)):
                     copy.write_row(row)
             if exhaustive:
-                with cur.copy("COPY audit_oracle (partition_id, job_id, nominal_time) "
-                              "FROM STDIN (FORMAT BINARY)") as copy:
+                with cur.copy(
+                    "COPY audit_oracle (partition_id, job_id, nominal_time) FROM STDIN (FORMAT BINARY)"
+                ) as copy:
                     copy.set_types(["int4", "uuid", "timestamptz"])
                     for partition_id, job_id, slot, _ in segment_slots(segments, since, until, oracle_slots):
                         copy.write_row((partition_id, job_id, slot))
@@ -262,8 +281,10 @@ def verify(conn: psycopg.Connection, since: datetime, until: datetime, *, exhaus
 
 
 def _jsonable(row: dict) -> dict:
-    return {key: format_instant(value) if isinstance(value, datetime)
-            else str(value) if key == "job_id" else value for key, value in row.items()}
+    return {
+        key: format_instant(value) if isinstance(value, datetime) else str(value) if key == "job_id" else value
+        for key, value in row.items()
+    }
 
 
 def _schedule_slots(since: datetime, until: datetime):
@@ -279,9 +300,8 @@ def _schedule_slots(since: datetime, until: datetime):
             if key not in shared:
                 shared[key] = _slots(build_schedule("cron", *key, None, None, None), since, until)
             listed = shared[key]
-            return listed[bisect.bisect_left(listed, start):bisect.bisect_left(listed, end)]
-        schedule = build_schedule(row["kind"], None, None, None, row["interval_s"], row["anchor_at"],
-                                  row["fire_at"])
+            return listed[bisect.bisect_left(listed, start) : bisect.bisect_left(listed, end)]
+        schedule = build_schedule(row["kind"], None, None, None, row["interval_s"], row["anchor_at"], row["fire_at"])
         return _slots(schedule, start, end)
 
     return slots_of
@@ -305,8 +325,11 @@ def _oracle_slots(segments: list[dict], since: datetime, until: datetime):
     units += sum((until - since) / timedelta(seconds=r["interval_s"]) for r in segments if r["kind"] == "interval")
     if units > EXHAUSTIVE_BUDGET:
         raise ValidationError(
-            "exhaustive", f"the window holds about {int(units):,} wall-clock minutes/seconds and interval slots "
-            f"to enumerate, more than {EXHAUSTIVE_BUDGET:,}; audit a shorter window", f"{since.isoformat()}..")
+            "exhaustive",
+            f"the window holds about {int(units):,} wall-clock minutes/seconds and interval slots "
+            f"to enumerate, more than {EXHAUSTIVE_BUDGET:,}; audit a shorter window",
+            f"{since.isoformat()}..",
+        )
     shared: dict[tuple, list[datetime]] = {}
 
     def slots_of(row: dict, start: datetime, end: datetime) -> list[datetime]:
@@ -316,9 +339,19 @@ def _oracle_slots(segments: list[dict], since: datetime, until: datetime):
                 if key not in shared:
                     shared[key] = oracle.cron_slots(*key, since, until, budget=EXHAUSTIVE_BUDGET)
                 listed = shared[key]
-                return listed[bisect.bisect_left(listed, start):bisect.bisect_left(listed, end)]
-            return oracle.slots(row["kind"], None, None, None, row["interval_s"], row["anchor_at"],
-                                row["fire_at"], start, end, budget=EXHAUSTIVE_BUDGET)
+                return listed[bisect.bisect_left(listed, start) : bisect.bisect_left(listed, end)]
+            return oracle.slots(
+                row["kind"],
+                None,
+                None,
+                None,
+                row["interval_s"],
+                row["anchor_at"],
+                row["fire_at"],
+                start,
+                end,
+                budget=EXHAUSTIVE_BUDGET,
+            )
         except oracle.OracleError as exc:
             raise ValidationError("exhaustive", f"the oracle cannot enumerate job {row['job_id']}: {exc}") from None
 

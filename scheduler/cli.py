@@ -61,7 +61,7 @@ def _fail(message: str, status: int) -> None:
     sys.exit(status)
 
 
-_LONG_QUOTED = re.compile("'([^'\n]{%d,})'" % (ECHO_MAX_CHARS + 1))
+_LONG_QUOTED = re.compile("'([^'\n]{" + str(ECHO_MAX_CHARS + 1) + ",})'")
 
 
 def _usage_message(exc: click.UsageError) -> str:
@@ -85,11 +85,13 @@ class OneLineErrors(click.Group):
         except StoreError as exc:
             _fail(str(exc), EXIT_FAILED)
         except psycopg.errors.UndefinedTable as exc:
-            _fail(f"store: the schema is missing or old ({str(exc).strip().splitlines()[0]}); "
-                  "run `scheduler db upgrade` first", EXIT_INVALID)
+            _fail(
+                f"store: the schema is missing or old ({str(exc).strip().splitlines()[0]}); "
+                "run `scheduler db upgrade` first",
+                EXIT_INVALID,
+            )
         except psycopg.Error as exc:
-            _fail(f"store: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
-                  EXIT_FAILED)
+            _fail(f"store: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}", EXIT_FAILED)
         except SchedulerError as exc:
             _fail(str(exc), EXIT_FAILED)
 
@@ -129,8 +131,11 @@ class WholeNumber(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         from scheduler.spec import parse_whole
 
-        rule = None if self.lo is None or self.hi is None else \
-            f"must be a whole number from {self.lo} to {self.hi} in ASCII digits"
+        rule = (
+            None
+            if self.lo is None or self.hi is None
+            else f"must be a whole number from {self.lo} to {self.hi} in ASCII digits"
+        )
         return parse_whole(self.field, value, minimum=self.lo, maximum=self.hi, rule=rule)
 
 
@@ -208,8 +213,14 @@ def _register_dsn(ctx: click.Context | None, param: click.Parameter | None, valu
 
 
 def dsn_option(func: Callable) -> Callable:
-    return click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, default="", callback=_register_dsn,
-                        help=f"Store URI, e.g. {DSN_HINT}.")(func)
+    return click.option(
+        "--dsn",
+        envvar="SCHEDULER_DSN",
+        show_envvar=True,
+        default="",
+        callback=_register_dsn,
+        help=f"Store URI, e.g. {DSN_HINT}.",
+    )(func)
 
 
 def json_option(func: Callable) -> Callable:
@@ -261,22 +272,41 @@ def _fmt(value: Any) -> str:
 def _table(rows: list[dict], columns: list[str]) -> None:
     cells = [[_fmt(row.get(c)) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
+    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=False)).rstrip())
     for r in cells:
-        click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+        click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=False)).rstrip())
 
 
 # ---------------------------------------------------------------- root
 
 
-@group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
-                         "auto_envvar_prefix": "SCHEDULER"})
-@click.version_option(__version__, prog_name="scheduler",
-                      message=f"%(prog)s, version %(version)s (tzdata {tzdata.IANA_VERSION})")
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", envvar="SCHEDULER_LOG_FORMAT",
-              show_envvar=True, show_default=True, help="Log record format (stderr).")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
-              envvar="SCHEDULER_LOG_LEVEL", show_envvar=True, show_default=True)
+@group(
+    context_settings={
+        "help_option_names": ["-h", "--help"],
+        "max_content_width": 100,
+        "auto_envvar_prefix": "SCHEDULER",
+    }
+)
+@click.version_option(
+    __version__, prog_name="scheduler", message=f"%(prog)s, version %(version)s (tzdata {tzdata.IANA_VERSION})"
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    envvar="SCHEDULER_LOG_FORMAT",
+    show_envvar=True,
+    show_default=True,
+    help="Log record format (stderr).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    envvar="SCHEDULER_LOG_LEVEL",
+    show_envvar=True,
+    show_default=True,
+)
 @click.pass_context
 def cli(ctx: click.Context, log_format: str, log_level: str) -> None:
     """Distributed trigger engine: fires cron, interval and one-shot timers from a SQL store.
@@ -287,8 +317,13 @@ def cli(ctx: click.Context, log_format: str, log_level: str) -> None:
     """
     logmod.configure(log_format, log_level)
     # `scheduler --log-format json node ...` counts as a flag of the node's settings.
-    ctx.obj = {"root_flags": {name: ctx.params[name] for name in ("log_format", "log_level")
-                              if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}}
+    ctx.obj = {
+        "root_flags": {
+            name: ctx.params[name]
+            for name in ("log_format", "log_level")
+            if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+        }
+    }
 
 
 # ---------------------------------------------------------------- db
@@ -342,8 +377,9 @@ def db_downgrade(dsn: str, revision: str, yes: bool) -> None:
     live = live_job_count(dsn)
     if live and not yes:
         loss = "drops the jobs table and loses them" if checked.drops_jobs else "drops schema the running version needs"
-        raise ValidationError("yes", f"the store holds {live} live jobs; downgrading to {revision} {loss}: "
-                                     "pass --yes to confirm")
+        raise ValidationError(
+            "yes", f"the store holds {live} live jobs; downgrading to {revision} {loss}: pass --yes to confirm"
+        )
     downgrade(dsn, revision)
     click.echo(f"schema at {revision}")
 
@@ -440,10 +476,14 @@ def _schedule_options(func: Callable) -> Callable:
     options = [
         click.option("--cron", default=None, help="Cron expression (see --dialect)."),
         click.option("--tz", default=None, help="IANA time zone of the cron expression [default: UTC]."),
-        click.option("--dialect", type=click.Choice(["unix", "seconds"]), default=None,
-                     help="unix: 5 fields (default; Vixie day rule: OR unless a day field starts with *); "
-                          "seconds: 6 fields, seconds first (Spring: day fields combine with AND). "
-                          "A day field ? means *."),
+        click.option(
+            "--dialect",
+            type=click.Choice(["unix", "seconds"]),
+            default=None,
+            help="unix: 5 fields (default; Vixie day rule: OR unless a day field starts with *); "
+            "seconds: 6 fields, seconds first (Spring: day fields combine with AND). "
+            "A day field ? means *.",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -454,24 +494,65 @@ def _schedule_options(func: Callable) -> Callable:
 @dsn_option
 @click.option("--tenant", required=True, envvar="SCHEDULER_TENANT", show_envvar=True, help="Owning tenant.")
 @_schedule_options
-@click.option("--interval", "interval_s", type=Seconds("interval"), default=None,
-              help="Fixed interval in whole seconds (elapsed time).")
-@click.option("--at", "at", default=None, callback=instant("at"),
-              help="One-shot instant, ISO-8601 with offset (2030-01-01T09:00:00Z).")
+@click.option(
+    "--interval",
+    "interval_s",
+    type=Seconds("interval"),
+    default=None,
+    help="Fixed interval in whole seconds (elapsed time).",
+)
+@click.option(
+    "--at",
+    "at",
+    default=None,
+    callback=instant("at"),
+    help="One-shot instant, ISO-8601 with offset (2030-01-01T09:00:00Z).",
+)
 @click.option("--name", default=None, help="Unique per tenant; makes the call idempotent.")
 @click.option("--replace", is_flag=True, help="With --name: change an existing job whose spec differs.")
-@click.option("--misfire", type=click.Choice(MISFIRE_POLICIES), default=DEFAULT_MISFIRE, show_default=True,
-              help="Catch-up policy for overdue slots (all: every slot within --catchup-window-s; "
-                   "once: one run for all; skip: drop slots later than --misfire-grace-s).")
-@click.option("--catchup-window-s", type=Seconds("catchup_window"), default=None,
-              help=f"Window of the 'all' policy (only): slots older are skipped  [default: {CATCHUP_WINDOW_S}].")
-@click.option("--misfire-grace-s", type=Seconds("misfire_grace"), default=None,
-              help=f"Grace of the 'once' and 'skip' policies (not 'all')  [default: {MISFIRE_GRACE_S}].")
-@click.option("--jitter", "jitter_s", type=Seconds("jitter"), default=0, show_default=True,
-              help="Deterministic delay of up to this many seconds per run.")
-def jobs_add(dsn: str, tenant: str, cron: str | None, tz: str | None, dialect: str | None,
-             interval_s: str | None, at: datetime | None, name: str | None, replace: bool, misfire: str,
-             catchup_window_s: Any, misfire_grace_s: Any, jitter_s: Any) -> None:
+@click.option(
+    "--misfire",
+    type=click.Choice(MISFIRE_POLICIES),
+    default=DEFAULT_MISFIRE,
+    show_default=True,
+    help="Catch-up policy for overdue slots (all: every slot within --catchup-window-s; "
+    "once: one run for all; skip: drop slots later than --misfire-grace-s).",
+)
+@click.option(
+    "--catchup-window-s",
+    type=Seconds("catchup_window"),
+    default=None,
+    help=f"Window of the 'all' policy (only): slots older are skipped  [default: {CATCHUP_WINDOW_S}].",
+)
+@click.option(
+    "--misfire-grace-s",
+    type=Seconds("misfire_grace"),
+    default=None,
+    help=f"Grace of the 'once' and 'skip' policies (not 'all')  [default: {MISFIRE_GRACE_S}].",
+)
+@click.option(
+    "--jitter",
+    "jitter_s",
+    type=Seconds("jitter"),
+    default=0,
+    show_default=True,
+    help="Deterministic delay of up to this many seconds per run.",
+)
+def jobs_add(
+    dsn: str,
+    tenant: str,
+    cron: str | None,
+    tz: str | None,
+    dialect: str | None,
+    interval_s: str | None,
+    at: datetime | None,
+    name: str | None,
+    replace: bool,
+    misfire: str,
+    catchup_window_s: Any,
+    misfire_grace_s: Any,
+    jitter_s: Any,
+) -> None:
     """Register a timer and print its id.
 
     Exactly one of --cron, --interval, --at. A tenant that does not exist yet
@@ -481,9 +562,19 @@ def jobs_add(dsn: str, tenant: str, cron: str | None, tz: str | None, dialect: s
     from scheduler import jobs as jobsmod
     from scheduler.spec import JobSpec
 
-    spec = JobSpec.build(tenant=tenant, cron=cron, tz=tz, dialect=dialect, interval_s=interval_s, at=at,
-                         name=name, misfire=misfire, catchup_window_s=catchup_window_s,
-                         misfire_grace_s=misfire_grace_s, jitter_s=jitter_s)
+    spec = JobSpec.build(
+        tenant=tenant,
+        cron=cron,
+        tz=tz,
+        dialect=dialect,
+        interval_s=interval_s,
+        at=at,
+        name=name,
+        misfire=misfire,
+        catchup_window_s=catchup_window_s,
+        misfire_grace_s=misfire_grace_s,
+        jitter_s=jitter_s,
+    )
     if replace and name is None:
         raise ValidationError("replace", "needs --name (the job to replace)")
     with open_store(dsn) as conn:
@@ -498,11 +589,13 @@ def jobs_add(dsn: str, tenant: str, cron: str | None, tz: str | None, dialect: s
 @click.argument("csv_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--tenant", required=True, envvar="SCHEDULER_TENANT", show_envvar=True)
 @click.option("--misfire", type=click.Choice(MISFIRE_POLICIES), default=DEFAULT_MISFIRE, show_default=True)
-@click.option("--name-column", default=None,
-              help="Take each job's name from this CSV column [default: a name derived from the line].")
+@click.option(
+    "--name-column",
+    default=None,
+    help="Take each job's name from this CSV column [default: a name derived from the line].",
+)
 @json_option
-def jobs_import(dsn: str, csv_file: Path, tenant: str, misfire: str, name_column: str | None,
-                as_json: bool) -> None:
+def jobs_import(dsn: str, csv_file: Path, tenant: str, misfire: str, name_column: str | None, as_json: bool) -> None:
     """Bulk-import cron schedules from CSV_FILE (columns expr, dialect, timezone, ...); idempotent.
 
     Rows with dialect unix5/macro are read as `unix`, seconds6 as `seconds`,
@@ -520,8 +613,13 @@ def jobs_import(dsn: str, csv_file: Path, tenant: str, misfire: str, name_column
     with open_store(dsn) as conn:
         report = jobsmod.import_csv(conn, csv_file, tenant, misfire=misfire, name_column=name_column)
     if as_json:
-        _echo_json({"created": len(report.created), "unchanged": len(report.unchanged),
-                    "rejected": [{"line": n, "expr": e, "reason": r} for n, e, r in report.rejected]})
+        _echo_json(
+            {
+                "created": len(report.created),
+                "unchanged": len(report.unchanged),
+                "rejected": [{"line": n, "expr": e, "reason": r} for n, e, r in report.rejected],
+            }
+        )
         return
     for line, expr, reason in report.rejected:
         click.echo(f"{csv_file}:{line}: {clip(expr)}: {reason}", err=True)
@@ -612,11 +710,15 @@ def jobs_resume(dsn: str, job_id: str) -> None:
 @click.argument("job_id", required=False)
 @click.option("--tenant", default=None, help="With --all or --name-prefix: whose jobs.")
 @click.option("--all", "all_jobs", is_flag=True, help="Delete every live job of --tenant.")
-@click.option("--name-prefix", default=None,
-              help="Delete the live jobs of --tenant whose name starts with this (taken literally).")
+@click.option(
+    "--name-prefix",
+    default=None,
+    help="Delete the live jobs of --tenant whose name starts with this (taken literally).",
+)
 @click.option("--yes", is_flag=True, help="Confirm a bulk delete without being asked.")
-def jobs_delete(dsn: str, job_id: str | None, tenant: str | None, all_jobs: bool, name_prefix: str | None,
-                yes: bool) -> None:
+def jobs_delete(
+    dsn: str, job_id: str | None, tenant: str | None, all_jobs: bool, name_prefix: str | None, yes: bool
+) -> None:
     """Delete a job, or in bulk; deleted jobs stop firing at once, their runs stay.
 
     Exactly one of JOB_ID, --all or --name-prefix (the last two with
@@ -644,9 +746,12 @@ def jobs_delete(dsn: str, job_id: str | None, tenant: str | None, all_jobs: bool
     with open_store(dsn) as conn:
         count = jobsmod.count_jobs(conn, tenant, name_prefix=name_prefix)
         if count:
-            _confirm(f"Delete {count} {what}?", yes,
-                     refusal=f"deleting {count} {what} needs confirmation; pass --yes (no terminal to ask on)",
-                     declined="not confirmed; nothing deleted")
+            _confirm(
+                f"Delete {count} {what}?",
+                yes,
+                refusal=f"deleting {count} {what} needs confirmation; pass --yes (no terminal to ask on)",
+                declined="not confirmed; nothing deleted",
+            )
         deleted = jobsmod.delete_jobs(conn, tenant, name_prefix=name_prefix) if count else 0
     click.echo(f"deleted {deleted} {what}")
 
@@ -654,8 +759,9 @@ def jobs_delete(dsn: str, job_id: str | None, tenant: str | None, all_jobs: bool
 @jobs.command("replan-slots")
 @dsn_option
 @click.option("--dry-run", is_flag=True, help="Count the slots that would move; change nothing.")
-@click.option("--force", is_flag=True,
-              help="Check every cron job even if the store already records this tzdata release.")
+@click.option(
+    "--force", is_flag=True, help="Check every cron job even if the store already records this tzdata release."
+)
 @json_option
 def jobs_replan_slots(dsn: str, dry_run: bool, force: bool, as_json: bool) -> None:
     """Replan stored cron slots computed under another tzdata release.
@@ -679,14 +785,20 @@ def jobs_replan_slots(dsn: str, dry_run: bool, force: bool, as_json: bool) -> No
         click.echo(f"slots already computed with tzdata {report.current}: nothing to do (--force checks anyway)")
         return
     verb = "would move" if dry_run else "moved"
-    click.echo(f"checked {report.checked} cron jobs; {verb} {report.replanned} to their true slot "
-               f"(tzdata {report.previous or 'unrecorded'} -> {report.current})")
+    click.echo(
+        f"checked {report.checked} cron jobs; {verb} {report.replanned} to their true slot "
+        f"(tzdata {report.previous or 'unrecorded'} -> {report.current})"
+    )
 
 
 @jobs.command("next")
 @_schedule_options
-@click.option("--after", required=True, callback=instant("after"),
-              help="ISO-8601 instant with offset; fires strictly after it are listed.")
+@click.option(
+    "--after",
+    required=True,
+    callback=instant("after"),
+    help="ISO-8601 instant with offset; fires strictly after it are listed.",
+)
 @click.option("--count", default=5, show_default=True, type=WholeNumber("count", 1, 10_000))
 def jobs_next(cron: str | None, tz: str | None, dialect: str | None, after: datetime, count: int) -> None:
     """Print the next COUNT fire instants of a cron expression (UTC, one per line).
@@ -707,8 +819,10 @@ def jobs_next(cron: str | None, tz: str | None, dialect: str | None, after: date
     for listed in range(count):
         instant_ = schedule.next_after(instant_)
         if instant_ is None:
-            click.echo(f"no {'' if listed == 0 else 'further '}fire before the end of the supported range "
-                       "(year 9997)", err=True)
+            click.echo(
+                f"no {'' if listed == 0 else 'further '}fire before the end of the supported range (year 9997)",
+                err=True,
+            )
             break
         click.echo(format_instant(instant_))
 
@@ -741,11 +855,20 @@ def runs_list(dsn: str, job_id: str | None, since: datetime | None, limit: int, 
 
 @runs.command("prune")
 @dsn_option
-@click.option("--older-than", "older_than", required=True,
-              help="Age: 7d, 12h, 30m, 45s, 1d12h or plain seconds. Deletes runs whose nominal time is older, "
-                   "skip ranges that ended before, and jobs deleted before now minus this.")
-@click.option("--batch-rows", default=settings_mod.RETENTION_BATCH_ROWS, show_default=True,
-              type=WholeNumber("batch_rows", 1, 100_000), help="Rows per DELETE (each its own transaction).")
+@click.option(
+    "--older-than",
+    "older_than",
+    required=True,
+    help="Age: 7d, 12h, 30m, 45s, 1d12h or plain seconds. Deletes runs whose nominal time is older, "
+    "skip ranges that ended before, and jobs deleted before now minus this.",
+)
+@click.option(
+    "--batch-rows",
+    default=settings_mod.RETENTION_BATCH_ROWS,
+    show_default=True,
+    type=WholeNumber("batch_rows", 1, 100_000),
+    help="Rows per DELETE (each its own transaction).",
+)
 @json_option
 def runs_prune(dsn: str, older_than: str, batch_rows: int, as_json: bool) -> None:
     """Delete old runs, skips and soft-deleted jobs in bounded batches; print the counts.
@@ -762,8 +885,10 @@ def runs_prune(dsn: str, older_than: str, batch_rows: int, as_json: bool) -> Non
     if as_json:
         _echo_json(report.as_dict())
     else:
-        click.echo(f"pruned {report.runs} runs, {report.skips} skips, {report.jobs} deleted jobs "
-                   f"older than {_fmt(report.cutoff)} in {report.batches} batches")
+        click.echo(
+            f"pruned {report.runs} runs, {report.skips} skips, {report.jobs} deleted jobs "
+            f"older than {_fmt(report.cutoff)} in {report.batches} batches"
+        )
 
 
 # ---------------------------------------------------------------- node
@@ -790,21 +915,24 @@ SETTING_HELP = {
     "retention_batch_rows": "Rows per retention DELETE batch.",
     "retention_batch_interval_s": "At most one retention batch per this many seconds.",
     "tcp_user_timeout_s": "TCP user timeout of node sessions (unacknowledged data this long drops the "
-                          "connection; keepalives derive from the TTL) [default: 50% of the TTL].",
+    "connection; keepalives derive from the TTL) [default: 50% of the TTL].",
     "store_call_margin_s": "Watchdog: cancel a store call running past statement_timeout + this, break its "
-                           "connection past + 2x this [default: 20% of the TTL, at least 0.5].",
+    "connection past + 2x this [default: 20% of the TTL, at least 0.5].",
     "loop_stall_s": "/healthz fails when the lease or firing loop made no progress this long "
-                    "[default: the TTL, or 2 ticks if longer].",
+    "[default: the TTL, or 2 ticks if longer].",
     "stop_timeout_s": "After SIGTERM/SIGINT, exit within this (gracefully, else with status 1).",
     "coordinator": "Who decides partition ownership: 'sql' (lease rows in the store) or 'etcd' "
-                   "(etcd leases and a watch; needs the etcd extra).",
+    "(etcd leases and a watch; needs the etcd extra).",
     "etcd_endpoints": "etcd client endpoints host:port[,host:port] (coordinator etcd).",
     "etcd_prefix": "Key prefix of this fleet's keys in etcd (coordinator etcd).",
 }
 """Help text of each Settings field's option (every field has one; a test checks)."""
 
-_CHOICES = {"log_format": settings_mod.LOG_FORMATS, "log_level": settings_mod.LOG_LEVELS,
-            "coordinator": settings_mod.COORDINATORS}
+_CHOICES = {
+    "log_format": settings_mod.LOG_FORMATS,
+    "log_level": settings_mod.LOG_LEVELS,
+    "coordinator": settings_mod.COORDINATORS,
+}
 
 
 def _settings_options(func: Callable) -> Callable:
@@ -818,20 +946,33 @@ def _settings_options(func: Callable) -> Callable:
     defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
     for name in reversed(list(types)):
         kind = types[name]
-        param_type: Any = click.Choice(_CHOICES[name]) if name in _CHOICES else {
-            float: Decimal(name), int: WholeNumber(name), str: click.STRING}[kind]
+        param_type: Any = (
+            click.Choice(_CHOICES[name])
+            if name in _CHOICES
+            else {float: Decimal(name), int: WholeNumber(name), str: click.STRING}[kind]
+        )
         default = defaults[name]
         shown = default not in ("", None)
         func = click.option(
-            f"--{name.replace('_', '-')}", name, type=param_type, default=None,
-            envvar=f"SCHEDULER_{name.upper()}", show_envvar=True,
+            f"--{name.replace('_', '-')}",
+            name,
+            type=param_type,
+            default=None,
+            envvar=f"SCHEDULER_{name.upper()}",
+            show_envvar=True,
             help=SETTING_HELP.get(name, "") + (f"  [default: {default}]" if shown else ""),
-            callback=_register_dsn if name == "dsn" else None)(func)
+            callback=_register_dsn if name == "dsn" else None,
+        )(func)
     return click.option(
-        "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-        envvar="SCHEDULER_CONFIG", show_envvar=True,
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        envvar="SCHEDULER_CONFIG",
+        show_envvar=True,
         help="TOML file of settings (keys: the setting names, e.g. lease_ttl_s = 10). "
-             "Precedence: flag > env > file > default.")(func)
+        "Precedence: flag > env > file > default.",
+    )(func)
 
 
 def _resolve_settings(ctx: click.Context, values: dict[str, Any]) -> tuple[Settings, dict[str, str]]:
@@ -922,13 +1063,20 @@ def config_show(ctx: click.Context, as_json: bool, **values: Any) -> None:
 @dsn_option
 @click.option("--since", required=True, callback=instant("since"), help="Window start (inclusive), ISO-8601.")
 @click.option("--until", required=True, callback=instant("until"), help="Window end (exclusive), ISO-8601.")
-@click.option("--exhaustive", is_flag=True,
-              help="Also recompute every expected slot with the independent brute-force oracle (slow).")
-@click.option("--list-limit", type=click.IntRange(0, 10_000), default=100, show_default=True,
-              help="Findings of each kind listed (the counts are always totals).")
+@click.option(
+    "--exhaustive",
+    is_flag=True,
+    help="Also recompute every expected slot with the independent brute-force oracle (slow).",
+)
+@click.option(
+    "--list-limit",
+    type=click.IntRange(0, 10_000),
+    default=100,
+    show_default=True,
+    help="Findings of each kind listed (the counts are always totals).",
+)
 @json_option
-def verify_cmd(dsn: str, since: datetime, until: datetime, exhaustive: bool, list_limit: int,
-               as_json: bool) -> None:
+def verify_cmd(dsn: str, since: datetime, until: datetime, exhaustive: bool, list_limit: int, as_json: bool) -> None:
     """Check every (job, nominal time) in [SINCE, UNTIL) has exactly one run, on time.
 
     Exit status 1 if anything is missing, duplicated, early or unexpected, a
@@ -936,7 +1084,7 @@ def verify_cmd(dsn: str, since: datetime, until: datetime, exhaustive: bool, lis
     expected slots. --json adds the findings: for each kind the first
     --list-limit (job, nominal time) pairs.
     """
-    from scheduler.audit import FINDINGS, verify
+    from scheduler.audit import verify
 
     with open_store(dsn) as conn:
         # retried whole on 40001/40P01 by verify itself
@@ -953,8 +1101,11 @@ def verify_cmd(dsn: str, since: datetime, until: datetime, exhaustive: bool, lis
                 listed = report.findings.get(name, [])[:10]
                 for row in listed:
                     instant = row.get("nominal_time") or row.get("first_nominal")
-                    detail = " ".join(f"{key}={value}" for key, value in row.items()
-                                      if key not in ("job_id", "nominal_time", "first_nominal"))
+                    detail = " ".join(
+                        f"{key}={value}"
+                        for key, value in row.items()
+                        if key not in ("job_id", "nominal_time", "first_nominal")
+                    )
                     click.echo(f"  {name} {row['job_id']} {instant}" + (f" {detail}" if detail else ""))
                 if count > len(listed):
                     click.echo(f"  ... {count - len(listed)} more {name} (--json lists up to --list-limit)")
@@ -964,18 +1115,35 @@ def verify_cmd(dsn: str, since: datetime, until: datetime, exhaustive: bool, lis
 
 @cli.command("status")
 @dsn_option
-@click.option("--lease-ttl-s", type=click.FloatRange(min=0, min_open=True), default=10.0,
-              envvar="SCHEDULER_LEASE_TTL_S", show_envvar=True, show_default=True,
-              help="The fleet's lease TTL: a heartbeat older than this is dead.")
-@click.option("--renew-interval-s", type=click.FloatRange(min=0, min_open=True), default=3.0,
-              envvar="SCHEDULER_RENEW_INTERVAL_S", show_envvar=True, show_default=True,
-              help="The fleet's renew interval (with --poll-interval-s: the responsiveness bound).")
-@click.option("--poll-interval-s", type=click.FloatRange(min=0, min_open=True), default=1.0,
-              envvar="SCHEDULER_POLL_INTERVAL_S", show_envvar=True, show_default=True,
-              help="The fleet's poll interval.")
+@click.option(
+    "--lease-ttl-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    envvar="SCHEDULER_LEASE_TTL_S",
+    show_envvar=True,
+    show_default=True,
+    help="The fleet's lease TTL: a heartbeat older than this is dead.",
+)
+@click.option(
+    "--renew-interval-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=3.0,
+    envvar="SCHEDULER_RENEW_INTERVAL_S",
+    show_envvar=True,
+    show_default=True,
+    help="The fleet's renew interval (with --poll-interval-s: the responsiveness bound).",
+)
+@click.option(
+    "--poll-interval-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    envvar="SCHEDULER_POLL_INTERVAL_S",
+    show_envvar=True,
+    show_default=True,
+    help="The fleet's poll interval.",
+)
 @json_option
-def status_cmd(dsn: str, lease_ttl_s: float, renew_interval_s: float, poll_interval_s: float,
-               as_json: bool) -> None:
+def status_cmd(dsn: str, lease_ttl_s: float, renew_interval_s: float, poll_interval_s: float, as_json: bool) -> None:
     """Show nodes (live, suspect, dead), the partitions they own, and partitions without a live owner.
 
     A node is suspect when its heartbeat is older than the responsiveness
@@ -985,27 +1153,36 @@ def status_cmd(dsn: str, lease_ttl_s: float, renew_interval_s: float, poll_inter
     from scheduler.settings import Settings
     from scheduler.status import cluster_status
 
-    responsive_s = Settings(lease_ttl_s=lease_ttl_s, renew_interval_s=renew_interval_s,
-                            poll_interval_s=poll_interval_s).responsive_s
+    responsive_s = Settings(
+        lease_ttl_s=lease_ttl_s, renew_interval_s=renew_interval_s, poll_interval_s=poll_interval_s
+    ).responsive_s
     with open_store(dsn) as conn:
         status = cluster_status(conn, lease_ttl_s, responsive_s)
     if as_json:
         _echo_json(status)
         return
-    rows = [{**node, "heartbeat": f"{node['heartbeat_age_s']:.1f}s of {lease_ttl_s:g}s TTL"}
-            for node in status["nodes"]]
+    rows = [
+        {**node, "heartbeat": f"{node['heartbeat_age_s']:.1f}s of {lease_ttl_s:g}s TTL"} for node in status["nodes"]
+    ]
     _table(rows, ["node_id", "state", "heartbeat", "partitions", "epochs", "lease_left_s"])
     suspect = status["partitions_owned_suspect"]
-    click.echo(f"partitions: {status['partitions_total']} total, {status['partitions_owned_live']} owned by "
-               f"live nodes" + (f" ({suspect} of them by suspect nodes)" if suspect else "")
-               + f", {status['partitions_orphaned']} without a live owner")
+    click.echo(
+        f"partitions: {status['partitions_total']} total, {status['partitions_owned_live']} owned by "
+        f"live nodes"
+        + (f" ({suspect} of them by suspect nodes)" if suspect else "")
+        + f", {status['partitions_orphaned']} without a live owner"
+    )
     if any(node["state"] == "suspect" for node in status["nodes"]):
-        click.echo(f"suspect: no heartbeat for {responsive_s:g}s or more (renew + 2 polls): dead or frozen; "
-                   f"peers no longer count it, nobody fires its partitions until their leases expire "
-                   f"(LEASE_LEFT_S)")
+        click.echo(
+            f"suspect: no heartbeat for {responsive_s:g}s or more (renew + 2 polls): dead or frozen; "
+            f"peers no longer count it, nobody fires its partitions until their leases expire "
+            f"(LEASE_LEFT_S)"
+        )
     for row in status["orphaned_sample"]:
-        click.echo(f"  orphaned partition {row['partition_id']} owner={_fmt(row['owner_node'])} "
-                   f"epoch={row['owner_epoch']} lease_left_s={_fmt(row['lease_left_s'])}")
+        click.echo(
+            f"  orphaned partition {row['partition_id']} owner={_fmt(row['owner_node'])} "
+            f"epoch={row['owner_epoch']} lease_left_s={_fmt(row['lease_left_s'])}"
+        )
     more = status["partitions_orphaned"] - len(status["orphaned_sample"])
     if more > 0:
         click.echo(f"  and {more} more orphaned partitions")
@@ -1021,8 +1198,13 @@ def etcd() -> None:
 
 @etcd.command("raise-revision")
 @dsn_option
-@click.option("--etcd-endpoints", envvar="SCHEDULER_ETCD_ENDPOINTS", show_envvar=True, default="",
-              help="etcd client endpoints host:port[,host:port] (the fleet's; the first that answers is used).")
+@click.option(
+    "--etcd-endpoints",
+    envvar="SCHEDULER_ETCD_ENDPOINTS",
+    show_envvar=True,
+    default="",
+    help="etcd client endpoints host:port[,host:port] (the fleet's; the first that answers is used).",
+)
 @json_option
 def etcd_raise_revision(dsn: str, etcd_endpoints: str, as_json: bool) -> None:
     """Raise etcd's revision above every owner_epoch in the store.
@@ -1044,18 +1226,28 @@ def etcd_raise_revision(dsn: str, etcd_endpoints: str, as_json: bool) -> None:
     if as_json:
         _echo_json(dataclasses.asdict(done))
     elif done.before > done.top_epoch:
-        click.echo(f"etcd revision {done.before} is already above the store's largest owner_epoch "
-                   f"{done.top_epoch} (partition {done.partition}): nothing to do")
+        click.echo(
+            f"etcd revision {done.before} is already above the store's largest owner_epoch "
+            f"{done.top_epoch} (partition {done.partition}): nothing to do"
+        )
     else:
-        click.echo(f"etcd revision {done.before} -> {done.after}, above the store's largest owner_epoch "
-                   f"{done.top_epoch} (partition {done.partition}): nodes may start with --coordinator etcd")
+        click.echo(
+            f"etcd revision {done.before} -> {done.after}, above the store's largest owner_epoch "
+            f"{done.top_epoch} (partition {done.partition}): nodes may start with --coordinator etcd"
+        )
 
 
 @cli.command("demo")
-@click.option("--seconds", default=30, show_default=True, type=WholeNumber("seconds", 5, 3600),
-              help="How long the node runs.")
-@click.option("--dsn", envvar="SCHEDULER_DEMO_DSN", show_envvar=True, default="",
-              help="Use this (empty, disposable) database instead of a private PostgreSQL.")
+@click.option(
+    "--seconds", default=30, show_default=True, type=WholeNumber("seconds", 5, 3600), help="How long the node runs."
+)
+@click.option(
+    "--dsn",
+    envvar="SCHEDULER_DEMO_DSN",
+    show_envvar=True,
+    default="",
+    help="Use this (empty, disposable) database instead of a private PostgreSQL.",
+)
 def demo_cmd(seconds: int, dsn: str) -> None:
     """Run the whole thing on a private PostgreSQL: import the real corpus, fire for SECONDS, audit.
 

@@ -75,8 +75,9 @@ class ManualClock:
     local clock, so local lease deadlines and store expiries stay in step.
     """
 
-    def __init__(self, start_s: float = 1_000.0, wall_s: float = 1_700_000_000.0,
-                 store_at: datetime | None = None) -> None:
+    def __init__(
+        self, start_s: float = 1_000.0, wall_s: float = 1_700_000_000.0, store_at: datetime | None = None
+    ) -> None:
         self._now = start_s
         self._wall_offset = wall_s - start_s
         self._store_at: datetime | None = None

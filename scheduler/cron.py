@@ -140,9 +140,7 @@ _SECOND = _FieldSpec("second", 0, 59, 59)
 _MINUTE = _FieldSpec("minute", 0, 59, 59)
 _HOUR = _FieldSpec("hour", 0, 23, 23)
 _DOM = _FieldSpec("day-of-month", 1, 31, 30)
-_MONTH = _FieldSpec(
-    "month", 1, 12, 11, tuple("JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split()), 1
-)
+_MONTH = _FieldSpec("month", 1, 12, 11, tuple("JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split()), 1)
 _DOW = _FieldSpec("day-of-week", 0, 7, 7, tuple("SUN MON TUE WED THU FRI SAT".split()), 0)
 _UNIX_SPECS = (_MINUTE, _HOUR, _DOM, _MONTH, _DOW)
 
@@ -217,8 +215,7 @@ def _term(spec: _FieldSpec, term: str) -> tuple[str, int | None]:
     if term == "":
         raise _Reject(f"empty item in the {spec.name} field")
     if "?" in term:
-        raise _Reject(f"{_QUESTION_RULE}, not in the {spec.name} field" if spec not in (_DOM, _DOW)
-                      else _QUESTION_RULE)
+        raise _Reject(f"{_QUESTION_RULE}, not in the {spec.name} field" if spec not in (_DOM, _DOW) else _QUESTION_RULE)
     upper = term.upper()
     if "/" in term:
         base, step_text = term.split("/", 1)
@@ -275,9 +272,7 @@ def _range(spec: _FieldSpec, text: str) -> tuple[int, int]:
         high = 7  # MON-SUN, 1-SUN: through Sunday, i.e. through 7.
     if high < low:
         hint = " (a day-of-week range may end in SUN or 7)" if spec is _DOW else ""
-        raise _Reject(
-            f"range {text} in the {spec.name} field is reversed; wrap-around ranges are not supported{hint}"
-        )
+        raise _Reject(f"range {text} in the {spec.name} field is reversed; wrap-around ranges are not supported{hint}")
     return low, high
 
 
@@ -497,7 +492,7 @@ def _min_step(values: tuple[int, ...]) -> int | None:
     """Smallest difference of consecutive values of a sorted tuple; ``None`` for fewer than two."""
     if len(values) < 2:
         return None
-    return min(b - a for a, b in zip(values, values[1:]))
+    return min(b - a for a, b in zip(values, values[1:], strict=False))
 
 
 # 2001-01-01 .. 2029-01-01 holds every kind of calendar day pair: the 14 kinds
@@ -530,11 +525,13 @@ def _smallest_wall_gap_s(expression: CronExpression) -> int | None:
     minute_span = minutes[-1] * 60 + seconds[-1] - minutes[0] * 60 - seconds[0]
     day_span = hours[-1] * 3600 + minutes[-1] * 60 + seconds[-1] - (hours[0] * 3600 + minutes[0] * 60 + seconds[0])
     within = [
-        gap for gap in (
+        gap
+        for gap in (
             _min_step(seconds),
             None if len(minutes) < 2 else _min_step(minutes) * 60 - second_span,
             None if len(hours) < 2 else _min_step(hours) * 3600 - minute_span,
-        ) if gap is not None
+        )
+        if gap is not None
     ]
     inside_a_day = min(within) if within else None
     across_midnight = 86_400 - day_span
@@ -592,11 +589,15 @@ def _parse(expr: str, dialect: str) -> CronExpression:
         if len(parts) == 7:
             rule = "7 fields (Quartz with a year) are not supported"
         elif dialect == "unix" and len(parts) == 6:
-            rule = ("6 fields given, but the unix dialect takes 5 (minute hour day-of-month month "
-                    "day-of-week); for a seconds-first expression use dialect 'seconds'")
+            rule = (
+                "6 fields given, but the unix dialect takes 5 (minute hour day-of-month month "
+                "day-of-week); for a seconds-first expression use dialect 'seconds'"
+            )
         elif dialect == "seconds" and len(parts) == 5:
-            rule = ("5 fields given, but the seconds dialect takes 6 (second minute hour day-of-month "
-                    "month day-of-week); for a 5-field expression use dialect 'unix'")
+            rule = (
+                "5 fields given, but the seconds dialect takes 6 (second minute hour day-of-month "
+                "month day-of-week); for a 5-field expression use dialect 'unix'"
+            )
         else:
             rule = f"expected {want} fields for dialect {dialect!r}, got {len(parts)}"
         raise ValidationError("cron", rule, expr)
@@ -685,8 +686,7 @@ def _some_day_matches(sim: CronSim, w_day: int | None) -> bool:
     return False
 
 
-def _check_static_satisfiable(expr: str, month: str, dom: str, dow: str, w_day: int | None,
-                              day_and: bool) -> None:
+def _check_static_satisfiable(expr: str, month: str, dom: str, dow: str, w_day: int | None, day_and: bool) -> None:
     """Refuse the common never-firing day/month combinations with a precise rule.
 
     Under the AND day rule (``day_and``: the seconds dialect, or either day

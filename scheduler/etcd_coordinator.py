@@ -102,9 +102,11 @@ CLAIM_TXNS_MAX = 24
 """Claim transactions one ``claim()`` call may send (lost races included)."""
 SWITCHING_COORDINATORS_DOC = "docs/operations.md, 'Switching coordinators'"
 """Where raising etcd's revision above the stored epochs is explained."""
-EPOCH_REGRESSION_HINT = ("etcd's revision must exceed every stored owner_epoch (a reset etcd, or a switch "
-                         f"from the SQL coordinator): run `scheduler etcd raise-revision`, see "
-                         f"{SWITCHING_COORDINATORS_DOC}")
+EPOCH_REGRESSION_HINT = (
+    "etcd's revision must exceed every stored owner_epoch (a reset etcd, or a switch "
+    f"from the SQL coordinator): run `scheduler etcd raise-revision`, see "
+    f"{SWITCHING_COORDINATORS_DOC}"
+)
 """The ``hint`` of every ``epoch_regression`` record."""
 
 
@@ -124,8 +126,10 @@ def parse_endpoints(text: str) -> list[tuple[str, int]]:
             raise ConfigError(f"etcd_endpoints: each endpoint must be host:port (got {item!r})")
         out.append((host.strip("[]"), int(port)))
     if not out:
-        raise ConfigError("etcd_endpoints: the etcd coordinator needs at least one host:port "
-                          "(--etcd-endpoints / SCHEDULER_ETCD_ENDPOINTS)")
+        raise ConfigError(
+            "etcd_endpoints: the etcd coordinator needs at least one host:port "
+            "(--etcd-endpoints / SCHEDULER_ETCD_ENDPOINTS)"
+        )
     return out
 
 
@@ -146,8 +150,10 @@ class EtcdCoordinator(StoreSession):
 
     def __init__(self, settings: Settings, metrics: Metrics, clock: Clock | None = None) -> None:
         if aetcd is None:
-            raise ConfigError("coordinator: 'etcd' needs the optional etcd extra "
-                              "(pip install 'trigger-engine[etcd]', which brings aetcd)")
+            raise ConfigError(
+                "coordinator: 'etcd' needs the optional etcd extra "
+                "(pip install 'trigger-engine[etcd]', which brings aetcd)"
+            )
         super().__init__(settings, metrics, clock)
         self.node_id = settings.node_id
         self.incarnation = uuid.uuid4()
@@ -180,8 +186,7 @@ class EtcdCoordinator(StoreSession):
         self._synced: asyncio.Event | None = None
         self._client: aetcd.Client | None = None
         self._watch_task: asyncio.Task | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"etcd-{self.node_id}"[:40],
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"etcd-{self.node_id}"[:40], daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ plumbing
@@ -207,7 +212,7 @@ class EtcdCoordinator(StoreSession):
         if not key.startswith(self._partitions_prefix):
             return None
         try:
-            return int(key[len(self._partitions_prefix):])
+            return int(key[len(self._partitions_prefix) :])
         except ValueError:
             return None
 
@@ -236,8 +241,9 @@ class EtcdCoordinator(StoreSession):
             raise
         except Exception as exc:  # the client's, grpc's and asyncio's errors alike
             endpoint = self.endpoint
-            if aetcd is not None and isinstance(exc, (aetcd.ConnectionFailedError, aetcd.ConnectionTimeoutError,
-                                                      asyncio.TimeoutError, OSError)):
+            if aetcd is not None and isinstance(
+                exc, (aetcd.ConnectionFailedError, aetcd.ConnectionTimeoutError, asyncio.TimeoutError, OSError)
+            ):
                 await self._drop_client()
             raise CoordinatorError(f"etcd {endpoint}: {_first_line(exc)}") from exc
 
@@ -255,8 +261,11 @@ class EtcdCoordinator(StoreSession):
     async def _txn(self, compare, success, failure):
         client = await self._get_client()
         self.requests += 1
-        return await client.kvstub.Txn(rpc.TxnRequest(compare=compare, success=success, failure=failure),
-                                       timeout=self._timeout_s, metadata=client.metadata)
+        return await client.kvstub.Txn(
+            rpc.TxnRequest(compare=compare, success=success, failure=failure),
+            timeout=self._timeout_s,
+            metadata=client.metadata,
+        )
 
     # ------------------------------------------------------------------ watch
 
@@ -265,7 +274,7 @@ class EtcdCoordinator(StoreSession):
         owners: dict[int, int] = {}
         for kv in kvs:
             if kv.key.startswith(self._members_prefix):
-                members[kv.key[len(self._members_prefix):].decode(errors="replace")] = kv.value
+                members[kv.key[len(self._members_prefix) :].decode(errors="replace")] = kv.value
             else:
                 pid = self._pid(kv.key)
                 if pid is not None:
@@ -280,7 +289,7 @@ class EtcdCoordinator(StoreSession):
         put = event.kind == "PUT"
         with self._mirror_lock:
             if key.startswith(self._members_prefix):
-                node = key[len(self._members_prefix):].decode(errors="replace")
+                node = key[len(self._members_prefix) :].decode(errors="replace")
                 if put:
                     known = node in self._members
                     self._members[node] = event.kv.value
@@ -318,8 +327,14 @@ class EtcdCoordinator(StoreSession):
             except Exception as exc:
                 if self._closing:
                     return
-                log.event("etcd_watch_failed", logging.WARNING, node=self.node_id, endpoint=self.endpoint,
-                          error=_first_line(exc), retry_in_s=delay_s)
+                log.event(
+                    "etcd_watch_failed",
+                    logging.WARNING,
+                    node=self.node_id,
+                    endpoint=self.endpoint,
+                    error=_first_line(exc),
+                    retry_in_s=delay_s,
+                )
                 await asyncio.sleep(delay_s)
                 delay_s = min(1.0, delay_s * 2)
 
@@ -333,11 +348,17 @@ class EtcdCoordinator(StoreSession):
             lease = await client.lease(self._ttl_s)
             self._lease_id, self._granted_ttl_s = lease.id, lease.ttl
             if lease.ttl != self._ttl_s:
-                log.event("etcd_lease_ttl_adjusted", logging.WARNING, node=self.node_id,
-                          requested_ttl_s=self._ttl_s, granted_ttl_s=lease.ttl,
-                          note="etcd enforces a minimum TTL; local deadlines still use lease_ttl_s")
-        value = json.dumps({"incarnation": str(self.incarnation), "host": socket.gethostname(),
-                            "pid": os.getpid()}).encode()
+                log.event(
+                    "etcd_lease_ttl_adjusted",
+                    logging.WARNING,
+                    node=self.node_id,
+                    requested_ttl_s=self._ttl_s,
+                    granted_ttl_s=lease.ttl,
+                    note="etcd enforces a minimum TTL; local deadlines still use lease_ttl_s",
+                )
+        value = json.dumps(
+            {"incarnation": str(self.incarnation), "host": socket.gethostname(), "pid": os.getpid()}
+        ).encode()
         self.requests += 1
         put = await client.put(self._members_prefix + self.node_id.encode(), value, lease=self._lease_id)
         self._join_revision = put.header.revision
@@ -375,8 +396,7 @@ class EtcdCoordinator(StoreSession):
         in between came from a revision etcd has already passed, so racing
         joiners never refuse each other.
         """
-        rows = self._tx(lambda conn: store.execute(conn, "partition_status",
-                                                    {"now": self._clock.store_now_or_none()}))
+        rows = self._tx(lambda conn: store.execute(conn, "partition_status", {"now": self._clock.store_now_or_none()}))
         if not rows:
             return
         top = max(rows, key=lambda row: row["owner_epoch"])
@@ -390,12 +410,20 @@ class EtcdCoordinator(StoreSession):
                 f"etcd revision {revision} is below the store's owner_epoch {top['owner_epoch']} "
                 f"(partition {top['partition_id']}): claims would not fence the previous owners; raise the "
                 f"etcd revision above {top['owner_epoch']} first: `scheduler etcd raise-revision` "
-                f"({SWITCHING_COORDINATORS_DOC})")
+                f"({SWITCHING_COORDINATORS_DOC})"
+            )
 
     def _log_regression(self, partition_id: int, stored_epoch: int | None, revision: int) -> None:
         """ERROR ``epoch_regression``: ``partition_id``'s stored epoch (None: unread) is not below ``revision``."""
-        log.event("epoch_regression", logging.ERROR, node=self.node_id, partition=partition_id,
-                  stored_epoch=stored_epoch, revision=revision, hint=EPOCH_REGRESSION_HINT)
+        log.event(
+            "epoch_regression",
+            logging.ERROR,
+            node=self.node_id,
+            partition=partition_id,
+            stored_epoch=stored_epoch,
+            revision=revision,
+            hint=EPOCH_REGRESSION_HINT,
+        )
 
     def preflight(self) -> None:
         """Called by the node before it starts its loops: join and check epochs now.
@@ -408,8 +436,14 @@ class EtcdCoordinator(StoreSession):
         except EpochRegressionError:
             raise
         except (CoordinatorError, psycopg.Error, SchedulerError, OSError) as exc:
-            log.event("coordinator_unavailable", logging.WARNING, node=self.node_id, endpoint=self.endpoint,
-                      error=_first_line(exc), note="the lease loop keeps trying")
+            log.event(
+                "coordinator_unavailable",
+                logging.WARNING,
+                node=self.node_id,
+                endpoint=self.endpoint,
+                error=_first_line(exc),
+                note="the lease loop keeps trying",
+            )
 
     def live_nodes(self) -> list[str]:
         if self._synced is None or not self._synced.is_set():
@@ -459,8 +493,13 @@ class EtcdCoordinator(StoreSession):
             self._lease_id = None
             self._held.clear()
             if had_lease:
-                log.event("etcd_lease_expired", logging.WARNING, node=self.node_id, partitions=lost,
-                          note="every key on it is gone; joining again with a new lease")
+                log.event(
+                    "etcd_lease_expired",
+                    logging.WARNING,
+                    node=self.node_id,
+                    partitions=lost,
+                    note="every key on it is gone; joining again with a new lease",
+                )
             self._call(self._register, what="re-register")
             return []
         mine = {pid for pid in map(self._pid, attached) if pid is not None}
@@ -469,13 +508,22 @@ class EtcdCoordinator(StoreSession):
             del self._held[pid]
         orphans = sorted(mine - held)
         if orphans:  # on our lease but not held by the loop (a claim whose store write failed)
-            log.event("etcd_orphan_keys", logging.WARNING, node=self.node_id, partitions=len(orphans),
-                      sample=orphans[:8], note="deleting keys this node holds but does not fire")
+            log.event(
+                "etcd_orphan_keys",
+                logging.WARNING,
+                node=self.node_id,
+                partitions=len(orphans),
+                sample=orphans[:8],
+                note="deleting keys this node holds but does not fire",
+            )
             self._call(self._delete_keys, [(pid, None) for pid in orphans], what="delete orphans")
             for pid in orphans:
                 self._held.pop(pid, None)
-        return [(lease.partition_id, lease.epoch) for lease in leases
-                if lease.partition_id in mine and self._held.get(lease.partition_id) == lease.epoch]
+        return [
+            (lease.partition_id, lease.epoch)
+            for lease in leases
+            if lease.partition_id in mine and self._held.get(lease.partition_id) == lease.epoch
+        ]
 
     # ------------------------------------------------------------------ claim
 
@@ -483,10 +531,10 @@ class EtcdCoordinator(StoreSession):
         keys = [self._key(pid) for pid in pids]
         value = self.node_id.encode()
         response = await self._txn(
-            [rpc.Compare(key=k, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
-             for k in keys],
+            [rpc.Compare(key=k, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0) for k in keys],
             [rpc.RequestOp(request_put=rpc.PutRequest(key=k, value=value, lease=self._lease_id)) for k in keys],
-            [rpc.RequestOp(request_range=rpc.RangeRequest(key=k)) for k in keys])
+            [rpc.RequestOp(request_range=rpc.RangeRequest(key=k)) for k in keys],
+        )
         if response.succeeded:
             return True, response.header.revision, {}
         taken = {}
@@ -543,7 +591,7 @@ class EtcdCoordinator(StoreSession):
         size = MAX_TXN_OPS
         while candidates and len(claimed) < limit and txns < CLAIM_TXNS_MAX:
             txns += 1
-            chunk = candidates[:min(size, limit - len(claimed))]
+            chunk = candidates[: min(size, limit - len(claimed))]
             try:
                 ok, revision, now_taken = self._call(self._claim_chunk, chunk, what="claim")
             except CoordinatorError as exc:
@@ -559,7 +607,7 @@ class EtcdCoordinator(StoreSession):
                 size = max(1, size // 4)
                 continue
             size = min(MAX_TXN_OPS, size * 2)
-            candidates = candidates[len(chunk):]
+            candidates = candidates[len(chunk) :]
             try:
                 fenced = self._write_epochs(chunk, revision)
             except (psycopg.Error, SchedulerError) as exc:
@@ -578,21 +626,33 @@ class EtcdCoordinator(StoreSession):
         if error is not None:
             if not claimed:
                 raise error
-            log.event("claim_partial", logging.WARNING, node=self.node_id, claimed=len(claimed),
-                      error=_first_line(error))
+            log.event(
+                "claim_partial", logging.WARNING, node=self.node_id, claimed=len(claimed), error=_first_line(error)
+            )
         return claimed
 
     def _write_epochs(self, pids: list[int], revision: int) -> set[int]:
-        rows = self._tx(lambda conn: store.execute(conn, "claim_partitions_at_epoch", {
-            "node_id": self.node_id, "epoch": revision, "ttl_s": self._settings.lease_ttl_s,
-            "partition_ids": pids, "now": self._clock.store_now_or_none()}))
+        rows = self._tx(
+            lambda conn: store.execute(
+                conn,
+                "claim_partitions_at_epoch",
+                {
+                    "node_id": self.node_id,
+                    "epoch": revision,
+                    "ttl_s": self._settings.lease_ttl_s,
+                    "partition_ids": pids,
+                    "now": self._clock.store_now_or_none(),
+                },
+            )
+        )
         return {row["partition_id"] for row in rows}
 
     def _regressed(self, pids: list[int], revision: int) -> None:
         """Stored epoch ≥ our revision: say so loudly, never fire them, give the keys back."""
         try:
-            rows = self._tx(lambda conn: store.execute(conn, "partition_status",
-                                                        {"now": self._clock.store_now_or_none()}))
+            rows = self._tx(
+                lambda conn: store.execute(conn, "partition_status", {"now": self._clock.store_now_or_none()})
+            )
             stored = {row["partition_id"]: row["owner_epoch"] for row in rows}
         except (psycopg.Error, SchedulerError):
             stored = {}
@@ -608,13 +668,19 @@ class EtcdCoordinator(StoreSession):
         given is None, its create_revision is that epoch (keyed on node and epoch:
         another node's key, or ours from another claim, is left alone). Return the
         partitions whose key was deleted."""
+
         def compare(pid: int, epoch: int | None) -> list:
-            ours = rpc.Compare(key=self._key(pid), target=rpc.Compare.LEASE, result=rpc.Compare.EQUAL,
-                               lease=self._lease_id or 0)
+            ours = rpc.Compare(
+                key=self._key(pid), target=rpc.Compare.LEASE, result=rpc.Compare.EQUAL, lease=self._lease_id or 0
+            )
             if epoch is None:
                 return [ours]
-            return [ours, rpc.Compare(key=self._key(pid), target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
-                                      create_revision=epoch)]
+            return [
+                ours,
+                rpc.Compare(
+                    key=self._key(pid), target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=epoch
+                ),
+            ]
 
         def delete(pid: int):
             return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=self._key(pid)))
@@ -622,9 +688,10 @@ class EtcdCoordinator(StoreSession):
         deleted: list[int] = []
         step = MAX_TXN_OPS // 2  # up to two compares per key
         for start in range(0, len(items), step):
-            chunk = items[start:start + step]
-            response = await self._txn([c for pid, epoch in chunk for c in compare(pid, epoch)],
-                                       [delete(pid) for pid, _ in chunk], [])
+            chunk = items[start : start + step]
+            response = await self._txn(
+                [c for pid, epoch in chunk for c in compare(pid, epoch)], [delete(pid) for pid, _ in chunk], []
+            )
             if response.succeeded:
                 deleted += [pid for pid, _ in chunk]
                 continue
@@ -637,12 +704,18 @@ class EtcdCoordinator(StoreSession):
     def release(self, leases: list[Lease]) -> list[int]:
         if not leases:
             return []
-        self._tx(lambda conn: store.execute(conn, "release_leases", {
-            "node_id": self.node_id,
-            "partition_ids": [lease.partition_id for lease in leases],
-            "epochs": [lease.epoch for lease in leases]}))
-        deleted = self._call(self._delete_keys, [(lease.partition_id, lease.epoch) for lease in leases],
-                             what="release")
+        self._tx(
+            lambda conn: store.execute(
+                conn,
+                "release_leases",
+                {
+                    "node_id": self.node_id,
+                    "partition_ids": [lease.partition_id for lease in leases],
+                    "epochs": [lease.epoch for lease in leases],
+                },
+            )
+        )
+        deleted = self._call(self._delete_keys, [(lease.partition_id, lease.epoch) for lease in leases], what="release")
         for lease in leases:  # a stale epoch releases nothing: the lease held stays held
             if self._held.get(lease.partition_id) == lease.epoch:
                 del self._held[lease.partition_id]

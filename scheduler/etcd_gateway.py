@@ -66,10 +66,15 @@ def range_prefix(endpoint: str, prefix: str) -> tuple[int, list[dict]]:
     start = prefix.encode()
     end = start[:-1] + bytes([start[-1] + 1])
     body = _post(endpoint, "/v3/kv/range", {"key": _b64(start), "range_end": _b64(end)})
-    kvs = [{"key": base64.b64decode(kv["key"]).decode(errors="replace"),
+    kvs = [
+        {
+            "key": base64.b64decode(kv["key"]).decode(errors="replace"),
             "value": base64.b64decode(kv.get("value", "")).decode(errors="replace"),
-            "lease": int(kv.get("lease", 0)), "create_revision": int(kv.get("create_revision", 0))}
-           for kv in body.get("kvs", [])]
+            "lease": int(kv.get("lease", 0)),
+            "create_revision": int(kv.get("create_revision", 0)),
+        }
+        for kv in body.get("kvs", [])
+    ]
     return int(body["header"]["revision"]), kvs
 
 
@@ -133,11 +138,11 @@ def raise_above_store(conn: psycopg.Connection, endpoints: list[tuple[str, int]]
             before, _ = range_prefix(endpoint, BUMP_KEY)
             after = raise_revision(endpoint, top_epoch)
             if after != before:
-                after = int(_post(endpoint, "/v3/kv/deleterange", {"key": _b64(BUMP_KEY.encode())})
-                            ["header"]["revision"])
+                after = int(
+                    _post(endpoint, "/v3/kv/deleterange", {"key": _b64(BUMP_KEY.encode())})["header"]["revision"]
+                )
         except (OSError, ValueError, KeyError) as exc:  # unreachable, or not etcd's JSON gateway
             failures.append(f"{endpoint}: {_first_line(exc)}")
             continue
-        return RevisionRaise(top_epoch=top_epoch, partition=partition, before=before, after=after,
-                             endpoint=endpoint)
+        return RevisionRaise(top_epoch=top_epoch, partition=partition, before=before, after=after, endpoint=endpoint)
     raise CoordinatorError("etcd_endpoints: no endpoint answered (" + "; ".join(failures) + ")")

@@ -83,7 +83,7 @@ import logging
 import threading
 import uuid
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import psycopg
 from psycopg.rows import tuple_row
@@ -161,7 +161,7 @@ schedules. A schedule held by fewer than ~1/1000 of the herd's timers may be
 missed; its timers then stay due and go through the per-timer path."""
 
 _LAST_UUID = "ffffffff-ffff-ffff-ffff-ffffffffffff"
-NO_CURSOR = (datetime(1, 1, 1, tzinfo=timezone.utc), -1, "00000000-0000-0000-0000-000000000000")
+NO_CURSOR = (datetime(1, 1, 1, tzinfo=UTC), -1, "00000000-0000-0000-0000-000000000000")
 """(next_due_at, partition_id, job_id) before every timer: a pass's cursor when
 it starts from the oldest due timer (see select_due_jobs in sql/queries.sql)."""
 _NIL_UUID = uuid.UUID(int=0)  # plan_job's job id where jitter is 0 (unused)
@@ -208,8 +208,7 @@ def _epochs_literal(firable: dict[int, int]) -> str:
     """The fencing epoch of every partition, ``'{e0,e1,...}'`` indexed by partition id
     (1-based in SQL: partition p at p + 1), NULL where not held: the fences'
     expected epochs, looked up by subscript."""
-    return _array_literal(["NULL" if firable.get(pid) is None else firable[pid]
-                           for pid in range(PARTITION_COUNT)])
+    return _array_literal(["NULL" if firable.get(pid) is None else firable[pid] for pid in range(PARTITION_COUNT)])
 
 
 class _Batch:
@@ -222,9 +221,26 @@ class _Batch:
     ``s_*[p_skip - 1]`` (0: none). Numbers are 1-based (SQL arrays).
     """
 
-    __slots__ = ("pids", "jids", "revs", "plans", "p_from", "p_next_nominal", "p_next_due", "p_fire_lo",
-                 "p_fire_hi", "p_skip", "f_nominal", "f_scheduled", "s_first", "s_until", "s_slots",
-                 "s_reasons", "partitions", "plan_numbers")
+    __slots__ = (
+        "pids",
+        "jids",
+        "revs",
+        "plans",
+        "p_from",
+        "p_next_nominal",
+        "p_next_due",
+        "p_fire_lo",
+        "p_fire_hi",
+        "p_skip",
+        "f_nominal",
+        "f_scheduled",
+        "s_first",
+        "s_until",
+        "s_slots",
+        "s_reasons",
+        "partitions",
+        "plan_numbers",
+    )
 
     def __init__(self) -> None:
         for name in self.__slots__[:-2]:
@@ -265,11 +281,18 @@ class _Batch:
         fence = sorted(self.partitions)
         position = {pid: i for i, pid in enumerate(fence, 1)}
         params = {name: getattr(self, name) for name in self.__slots__[4:-2]}
-        params.update(pids=_array_literal(self.pids), jids=_array_literal(self.jids),
-                      revs=_array_literal(self.revs), plans=_array_literal(self.plans),
-                      fpos=_array_literal([position[pid] for pid in self.pids]),
-                      node_id=node_id, fence_pids=fence, fence_epochs=[firable[pid] for pid in fence],
-                      epochs=_epochs_literal(firable), now=now)
+        params.update(
+            pids=_array_literal(self.pids),
+            jids=_array_literal(self.jids),
+            revs=_array_literal(self.revs),
+            plans=_array_literal(self.plans),
+            fpos=_array_literal([position[pid] for pid in self.pids]),
+            node_id=node_id,
+            fence_pids=fence,
+            fence_epochs=[firable[pid] for pid in fence],
+            epochs=_epochs_literal(firable),
+            now=now,
+        )
         return params
 
 
@@ -374,20 +397,35 @@ class Firer:
                     self._tick(firable, result)
                 except (psycopg.Error, SchedulerError, OSError) as exc:
                     self._metrics.error(getattr(exc, "sqlstate", None))
-                    log.event("tick_failed", logging.WARNING, node=self._s.node_id,
-                              error=(str(exc).splitlines() or [type(exc).__name__])[0])
+                    log.event(
+                        "tick_failed",
+                        logging.WARNING,
+                        node=self._s.node_id,
+                        error=(str(exc).splitlines() or [type(exc).__name__])[0],
+                    )
                     self.close()  # reopened next tick; a failed session is never reused
                 except Exception as exc:  # a bug must not stop the firing loop: log it loudly
-                    log.event("tick_crashed", logging.ERROR, exc_info=True, node=self._s.node_id,
-                              error=f"{type(exc).__name__}: {exc}")
+                    log.event(
+                        "tick_crashed",
+                        logging.ERROR,
+                        exc_info=True,
+                        node=self._s.node_id,
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
                     self.close()
         finally:
             self._table.end_tick(number)
         elapsed = self._clock.monotonic() - started
         self._metrics.tick_duration.observe(elapsed)
         if elapsed > self._s.tick_interval_s:
-            log.event("tick_slow", logging.WARNING, node=self._s.node_id, seconds=round(elapsed, 3),
-                      fired=result.fired, herd_fired=result.herd_fired)
+            log.event(
+                "tick_slow",
+                logging.WARNING,
+                node=self._s.node_id,
+                seconds=round(elapsed, 3),
+                fired=result.fired,
+                herd_fired=result.herd_fired,
+            )
         return result
 
     def _tick(self, firable: dict[int, int], result: TickResult) -> None:
@@ -418,8 +456,9 @@ class Firer:
                 saturated = {t: weights[t] for t, q in quotas.items() if q > 0 and fetched[t] >= q}
                 leftover = budget - sum(fetched.values())
                 if leftover > 0 and saturated:
-                    left_limits = None if limits is None else {
-                        t: limits[t] - quotas[t] for t in saturated if t in limits}
+                    left_limits = (
+                        None if limits is None else {t: limits[t] - quotas[t] for t in saturated if t in limits}
+                    )
                     extra = DeficitRoundRobin.redistribute(leftover, saturated, left_limits)
                     for tenant, quota in extra.items():
                         granted[tenant] += quota
@@ -435,8 +474,7 @@ class Firer:
                     herds = self._find_herds(read, firable, extra, after)
                     for item in sent:
                         item.wait()
-                    self._pass(read, lanes, firable, extra, after, granted, fetched, used, last, sent,
-                               result, herds)
+                    self._pass(read, lanes, firable, extra, after, granted, fetched, used, last, sent, result, herds)
         except psycopg.Error as exc:
             failed = self._collect(sent, result)
             # An error inside the pipeline leaves the session in an aborted
@@ -452,9 +490,10 @@ class Firer:
             write = self._connection("write0")
             for item in failed:
                 row = store.run_transaction(
-                    write, lambda c, item=item: store.execute(c, item.query, item.params,
-                                                              prepare=FIRE_RUNS_PREPARE)[0],
-                    on_retry=self._metrics.retry)
+                    write,
+                    lambda c, item=item: store.execute(c, item.query, item.params, prepare=FIRE_RUNS_PREPARE)[0],
+                    on_retry=self._metrics.retry,
+                )
                 self._account(item, row, result)
         else:
             self._collect(sent, result)
@@ -468,10 +507,21 @@ class Firer:
             result.budget_exhausted = True
         self._metrics.due_backlog.set(sum(granted.values()) if result.budget_exhausted else 0)
 
-    def _pass(self, read: psycopg.Connection, lanes: list[psycopg.Connection], firable: dict[int, int],
-              quotas: dict[str, int], after: dict[str, tuple], granted: dict[str, int], fetched: Counter,
-              used: Counter, last: dict[str, tuple], sent: list, result: TickResult,
-              herds: dict[str, _Herd] | None = None) -> None:
+    def _pass(
+        self,
+        read: psycopg.Connection,
+        lanes: list[psycopg.Connection],
+        firable: dict[int, int],
+        quotas: dict[str, int],
+        after: dict[str, tuple],
+        granted: dict[str, int],
+        fetched: Counter,
+        used: Counter,
+        last: dict[str, tuple],
+        sent: list,
+        result: TickResult,
+        herds: dict[str, _Herd] | None = None,
+    ) -> None:
         """One pass over ``quotas`` (after the cursors ``after``): herds through
         ``fire_group``, every other tenant's fair set per timer.
 
@@ -497,8 +547,14 @@ class Firer:
                 fetched[tenant] = max(fetched[tenant], before + quotas[tenant])
             last[tenant] = (herd.due, herd.pids[-1], _LAST_UUID)
 
-    def _find_herds(self, read: psycopg.Connection, firable: dict[int, int], quotas: dict[str, int],
-                    after: dict[str, tuple], min_quota: int = 0) -> dict[str, _Herd]:
+    def _find_herds(
+        self,
+        read: psycopg.Connection,
+        firable: dict[int, int],
+        quotas: dict[str, int],
+        after: dict[str, tuple],
+        min_quota: int = 0,
+    ) -> dict[str, _Herd]:
         """This pass's herds, at most one per tenant, planned.
 
         Only tenants with a quota of at least ``min_quota`` (and
@@ -520,41 +576,63 @@ class Firer:
         if not tenants:
             return {}
         cursors = [after.get(t, NO_CURSOR) for t in tenants]
-        heads = store.execute(read, "herd_heads", {
-            "tenants": tenants, "after_due": [c[0] for c in cursors], "after_pid": [c[1] for c in cursors],
-            "after_job": [uuid.UUID(c[2]) for c in cursors],
-            "partition_ids": list(firable), "min_jobs": HERD_MIN_JOBS,
-            "now": self._clock.store_now_or_none(),
-        })
+        heads = store.execute(
+            read,
+            "herd_heads",
+            {
+                "tenants": tenants,
+                "after_due": [c[0] for c in cursors],
+                "after_pid": [c[1] for c in cursors],
+                "after_job": [uuid.UUID(c[2]) for c in cursors],
+                "partition_ids": list(firable),
+                "min_jobs": HERD_MIN_JOBS,
+                "now": self._clock.store_now_or_none(),
+            },
+        )
         herds: dict[str, _Herd] = {}
         for head in heads:
-            herd = self._herd_extent(read, firable, head["tenant"], head["due"], quotas[head["tenant"]],
-                                     after.get(head["tenant"]))
+            herd = self._herd_extent(
+                read, firable, head["tenant"], head["due"], quotas[head["tenant"]], after.get(head["tenant"])
+            )
             if herd is not None:
                 herds[herd.tenant] = herd
         for tenant, herd in list(herds.items()):
-            rows = store.execute(read, "herd_schedules", {
-                "tenant": tenant, "due": herd.due, "pids": herd.pids,
-                "per_partition": max(1, -(-HERD_SAMPLE // max(1, len(herd.pids)))),
-                "now": self._clock.store_now_or_none()})
+            rows = store.execute(
+                read,
+                "herd_schedules",
+                {
+                    "tenant": tenant,
+                    "due": herd.due,
+                    "pids": herd.pids,
+                    "per_partition": max(1, -(-HERD_SAMPLE // max(1, len(herd.pids)))),
+                    "now": self._clock.store_now_or_none(),
+                },
+            )
             plans = [(row, self._herd_plan(row, herd.due)) for row in rows]
             plans = [(row, nxt) for row, nxt in plans if nxt is not False][:HERD_MAX_SCHEDULES]
             if not plans:
                 del herds[tenant]
                 continue
             for row, next_nominal in plans:
-                for name, value in (("kinds", row["kind"]), ("cron_exprs", row["cron_expr"]),
-                                    ("cron_dialects", row["cron_dialect"]), ("tzs", row["tz"]),
-                                    ("interval_ss", row["interval_s"]), ("anchor_ats", row["anchor_at"]),
-                                    ("fire_ats", row["fire_at"]), ("misfires", row["misfire"]),
-                                    ("catchup_window_ss", row["catchup_window_s"]),
-                                    ("misfire_grace_ss", row["misfire_grace_s"]),
-                                    ("next_nominals", next_nominal)):
+                for name, value in (
+                    ("kinds", row["kind"]),
+                    ("cron_exprs", row["cron_expr"]),
+                    ("cron_dialects", row["cron_dialect"]),
+                    ("tzs", row["tz"]),
+                    ("interval_ss", row["interval_s"]),
+                    ("anchor_ats", row["anchor_at"]),
+                    ("fire_ats", row["fire_at"]),
+                    ("misfires", row["misfire"]),
+                    ("catchup_window_ss", row["catchup_window_s"]),
+                    ("misfire_grace_ss", row["misfire_grace_s"]),
+                    ("next_nominals", next_nominal),
+                ):
                     herd.plans.setdefault(name, []).append(value)
         return herds
 
-    def _herd_extent(self, read: psycopg.Connection, firable: dict[int, int], tenant: str, due, quota: int,
-                     cursor: tuple | None) -> _Herd | None:
+    def _herd_extent(
+        self, read: psycopg.Connection, firable: dict[int, int], tenant: str, due, quota: int, cursor: tuple | None
+    ) -> _Herd | None:
         """The partitions of ``tenant``'s herd at ``due`` that fit in ``quota``.
 
         Counts the herd's timers per firable partition in partition order
@@ -569,11 +647,18 @@ class Firer:
         taken: list[int] = []
         jobs, cut = 0, False
         for i in range(0, len(pids), HERD_COUNT_BATCH):
-            batch = pids[i:i + HERD_COUNT_BATCH]
-            rows = store.execute(read, "herd_counts", {
-                "tenant": tenant, "due": due, "pids": batch,
-                "after_pid": cursor[1] if inside else None,
-                "after_job": uuid.UUID(cursor[2]) if inside else None})
+            batch = pids[i : i + HERD_COUNT_BATCH]
+            rows = store.execute(
+                read,
+                "herd_counts",
+                {
+                    "tenant": tenant,
+                    "due": due,
+                    "pids": batch,
+                    "after_pid": cursor[1] if inside else None,
+                    "after_job": uuid.UUID(cursor[2]) if inside else None,
+                },
+            )
             counts = {row["partition_id"]: row["n"] for row in rows}
             for pid in batch:
                 n = counts.get(pid, 0)
@@ -591,8 +676,15 @@ class Firer:
     def _herd_plan(self, row: dict, due):
         """The next slot after ``due`` of a ``herd_schedules`` row (``None``: the
         schedule ends), or ``False`` if its timers need the per-timer planner."""
-        key = (row["kind"], row["cron_expr"], row["cron_dialect"], row["tz"], row["interval_s"],
-               row["anchor_at"], row["fire_at"])
+        key = (
+            row["kind"],
+            row["cron_expr"],
+            row["cron_dialect"],
+            row["tz"],
+            row["interval_s"],
+            row["anchor_at"],
+            row["fire_at"],
+        )
         try:
             schedule = self._schedules.for_key(key)
         except ValidationError:
@@ -600,17 +692,24 @@ class Firer:
         if row["kind"] == "cron" and not tzreplan.is_slot(schedule, due):
             return False  # stored under other tzdata rules: the per-timer path replans it
         now = row["store_now"]
-        plan = plan_job(schedule, job_id=_NIL_UUID, next_nominal=due, now=now,
-                        misfire=row["misfire"], catchup_window_s=row["catchup_window_s"],
-                        misfire_grace_s=row["misfire_grace_s"], jitter_s=0, limit=2)
+        plan = plan_job(
+            schedule,
+            job_id=_NIL_UUID,
+            next_nominal=due,
+            now=now,
+            misfire=row["misfire"],
+            catchup_window_s=row["catchup_window_s"],
+            misfire_grace_s=row["misfire_grace_s"],
+            jitter_s=0,
+            limit=2,
+        )
         if plan.skip is not None or plan.fires != [(due, due)]:
             return False  # catch-up, skipped slots, a policy's choice of slot
         if plan.next_nominal is not None and plan.next_nominal <= now:
             return False  # the next slot is due too: catch-up
         return plan.next_nominal
 
-    def _send_herd(self, lanes: list[psycopg.Connection], firable: dict[int, int], herd: _Herd,
-                   sent: list) -> None:
+    def _send_herd(self, lanes: list[psycopg.Connection], firable: dict[int, int], herd: _Herd, sent: list) -> None:
         """Queue ``herd``'s ``fire_group`` chunks: its firable partitions in
         contiguous slices of about :data:`CHUNK_JOBS` timers."""
         pids = herd.pids
@@ -618,17 +717,36 @@ class Firer:
         size = -(-len(pids) // slices)
         epochs = _epochs_literal(firable)
         for i in range(0, len(pids), size):
-            chunk = pids[i:i + size]
+            chunk = pids[i : i + size]
             # The cursor bound holds trivially for partitions after the
             # cursor's, so every chunk carries it.
-            params = dict(herd.plans, tenant=herd.tenant, due=herd.due, pids=chunk,
-                          lo_pid=herd.after and herd.after[0], lo_job=herd.after and herd.after[1],
-                          epochs=epochs, node_id=self._s.node_id, now=self._clock.store_now_or_none())
+            params = dict(
+                herd.plans,
+                tenant=herd.tenant,
+                due=herd.due,
+                pids=chunk,
+                lo_pid=herd.after and herd.after[0],
+                lo_job=herd.after and herd.after[1],
+                epochs=epochs,
+                node_id=self._s.node_id,
+                now=self._clock.store_now_or_none(),
+            )
             sent.append(self._send(lanes[len(sent) % len(lanes)], "fire_group", params, set(chunk)))
 
-    def _stream(self, read: psycopg.Connection, lanes: list[psycopg.Connection], firable: dict[int, int],
-                quotas: dict[str, int], after: dict[str, tuple], granted: dict[str, int], fetched: Counter,
-                used: Counter, last: dict[str, tuple], sent: list, result: TickResult) -> None:
+    def _stream(
+        self,
+        read: psycopg.Connection,
+        lanes: list[psycopg.Connection],
+        firable: dict[int, int],
+        quotas: dict[str, int],
+        after: dict[str, tuple],
+        granted: dict[str, int],
+        fetched: Counter,
+        used: Counter,
+        last: dict[str, tuple],
+        sent: list,
+        result: TickResult,
+    ) -> None:
         """Stream due rows for ``quotas`` (after the cursors ``after``);
         plan and send a firing statement per chunk.
 
@@ -703,8 +821,11 @@ class Firer:
         fires it (scheduler/tzreplan.py). Re-reads them: one compare-and-set
         transaction on the first write connection."""
         conn = self._connection("write0")
-        rows = store.execute(conn, "jobs_by_keys", {"pids": [pid for pid, _ in self._replan],
-                                                     "jids": [uuid.UUID(j) for _, j in self._replan]})
+        rows = store.execute(
+            conn,
+            "jobs_by_keys",
+            {"pids": [pid for pid, _ in self._replan], "jids": [uuid.UUID(j) for _, j in self._replan]},
+        )
         items = []
         for row in rows:
             if row["kind"] != "cron" or row["next_nominal_at"] is None:
@@ -729,13 +850,21 @@ class Firer:
             burst = max(1.0, rate * self._s.tick_interval_s)
             bucket = self._buckets.get(tenant)
             if bucket is None or bucket.rate_per_s != rate:
-                bucket = self._buckets[tenant] = TokenBucket(rate, burst, burst if bucket is None
-                                                             else min(burst, bucket.tokens), now_s)
+                bucket = self._buckets[tenant] = TokenBucket(
+                    rate, burst, burst if bucket is None else min(burst, bucket.tokens), now_s
+                )
             limits[tenant] = int(bucket.refill(now_s))
         return limits or None
 
-    def _plan_row(self, batch: _Batch, row: tuple, firable: dict[int, int], granted: dict[str, int],
-                  used: Counter, result: TickResult) -> None:
+    def _plan_row(
+        self,
+        batch: _Batch,
+        row: tuple,
+        firable: dict[int, int],
+        granted: dict[str, int],
+        used: Counter,
+        result: TickResult,
+    ) -> None:
         """Plan one due job (a ``select_due_jobs`` tuple) within its tenant's granted runs."""
         tenant = row[_TENANT]
         remaining = granted.get(tenant, 0) - used[tenant]
@@ -762,9 +891,16 @@ class Firer:
             plan = self._plan_memo.get(key)
         if plan is None:
             plan = plan_job(
-                schedule, job_id=uuid.UUID(row[_JOB_ID]), next_nominal=row[_NEXT_NOMINAL], now=now,
-                misfire=row[_MISFIRE], catchup_window_s=row[_CATCHUP], misfire_grace_s=row[_GRACE],
-                jitter_s=jitter_s, limit=remaining)
+                schedule,
+                job_id=uuid.UUID(row[_JOB_ID]),
+                next_nominal=row[_NEXT_NOMINAL],
+                now=now,
+                misfire=row[_MISFIRE],
+                catchup_window_s=row[_CATCHUP],
+                misfire_grace_s=row[_GRACE],
+                jitter_s=jitter_s,
+                limit=remaining,
+            )
             if key is not None and len(plan.fires) <= 1 and plan.skip is None:
                 self._plan_memo[key] = plan
             else:
@@ -793,8 +929,9 @@ class Firer:
             result.fence_rejected.extend(rejected)
             self._metrics.fence_rejections.inc(len(rejected))
             self._metrics.lease_events.labels(kind="lost").inc(len(rejected))
-            log.event("fence_rejected", logging.WARNING, node=self._s.node_id,
-                      partitions=len(rejected), sample=rejected[:8])
+            log.event(
+                "fence_rejected", logging.WARNING, node=self._s.node_id, partitions=len(rejected), sample=rejected[:8]
+            )
         if item.batch is not None:
             stale = sum(1 for pid in item.batch.pids if pid in fenced) - row["advanced"]
             if stale > 0:

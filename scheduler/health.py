@@ -68,8 +68,13 @@ class StoreProbe:
     plain connection with short keepalives.
     """
 
-    def __init__(self, dsn: str, timeout_s: float = PROBE_TIMEOUT_S, application_name: str = "scheduler-probe",
-                 settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        timeout_s: float = PROBE_TIMEOUT_S,
+        application_name: str = "scheduler-probe",
+        settings: Settings | None = None,
+    ) -> None:
         self._dsn = dsn
         self._timeout_s = timeout_s
         self._application_name = application_name
@@ -92,15 +97,23 @@ class StoreProbe:
     def _query(self, outcome: list[str | None]) -> None:
         try:
             if (self._conn is None or self._conn.closed) and self._settings is not None:
-                self._conn = store.node_connect(self._settings, self._application_name,
-                                                statement_timeout_s=self._timeout_s,
-                                                connect_timeout_s=max(2.0, self._timeout_s))
+                self._conn = store.node_connect(
+                    self._settings,
+                    self._application_name,
+                    statement_timeout_s=self._timeout_s,
+                    connect_timeout_s=max(2.0, self._timeout_s),
+                )
             elif self._conn is None or self._conn.closed:
                 self._conn = store.connect(
-                    self._dsn, application_name=self._application_name,
+                    self._dsn,
+                    application_name=self._application_name,
                     connect_timeout_s=max(2.0, self._timeout_s),  # libpq's minimum is 2 s
-                    statement_timeout_s=self._timeout_s, keepalives_idle=1, keepalives_interval=1,
-                    keepalives_count=2, tcp_user_timeout=int(self._timeout_s * 2000))
+                    statement_timeout_s=self._timeout_s,
+                    keepalives_idle=1,
+                    keepalives_interval=1,
+                    keepalives_count=2,
+                    tcp_user_timeout=int(self._timeout_s * 2000),
+                )
             self._conn.execute("SELECT now()").fetchone()
             outcome.append(None)
         except (psycopg.Error, SchedulerError, OSError) as exc:
@@ -128,9 +141,14 @@ class HealthServer:
     cannot be bound.
     """
 
-    def __init__(self, host: str, port: int, metrics: Metrics,
-                 readiness: Callable[[], tuple[bool, list[str], dict]],
-                 liveness: Callable[[], tuple[bool, list[str]]] | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        metrics: Metrics,
+        readiness: Callable[[], tuple[bool, list[str], dict]],
+        liveness: Callable[[], tuple[bool, list[str]]] | None = None,
+    ) -> None:
         self._host = host
         self._requested_port = port
         self._metrics = metrics
@@ -151,11 +169,13 @@ class HealthServer:
         try:
             self._server = ThreadingHTTPServer((self._host, self._requested_port), handler)
         except OSError as exc:
-            raise SchedulerError(f"metrics_port: cannot listen on {self._host}:{self._requested_port}: "
-                                 f"{exc.strerror or exc}") from exc
+            raise SchedulerError(
+                f"metrics_port: cannot listen on {self._host}:{self._requested_port}: {exc.strerror or exc}"
+            ) from exc
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="health-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.2}, name="health-server", daemon=True
+        )
         self._thread.start()
         log.event("metrics_listening", host=self._host, port=self.port)
 
@@ -170,8 +190,11 @@ class HealthServer:
             self._thread = None
 
 
-def _handler(metrics: Metrics, readiness: Callable[[], tuple[bool, list[str], dict]],
-             liveness: Callable[[], tuple[bool, list[str]]] | None = None) -> type:
+def _handler(
+    metrics: Metrics,
+    readiness: Callable[[], tuple[bool, list[str], dict]],
+    liveness: Callable[[], tuple[bool, list[str]]] | None = None,
+) -> type:
     class Handler(BaseHTTPRequestHandler):
         server_version = "scheduler"
 
@@ -198,6 +221,8 @@ def _handler(metrics: Metrics, readiness: Callable[[], tuple[bool, list[str], di
             self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-            log.event("http_request", logging.DEBUG, request=self.requestline, status=args[1] if len(args) > 1 else None)
+            log.event(
+                "http_request", logging.DEBUG, request=self.requestline, status=args[1] if len(args) > 1 else None
+            )
 
     return Handler

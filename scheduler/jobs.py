@@ -75,8 +75,15 @@ which an edit keeps when these are unchanged)."""
 
 def _row_schedule(row: dict):
     """The schedule of a ``jobs`` (or ``job_revisions``) row."""
-    return build_schedule(row["kind"], row["cron_expr"], row["cron_dialect"], row["tz"],
-                          row["interval_s"], row["anchor_at"], row["fire_at"])
+    return build_schedule(
+        row["kind"],
+        row["cron_expr"],
+        row["cron_dialect"],
+        row["tz"],
+        row["interval_s"],
+        row["anchor_at"],
+        row["fire_at"],
+    )
 
 
 def _retire(conn: psycopg.Connection, rows: list[dict], now: datetime, reason: str | None) -> None:
@@ -87,8 +94,11 @@ def _retire(conn: psycopg.Connection, rows: list[dict], now: datetime, reason: s
     rewrite's transaction, before it, with the rows read FOR UPDATE."""
     if not rows:
         return
-    store.execute(conn, "insert_job_revisions", {"pids": [row["partition_id"] for row in rows],
-                                                 "jids": [row["job_id"] for row in rows], "now": now})
+    store.execute(
+        conn,
+        "insert_job_revisions",
+        {"pids": [row["partition_id"] for row in rows], "jids": [row["job_id"] for row in rows], "now": now},
+    )
     if reason is None:
         return
     for row in rows:
@@ -97,9 +107,19 @@ def _retire(conn: psycopg.Connection, rows: list[dict], now: datetime, reason: s
             continue
         schedule = _row_schedule(row)
         until = schedule.next_after(now) or now + timedelta(microseconds=1)
-        store.execute(conn, "insert_rewrite_skip", {
-            "partition_id": row["partition_id"], "job_id": row["job_id"], "first": slot, "until": until,
-            "slots": count_slots(schedule, slot, until), "reason": reason, "now": now})
+        store.execute(
+            conn,
+            "insert_rewrite_skip",
+            {
+                "partition_id": row["partition_id"],
+                "job_id": row["job_id"],
+                "first": slot,
+                "until": until,
+                "slots": count_slots(schedule, slot, until),
+                "reason": reason,
+                "now": now,
+            },
+        )
 
 
 def _get_for_update(conn: psycopg.Connection, job_id: uuid.UUID) -> dict:
@@ -169,10 +189,14 @@ def add_job(conn: psycopg.Connection, spec: JobSpec, *, replace: bool = False) -
                 fields = spec.row_fields()
                 if all(fields[column] == existing[column] for column in SCHEDULE_COLUMNS):
                     pending = existing["next_nominal_at"]
-                    params = {**fields, "partition_id": existing["partition_id"], "job_id": job_id,
-                              "anchor_at": existing["anchor_at"], "next_nominal_at": pending,
-                              "next_due_at": None if pending is None
-                              else scheduled_time(job_id, pending, spec.jitter_s)}
+                    params = {
+                        **fields,
+                        "partition_id": existing["partition_id"],
+                        "job_id": job_id,
+                        "anchor_at": existing["anchor_at"],
+                        "next_nominal_at": pending,
+                        "next_due_at": None if pending is None else scheduled_time(job_id, pending, spec.jitter_s),
+                    }
                     _retire(c, [existing], now, None)
                 else:
                     params = _job_row(spec, job_id, now)
@@ -188,8 +212,7 @@ def add_job(conn: psycopg.Connection, spec: JobSpec, *, replace: bool = False) -
 
 
 def _conflict(spec: JobSpec, job_id: uuid.UUID) -> str:
-    return (f"name: job {spec.name!r} of tenant {spec.tenant!r} already exists with a different spec "
-            f"(id {job_id})")
+    return f"name: job {spec.name!r} of tenant {spec.tenant!r} already exists with a different spec (id {job_id})"
 
 
 @dataclasses.dataclass
@@ -224,8 +247,9 @@ def import_name(tenant: str, expr: str, dialect: str, tz: str, occurrence: int) 
     return f"{IMPORT_NAME_PREFIX}{digest[:16]}:{occurrence}"
 
 
-def corpus_specs(path: Path, tenant: str, *, misfire: str = DEFAULT_MISFIRE,
-                 name_column: str | None = None) -> Iterator[tuple[int, str, JobSpec | str]]:
+def corpus_specs(
+    path: Path, tenant: str, *, misfire: str = DEFAULT_MISFIRE, name_column: str | None = None
+) -> Iterator[tuple[int, str, JobSpec | str]]:
     """Read a corpus-format CSV; yield ``(line_number, expr, JobSpec or reason)``.
 
     Columns used: ``expr``, ``dialect``, ``timezone`` (empty = UTC), and
@@ -272,8 +296,12 @@ def corpus_specs(path: Path, tenant: str, *, misfire: str = DEFAULT_MISFIRE,
                 continue
             line = consumed
             expr = (record.get("expr") or "").strip()
-            columns = (record.get("expr") or "", record.get("dialect") or "", record.get("timezone") or "",
-                       (record.get(name_column) or "") if name_column is not None else "")
+            columns = (
+                record.get("expr") or "",
+                record.get("dialect") or "",
+                record.get("timezone") or "",
+                (record.get(name_column) or "") if name_column is not None else "",
+            )
             if any(_UNDECODABLE.search(value) for value in columns):
                 yield start, expr, "encoding: the line is not valid UTF-8"
                 continue
@@ -304,8 +332,15 @@ _UNDECODABLE = re.compile("[\udc80-\udcff]")
 """Bytes that did not decode as UTF-8 (``surrogateescape``)."""
 
 
-def import_csv(conn: psycopg.Connection, path: Path, tenant: str, *, misfire: str = DEFAULT_MISFIRE,
-               name_column: str | None = None, batch_size: int = IMPORT_BATCH) -> ImportReport:
+def import_csv(
+    conn: psycopg.Connection,
+    path: Path,
+    tenant: str,
+    *,
+    misfire: str = DEFAULT_MISFIRE,
+    name_column: str | None = None,
+    batch_size: int = IMPORT_BATCH,
+) -> ImportReport:
     """Import every valid line of a corpus-format CSV for ``tenant``; idempotent.
 
     Each line is a named job (:func:`corpus_specs`): a name not yet taken
@@ -324,7 +359,7 @@ def import_csv(conn: psycopg.Connection, path: Path, tenant: str, *, misfire: st
     def flush() -> None:
         if batch:
             outcomes = import_jobs(conn, [spec for _, _, spec in batch])
-            for (line, expr, _), (outcome, value) in zip(batch, outcomes):
+            for (line, expr, _), (outcome, value) in zip(batch, outcomes, strict=False):
                 if outcome == "created":
                     report.created.append(value)
                 elif outcome == "unchanged":
@@ -364,8 +399,14 @@ def import_jobs(conn: psycopg.Connection, specs: Iterable[JobSpec]) -> list[tupl
     def body(c: psycopg.Connection) -> list[tuple[str, Any]]:
         now = _store_now(c)
         store.execute(c, "ensure_tenants", {"tenants": sorted({spec.tenant for spec in specs})})
-        existing = {(row["tenant"], row["name"]): row for row in store.execute(c, "find_jobs_by_names", {
-            "tenants": [spec.tenant for spec in specs], "names": [spec.name for spec in specs]})}
+        existing = {
+            (row["tenant"], row["name"]): row
+            for row in store.execute(
+                c,
+                "find_jobs_by_names",
+                {"tenants": [spec.tenant for spec in specs], "names": [spec.name for spec in specs]},
+            )
+        }
         outcomes: list[tuple[str, Any]] = []
         rows = []
         for spec in specs:
@@ -409,7 +450,7 @@ def add_jobs(conn: psycopg.Connection, specs: Iterable[JobSpec]) -> list[uuid.UU
 
     def body(c: psycopg.Connection) -> list[uuid.UUID]:
         now = _store_now(c)
-        rows = [_job_row(spec, job_id, now) for spec, job_id in zip(specs, ids)]
+        rows = [_job_row(spec, job_id, now) for spec, job_id in zip(specs, ids, strict=False)]
         store.execute(c, "ensure_tenants", {"tenants": sorted({spec.tenant for spec in specs})})
         with c.cursor() as cur:
             cur.executemany(store.QUERIES["insert_job"], rows)
@@ -452,6 +493,7 @@ def set_paused(conn: psycopg.Connection, job_id: uuid.UUID, paused: bool) -> Non
     changes nothing (a running job keeps its next slot, overdue or not).
     Raises NotFoundError for an unknown or deleted job.
     """
+
     def body(c: psycopg.Connection) -> None:
         now = _store_now(c)
         row = _get_for_update(c, job_id)
@@ -463,9 +505,18 @@ def set_paused(conn: psycopg.Connection, job_id: uuid.UUID, paused: bool) -> Non
             if next_nominal is not None:
                 next_due = scheduled_time(job_id, next_nominal, row["jitter_s"])
         _retire(c, [row], now, "paused" if paused else None)
-        store.execute(c, "set_job_paused", {
-            "partition_id": row["partition_id"], "job_id": job_id, "paused": paused,
-            "next_nominal_at": next_nominal, "next_due_at": next_due, "changed_at": now})
+        store.execute(
+            c,
+            "set_job_paused",
+            {
+                "partition_id": row["partition_id"],
+                "job_id": job_id,
+                "paused": paused,
+                "next_nominal_at": next_nominal,
+                "next_due_at": next_due,
+                "changed_at": now,
+            },
+        )
 
     store.run_transaction(conn, body)
 
@@ -473,6 +524,7 @@ def set_paused(conn: psycopg.Connection, job_id: uuid.UUID, paused: bool) -> Non
 def delete_job(conn: psycopg.Connection, job_id: uuid.UUID) -> None:
     """Delete a job (soft: it stops firing at once; its runs stay). A due pending
     slot is recorded as skipped (``deleted``). Raises NotFoundError."""
+
     def body(c: psycopg.Connection) -> None:
         now = _store_now(c)
         try:
@@ -480,8 +532,7 @@ def delete_job(conn: psycopg.Connection, job_id: uuid.UUID) -> None:
         except NotFoundError:
             raise NotFoundError(f"job_id: no job {job_id}") from None
         _retire(c, [row], now, "deleted")
-        store.execute(c, "delete_job", {"partition_id": row["partition_id"], "job_id": job_id,
-                                        "changed_at": now})
+        store.execute(c, "delete_job", {"partition_id": row["partition_id"], "job_id": job_id, "changed_at": now})
 
     store.run_transaction(conn, body)
 
@@ -520,11 +571,13 @@ def delete_jobs(conn: psycopg.Connection, tenant: str, *, name_prefix: str | Non
 
     def body(c: psycopg.Connection) -> int:
         now = _store_now(c)
-        rows = store.execute(c, "jobs_of_tenant_page", {"tenant": tenant, "name_prefix": name_prefix,
-                                                        "limit": limit})
+        rows = store.execute(c, "jobs_of_tenant_page", {"tenant": tenant, "name_prefix": name_prefix, "limit": limit})
         _retire(c, rows, now, "deleted")
-        store.execute(c, "delete_jobs_by_keys", {"pids": [row["partition_id"] for row in rows],
-                                                 "jids": [row["job_id"] for row in rows], "changed_at": now})
+        store.execute(
+            c,
+            "delete_jobs_by_keys",
+            {"pids": [row["partition_id"] for row in rows], "jids": [row["job_id"] for row in rows], "changed_at": now},
+        )
         return len(rows)
 
     total = 0
@@ -539,18 +592,31 @@ def add_tenant(conn: psycopg.Connection, tenant: str, weight: int = 1, max_rate:
     """Create a tenant; return False if it already existed (nothing changed)."""
     validate_tenant(tenant)
     _check_weight_rate(weight, max_rate)
-    rows = store.run_transaction(conn, lambda c: store.execute(
-        c, "insert_tenant", {"tenant": tenant, "weight": weight, "max_rate": max_rate}))
+    rows = store.run_transaction(
+        conn, lambda c: store.execute(c, "insert_tenant", {"tenant": tenant, "weight": weight, "max_rate": max_rate})
+    )
     return bool(rows)
 
 
-def set_tenant(conn: psycopg.Connection, tenant: str, *, weight: int | None = None,
-               max_rate: float | None = None, clear_max_rate: bool = False) -> dict:
+def set_tenant(
+    conn: psycopg.Connection,
+    tenant: str,
+    *,
+    weight: int | None = None,
+    max_rate: float | None = None,
+    clear_max_rate: bool = False,
+) -> dict:
     """Change a tenant's weight and/or fleet-wide rate cap; raises NotFoundError."""
     validate_tenant(tenant)
     _check_weight_rate(weight, max_rate)
-    rows = store.run_transaction(conn, lambda c: store.execute(c, "update_tenant", {
-        "tenant": tenant, "weight": weight, "max_rate": max_rate, "clear_max_rate": clear_max_rate}))
+    rows = store.run_transaction(
+        conn,
+        lambda c: store.execute(
+            c,
+            "update_tenant",
+            {"tenant": tenant, "weight": weight, "max_rate": max_rate, "clear_max_rate": clear_max_rate},
+        ),
+    )
     if not rows:
         raise NotFoundError(f"tenant: no tenant {tenant!r}")
     return rows[0]
@@ -568,9 +634,12 @@ def list_tenants(conn: psycopg.Connection) -> list[dict]:
     return store.execute(conn, "list_tenants")
 
 
-def list_runs(conn: psycopg.Connection, job_id: uuid.UUID | None = None, since: datetime | None = None,
-              limit: int = 100) -> list[dict]:
+def list_runs(
+    conn: psycopg.Connection, job_id: uuid.UUID | None = None, since: datetime | None = None, limit: int = 100
+) -> list[dict]:
     """Runs, newest nominal time first, optionally of one job and/or since an instant."""
-    return store.execute(conn, "list_runs", {
-        "job_id": job_id, "partition_id": partition_of(job_id) if job_id else None,
-        "since": since, "limit": limit})
+    return store.execute(
+        conn,
+        "list_runs",
+        {"job_id": job_id, "partition_id": partition_of(job_id) if job_id else None, "since": since, "limit": limit},
+    )

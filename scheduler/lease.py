@@ -164,8 +164,11 @@ class LeaseTable:
         draining has ended; later ticks never had it. Never waits.
         """
         with self._lock:
-            return [self._leases[pid] for pid, begun in sorted(self._draining.items())
-                    if begun <= self._ticks_ended and pid in self._leases]
+            return [
+                self._leases[pid]
+                for pid, begun in sorted(self._draining.items())
+                if begun <= self._ticks_ended and pid in self._leases
+            ]
 
     def draining(self) -> set[int]:
         """Partition ids marked draining (held, not fired, waiting to be released)."""
@@ -298,8 +301,11 @@ class StoreSession:
             return store.run_transaction(conn, body, on_retry=self._metrics.retry)
         except (psycopg.Error, StoreError) as exc:
             self._metrics.error(getattr(exc, "sqlstate", None))
-            if isinstance(exc, StoreError) or isinstance(exc, psycopg.OperationalError) \
-                    or (self._conn is not None and self._conn.closed):
+            if (
+                isinstance(exc, StoreError)
+                or isinstance(exc, psycopg.OperationalError)
+                or (self._conn is not None and self._conn.closed)
+            ):
                 self.close()
             raise
 
@@ -330,9 +336,17 @@ class SqlCoordinator(StoreSession):
         self.incarnation = uuid.uuid4()
 
     def _heartbeat(self, conn: psycopg.Connection) -> None:
-        store.execute(conn, "upsert_heartbeat", {
-            "node_id": self.node_id, "incarnation": self.incarnation,
-            "host": socket.gethostname(), "pid": os.getpid(), "now": self._clock.store_now_or_none()})
+        store.execute(
+            conn,
+            "upsert_heartbeat",
+            {
+                "node_id": self.node_id,
+                "incarnation": self.incarnation,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "now": self._clock.store_now_or_none(),
+            },
+        )
 
     def join(self) -> None:
         self.heartbeat()
@@ -346,10 +360,19 @@ class SqlCoordinator(StoreSession):
         """One ``renew_leases`` statement over ``leases`` (lease rows only); the pairs renewed."""
         if not leases:
             return []
-        rows = self._tx(lambda conn: store.execute(conn, "renew_leases", {
-            "node_id": self.node_id, "ttl_s": self._settings.lease_ttl_s,
-            "partition_ids": [lease.partition_id for lease in leases],
-            "epochs": [lease.epoch for lease in leases], "now": self._clock.store_now_or_none()}))
+        rows = self._tx(
+            lambda conn: store.execute(
+                conn,
+                "renew_leases",
+                {
+                    "node_id": self.node_id,
+                    "ttl_s": self._settings.lease_ttl_s,
+                    "partition_ids": [lease.partition_id for lease in leases],
+                    "epochs": [lease.epoch for lease in leases],
+                    "now": self._clock.store_now_or_none(),
+                },
+            )
+        )
         return [(row["partition_id"], row["owner_epoch"]) for row in rows]
 
     def live_nodes(self) -> list[str]:
@@ -364,36 +387,64 @@ class SqlCoordinator(StoreSession):
         expired partitions are ever claimed, so a slow heartbeat costs nothing
         but a share computed a little high for a moment.
         """
-        rows = self._tx(lambda conn: store.execute(
-            conn, "list_live_nodes", {"max_age_s": self._settings.responsive_s,
-                                      "now": self._clock.store_now_or_none()}))
+        rows = self._tx(
+            lambda conn: store.execute(
+                conn,
+                "list_live_nodes",
+                {"max_age_s": self._settings.responsive_s, "now": self._clock.store_now_or_none()},
+            )
+        )
         return [row["node_id"] for row in rows]
 
     def claim(self, limit: int) -> list[tuple[int, int]]:
         if limit <= 0:
             return []
-        rows = self._tx(lambda conn: store.execute(conn, "claim_partitions", {
-            "node_id": self.node_id, "ttl_s": self._settings.lease_ttl_s, "limit": limit,
-            "now": self._clock.store_now_or_none()}))
+        rows = self._tx(
+            lambda conn: store.execute(
+                conn,
+                "claim_partitions",
+                {
+                    "node_id": self.node_id,
+                    "ttl_s": self._settings.lease_ttl_s,
+                    "limit": limit,
+                    "now": self._clock.store_now_or_none(),
+                },
+            )
+        )
         return [(row["partition_id"], row["owner_epoch"]) for row in rows]
 
     def release(self, leases: list[Lease]) -> list[int]:
         if not leases:
             return []
-        rows = self._tx(lambda conn: store.execute(conn, "release_leases", {
-            "node_id": self.node_id,
-            "partition_ids": [lease.partition_id for lease in leases],
-            "epochs": [lease.epoch for lease in leases]}))
+        rows = self._tx(
+            lambda conn: store.execute(
+                conn,
+                "release_leases",
+                {
+                    "node_id": self.node_id,
+                    "partition_ids": [lease.partition_id for lease in leases],
+                    "epochs": [lease.epoch for lease in leases],
+                },
+            )
+        )
         return [row["partition_id"] for row in rows]
 
     def leave(self) -> None:
-        self._tx(lambda conn: store.execute(conn, "delete_heartbeat", {
-            "node_id": self.node_id, "incarnation": self.incarnation}))
+        self._tx(
+            lambda conn: store.execute(
+                conn, "delete_heartbeat", {"node_id": self.node_id, "incarnation": self.incarnation}
+            )
+        )
 
     def prune(self) -> None:
         """Delete heartbeat rows of nodes dead for ``node_prune_after_s``."""
-        self._tx(lambda conn: store.execute(conn, "prune_nodes", {
-            "prune_after_s": self._settings.node_prune_after_s, "now": self._clock.store_now_or_none()}))
+        self._tx(
+            lambda conn: store.execute(
+                conn,
+                "prune_nodes",
+                {"prune_after_s": self._settings.node_prune_after_s, "now": self._clock.store_now_or_none()},
+            )
+        )
 
 
 class LeaseLoop:
@@ -421,8 +472,15 @@ class LeaseLoop:
     such a coordinator, whoever sets ``stop`` must also call :meth:`wake`.
     """
 
-    def __init__(self, settings: Settings, coordinator: Coordinator, table: LeaseTable,
-                 clock: Clock, metrics: Metrics, on_claimed=None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        coordinator: Coordinator,
+        table: LeaseTable,
+        clock: Clock,
+        metrics: Metrics,
+        on_claimed=None,
+    ) -> None:
         self._s = settings
         self._coord = coordinator
         self._table = table
@@ -475,8 +533,12 @@ class LeaseLoop:
                 self._coord.prune()
                 self._next_prune = now + 60.0
         except (psycopg.Error, SchedulerError, OSError) as exc:
-            log.event("store_unavailable", logging.WARNING, component="lease",
-                      error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            log.event(
+                "store_unavailable",
+                logging.WARNING,
+                component="lease",
+                error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )
             # Try again soon; the table's deadlines keep firing safe meanwhile.
             self._next_renew = now + min(1.0, self._s.renew_interval_s)
             self._next_poll = now + self._s.poll_interval_s
@@ -499,8 +561,13 @@ class LeaseLoop:
         if lost:
             self._table.drop(lease.partition_id for lease in lost)
             self._metrics.lease_events.labels(kind="lost").inc(len(lost))
-            log.event("lease_lost", logging.WARNING, node=self._s.node_id,
-                      partitions=len(lost), sample=[lease.partition_id for lease in lost[:8]])
+            log.event(
+                "lease_lost",
+                logging.WARNING,
+                node=self._s.node_id,
+                partitions=len(lost),
+                sample=[lease.partition_id for lease in lost[:8]],
+            )
         self._metrics.lease_events.labels(kind="renewed").inc(len(renewed))
 
     def stop_claiming(self) -> None:
@@ -524,8 +591,14 @@ class LeaseLoop:
             if claimed:
                 self._table.grant(claimed, sent, self._s.lease_ttl_s)
                 self._metrics.lease_events.labels(kind="claimed").inc(len(claimed))
-                log.event("lease_claimed", node=self._s.node_id, partitions=len(claimed),
-                          held=len(held) + len(claimed), share=share, live_nodes=len(live))
+                log.event(
+                    "lease_claimed",
+                    node=self._s.node_id,
+                    partitions=len(claimed),
+                    held=len(held) + len(claimed),
+                    share=share,
+                    live_nodes=len(live),
+                )
                 if self._on_claimed is not None:
                     self._on_claimed()
         else:
@@ -543,8 +616,7 @@ class LeaseLoop:
         released = self._coord.release(leases)
         self._table.drop(pids)
         self._metrics.lease_events.labels(kind="released").inc(len(released))
-        log.event("lease_released", node=self._s.node_id, partitions=len(released),
-                  reason=reason, **fields)
+        log.event("lease_released", node=self._s.node_id, partitions=len(released), reason=reason, **fields)
 
     def run(self, stop: threading.Event) -> None:
         """Loop until ``stop`` is set, waking every ≤ ``poll_interval_s`` (or at :meth:`wake`)."""
@@ -568,9 +640,13 @@ class LeaseLoop:
                 if releasable:
                     self._release(releasable, reason="shutdown")
                 if len(releasable) < len(held):
-                    log.event("leave_partial", logging.WARNING, node=self._s.node_id,
-                              left_to_expire=len(held) - len(releasable),
-                              note="a firing tick was still running; its leases expire after the TTL")
+                    log.event(
+                        "leave_partial",
+                        logging.WARNING,
+                        node=self._s.node_id,
+                        left_to_expire=len(held) - len(releasable),
+                        note="a firing tick was still running; its leases expire after the TTL",
+                    )
             self._coord.leave()
             log.event("node_left", node=self._s.node_id)
         except (psycopg.Error, SchedulerError, OSError) as exc:

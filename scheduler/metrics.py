@@ -37,8 +37,7 @@ class BulkHistogram:
     custom-collector API as a regular histogram family.
     """
 
-    def __init__(self, name: str, documentation: str, buckets: Iterable[float],
-                 registry: CollectorRegistry) -> None:
+    def __init__(self, name: str, documentation: str, buckets: Iterable[float], registry: CollectorRegistry) -> None:
         self._name = name
         self._doc = documentation
         self._bounds = sorted(buckets)
@@ -66,7 +65,7 @@ class BulkHistogram:
         with self._lock:
             counts, total = list(self._counts), self._sum
         cumulative, acc = [], 0
-        for bound, n in zip([*map(str, self._bounds), "+Inf"], counts):
+        for bound, n in zip([*map(str, self._bounds), "+Inf"], counts, strict=False):
             acc += n
             cumulative.append((bound, acc))
         yield HistogramMetricFamily(self._name, self._doc, buckets=cumulative, sum_value=total)
@@ -81,61 +80,91 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.runs_fired = Counter(
-            "scheduler_firing_runs_fired_total", "Runs committed by this node.", registry=r)
+        self.runs_fired = Counter("scheduler_firing_runs_fired_total", "Runs committed by this node.", registry=r)
         self.herd_runs_fired = Counter(
             "scheduler_firing_herd_runs_fired_total",
-            "Of the runs committed by this node, those fired as part of a herd (fire_group).", registry=r)
+            "Of the runs committed by this node, those fired as part of a herd (fire_group).",
+            registry=r,
+        )
         self.slots_skipped = Counter(
             "scheduler_firing_slots_skipped_total",
-            "Misfire decisions recorded as skipped (one per skip range).", registry=r)
+            "Misfire decisions recorded as skipped (one per skip range).",
+            registry=r,
+        )
         self.dispatch_lag = BulkHistogram(
             "scheduler_firing_dispatch_lag_seconds",
             "fired_at minus scheduled time (nominal + jitter) of committed runs, store clock.",
-            LAG_BUCKETS_S, r)
+            LAG_BUCKETS_S,
+            r,
+        )
         self.due_backlog = Gauge(
             "scheduler_firing_due_backlog_runs",
-            "Due runs left for the next tick after this tick's budget (lower bound).", registry=r)
+            "Due runs left for the next tick after this tick's budget (lower bound).",
+            registry=r,
+        )
         self.tick_duration = Histogram(
-            "scheduler_firing_tick_duration_seconds", "Wall time of one firing tick.",
-            buckets=TICK_BUCKETS_S, registry=r)
+            "scheduler_firing_tick_duration_seconds",
+            "Wall time of one firing tick.",
+            buckets=TICK_BUCKETS_S,
+            registry=r,
+        )
         self.fence_rejections = Counter(
             "scheduler_firing_fence_rejections_total",
             "Partitions a firing statement found no longer ours (stale epoch): nothing committed for them.",
-            registry=r)
+            registry=r,
+        )
         self.stale_jobs = Counter(
             "scheduler_firing_stale_jobs_total",
-            "Due jobs not advanced because they were edited between read and fire.", registry=r)
+            "Due jobs not advanced because they were edited between read and fire.",
+            registry=r,
+        )
         self.slots_replanned = Counter(
             "scheduler_firing_slots_replanned_total",
             "Due cron jobs whose stored slot was no slot under this node's tzdata, moved to their "
-            "true slot (scheduler/tzreplan.py).", registry=r)
+            "true slot (scheduler/tzreplan.py).",
+            registry=r,
+        )
         self.partitions_owned = Gauge(
-            "scheduler_lease_partitions_owned", "Partitions whose lease this node holds.", registry=r)
+            "scheduler_lease_partitions_owned", "Partitions whose lease this node holds.", registry=r
+        )
         self.lease_events = Counter(
             "scheduler_lease_events_total",
-            "Lease events by kind: claimed, renewed, released, lost.", ["kind"], registry=r)
-        self.live_nodes = Gauge(
-            "scheduler_membership_live_nodes", "Nodes with a fresh heartbeat.", registry=r)
+            "Lease events by kind: claimed, renewed, released, lost.",
+            ["kind"],
+            registry=r,
+        )
+        self.live_nodes = Gauge("scheduler_membership_live_nodes", "Nodes with a fresh heartbeat.", registry=r)
         self.store_retries = Counter(
             "scheduler_store_retries_total",
             "Transactions retried, by SQLSTATE class (40 = serialization/deadlock).",
-            ["sqlstate_class"], registry=r)
+            ["sqlstate_class"],
+            registry=r,
+        )
         self.store_errors = Counter(
             "scheduler_store_errors_total",
             "Store operations that failed, by SQLSTATE class ('conn' = connection lost).",
-            ["sqlstate_class"], registry=r)
+            ["sqlstate_class"],
+            registry=r,
+        )
         self.heartbeat_age = Gauge(
             "scheduler_membership_heartbeat_age_seconds",
             "Seconds since the lease loop's last successful heartbeat (node monotonic clock); "
-            "-1 before the first. Above the lease TTL the node is not ready.", registry=r)
+            "-1 before the first. Above the lease TTL the node is not ready.",
+            registry=r,
+        )
         self.heartbeat_age.set(-1)
         self.retention_pruned = Counter(
             "scheduler_retention_pruned_rows_total",
-            "Rows deleted by the retention loop, by table (runs, skips, jobs).", ["table"], registry=r)
+            "Rows deleted by the retention loop, by table (runs, skips, jobs).",
+            ["table"],
+            registry=r,
+        )
         self.retention_batch_duration = Histogram(
-            "scheduler_retention_batch_duration_seconds", "Wall time of one retention DELETE batch.",
-            buckets=TICK_BUCKETS_S, registry=r)
+            "scheduler_retention_batch_duration_seconds",
+            "Wall time of one retention DELETE batch.",
+            buckets=TICK_BUCKETS_S,
+            registry=r,
+        )
         # Bounded label sets, exposed at 0 from the start so dashboards and
         # alerts see every series before its first event.
         for kind in LEASE_EVENT_KINDS:

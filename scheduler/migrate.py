@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 
+from alembic import command
 from scheduler import log, store
 from scheduler.errors import StoreError, ValidationError
 from scheduler.store import redact_dsn, redact_text, secret_spellings, sqlalchemy_url
@@ -72,8 +72,10 @@ def alembic_config(dsn: str) -> Config:
     """
     location = script_location()
     if location is None:
-        raise StoreError(f"migration scripts not found (neither {PACKAGED} nor {CHECKOUT}): install the "
-                         "project from a wheel or a checkout (`pip install -e .`)")
+        raise StoreError(
+            f"migration scripts not found (neither {PACKAGED} nor {CHECKOUT}): install the "
+            "project from a wheel or a checkout (`pip install -e .`)"
+        )
     config = Config()
     config.set_main_option("script_location", str(location))
     config.set_main_option("sqlalchemy.url", sqlalchemy_url(dsn).replace("%", "%%"))
@@ -95,8 +97,12 @@ def _check_revision(script: ScriptDirectory, revision: str) -> str | None:
     try:
         found = script.get_revision(revision)
     except CommandError:
-        raise ValidationError("revision", f"unknown revision (this version knows base..{script.get_current_head()}; "
-                                          "`scheduler db current` shows the store's)", revision) from None
+        raise ValidationError(
+            "revision",
+            f"unknown revision (this version knows base..{script.get_current_head()}; "
+            "`scheduler db current` shows the store's)",
+            revision,
+        ) from None
     return None if found is None else found.revision
 
 
@@ -176,8 +182,12 @@ def plan(dsn: str, revision: str, direction: str) -> Plan:
     named = _check_revision(script, revision)
     current = current_revision(dsn)
     if current is not None and not _known(script, current):
-        raise ValidationError("revision", f"cannot be reached from the store's revision {current}, which this "
-                                          "version does not know (a newer version migrated it)", revision)
+        raise ValidationError(
+            "revision",
+            f"cannot be reached from the store's revision {current}, which this "
+            "version does not know (a newer version migrated it)",
+            revision,
+        )
     below = _ancestry(script, current) if current is not None else []
     resolved, target = True, named
     relative = re.fullmatch(r"-(\d+)", revision)
@@ -189,15 +199,30 @@ def plan(dsn: str, revision: str, direction: str) -> Plan:
         resolved = False
     if resolved and direction == "downgrade" and target is not None and target not in below:
         go_up = f"`scheduler db upgrade {revision}` goes up"
-        raise ValidationError("revision", f"must be at or below the store's revision {current} ({go_up})"
-                              if current is not None else f"must be base: the store has no schema ({go_up})",
-                              revision)
-    if resolved and direction == "upgrade" and current is not None and target != current and (
-            target is None or target in below):
-        raise ValidationError("revision", f"must be at or above the store's revision {current} "
-                                          f"(`scheduler db downgrade {revision}` goes down)", revision)
-    drops_jobs = direction == "downgrade" and JOBS_REVISION in below and (
-        not resolved or target is None or JOBS_REVISION not in _ancestry(script, target))
+        raise ValidationError(
+            "revision",
+            f"must be at or below the store's revision {current} ({go_up})"
+            if current is not None
+            else f"must be base: the store has no schema ({go_up})",
+            revision,
+        )
+    if (
+        resolved
+        and direction == "upgrade"
+        and current is not None
+        and target != current
+        and (target is None or target in below)
+    ):
+        raise ValidationError(
+            "revision",
+            f"must be at or above the store's revision {current} (`scheduler db downgrade {revision}` goes down)",
+            revision,
+        )
+    drops_jobs = (
+        direction == "downgrade"
+        and JOBS_REVISION in below
+        and (not resolved or target is None or JOBS_REVISION not in _ancestry(script, target))
+    )
     return Plan(current, target, resolved, drops_jobs)
 
 
@@ -261,5 +286,6 @@ def _run(action: Callable[[Config, str], None], dsn: str, revision: str) -> None
     except StoreError:
         raise
     except Exception as exc:  # sqlalchemy/alembic errors carry the URL: redact it
-        raise StoreError(f"migration to {revision} failed on {redact_dsn(dsn)}: "
-                         f"{redact_text(_first_line(exc), dsn)}") from exc
+        raise StoreError(
+            f"migration to {revision} failed on {redact_dsn(dsn)}: {redact_text(_first_line(exc), dsn)}"
+        ) from exc

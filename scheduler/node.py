@@ -87,9 +87,15 @@ class Node:
     :meth:`join` waits and then leaves the cluster.
     """
 
-    def __init__(self, settings: Settings, *, coordinator: Coordinator | None = None,
-                 clock: Clock | None = None, metrics: Metrics | None = None,
-                 watchdog: watchdog.Watchdog | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        coordinator: Coordinator | None = None,
+        clock: Clock | None = None,
+        metrics: Metrics | None = None,
+        watchdog: watchdog.Watchdog | None = None,
+    ) -> None:
         self.settings = settings.validated()
         self.clock = clock or SystemClock()
         self.watchdog = watchdog if watchdog is not None else _shared_watchdog()
@@ -97,16 +103,24 @@ class Node:
         self.table = LeaseTable(self.clock, self.settings.safety_margin_s)
         self.coordinator = coordinator or make_coordinator(self.settings, self.metrics, self.clock)
         self.firer = Firer(self.settings, self.table, self.clock, self.metrics)
-        self.lease_loop = LeaseLoop(self.settings, self.coordinator, self.table, self.clock,
-                                    self.metrics, on_claimed=self.firer.wake)
-        self.retention = (RetentionLoop(self.settings, lambda: self.table.held().keys(), self.clock,
-                                        self.metrics)
-                          if self.settings.retention_s is not None else None)
-        self.probe = StoreProbe(self.settings.dsn, application_name=f"scheduler-probe:{self.node_id}"[:63],
-                                settings=self.settings)
-        self.health = (HealthServer(self.settings.metrics_host, self.settings.metrics_port, self.metrics,
-                                    self.readiness, self.liveness)
-                       if self.settings.metrics_port is not None else None)
+        self.lease_loop = LeaseLoop(
+            self.settings, self.coordinator, self.table, self.clock, self.metrics, on_claimed=self.firer.wake
+        )
+        self.retention = (
+            RetentionLoop(self.settings, lambda: self.table.held().keys(), self.clock, self.metrics)
+            if self.settings.retention_s is not None
+            else None
+        )
+        self.probe = StoreProbe(
+            self.settings.dsn, application_name=f"scheduler-probe:{self.node_id}"[:63], settings=self.settings
+        )
+        self.health = (
+            HealthServer(
+                self.settings.metrics_host, self.settings.metrics_port, self.metrics, self.readiness, self.liveness
+            )
+            if self.settings.metrics_port is not None
+            else None
+        )
         # Progress of the watched loops (watchdog clock): thread id and last completed iteration.
         self._loop_threads: dict[str, int] = {}
         self._loop_beats: dict[str, float] = {}
@@ -132,6 +146,7 @@ class Node:
 
     def _beating(self, loop: str, iteration: Callable) -> Callable:
         """``iteration`` recording, when it returns, that ``loop`` completed one (see :meth:`liveness`)."""
+
         def wrapped(*args, **kwargs):
             try:
                 return iteration(*args, **kwargs)
@@ -167,13 +182,15 @@ class Node:
                 continue
             in_call, done = self.watchdog.thread_state(thread)
             if in_call is not None and now - in_call > statement:
-                reasons.append(f"{loop} loop: stalled in a store call for {now - in_call:.1f}s "
-                               f"(statement_timeout {statement:g}s)")
+                reasons.append(
+                    f"{loop} loop: stalled in a store call for {now - in_call:.1f}s (statement_timeout {statement:g}s)"
+                )
                 continue
             progress = max(self._loop_beats.get(loop, now), done or 0.0)
             if in_call is None and now - progress > bound:
-                reasons.append(f"{loop} loop: no iteration completed for {now - progress:.1f}s "
-                               f"(loop_stall_s {bound:g}s)")
+                reasons.append(
+                    f"{loop} loop: no iteration completed for {now - progress:.1f}s (loop_stall_s {bound:g}s)"
+                )
         return not reasons, reasons
 
     def readiness(self) -> tuple[bool, list[str], dict]:
@@ -239,21 +256,38 @@ class Node:
                 raise
         if self.health is not None:
             self.health.start()
-        log.event("node_started", node=self.node_id, dsn=redact_dsn(self.settings.dsn),
-                  coordinator=self.settings.coordinator,
-                  lease_ttl_s=self.settings.lease_ttl_s, renew_interval_s=self.settings.renew_interval_s,
-                  poll_interval_s=self.settings.poll_interval_s,
-                  tick_interval_s=self.settings.tick_interval_s, metrics_port=self.metrics_port,
-                  retention_s=self.settings.retention_s)
+        log.event(
+            "node_started",
+            node=self.node_id,
+            dsn=redact_dsn(self.settings.dsn),
+            coordinator=self.settings.coordinator,
+            lease_ttl_s=self.settings.lease_ttl_s,
+            renew_interval_s=self.settings.renew_interval_s,
+            poll_interval_s=self.settings.poll_interval_s,
+            tick_interval_s=self.settings.tick_interval_s,
+            metrics_port=self.metrics_port,
+            retention_s=self.settings.retention_s,
+        )
         self._threads = [
-            threading.Thread(target=self._run_loop, args=("lease", self.lease_loop.run, self._stop_leases),
-                             name="lease-loop", daemon=True),
-            threading.Thread(target=self._run_loop, args=("firing", self.firer.run, self._stop_firing),
-                             name="firing-loop", daemon=True),
+            threading.Thread(
+                target=self._run_loop,
+                args=("lease", self.lease_loop.run, self._stop_leases),
+                name="lease-loop",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=self._run_loop,
+                args=("firing", self.firer.run, self._stop_firing),
+                name="firing-loop",
+                daemon=True,
+            ),
         ]
         if self.retention is not None:
-            self._threads.append(threading.Thread(target=self.retention.run, args=(self._stop_retention,),
-                                                  name="retention-loop", daemon=True))
+            self._threads.append(
+                threading.Thread(
+                    target=self.retention.run, args=(self._stop_retention,), name="retention-loop", daemon=True
+                )
+            )
         for thread in self._threads:
             thread.start()
         # Not joined at stop: a daemon that dies with the process (the pass is re-runnable).
@@ -267,12 +301,15 @@ class Node:
         from scheduler import tzreplan
 
         try:
-            with store.node_connect(self.settings, f"scheduler-replan:{self.node_id}",
-                                    watchdog=self.watchdog) as conn:
+            with store.node_connect(self.settings, f"scheduler-replan:{self.node_id}", watchdog=self.watchdog) as conn:
                 tzreplan.replan_store(conn)
         except Exception as exc:  # noqa: BLE001 - a failed pass is retried at the next start
-            log.event("slots_replan_failed", logging.WARNING, node=self.node_id,
-                      error=(str(exc).splitlines() or [type(exc).__name__])[0])
+            log.event(
+                "slots_replan_failed",
+                logging.WARNING,
+                node=self.node_id,
+                error=(str(exc).splitlines() or [type(exc).__name__])[0],
+            )
 
     def _check_store(self) -> str | None:
         from scheduler.migrate import script_revisions
@@ -295,8 +332,13 @@ class Node:
 
     def _store_call_stuck(self, call: watchdog.Call) -> None:
         """The watchdog's last resort: a store call still blocked after its socket was shut down."""
-        log.event("node_exiting", logging.ERROR, node=self.node_id, status=EXIT_STOP_DEADLINE,
-                  reason=f"store call of {call.label} stuck after its connection was broken")
+        log.event(
+            "node_exiting",
+            logging.ERROR,
+            node=self.node_id,
+            status=EXIT_STOP_DEADLINE,
+            reason=f"store call of {call.label} stuck after its connection was broken",
+        )
         _exit_now(EXIT_STOP_DEADLINE)
 
     def stop(self) -> None:
@@ -323,8 +365,9 @@ class Node:
         if self.health is not None:
             self.health.stop()
         self.probe.close()
-        log.event("node_stopped", node=self.node_id,
-                  runs_fired=int(self.metrics.value("scheduler_firing_runs_fired_total")))
+        log.event(
+            "node_stopped", node=self.node_id, runs_fired=int(self.metrics.value("scheduler_firing_runs_fired_total"))
+        )
 
     def run_until_signalled(self) -> None:
         """Run until SIGTERM or SIGINT, then stop gracefully (exit status 0).
@@ -370,9 +413,14 @@ class Node:
 
     def _stop_deadline_passed(self) -> None:
         busy = [thread.name for thread in self._threads if thread.is_alive()]
-        log.event("stop_deadline_passed", logging.ERROR, node=self.node_id,
-                  stop_timeout_s=self.settings.stop_timeout_s, threads_running=busy,
-                  status=EXIT_STOP_DEADLINE)
+        log.event(
+            "stop_deadline_passed",
+            logging.ERROR,
+            node=self.node_id,
+            stop_timeout_s=self.settings.stop_timeout_s,
+            threads_running=busy,
+            status=EXIT_STOP_DEADLINE,
+        )
         _exit_now(EXIT_STOP_DEADLINE)
 
 

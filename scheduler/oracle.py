@@ -49,19 +49,24 @@ from __future__ import annotations
 
 import calendar
 import dataclasses
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 
 from scheduler.zones import load_zone
 
 __all__ = ["DEFAULT_BUDGET", "CronRule", "OracleError", "cron_slots", "parse", "slots"]
 
-UTC = timezone.utc
+UTC = UTC
 DEFAULT_BUDGET = 5_000_000
 """Wall-clock units (minutes or seconds) one call tests at most by default."""
 
 _MACROS = {
-    "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *",
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
 }
 _MONTHS = "JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split()
 _DAYS = "SUN MON TUE WED THU FRI SAT".split()
@@ -110,8 +115,7 @@ def _number(token: str, low: int, high: int, names: list[str], base: int) -> int
     return value
 
 
-def _values(text: str, low: int, high: int, names: list[str] = (), base: int = 0,
-            dow: bool = False) -> set[int]:
+def _values(text: str, low: int, high: int, names: list[str] = (), base: int = 0, dow: bool = False) -> set[int]:
     """Every value of a plain field (lists, ranges, steps, names)."""
     out: set[int] = set()
     for term in text.split(","):
@@ -272,8 +276,9 @@ def candidates_per_day(rule: CronRule) -> int:
     return len(rule.hours) * len(rule.minutes) * (len(rule.seconds) if rule.seconds_dialect else 1)
 
 
-def cron_slots(expr: str, dialect: str, tz: str, start: datetime, end: datetime, *,
-               budget: int = DEFAULT_BUDGET) -> list[datetime]:
+def cron_slots(
+    expr: str, dialect: str, tz: str, start: datetime, end: datetime, *, budget: int = DEFAULT_BUDGET
+) -> list[datetime]:
     """Slots of a cron expression in zone ``tz`` with ``start ≤ slot < end``, sorted, aware UTC.
 
     Raises OracleError for syntax it cannot read, or when testing would
@@ -321,9 +326,19 @@ def cron_slots(expr: str, dialect: str, tz: str, start: datetime, end: datetime,
     return sorted(t for t in out if start <= t < end)
 
 
-def slots(kind: str, cron_expr: str | None, dialect: str | None, tz: str | None, interval_s: int | None,
-          anchor_at: datetime | None, fire_at: datetime | None, start: datetime, end: datetime, *,
-          budget: int = DEFAULT_BUDGET) -> list[datetime]:
+def slots(
+    kind: str,
+    cron_expr: str | None,
+    dialect: str | None,
+    tz: str | None,
+    interval_s: int | None,
+    anchor_at: datetime | None,
+    fire_at: datetime | None,
+    start: datetime,
+    end: datetime,
+    *,
+    budget: int = DEFAULT_BUDGET,
+) -> list[datetime]:
     """Slots of one schedule (the ``jobs`` columns) with ``start ≤ slot < end``, sorted, aware UTC.
 
     Raises OracleError as :func:`cron_slots` does (an interval schedule

@@ -237,8 +237,7 @@ def plan_job(
             if skip is None:
                 skip = SkipRange(slot, until, 1, reason)
             else:
-                skip = dataclasses.replace(skip, until=until,
-                                           slots=None if skip.slots is None else skip.slots + 1)
+                skip = dataclasses.replace(skip, until=until, slots=None if skip.slots is None else skip.slots + 1)
         else:
             fires.append((slot, at))
         slot = following

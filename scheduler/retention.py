@@ -119,7 +119,7 @@ class PruneWalk:
 
     def __init__(self, partition_ids: Iterable[int], cutoff: datetime, batch_rows: int) -> None:
         pids = sorted(set(partition_ids))
-        self._chunks = [pids[i:i + PARTITIONS_PER_STATEMENT] for i in range(0, len(pids), PARTITIONS_PER_STATEMENT)]
+        self._chunks = [pids[i : i + PARTITIONS_PER_STATEMENT] for i in range(0, len(pids), PARTITIONS_PER_STATEMENT)]
         self._cutoff = cutoff
         self._batch_rows = batch_rows
         self._table = 0
@@ -137,8 +137,12 @@ class PruneWalk:
             return "", 0
         table, query = TABLES[self._table]
         params = {
-            "partition_ids": self._chunks[self._chunk], "cutoff": self._cutoff, "limit": self._batch_rows,
-            "after_pid": self._after[0], "after_job": self._after[1], "after_time": self._after[2],
+            "partition_ids": self._chunks[self._chunk],
+            "cutoff": self._cutoff,
+            "limit": self._batch_rows,
+            "after_pid": self._after[0],
+            "after_job": self._after[1],
+            "after_time": self._after[2],
         }
         rows = store.run_transaction(conn, lambda c: store.execute(c, query, params), on_retry=on_retry)
         deleted = len(rows)
@@ -161,9 +165,15 @@ def cutoff_for(conn: psycopg.Connection, older_than_s: float, now: datetime | No
     return store.now(conn, now) - timedelta(seconds=older_than_s)
 
 
-def prune(conn: psycopg.Connection, older_than_s: float, *, partition_ids: Iterable[int] | None = None,
-          batch_rows: int = 1000, on_retry: Callable[[str], None] | None = None,
-          now: datetime | None = None) -> PruneReport:
+def prune(
+    conn: psycopg.Connection,
+    older_than_s: float,
+    *,
+    partition_ids: Iterable[int] | None = None,
+    batch_rows: int = 1000,
+    on_retry: Callable[[str], None] | None = None,
+    now: datetime | None = None,
+) -> PruneReport:
     """Delete runs, skips and soft-deleted jobs older than ``older_than_s`` seconds (one pass).
 
     ``partition_ids`` defaults to all 1,024; ``now`` pins the store's clock
@@ -176,8 +186,11 @@ def prune(conn: psycopg.Connection, older_than_s: float, *, partition_ids: Itera
         raise ValidationError("older_than", "must be a duration > 0", older_than_s)
     if not (isinstance(batch_rows, int) and batch_rows >= 1):
         raise ValidationError("batch_rows", "must be a whole number >= 1", batch_rows)
-    walk = PruneWalk(range(PARTITION_COUNT) if partition_ids is None else partition_ids,
-                     cutoff_for(conn, older_than_s, now), batch_rows)
+    walk = PruneWalk(
+        range(PARTITION_COUNT) if partition_ids is None else partition_ids,
+        cutoff_for(conn, older_than_s, now),
+        batch_rows,
+    )
     while not walk.done:
         walk.step(conn, on_retry)
     return walk.report
@@ -192,8 +205,7 @@ class RetentionLoop:
     are counted and logged, never raised: the walk resumes on the next call.
     """
 
-    def __init__(self, settings: Settings, held: Callable[[], Iterable[int]], clock: Clock,
-                 metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, held: Callable[[], Iterable[int]], clock: Clock, metrics: Metrics) -> None:
         if settings.retention_s is None:
             raise ValueError("RetentionLoop needs settings.retention_s")
         self._s = settings
@@ -209,8 +221,9 @@ class RetentionLoop:
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
             s = self._s
-            self._conn = store.node_connect(s, f"scheduler-retention:{s.node_id}",
-                                            statement_timeout_s=STATEMENT_TIMEOUT_S)
+            self._conn = store.node_connect(
+                s, f"scheduler-retention:{s.node_id}", statement_timeout_s=STATEMENT_TIMEOUT_S
+            )
         return self._conn
 
     def run_once(self) -> int:
@@ -224,9 +237,11 @@ class RetentionLoop:
                 if not held:
                     return 0
                 conn = self._connection()
-                self._walk = PruneWalk(held, cutoff_for(conn, self._s.retention_s,
-                                                        self._clock.store_now_or_none()),
-                                       self._s.retention_batch_rows)
+                self._walk = PruneWalk(
+                    held,
+                    cutoff_for(conn, self._s.retention_s, self._clock.store_now_or_none()),
+                    self._s.retention_batch_rows,
+                )
             started = self._clock.monotonic()
             table, deleted = self._walk.step(self._connection(), self._metrics.retry)
             self._metrics.retention_batch_duration.observe(self._clock.monotonic() - started)
@@ -237,18 +252,34 @@ class RetentionLoop:
                 self.passes += 1
                 self._walk = None
                 self._next_pass = self._clock.monotonic() + PASS_INTERVAL_S
-                log.event("retention_pass_done", node=self._s.node_id, runs=report.runs, skips=report.skips,
-                          jobs=report.jobs, batches=report.batches, cutoff=report.cutoff)
+                log.event(
+                    "retention_pass_done",
+                    node=self._s.node_id,
+                    runs=report.runs,
+                    skips=report.skips,
+                    jobs=report.jobs,
+                    batches=report.batches,
+                    cutoff=report.cutoff,
+                )
             return deleted
         except (psycopg.Error, SchedulerError, OSError) as exc:
             self._metrics.error(getattr(exc, "sqlstate", None))
-            log.event("retention_failed", logging.WARNING, node=self._s.node_id,
-                      error=(str(exc).splitlines() or [type(exc).__name__])[0])
+            log.event(
+                "retention_failed",
+                logging.WARNING,
+                node=self._s.node_id,
+                error=(str(exc).splitlines() or [type(exc).__name__])[0],
+            )
             self.close()
             return 0
         except Exception as exc:  # a bug must not end the loop silently: log it loudly, go on
-            log.event("retention_crashed", logging.ERROR, exc_info=True, node=self._s.node_id,
-                      error=f"{type(exc).__name__}: {exc}")
+            log.event(
+                "retention_crashed",
+                logging.ERROR,
+                exc_info=True,
+                node=self._s.node_id,
+                error=f"{type(exc).__name__}: {exc}",
+            )
             self._walk = None
             self._next_pass = now + PASS_INTERVAL_S
             self.close()

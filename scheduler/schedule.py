@@ -75,7 +75,7 @@ cronsim's month scan costs: ``0 0 * 2 MON#5`` (next in 2044) about 0.3 ms.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 from zoneinfo import ZoneInfo
 
@@ -102,7 +102,7 @@ __all__ = [
     "parse_instant",
 ]
 
-UTC = timezone.utc
+UTC = UTC
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SECOND = timedelta(seconds=1)
 _MICROSECOND = timedelta(microseconds=1)
@@ -219,7 +219,6 @@ class CronSchedule:
                 seen = max(seen, end + offset)
             segment_start, lower, offset = end, end - 1, next_offset
 
-
     def smallest_gap_s(self, limit_s: int, after: datetime, horizon_s: int = TRANSITION_HORIZON_S) -> int | None:
         """Return the smallest gap (seconds) of at most ``limit_s`` between consecutive fires, or ``None``.
 
@@ -327,7 +326,6 @@ class IntervalSchedule:
         except OverflowError:
             return None
 
-
     def smallest_gap_s(self, limit_s: int, after: datetime | None = None) -> int | None:
         """``interval_s`` if it is at most ``limit_s``, else ``None`` (every gap is the interval)."""
         return self.interval_s if self.interval_s <= limit_s else None
@@ -405,9 +403,7 @@ def parse_instant(text: str, field: str) -> datetime:
     try:
         parsed = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise ValidationError(
-            field, "not an ISO 8601 instant (expected e.g. 2024-01-01T00:00:00Z)", text
-        ) from None
+        raise ValidationError(field, "not an ISO 8601 instant (expected e.g. 2024-01-01T00:00:00Z)", text) from None
     if parsed.tzinfo is None or parsed.utcoffset() is None:
         raise ValidationError(field, "instant has no UTC offset; add Z or an offset such as +01:00", text)
     return parsed.astimezone(UTC)

@@ -220,18 +220,26 @@ class Settings:
             if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
                 raise ConfigError(f"{name} must be a finite number > 0 (got {value!r})")
         if self.retention_s is not None and not (
-                isinstance(self.retention_s, (int, float)) and 0 < self.retention_s < math.inf):
-            raise ConfigError(f"retention_s must be a finite number of seconds > 0, or unset (got {self.retention_s!r})")
+            isinstance(self.retention_s, (int, float)) and 0 < self.retention_s < math.inf
+        ):
+            raise ConfigError(
+                f"retention_s must be a finite number of seconds > 0, or unset (got {self.retention_s!r})"
+            )
         if self.retention_s is not None and self.retention_s > MAX_RETENTION_S:
-            raise ConfigError(f"retention_s must be at most {MAX_RETENTION_S} seconds (100 years), or unset "
-                              f"(got {self.retention_s!r})")
+            raise ConfigError(
+                f"retention_s must be at most {MAX_RETENTION_S} seconds (100 years), or unset "
+                f"(got {self.retention_s!r})"
+            )
         if not (isinstance(self.retention_batch_rows, int) and 1 <= self.retention_batch_rows <= 100_000):
-            raise ConfigError(f"retention_batch_rows must be a whole number from 1 to 100000 "
-                              f"(got {self.retention_batch_rows!r})")
+            raise ConfigError(
+                f"retention_batch_rows must be a whole number from 1 to 100000 (got {self.retention_batch_rows!r})"
+            )
         if self.metrics_port is not None and not (
-                isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535):
-            raise ConfigError(f"metrics_port must be a TCP port 0-65535 (0: any free port), or unset "
-                              f"(got {self.metrics_port!r})")
+            isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535
+        ):
+            raise ConfigError(
+                f"metrics_port must be a TCP port 0-65535 (0: any free port), or unset (got {self.metrics_port!r})"
+            )
         if not self.metrics_host:
             raise ConfigError("metrics_host must not be empty (e.g. 127.0.0.1, or 0.0.0.0 in a container)")
         if self.log_format not in LOG_FORMATS:
@@ -241,8 +249,10 @@ class Settings:
         if self.coordinator not in COORDINATORS:
             raise ConfigError(f"coordinator must be one of {', '.join(COORDINATORS)} (got {self.coordinator!r})")
         if self.coordinator == "etcd" and not self.etcd_endpoints.strip():
-            raise ConfigError("etcd_endpoints: coordinator etcd needs host:port[,host:port] "
-                              "(--etcd-endpoints / SCHEDULER_ETCD_ENDPOINTS)")
+            raise ConfigError(
+                "etcd_endpoints: coordinator etcd needs host:port[,host:port] "
+                "(--etcd-endpoints / SCHEDULER_ETCD_ENDPOINTS)"
+            )
         if self.coordinator == "etcd" and not self.etcd_prefix.startswith("/"):
             raise ConfigError(f"etcd_prefix must start with '/' (got {self.etcd_prefix!r})")
         if self.safety_margin_s < 0.5:
@@ -258,8 +268,11 @@ class Settings:
                 f"renew_interval_s ({self.renew_interval_s}) + safety_margin_s ({self.safety_margin_s}) "
                 f"must be less than lease_ttl_s ({self.lease_ttl_s}), or a healthy lease would stop firing"
             )
-        for name in ("effective_lock_timeout_s", "effective_statement_timeout_s",
-                     "effective_idle_in_transaction_timeout_s"):
+        for name in (
+            "effective_lock_timeout_s",
+            "effective_statement_timeout_s",
+            "effective_idle_in_transaction_timeout_s",
+        ):
             value = getattr(self, name)
             if not 0 < value < self.lease_ttl_s:
                 raise ConfigError(
@@ -274,11 +287,13 @@ class Settings:
             raise ConfigError(
                 f"loop_stall_s ({self.effective_loop_stall_s}) must be above tick_interval_s "
                 f"({self.tick_interval_s}) and poll_interval_s ({self.poll_interval_s}), or an idle loop "
-                f"would count as stalled")
+                f"would count as stalled"
+            )
         if not self.effective_tcp_user_timeout_s < self.lease_ttl_s:
             raise ConfigError(
                 f"tcp_user_timeout_s ({self.effective_tcp_user_timeout_s}) must be below lease_ttl_s "
-                f"({self.lease_ttl_s}) so a dead connection is given up before the lease expires")
+                f"({self.lease_ttl_s}) so a dead connection is given up before the lease expires"
+            )
         if len(self.node_id) > 200:
             raise ConfigError("node_id must be at most 200 characters")
 
@@ -323,14 +338,16 @@ def load_file(path: str | Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
         if key not in types:
-            raise ConfigError(f"config: unknown setting {key!r} in {path} (keys are the setting names, "
-                              f"e.g. lease_ttl_s)")
+            raise ConfigError(
+                f"config: unknown setting {key!r} in {path} (keys are the setting names, e.g. lease_ttl_s)"
+            )
         out[key] = _coerce(key, types[key], value, str(path))
     return out
 
 
-def resolve(flags: Mapping[str, Any], env: Mapping[str, Any],
-            file_values: Mapping[str, Any]) -> tuple[Settings, dict[str, str]]:
+def resolve(
+    flags: Mapping[str, Any], env: Mapping[str, Any], file_values: Mapping[str, Any]
+) -> tuple[Settings, dict[str, str]]:
     """Merge setting values by precedence: flag > env > file > default.
 
     Each mapping holds only the values given at that level (already typed).

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import OrderedDict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from scheduler.errors import ValidationError
@@ -42,8 +42,10 @@ def validate_tenant(tenant: str) -> str:
     starting with punctuation. Raises ValidationError (field ``tenant``)."""
     if not isinstance(tenant, str) or not _TENANT_RE.match(tenant):
         raise ValidationError(
-            "tenant", "must be 1-200 characters of letters, digits and . _ : @ / -, starting with a letter or digit",
-            tenant)
+            "tenant",
+            "must be 1-200 characters of letters, digits and . _ : @ / -, starting with a letter or digit",
+            tenant,
+        )
     return tenant
 
 
@@ -68,11 +70,21 @@ class JobSpec:
     jitter_s: int = 0
 
     @classmethod
-    def build(cls, *, tenant: str, cron: str | None = None, tz: str | None = None,
-              dialect: str | None = None, interval_s: Any = None, at: datetime | None = None,
-              name: str | None = None, misfire: str = DEFAULT_MISFIRE,
-              catchup_window_s: Any = None, misfire_grace_s: Any = None,
-              jitter_s: Any = 0) -> JobSpec:
+    def build(
+        cls,
+        *,
+        tenant: str,
+        cron: str | None = None,
+        tz: str | None = None,
+        dialect: str | None = None,
+        interval_s: Any = None,
+        at: datetime | None = None,
+        name: str | None = None,
+        misfire: str = DEFAULT_MISFIRE,
+        catchup_window_s: Any = None,
+        misfire_grace_s: Any = None,
+        jitter_s: Any = 0,
+    ) -> JobSpec:
         """Build and validate a spec from user input; raises ValidationError.
 
         Numbers may be ints or strings of ASCII digits (:func:`parse_whole`).
@@ -85,28 +97,36 @@ class JobSpec:
         """
         given = [k for k, v in (("cron", cron), ("interval", interval_s), ("at", at)) if v is not None]
         if len(given) != 1:
-            raise ValidationError("schedule", "give exactly one of --cron, --interval or --at",
-                                  ", ".join(given) or "none")
+            raise ValidationError(
+                "schedule", "give exactly one of --cron, --interval or --at", ", ".join(given) or "none"
+            )
         kind = {"cron": "cron", "interval": "interval", "at": "once"}[given[0]]
         if kind != "cron" and (tz is not None or dialect is not None):
-            raise ValidationError("tz" if tz is not None else "dialect",
-                                  "applies to --cron schedules only")
+            raise ValidationError("tz" if tz is not None else "dialect", "applies to --cron schedules only")
         if misfire_grace_s is not None and misfire == "all":
-            raise ValidationError("misfire_grace", "--misfire-grace-s is ignored by --misfire all "
-                                                   "(it applies to once and skip)")
+            raise ValidationError(
+                "misfire_grace", "--misfire-grace-s is ignored by --misfire all (it applies to once and skip)"
+            )
         if catchup_window_s is not None and misfire in MISFIRE_POLICIES and misfire != "all":
-            raise ValidationError("catchup_window", f"--catchup-window-s is ignored by --misfire {misfire} "
-                                                    "(it applies to all only)")
+            raise ValidationError(
+                "catchup_window", f"--catchup-window-s is ignored by --misfire {misfire} (it applies to all only)"
+            )
         spec = cls(
-            tenant=tenant, kind=kind, cron=cron,
+            tenant=tenant,
+            kind=kind,
+            cron=cron,
             tz=("UTC" if tz is None else tz) if kind == "cron" else None,
             dialect=(dialect or "unix") if kind == "cron" else None,
             interval_s=parse_seconds("interval", interval_s) if kind == "interval" else None,
-            at=at, name=name, misfire=misfire,
-            catchup_window_s=(CATCHUP_WINDOW_S if catchup_window_s is None
-                              else parse_seconds("catchup_window", catchup_window_s)),
-            misfire_grace_s=MISFIRE_GRACE_S if misfire_grace_s is None else parse_seconds("misfire_grace",
-                                                                                          misfire_grace_s),
+            at=at,
+            name=name,
+            misfire=misfire,
+            catchup_window_s=(
+                CATCHUP_WINDOW_S if catchup_window_s is None else parse_seconds("catchup_window", catchup_window_s)
+            ),
+            misfire_grace_s=MISFIRE_GRACE_S
+            if misfire_grace_s is None
+            else parse_seconds("misfire_grace", misfire_grace_s),
             jitter_s=parse_seconds("jitter", jitter_s),
         )
         return spec.validated()
@@ -130,31 +150,39 @@ class JobSpec:
             if value > MAX_POLICY_S:
                 raise ValidationError(field, f"must be at most {MAX_POLICY_S} seconds", value)
         if self.kind == "interval" and self.interval_s is not None and self.interval_s > MAX_INTERVAL_S:
-            raise ValidationError("interval", f"must be at most {MAX_INTERVAL_S} seconds (100 years)",
-                                  self.interval_s)
+            raise ValidationError("interval", f"must be at most {MAX_INTERVAL_S} seconds (100 years)", self.interval_s)
         if self.kind == "cron" and self.dialect not in DIALECTS:
             raise ValidationError("dialect", f"must be one of {', '.join(DIALECTS)}", self.dialect)
         if self.kind == "cron":
             load_zone(self.tz)  # an empty or unknown zone is refused here, never read as UTC
         if self.kind == "once" and (self.at is None or self.at.tzinfo is None):
-            raise ValidationError("at", "must be an instant with a UTC offset (e.g. 2030-01-01T00:00:00Z)",
-                                  None if self.at is None else self.at.isoformat())
+            raise ValidationError(
+                "at",
+                "must be an instant with a UTC offset (e.g. 2030-01-01T00:00:00Z)",
+                None if self.at is None else self.at.isoformat(),
+            )
         schedule = self.schedule(anchor=None)  # parses cron/zone; raises ValidationError
-        check_jitter(self.jitter_s, schedule, now or datetime.now(timezone.utc))
+        check_jitter(self.jitter_s, schedule, now or datetime.now(UTC))
         return self
 
     def schedule(self, anchor: datetime | None):
         """The schedule object; ``anchor`` is the interval origin (creation time)."""
-        return build_schedule(self.kind, self.cron, self.dialect, self.tz, self.interval_s,
-                              anchor, self.at)
+        return build_schedule(self.kind, self.cron, self.dialect, self.tz, self.interval_s, anchor, self.at)
 
     def row_fields(self) -> dict[str, Any]:
         """Columns of ``jobs`` this spec sets (for insert/replace queries)."""
         return {
-            "tenant": self.tenant, "name": self.name, "kind": self.kind,
-            "cron_expr": self.cron, "cron_dialect": self.dialect, "tz": self.tz,
-            "interval_s": self.interval_s, "fire_at": self.at, "misfire": self.misfire,
-            "catchup_window_s": self.catchup_window_s, "misfire_grace_s": self.misfire_grace_s,
+            "tenant": self.tenant,
+            "name": self.name,
+            "kind": self.kind,
+            "cron_expr": self.cron,
+            "cron_dialect": self.dialect,
+            "tz": self.tz,
+            "interval_s": self.interval_s,
+            "fire_at": self.at,
+            "misfire": self.misfire,
+            "catchup_window_s": self.catchup_window_s,
+            "misfire_grace_s": self.misfire_grace_s,
             "jitter_s": self.jitter_s,
         }
 
@@ -190,8 +218,8 @@ def check_jitter(jitter_s: int, schedule, now: datetime) -> None:
         if wall_gap is None or gap < wall_gap:
             where = f", at a UTC-offset change of {schedule.tz}"
     raise ValidationError(
-        "jitter", f"must be smaller than the smallest gap between slots ({gap} s for this schedule{where})",
-        jitter_s)
+        "jitter", f"must be smaller than the smallest gap between slots ({gap} s for this schedule{where})", jitter_s
+    )
 
 
 _WHOLE_RE = re.compile(r"[+-]?[0-9]+")
@@ -200,8 +228,16 @@ MAX_DIGITS = 100
 _DECIMAL_RE = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
-def parse_whole(field: str, value: Any, *, minimum: int | None = None, maximum: int | None = None,
-                unit: str = "", rule: str | None = None, max_note: str = "") -> int:
+def parse_whole(
+    field: str,
+    value: Any,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    unit: str = "",
+    rule: str | None = None,
+    max_note: str = "",
+) -> int:
     """A whole number from user input: an ``int``, an integral finite ``float``, or a
     string of ASCII digits with an optional sign (surrounding spaces ignored).
 
@@ -241,8 +277,7 @@ def parse_whole(field: str, value: Any, *, minimum: int | None = None, maximum: 
             rule_text = rule or f"must be at least {minimum}"
         raise ValidationError(field, rule_text, value)
     if maximum is not None and number > maximum:
-        raise ValidationError(field, rule or f"must be at most {maximum}{' ' + unit if unit else ''}{max_note}",
-                              value)
+        raise ValidationError(field, rule or f"must be at most {maximum}{' ' + unit if unit else ''}{max_note}", value)
     return number
 
 
@@ -278,8 +313,15 @@ def parse_seconds(field: str, value: Any) -> int:
     return parse_whole(field, value, unit="seconds", **SECONDS_FIELDS[field])
 
 
-def build_schedule(kind: str, cron: str | None, dialect: str | None, tz: str | None,
-                   interval_s: int | None, anchor: datetime | None, at: datetime | None):
+def build_schedule(
+    kind: str,
+    cron: str | None,
+    dialect: str | None,
+    tz: str | None,
+    interval_s: int | None,
+    anchor: datetime | None,
+    at: datetime | None,
+):
     """Schedule object for one job's columns. Raises ValidationError on bad values.
 
     ``anchor`` may be ``None`` for validation only (an interval is then
@@ -288,7 +330,7 @@ def build_schedule(kind: str, cron: str | None, dialect: str | None, tz: str | N
     if kind == "cron":
         return CronSchedule(cron or "", tz or "UTC", dialect or "unix")
     if kind == "interval":
-        return IntervalSchedule(interval_s, anchor or datetime(1970, 1, 1, tzinfo=timezone.utc))
+        return IntervalSchedule(interval_s, anchor or datetime(1970, 1, 1, tzinfo=UTC))
     if kind == "once":
         return OnceSchedule(at)
     raise ValidationError("kind", f"must be one of {', '.join(KINDS)}", kind)
@@ -330,8 +372,17 @@ class ScheduleCache:
 
     def for_row(self, row: dict[str, Any]) -> _Memo:
         """The schedule of a ``jobs`` row (a dict with the ``jobs`` column names)."""
-        return self.for_key((row["kind"], row["cron_expr"], row["cron_dialect"], row["tz"],
-                             row["interval_s"], row["anchor_at"], row["fire_at"]))
+        return self.for_key(
+            (
+                row["kind"],
+                row["cron_expr"],
+                row["cron_dialect"],
+                row["tz"],
+                row["interval_s"],
+                row["anchor_at"],
+                row["fire_at"],
+            )
+        )
 
     def for_key(self, key: tuple) -> _Memo:
         """The schedule for ``(kind, cron_expr, cron_dialect, tz, interval_s, anchor_at, fire_at)``,

@@ -37,8 +37,9 @@ def node_state(heartbeat_age_s: float, lease_ttl_s: float, responsive_s: float) 
     return "suspect" if heartbeat_age_s < lease_ttl_s else "dead"
 
 
-def cluster_status(conn: psycopg.Connection, lease_ttl_s: float, responsive_s: float,
-                   now: datetime | None = None) -> dict:
+def cluster_status(
+    conn: psycopg.Connection, lease_ttl_s: float, responsive_s: float, now: datetime | None = None
+) -> dict:
     """Snapshot of membership and leases, judged by store time (seconds throughout).
 
     ``now``: the store clock's pin (a test's, :meth:`scheduler.clock.Clock.store_now_or_none`);
@@ -61,8 +62,7 @@ def cluster_status(conn: psycopg.Connection, lease_ttl_s: float, responsive_s: f
     """
     nodes = store.execute(conn, "node_status", {"now": now})
     partitions = store.execute(conn, "partition_status", {"now": now})
-    states = {node["node_id"]: node_state(node["heartbeat_age_s"], lease_ttl_s, responsive_s)
-              for node in nodes}
+    states = {node["node_id"]: node_state(node["heartbeat_age_s"], lease_ttl_s, responsive_s) for node in nodes}
     owned: dict[str, list[dict]] = defaultdict(list)
     orphaned = []
     for row in partitions:
@@ -76,24 +76,28 @@ def cluster_status(conn: psycopg.Connection, lease_ttl_s: float, responsive_s: f
         mine = owned.get(node["node_id"], [])
         epochs = [row["owner_epoch"] for row in mine]
         state = states[node["node_id"]]
-        out_nodes.append({
-            "node_id": node["node_id"],
-            "state": state,
-            "live": state != "dead",
-            "heartbeat_age_s": round(node["heartbeat_age_s"], 3),
-            "partitions": len(mine),
-            "epochs": [min(epochs), max(epochs)] if epochs else [],
-            "lease_left_s": round(max(row["lease_left_s"] for row in mine), 3) if mine else None,
-            "host": node["host"], "pid": node["pid"],
-        })
+        out_nodes.append(
+            {
+                "node_id": node["node_id"],
+                "state": state,
+                "live": state != "dead",
+                "heartbeat_age_s": round(node["heartbeat_age_s"], 3),
+                "partitions": len(mine),
+                "epochs": [min(epochs), max(epochs)] if epochs else [],
+                "lease_left_s": round(max(row["lease_left_s"] for row in mine), 3) if mine else None,
+                "host": node["host"],
+                "pid": node["pid"],
+            }
+        )
     return {
         "lease_ttl_s": lease_ttl_s,
         "responsive_s": responsive_s,
         "nodes": out_nodes,
         "partitions_total": len(partitions),
         "partitions_owned_live": len(partitions) - len(orphaned),
-        "partitions_owned_suspect": sum(len(owned.get(n["node_id"], [])) for n in nodes
-                                        if states[n["node_id"]] == "suspect"),
+        "partitions_owned_suspect": sum(
+            len(owned.get(n["node_id"], [])) for n in nodes if states[n["node_id"]] == "suspect"
+        ),
         "partitions_orphaned": len(orphaned),
         "orphaned_sample": [
             {k: row[k] for k in ("partition_id", "owner_node", "owner_epoch", "lease_left_s", "lease_age_s")}

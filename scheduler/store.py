@@ -113,8 +113,10 @@ def redact_dsn(dsn: str) -> str:
     return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
 
 
-DSN_URI_AT_RULE = ("a URI may hold '@' only once, between the user info and the host: percent-encode "
-                   "@ : / ? # in the user name and password (e.g. @ as %40)")
+DSN_URI_AT_RULE = (
+    "a URI may hold '@' only once, between the user info and the host: percent-encode "
+    "@ : / ? # in the user name and password (e.g. @ as %40)"
+)
 """The rule :func:`check_dsn` names for a URI libpq would split elsewhere than meant."""
 
 _AUTHORITY_END = re.compile(r"[/?#]")
@@ -137,7 +139,7 @@ def check_dsn(dsn: str) -> None:
     if "://" in dsn:
         rest = dsn.split("://", 1)[1]
         end = _AUTHORITY_END.search(rest)
-        authority, after = (rest, "") if end is None else (rest[:end.start()], rest[end.start():])
+        authority, after = (rest, "") if end is None else (rest[: end.start()], rest[end.start() :])
         if authority.count("@") > 1 or "@" in after:
             raise ConfigError(f"dsn: {DSN_URI_AT_RULE}")
     from psycopg.conninfo import conninfo_to_dict
@@ -145,8 +147,10 @@ def check_dsn(dsn: str) -> None:
     try:
         conninfo_to_dict(libpq_dsn(dsn))
     except psycopg.Error as exc:
-        raise ConfigError("dsn: must be a URI (postgresql://user:password@host:5432/dbname) or libpq keywords "
-                          f"(host=... dbname=...); libpq: {redact_text(_first_line(exc), dsn)}") from None
+        raise ConfigError(
+            "dsn: must be a URI (postgresql://user:password@host:5432/dbname) or libpq keywords "
+            f"(host=... dbname=...); libpq: {redact_text(_first_line(exc), dsn)}"
+        ) from None
 
 
 def dsn_secrets(dsn: str) -> list[str]:
@@ -175,8 +179,7 @@ def dsn_secrets(dsn: str) -> list[str]:
             found += [secret, unquote(secret)]
         for secret in raw:
             if re.search(r"[@:/?#]", secret):
-                found += [piece for piece in re.split(r"[@:/?#]", secret)
-                          if len(piece) >= log.MIN_SECRET_CHARS]
+                found += [piece for piece in re.split(r"[@:/?#]", secret) if len(piece) >= log.MIN_SECRET_CHARS]
     else:
         for match in re.findall(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", dsn):
             found.append(match)
@@ -230,7 +233,7 @@ def sqlalchemy_url(dsn: str) -> str:
         ("cockroachdb://", "cockroachdb+psycopg://"),
     ):
         if dsn.startswith(prefix):
-            return replacement + dsn[len(prefix):]
+            return replacement + dsn[len(prefix) :]
     if "://" in dsn:
         return dsn
     from psycopg.conninfo import conninfo_to_dict
@@ -300,9 +303,10 @@ def connect(
             **conninfo,
         )
     except psycopg.Error as exc:
-        raise StoreError(f"cannot connect to the store at {redact_dsn(dsn)}: "
-                         f"{redact_text(_first_line(exc), dsn)}",
-                         getattr(exc, "sqlstate", None)) from exc
+        raise StoreError(
+            f"cannot connect to the store at {redact_dsn(dsn)}: {redact_text(_first_line(exc), dsn)}",
+            getattr(exc, "sqlstate", None),
+        ) from exc
     if watch is not None:
         conn.watch = (watchdog or shared_watchdog(), watch, application_name)
     return conn
@@ -324,8 +328,14 @@ def keepalive_params(settings: Settings) -> dict[str, int]:
     }
 
 
-def node_connect(settings: Settings, application_name: str, *, statement_timeout_s: float | None = None,
-                 connect_timeout_s: float | None = None, watchdog: Watchdog | None = None) -> psycopg.Connection:
+def node_connect(
+    settings: Settings,
+    application_name: str,
+    *,
+    statement_timeout_s: float | None = None,
+    connect_timeout_s: float | None = None,
+    watchdog: Watchdog | None = None,
+) -> psycopg.Connection:
     """Open a node session: the one place the node's store connections are built.
 
     Every session of a node (firing lanes, lease loop, retention, health
@@ -360,9 +370,15 @@ SETUP_SQLSTATES = {"28000": "authentication", "28P01": "authentication", "3D000"
 missing database on the first query)."""
 
 SETUP_MESSAGES = (
-    ("authentication", re.compile(r"password authentication failed|authentication failed for user"
-                                  r"|no pg_hba\.conf entry|role \"[^\"]*\" does not exist"
-                                  r"|password is required|server requested .* password", re.IGNORECASE)),
+    (
+        "authentication",
+        re.compile(
+            r"password authentication failed|authentication failed for user"
+            r"|no pg_hba\.conf entry|role \"[^\"]*\" does not exist"
+            r"|password is required|server requested .* password",
+            re.IGNORECASE,
+        ),
+    ),
     ("database", re.compile(r"database \"[^\"]*\" does not exist", re.IGNORECASE)),
     ("host", re.compile(r"(?:failed to resolve host|could not translate host name) [\"'][^\"']*@")),
 )
@@ -372,10 +388,9 @@ messages; anything else counts as transient and is retried."""
 
 SETUP_HINTS = {
     "authentication": "check the DSN's user and password (in a URI, percent-encode @ : / ? # % in the "
-                      "password, e.g. @ as %40)",
+    "password, e.g. @ as %40)",
     "database": "create the database, then run `scheduler db upgrade`",
-    "host": "a host name cannot hold an '@': check the DSN's host (a URI password must percent-encode '@' "
-            "as %40)",
+    "host": "a host name cannot hold an '@': check the DSN's host (a URI password must percent-encode '@' as %40)",
 }
 
 
@@ -415,12 +430,18 @@ def check_schema(conn: psycopg.Connection, revisions: tuple[str, frozenset[str]]
         return
     head, known = revisions
     if head not in found and found <= known:
-        raise StoreSetupError(f"store: the schema is at revision {', '.join(sorted(found))}, behind this "
-                              f"version's {head}; {hint}")
+        raise StoreSetupError(
+            f"store: the schema is at revision {', '.join(sorted(found))}, behind this version's {head}; {hint}"
+        )
 
 
-def open_usable(opener: Callable[[], psycopg.Connection], dsn: str,
-                revisions: tuple[str, frozenset[str]] | None = None, *, schema: bool = True) -> psycopg.Connection:
+def open_usable(
+    opener: Callable[[], psycopg.Connection],
+    dsn: str,
+    revisions: tuple[str, frozenset[str]] | None = None,
+    *,
+    schema: bool = True,
+) -> psycopg.Connection:
     """Open a session with ``opener()`` and check the store can be used; return the open session.
 
     The one classification of a store's problems, shared by the node's
@@ -458,8 +479,9 @@ def open_usable(opener: Callable[[], psycopg.Connection], dsn: str,
     return conn
 
 
-def check_node_store(settings: Settings, revisions: tuple[str, frozenset[str]] | None,
-                     watchdog: Watchdog | None = None) -> str | None:
+def check_node_store(
+    settings: Settings, revisions: tuple[str, frozenset[str]] | None, watchdog: Watchdog | None = None
+) -> str | None:
     """The node's start-up check of its store: None if usable.
 
     Opens a node session (:func:`node_connect`) and checks it as
@@ -471,8 +493,11 @@ def check_node_store(settings: Settings, revisions: tuple[str, frozenset[str]] |
     refuses.
     """
     try:
-        conn = open_usable(lambda: node_connect(settings, f"scheduler-check:{settings.node_id}", watchdog=watchdog),
-                           settings.dsn, revisions)
+        conn = open_usable(
+            lambda: node_connect(settings, f"scheduler-check:{settings.node_id}", watchdog=watchdog),
+            settings.dsn,
+            revisions,
+        )
     except StoreError as exc:
         return str(exc)
     conn.close()
@@ -524,8 +549,9 @@ def run_transaction(
     raise AssertionError("unreachable")
 
 
-def execute(conn: psycopg.Connection, name: str, params: dict | None = None, *,
-            prepare: bool | None = None) -> list[dict]:
+def execute(
+    conn: psycopg.Connection, name: str, params: dict | None = None, *, prepare: bool | None = None
+) -> list[dict]:
     """Execute the named query and return its rows (``[]`` if it returns none).
 
     ``prepare`` is psycopg's: ``None`` prepares server-side after a few

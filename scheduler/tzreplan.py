@@ -89,8 +89,15 @@ def is_slot(schedule, instant: datetime) -> bool:
     return schedule.next_after(instant - _EPSILON) == instant
 
 
-def true_slot(schedule, *, stored: datetime, created_at: datetime, changed_at: datetime,
-              last_run: datetime | None, last_skip_until: datetime | None) -> datetime | None:
+def true_slot(
+    schedule,
+    *,
+    stored: datetime,
+    created_at: datetime,
+    changed_at: datetime,
+    last_run: datetime | None,
+    last_skip_until: datetime | None,
+) -> datetime | None:
     """The slot a job whose stored slot ``stored`` is wrong should be at (module doc).
 
     ``last_run``: the latest nominal time of its runs; ``last_skip_until``: the
@@ -135,31 +142,52 @@ def replan_jobs(conn: psycopg.Connection, items: Iterable[Replan], cache: Schedu
     cache = cache or ScheduleCache()
 
     def body(c: psycopg.Connection) -> int:
-        handled = {(row["partition_id"], row["job_id"]): row for row in store.execute(c, "last_handled", {
-            "pids": [i.partition_id for i in items], "jids": [i.job_id for i in items]})}
+        handled = {
+            (row["partition_id"], row["job_id"]): row
+            for row in store.execute(
+                c, "last_handled", {"pids": [i.partition_id for i in items], "jids": [i.job_id for i in items]}
+            )
+        }
         moves = []
         for item in items:
             last = handled.get((item.partition_id, item.job_id), {})
             schedule = cache.for_key(item.schedule_key)
-            slot = true_slot(schedule, stored=item.stored, created_at=item.created_at,
-                             changed_at=item.changed_at, last_run=last.get("last_run"),
-                             last_skip_until=last.get("last_skip_until"))
+            slot = true_slot(
+                schedule,
+                stored=item.stored,
+                created_at=item.created_at,
+                changed_at=item.changed_at,
+                last_run=last.get("last_run"),
+                last_skip_until=last.get("last_skip_until"),
+            )
             if slot == item.stored:
                 continue
             moves.append((item, slot))
         if not moves:
             return 0
-        rows = store.execute(c, "replan_slots", {
-            "pids": [m.partition_id for m, _ in moves], "jids": [m.job_id for m, _ in moves],
-            "revs": [m.revision for m, _ in moves], "froms": [m.stored for m, _ in moves],
-            "nominals": [slot for _, slot in moves],
-            "dues": [None if slot is None else scheduled_time(m.job_id, slot, m.jitter_s) for m, slot in moves]})
+        rows = store.execute(
+            c,
+            "replan_slots",
+            {
+                "pids": [m.partition_id for m, _ in moves],
+                "jids": [m.job_id for m, _ in moves],
+                "revs": [m.revision for m, _ in moves],
+                "froms": [m.stored for m, _ in moves],
+                "nominals": [slot for _, slot in moves],
+                "dues": [None if slot is None else scheduled_time(m.job_id, slot, m.jitter_s) for m, slot in moves],
+            },
+        )
         moved = {(row["partition_id"], row["job_id"]) for row in rows}
         for item, slot in moves:
             if (item.partition_id, item.job_id) in moved:
-                log.event("slot_replanned", logging.WARNING, job_id=str(item.job_id),
-                          stored=item.stored.isoformat(), true_slot=None if slot is None else slot.isoformat(),
-                          tzdata=tzdata_version())
+                log.event(
+                    "slot_replanned",
+                    logging.WARNING,
+                    job_id=str(item.job_id),
+                    stored=item.stored.isoformat(),
+                    true_slot=None if slot is None else slot.isoformat(),
+                    tzdata=tzdata_version(),
+                )
         return len(rows)
 
     return store.run_transaction(conn, body)
@@ -167,10 +195,24 @@ def replan_jobs(conn: psycopg.Connection, items: Iterable[Replan], cache: Schedu
 
 def replan_item(row: dict) -> Replan:
     """A :class:`Replan` from a ``jobs`` row (a dict with the ``jobs`` column names)."""
-    return Replan(row["partition_id"], row["job_id"], row["revision"], row["next_nominal_at"],
-                  (row["kind"], row["cron_expr"], row["cron_dialect"], row["tz"], row["interval_s"],
-                   row["anchor_at"], row["fire_at"]),
-                  row["jitter_s"], row["created_at"], row["changed_at"])
+    return Replan(
+        row["partition_id"],
+        row["job_id"],
+        row["revision"],
+        row["next_nominal_at"],
+        (
+            row["kind"],
+            row["cron_expr"],
+            row["cron_dialect"],
+            row["tz"],
+            row["interval_s"],
+            row["anchor_at"],
+            row["fire_at"],
+        ),
+        row["jitter_s"],
+        row["created_at"],
+        row["changed_at"],
+    )
 
 
 @dataclasses.dataclass
@@ -190,8 +232,9 @@ def recorded_version(conn: psycopg.Connection) -> str | None:
     return rows[0]["value"] if rows else None
 
 
-def replan_store(conn: psycopg.Connection, *, batch_size: int = REPLAN_BATCH, force: bool = False,
-                 dry_run: bool = False) -> ReplanReport:
+def replan_store(
+    conn: psycopg.Connection, *, batch_size: int = REPLAN_BATCH, force: bool = False, dry_run: bool = False
+) -> ReplanReport:
     """Replan every stored cron slot that is not a slot under this process's tzdata.
 
     Skipped (nothing read) when the recorded release equals this one, unless
@@ -208,8 +251,12 @@ def replan_store(conn: psycopg.Connection, *, batch_size: int = REPLAN_BATCH, fo
     cache = ScheduleCache()
     after = (-1, uuid.UUID(int=0))
     while True:
-        rows = store.run_transaction(conn, lambda c: store.execute(c, "cron_jobs_page", {
-            "after_pid": after[0], "after_job": after[1], "limit": batch_size}))
+        rows = store.run_transaction(
+            conn,
+            lambda c, after=after: store.execute(
+                c, "cron_jobs_page", {"after_pid": after[0], "after_job": after[1], "limit": batch_size}
+            ),
+        )
         if not rows:
             break
         after = (rows[-1]["partition_id"], rows[-1]["job_id"])
@@ -227,8 +274,15 @@ def replan_store(conn: psycopg.Connection, *, batch_size: int = REPLAN_BATCH, fo
         else:
             report.replanned += replan_jobs(conn, wrong, cache)
     if not dry_run:
-        store.run_transaction(conn, lambda c: store.execute(c, "set_store_meta", {
-            "key": META_KEY, "value": report.current}))
-    log.event("slots_replanned", checked=report.checked, replanned=report.replanned,
-              previous=report.previous, current=report.current, dry_run=dry_run)
+        store.run_transaction(
+            conn, lambda c: store.execute(c, "set_store_meta", {"key": META_KEY, "value": report.current})
+        )
+    log.event(
+        "slots_replanned",
+        checked=report.checked,
+        replanned=report.replanned,
+        previous=report.previous,
+        current=report.current,
+        dry_run=dry_run,
+    )
     return report

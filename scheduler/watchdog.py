@@ -68,6 +68,7 @@ PAUSE_SLACK_S = 1.0
 """A check this much later than :data:`CHECK_INTERVAL_S` means the process was
 suspended: the gap is not counted against the calls in flight."""
 
+
 @dataclasses.dataclass(frozen=True)
 class CallBounds:
     """When a store call in flight is cancelled, broken, reported stuck (seconds since it started).
@@ -87,8 +88,11 @@ class CallBounds:
     def after_statement_timeout(cls, statement_timeout_s: float, margin_s: float) -> CallBounds:
         """Cancel at timeout + margin, break at timeout + 2 × margin, report stuck
         ``max(2 s, 2 × margin)`` after the break."""
-        return cls(statement_timeout_s + margin_s, statement_timeout_s + 2 * margin_s,
-                   statement_timeout_s + 2 * margin_s + max(2.0, 2 * margin_s))
+        return cls(
+            statement_timeout_s + margin_s,
+            statement_timeout_s + 2 * margin_s,
+            statement_timeout_s + 2 * margin_s + max(2.0, 2 * margin_s),
+        )
 
 
 @dataclasses.dataclass
@@ -125,8 +129,7 @@ def _cancel_async(conn: Any) -> None:
         try:
             canceller.cancel()
         except Exception as exc:  # noqa: BLE001 (best effort: the break follows anyway)
-            log.event("store_cancel_failed", logging.DEBUG,
-                      error=(str(exc).splitlines() or [type(exc).__name__])[0])
+            log.event("store_cancel_failed", logging.DEBUG, error=(str(exc).splitlines() or [type(exc).__name__])[0])
 
     threading.Thread(target=send, name="store-cancel", daemon=True).start()
 
@@ -161,11 +164,15 @@ class Watchdog:
     Thread-safe.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, *,
-                 check_interval_s: float = CHECK_INTERVAL_S,
-                 cancel: Callable[[Any], None] = _cancel_async,
-                 shutdown: Callable[[int], None] = shutdown_socket,
-                 on_stuck: Callable[[Call], None] | None = None) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        check_interval_s: float = CHECK_INTERVAL_S,
+        cancel: Callable[[Any], None] = _cancel_async,
+        shutdown: Callable[[int], None] = shutdown_socket,
+        on_stuck: Callable[[Call], None] | None = None,
+    ) -> None:
         self.clock = clock
         self.check_interval_s = check_interval_s
         self.on_stuck = on_stuck
@@ -226,25 +233,26 @@ class Watchdog:
                 age = now - call.started
                 if call.stage == 0 and age >= call.bounds.cancel_after_s:
                     call.stage = 1
-                    log.event("store_call_cancelled", logging.WARNING, session=call.label,
-                              seconds=round(age, 3))
+                    log.event("store_call_cancelled", logging.WARNING, session=call.label, seconds=round(age, 3))
                     self._cancel(call.conn)
                 if call.stage == 1 and age >= call.bounds.break_after_s:
                     call.stage = 2
-                    log.event("store_call_broken", logging.WARNING, session=call.label,
-                              seconds=round(age, 3))
+                    log.event("store_call_broken", logging.WARNING, session=call.label, seconds=round(age, 3))
                     if call.fd >= 0:
                         try:  # under the lock: the owner cannot have closed the descriptor
                             self._shutdown(call.fd)
                         except OSError as exc:
-                            log.event("store_break_failed", logging.WARNING, session=call.label,
-                                      error=exc.strerror or str(exc))
+                            log.event(
+                                "store_break_failed",
+                                logging.WARNING,
+                                session=call.label,
+                                error=exc.strerror or str(exc),
+                            )
                 if call.stage == 2 and age >= call.bounds.exit_after_s:
                     call.stage = 3
                     stuck.append(dataclasses.replace(call))
         for call in stuck:
-            log.event("store_call_stuck", logging.ERROR, session=call.label,
-                      seconds=round(now - call.started, 3))
+            log.event("store_call_stuck", logging.ERROR, session=call.label, seconds=round(now - call.started, 3))
             if self.on_stuck is not None:
                 self.on_stuck(call)
 
@@ -261,8 +269,9 @@ class Watchdog:
         with self._lock:
             if self._thread is not None:
                 return
-            self._thread = threading.Thread(target=self.run, args=(threading.Event(),),
-                                            name="store-watchdog", daemon=True)
+            self._thread = threading.Thread(
+                target=self.run, args=(threading.Event(),), name="store-watchdog", daemon=True
+            )
         self._thread.start()
 
 

@@ -140,8 +140,7 @@ def pg_server() -> PgServer:
             version = int(admin.execute("SHOW server_version_num").fetchone()[0])
     except psycopg.OperationalError as exc:
         pytest.fail(
-            f"cannot reach the test cluster at {server.host}:{server.port} ({exc}); "
-            "run the suite with `scripts/test`",
+            f"cannot reach the test cluster at {server.host}:{server.port} ({exc}); run the suite with `scripts/test`",
             pytrace=False,
         )
     if row is None:

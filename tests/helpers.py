@@ -39,8 +39,7 @@ def store_now(conn: psycopg.Connection) -> datetime:
     return store.now(conn)
 
 
-PINNABLE_QUERIES = frozenset(name for name, sql in store.QUERIES.items()
-                             if "coalesce(%(now)s::timestamptz" in sql)
+PINNABLE_QUERIES = frozenset(name for name, sql in store.QUERIES.items() if "coalesce(%(now)s::timestamptz" in sql)
 """Named queries that take the store clock's pin as a nullable ``now`` (scheduler/clock.py)."""
 
 _QUERY_NAMES = {sql: name for name, sql in store.QUERIES.items()}
@@ -68,9 +67,15 @@ def record_named_queries(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, obj
     return sent
 
 
-def wait_for(what: str, probe: Callable[[], T], predicate: Callable[[T], bool] = bool, *,
-             timeout_s: float = 15.0, interval_s: float = 0.05,
-             check: Callable[[], None] | None = None) -> T:
+def wait_for(
+    what: str,
+    probe: Callable[[], T],
+    predicate: Callable[[T], bool] = bool,
+    *,
+    timeout_s: float = 15.0,
+    interval_s: float = 0.05,
+    check: Callable[[], None] | None = None,
+) -> T:
     """Poll ``probe()`` until ``predicate(value)``; return that value.
 
     ``check()`` runs before each probe and may raise to fail early (e.g. a

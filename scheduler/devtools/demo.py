@@ -54,11 +54,18 @@ def _demo_specs(now) -> list[JobSpec]:
     for i in range(20):
         specs.append(JobSpec.build(tenant="demo-fast", interval_s=2 + i % 4, name=f"interval-{i}"))
     for i in range(10):
-        specs.append(JobSpec.build(tenant="demo-slow", cron=f"*/{2 + i % 5} * * * * *", dialect="seconds",
-                                   tz="Europe/Berlin", name=f"seconds-cron-{i}", jitter_s=1 if i % 2 else 0))
+        specs.append(
+            JobSpec.build(
+                tenant="demo-slow",
+                cron=f"*/{2 + i % 5} * * * * *",
+                dialect="seconds",
+                tz="Europe/Berlin",
+                name=f"seconds-cron-{i}",
+                jitter_s=1 if i % 2 else 0,
+            )
+        )
     for i in range(5):
-        specs.append(JobSpec.build(tenant="demo-slow", at=now + timedelta(seconds=5 + 3 * i),
-                                   name=f"one-shot-{i}"))
+        specs.append(JobSpec.build(tenant="demo-slow", at=now + timedelta(seconds=5 + 3 * i), name=f"one-shot-{i}"))
     return specs
 
 
@@ -82,13 +89,17 @@ def run_demo(seconds: int, dsn: str | None = None, out=None) -> int:
         conn = stack.enter_context(store.connect(dsn, application_name="scheduler-demo"))
         existing = store.execute(conn, "count_jobs")[0]["n"]
         if existing:
-            raise ConfigError(f"dsn: the demo needs an empty database, and {store.redact_dsn(dsn)} already "
-                              f"holds {existing} jobs (they would keep firing with the demo's); "
-                              "use a disposable database or no --dsn")
+            raise ConfigError(
+                f"dsn: the demo needs an empty database, and {store.redact_dsn(dsn)} already "
+                f"holds {existing} jobs (they would keep firing with the demo's); "
+                "use a disposable database or no --dsn"
+            )
 
         report = jobs.import_csv(conn, corpus_path(), "corpus")
-        echo(f"imported {len(report.imported)} cron jobs from the real corpus, "
-             f"rejected {len(report.rejected)} lines, e.g.:")
+        echo(
+            f"imported {len(report.imported)} cron jobs from the real corpus, "
+            f"rejected {len(report.rejected)} lines, e.g.:"
+        )
         for line, expr, reason in report.rejected[:5]:
             echo(f"  line {line}: {expr!r}: {reason}")
         now = store.now(conn)
@@ -113,9 +124,13 @@ def run_demo(seconds: int, dsn: str | None = None, out=None) -> int:
         echo(f"window: {format_instant(since)} .. {format_instant(until)} (audited)")
         echo(f"runs fired: {fired}")
         echo(f"runs in window: {result.runs} of {result.expected} expected")
-        echo("lag p50/p99/max: " + "/".join(
-            "-" if v is None else f"{v:.3f}s"
-            for v in (result.lateness_p50_s, result.lateness_p99_s, result.lateness_max_s)))
+        echo(
+            "lag p50/p99/max: "
+            + "/".join(
+                "-" if v is None else f"{v:.3f}s"
+                for v in (result.lateness_p50_s, result.lateness_p99_s, result.lateness_max_s)
+            )
+        )
         echo(f"missing: {result.missing}")
         echo(f"duplicates: {result.duplicates}")
         echo(f"unexpected: {result.unexpected}")
@@ -135,8 +150,10 @@ def _live_view(conn, node: Node, seconds: int, echo) -> None:
         fired = int(node.metrics.value("scheduler_firing_runs_fired_total"))
         owned = int(node.metrics.value("scheduler_lease_partitions_owned"))
         p99 = "-" if row["p99_s"] is None else f"{row['p99_s']:.3f}s"
-        line = (f"[{min(seconds, int(time.monotonic() - started)):>4}/{seconds}s] partitions {owned}  "
-                f"runs fired {fired:>7}  last second: {row['runs']:>4} runs, lag p99 {p99}")
+        line = (
+            f"[{min(seconds, int(time.monotonic() - started)):>4}/{seconds}s] partitions {owned}  "
+            f"runs fired {fired:>7}  last second: {row['runs']:>4} runs, lag p99 {p99}"
+        )
         if tty:
             click.echo("\r" + line, nl=False)
         elif int(time.monotonic() - started) % 5 == 0 or time.monotonic() - started >= seconds:

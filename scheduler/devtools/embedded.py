@@ -246,10 +246,25 @@ def start_private_postgres(
             os.chown(pwfile, entry.pw_uid, entry.pw_gid)
         pwfile.chmod(0o600)
         _run(
-            bins, "initdb",
-            ["-D", str(data), "-U", "postgres", f"--pwfile={pwfile}", "-A", "scram-sha-256",
-             "-E", "UTF8", "--locale=C", "--no-sync"],
-            run_as, directory, what="initialise a cluster (initdb)", timeout=120,
+            bins,
+            "initdb",
+            [
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                f"--pwfile={pwfile}",
+                "-A",
+                "scram-sha-256",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ],
+            run_as,
+            directory,
+            what="initialise a cluster (initdb)",
+            timeout=120,
         )
         pwfile.unlink()
         port = _start(bins, data, directory, run_as, startup_timeout_s)
@@ -258,9 +273,17 @@ def start_private_postgres(
         with psycopg.connect(f"{dsn_base}/postgres", autocommit=True, connect_timeout=10) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
         server = PrivatePostgres(
-            dsn=f"{dsn_base}/{dbname}", host="127.0.0.1", port=port, user="postgres", password=password,
-            dbname=dbname, directory=directory, bin_dir=bins,
-            source="embedded" if origin == "embedded" else "system", pid=pid, run_as=run_as,
+            dsn=f"{dsn_base}/{dbname}",
+            host="127.0.0.1",
+            port=port,
+            user="postgres",
+            password=password,
+            dbname=dbname,
+            directory=directory,
+            bin_dir=bins,
+            source="embedded" if origin == "embedded" else "system",
+            pid=pid,
+            run_as=run_as,
             _previous_sigterm=signal.SIG_DFL if sigterm_installed else None,
         )
         atexit.register(server.stop)
@@ -353,8 +376,7 @@ def _command(bins: Path, program: str, args: list[str], run_as: str | None) -> l
     raise StoreError(f"running as root: need runuser or setpriv to run PostgreSQL as {run_as!r}")
 
 
-def _run(bins: Path, program: str, args: list[str], run_as: str | None, cwd: Path, *, what: str,
-         timeout: float) -> str:
+def _run(bins: Path, program: str, args: list[str], run_as: str | None, cwd: Path, *, what: str, timeout: float) -> str:
     env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
     for name in ("PGDATA", "PGPORT", "PGHOST", "PGUSER", "PGDATABASE", "PGPASSWORD", "PGOPTIONS"):
         env.pop(name, None)
@@ -362,8 +384,16 @@ def _run(bins: Path, program: str, args: list[str], run_as: str | None, cwd: Pat
     # the pipe open and hang the read.
     with tempfile.TemporaryFile(mode="w+") as out:
         try:
-            proc = subprocess.run(_command(bins, program, args, run_as), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                  stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+            proc = subprocess.run(
+                _command(bins, program, args, run_as),
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                check=False,
+            )
         except subprocess.TimeoutExpired as exc:
             raise StoreError(f"could not {what}: {program} did not finish in {timeout:.0f}s") from exc
         except OSError as exc:
@@ -373,8 +403,11 @@ def _run(bins: Path, program: str, args: list[str], run_as: str | None, cwd: Pat
     if proc.returncode != 0:
         tail = "\n".join(output.strip().splitlines()[-15:])
         who = f" as user {run_as!r}" if run_as else ""
-        hint = (f" (can {run_as!r} read {bins}? binaries under /root are not readable by other users)"
-                if run_as and "ermission denied" in output else "")
+        hint = (
+            f" (can {run_as!r} read {bins}? binaries under /root are not readable by other users)"
+            if run_as and "ermission denied" in output
+            else ""
+        )
         raise StoreError(f"could not {what} with {bins / program}{who}{hint}:\n{tail}")
     return output
 
@@ -399,8 +432,15 @@ def _start(bins: Path, data: Path, directory: Path, run_as: str | None, timeout_
         with open(data / "postgresql.conf", "a") as conf:
             conf.write(f"# scheduler.devtools.embedded\n{settings}port = {port}\n")
         try:
-            _run(bins, "pg_ctl", ["-D", str(data), "-l", str(log), "-w", "-t", str(int(timeout_s)), "-s", "start"],
-                 run_as, directory, what="start PostgreSQL (pg_ctl start)", timeout=timeout_s + 10)
+            _run(
+                bins,
+                "pg_ctl",
+                ["-D", str(data), "-l", str(log), "-w", "-t", str(int(timeout_s)), "-s", "start"],
+                run_as,
+                directory,
+                what="start PostgreSQL (pg_ctl start)",
+                timeout=timeout_s + 10,
+            )
             return port
         except StoreError as exc:
             log_text = log.read_text(errors="replace") if log.exists() else ""
@@ -453,8 +493,15 @@ def _stop_server(bins: Path, data: Path, pid: int, run_as: str | None) -> None:
     if pid <= 0 or not _pid_alive(pid):
         return
     with contextlib.suppress(StoreError):
-        _run(bins, "pg_ctl", ["-D", str(data), "-m", "fast", "-w", "-t", "20", "-s", "stop"], run_as, data.parent,
-             what="stop PostgreSQL", timeout=30)
+        _run(
+            bins,
+            "pg_ctl",
+            ["-D", str(data), "-m", "fast", "-w", "-t", "20", "-s", "stop"],
+            run_as,
+            data.parent,
+            what="stop PostgreSQL",
+            timeout=30,
+        )
     for sig, wait_s in ((signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0)):
         if not _pid_alive(pid):
             return

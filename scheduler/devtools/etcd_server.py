@@ -87,11 +87,32 @@ class ThrowawayEtcd:
             log = open(self.dir / "etcd.log", "wb")
             peer = f"http://127.0.0.1:{self.peer_port}"
             self._proc = subprocess.Popen(
-                [self.binary, "--name", "throwaway", "--data-dir", str(self.dir / "data"),
-                 "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                 "--initial-cluster", f"throwaway={peer}", "--log-level", "warn", "--logger", "zap"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                [
+                    self.binary,
+                    "--name",
+                    "throwaway",
+                    "--data-dir",
+                    str(self.dir / "data"),
+                    "--listen-client-urls",
+                    self.url,
+                    "--advertise-client-urls",
+                    self.url,
+                    "--listen-peer-urls",
+                    peer,
+                    "--initial-advertise-peer-urls",
+                    peer,
+                    "--initial-cluster",
+                    f"throwaway={peer}",
+                    "--log-level",
+                    "warn",
+                    "--logger",
+                    "zap",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
             log.close()
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline and self._proc.poll() is None:

@@ -47,8 +47,10 @@ def etcd_server() -> Iterator[ThrowawayEtcd]:
     """The session's throwaway etcd (see the module docstring)."""
     binary = find_etcd()
     if binary is None:
-        message = ("no etcd binary (etcd-server): the etcd coordinator tests need it; "
-                   "apt-get install etcd-server, or set SCHEDULER_ETCD_BIN")
+        message = (
+            "no etcd binary (etcd-server): the etcd coordinator tests need it; "
+            "apt-get install etcd-server, or set SCHEDULER_ETCD_BIN"
+        )
         if _in_ci():
             pytest.fail(f"CI=true: {message}", pytrace=False)
         pytest.skip(f"{message} (skipped outside CI only)")
@@ -77,14 +79,19 @@ def etcd_prefix(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def cluster(request: pytest.FixtureRequest, pg_dsn: str, conn: psycopg.Connection,
-            tmp_path: Path) -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest, pg_dsn: str, conn: psycopg.Connection, tmp_path: Path) -> Iterator[Cluster]:
     """Node processes of one test on a fresh database; all killed at teardown."""
     coordinator = getattr(request, "param", "sql")
     if coordinator == "etcd":
         server = request.getfixturevalue("etcd_server")
-        group = Cluster(pg_dsn, conn, tmp_path, coordinator="etcd", etcd_endpoint=server.endpoint,
-                        etcd_prefix=request.getfixturevalue("etcd_prefix"))
+        group = Cluster(
+            pg_dsn,
+            conn,
+            tmp_path,
+            coordinator="etcd",
+            etcd_endpoint=server.endpoint,
+            etcd_prefix=request.getfixturevalue("etcd_prefix"),
+        )
     else:
         group = Cluster(pg_dsn, conn, tmp_path)
     try:

@@ -57,6 +57,7 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg.sql
 import pytest
+from helpers import store_now, wait_for
 
 from bench.process import NodeProcess
 from scheduler import jobs
@@ -66,8 +67,6 @@ from scheduler.lease import fair_share
 from scheduler.partition import PARTITION_COUNT
 from scheduler.spec import JobSpec
 from scheduler.status import cluster_status
-
-from helpers import store_now, wait_for
 
 T = TypeVar("T")
 
@@ -88,11 +87,16 @@ class Timings:
     def flags(self) -> list[str]:
         """The ``scheduler node`` flags for these timings."""
         return [
-            "--lease-ttl-s", str(self.lease_ttl_s),
-            "--renew-interval-s", str(self.renew_interval_s),
-            "--poll-interval-s", str(self.poll_interval_s),
-            "--tick-interval-s", str(self.tick_interval_s),
-            "--safety-margin-s", str(self.safety_margin_s),
+            "--lease-ttl-s",
+            str(self.lease_ttl_s),
+            "--renew-interval-s",
+            str(self.renew_interval_s),
+            "--poll-interval-s",
+            str(self.poll_interval_s),
+            "--tick-interval-s",
+            str(self.tick_interval_s),
+            "--safety-margin-s",
+            str(self.safety_margin_s),
         ]
 
     @property
@@ -139,14 +143,19 @@ def sleep_until_wall_fraction(fraction: float) -> None:
 
 def _child_env() -> dict[str, str]:
     """The test's environment without any SCHEDULER_* setting (flags only)."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith("SCHEDULER_") or k.startswith("SCHEDULER_TEST_")}
+    return {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_") or k.startswith("SCHEDULER_TEST_")}
 
 
 def run_cli(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
     """Run ``python -m scheduler ARGS`` to completion (flags only, no SCHEDULER_* env)."""
-    return subprocess.run([sys.executable, "-m", "scheduler", *args], capture_output=True, text=True,
-                          env=_child_env(), timeout=timeout_s, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "scheduler", *args],
+        capture_output=True,
+        text=True,
+        env=_child_env(),
+        timeout=timeout_s,
+        check=False,
+    )
 
 
 class ClusterNode(NodeProcess):
@@ -161,16 +170,21 @@ class ClusterNode(NodeProcess):
     fail the test too.
     """
 
-    def __init__(self, dsn: str, node_id: str, log_path: Path, timings: Timings = TIMINGS,
-                 extra_flags: list[str] | None = None) -> None:
+    def __init__(
+        self, dsn: str, node_id: str, log_path: Path, timings: Timings = TIMINGS, extra_flags: list[str] | None = None
+    ) -> None:
         self.dsn = dsn
         self.timings = timings
         self.extra_flags = list(extra_flags or [])
         self.expected_running = False
-        super().__init__(node_id, log_path,
-                         ["--log-format", "json", "node", "--dsn", dsn, "--node-id", node_id,
-                          *timings.flags(), *self.extra_flags],
-                         _child_env(), read_events=True, die_with_parent=True)
+        super().__init__(
+            node_id,
+            log_path,
+            ["--log-format", "json", "node", "--dsn", dsn, "--node-id", node_id, *timings.flags(), *self.extra_flags],
+            _child_env(),
+            read_events=True,
+            die_with_parent=True,
+        )
 
     # ---- lifecycle
 
@@ -222,14 +236,20 @@ class ClusterNode(NodeProcess):
 
     # ---- logs
 
-    def wait_event(self, name: str, predicate: Callable[[dict], bool] = lambda e: True, *,
-                   timeout_s: float = 10.0, since_mono: float | None = None) -> dict[str, Any]:
+    def wait_event(
+        self,
+        name: str,
+        predicate: Callable[[dict], bool] = lambda e: True,
+        *,
+        timeout_s: float = 10.0,
+        since_mono: float | None = None,
+    ) -> dict[str, Any]:
         """Wait for the first event ``name`` satisfying ``predicate``; return it."""
+
         def probe() -> list[dict]:
             return [e for e in self.events_named(name, since_mono) if predicate(e)]
 
-        return wait_for(f"event {name!r} from {self.node_id}", probe, timeout_s=timeout_s,
-                        check=self.check_alive)[0]
+        return wait_for(f"event {name!r} from {self.node_id}", probe, timeout_s=timeout_s, check=self.check_alive)[0]
 
     def check_alive(self) -> None:
         """Raise AssertionError (with the log tail) if the node should run but has exited."""
@@ -241,8 +261,7 @@ class ClusterNode(NodeProcess):
 # ---------------------------------------------------------------- store probes
 
 
-def add_interval_jobs(conn: psycopg.Connection, count: int, interval_s: int = 1,
-                      tenant: str = "cluster") -> list:
+def add_interval_jobs(conn: psycopg.Connection, count: int, interval_s: int = 1, tenant: str = "cluster") -> list:
     """Register ``count`` unnamed interval jobs (one transaction); return their ids."""
     return jobs.add_jobs(conn, [JobSpec.build(tenant=tenant, interval_s=interval_s) for _ in range(count)])
 
@@ -265,7 +284,8 @@ def partitions(conn: psycopg.Connection) -> dict[int, PartitionRow]:
         "SELECT p.partition_id, l.owner_node, p.owner_epoch, l.lease_expires_at, l.acquired_at,"
         "       coalesce(l.lease_expires_at > now(), false) AS lease_live"
         " FROM partitions AS p JOIN leases AS l ON l.partition_id = p.partition_id"
-        " ORDER BY p.partition_id").fetchall()
+        " ORDER BY p.partition_id"
+    ).fetchall()
     return {row["partition_id"]: PartitionRow(**row) for row in rows}
 
 
@@ -290,8 +310,11 @@ def ownership(conn: psycopg.Connection, timings: Timings = TIMINGS) -> dict[str,
 def balanced(counts: dict[str, int], nodes: list[str]) -> bool:
     """Exactly ``nodes`` are live, all 1,024 partitions are owned, none above its share."""
     share = fair_share(len(nodes))
-    return (sorted(counts) == sorted(nodes) and sum(counts.values()) == PARTITION_COUNT
-            and all(n <= share for n in counts.values()))
+    return (
+        sorted(counts) == sorted(nodes)
+        and sum(counts.values()) == PARTITION_COUNT
+        and all(n <= share for n in counts.values())
+    )
 
 
 def install_firing_fault(conn: psycopg.Connection, node_id: str, sqlstate: str) -> Callable[[], None]:
@@ -305,15 +328,14 @@ def install_firing_fault(conn: psycopg.Connection, node_id: str, sqlstate: str) 
     conn.execute(f"""
         CREATE FUNCTION firing_fault() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-          IF current_setting('application_name') = {psycopg.sql.quote(f'scheduler-fire:{node_id}')} THEN
+          IF current_setting('application_name') = {psycopg.sql.quote(f"scheduler-fire:{node_id}")} THEN
             IF nextval('firing_fault') = 1 THEN
               RAISE EXCEPTION 'injected firing fault' USING ERRCODE = {psycopg.sql.quote(sqlstate)};
             END IF;
           END IF;
           RETURN NULL;
         END $$""")
-    conn.execute("CREATE TRIGGER firing_fault BEFORE INSERT ON runs"
-                 " FOR EACH STATEMENT EXECUTE FUNCTION firing_fault()")
+    conn.execute("CREATE TRIGGER firing_fault BEFORE INSERT ON runs FOR EACH STATEMENT EXECUTE FUNCTION firing_fault()")
 
     def arm() -> None:
         conn.execute("SELECT setval('firing_fault', 0)")
@@ -324,39 +346,46 @@ def install_firing_fault(conn: psycopg.Connection, node_id: str, sqlstate: str) 
 def lagging_jobs(conn: psycopg.Connection, until: datetime) -> int:
     """Active jobs with a slot before ``until`` still unfired (0 = caught up)."""
     return conn.execute(
-        "SELECT count(*) AS n FROM jobs"
-        " WHERE deleted_at IS NULL AND NOT paused AND next_nominal_at < %s", (until,)).fetchone()["n"]
+        "SELECT count(*) AS n FROM jobs WHERE deleted_at IS NULL AND NOT paused AND next_nominal_at < %s", (until,)
+    ).fetchone()["n"]
 
 
-def runs_by(conn: psycopg.Connection, node_id: str, *, pids: list[int] | None = None,
-            fired_after: datetime | None = None) -> list[dict]:
+def runs_by(
+    conn: psycopg.Connection, node_id: str, *, pids: list[int] | None = None, fired_after: datetime | None = None
+) -> list[dict]:
     """``(partition_id, epoch, fired_at)`` of runs by ``node_id`` (optionally filtered)."""
     return conn.execute(
         "SELECT partition_id, epoch, fired_at FROM runs"
         " WHERE node_id = %(node)s"
         "   AND (%(pids)s::int4[] IS NULL OR partition_id = ANY(%(pids)s::int4[]))"
         "   AND (%(after)s::timestamptz IS NULL OR fired_at > %(after)s::timestamptz)",
-        {"node": node_id, "pids": pids, "after": fired_after}).fetchall()
+        {"node": node_id, "pids": pids, "after": fired_after},
+    ).fetchall()
 
 
 def max_lateness_s(conn: psycopg.Connection, pids: list[int], nominal_from: datetime) -> float:
     """Largest fired_at − scheduled_at of runs in ``pids`` with nominal ≥ ``nominal_from``."""
     row = conn.execute(
         "SELECT max(extract(epoch FROM (fired_at - scheduled_at)))::float8 AS late FROM runs"
-        " WHERE partition_id = ANY(%s::int4[]) AND nominal_time >= %s", (pids, nominal_from)).fetchone()
+        " WHERE partition_id = ANY(%s::int4[]) AND nominal_time >= %s",
+        (pids, nominal_from),
+    ).fetchone()
     assert row["late"] is not None, "no runs in the affected partitions"
     return row["late"]
 
 
 def backend_pids(conn: psycopg.Connection, application_name: str) -> list[int]:
     """Backends of this database with ``application_name`` (e.g. ``scheduler-fire:n2``)."""
-    rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                        " AND application_name = %s", (application_name,)).fetchall()
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s",
+        (application_name,),
+    ).fetchall()
     return [row["pid"] for row in rows]
 
 
-def blocked_backends(conn: psycopg.Connection, application_name: str, blocker_pid: int,
-                     waiting_mode: str | None = None) -> list[int]:
+def blocked_backends(
+    conn: psycopg.Connection, application_name: str, blocker_pid: int, waiting_mode: str | None = None
+) -> list[int]:
     """Backends with ``application_name`` waiting on a lock held by ``blocker_pid``.
 
     ``waiting_mode`` narrows it to backends with an ungranted lock of that mode
@@ -368,21 +397,24 @@ def blocked_backends(conn: psycopg.Connection, application_name: str, blocker_pi
         "   AND %(blocker)s = ANY(pg_blocking_pids(a.pid))"
         "   AND (%(mode)s::text IS NULL OR EXISTS (SELECT 1 FROM pg_locks AS l"
         "        WHERE l.pid = a.pid AND NOT l.granted AND l.mode = %(mode)s::text))",
-        {"app": application_name, "blocker": blocker_pid, "mode": waiting_mode}).fetchall()
+        {"app": application_name, "blocker": blocker_pid, "mode": waiting_mode},
+    ).fetchall()
     return [row["pid"] for row in rows]
 
 
 def in_transaction(conn: psycopg.Connection, application_name: str) -> list[int]:
     """Backends with ``application_name`` inside a transaction (holding its locks)."""
-    rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                        " AND application_name = %s AND xact_start IS NOT NULL", (application_name,)).fetchall()
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = %s AND xact_start IS NOT NULL",
+        (application_name,),
+    ).fetchall()
     return [row["pid"] for row in rows]
 
 
 def terminate_backends(conn: psycopg.Connection, pids: list[int]) -> int:
     """``pg_terminate_backend`` each pid; return how many were signalled."""
-    rows = conn.execute("SELECT pg_terminate_backend(pid) AS ok FROM unnest(%s::int4[]) AS pid",
-                        (pids,)).fetchall()
+    rows = conn.execute("SELECT pg_terminate_backend(pid) AS ok FROM unnest(%s::int4[]) AS pid", (pids,)).fetchall()
     return sum(1 for row in rows if row["ok"])
 
 
@@ -424,22 +456,39 @@ def check_history(conn: psycopg.Connection, since: datetime, until: datetime) ->
     report = verify(conn, since, until)
     assert report.expected > 0, f"nothing was expected in [{since}, {until}): {report}"
     assert (report.missing, report.duplicates, report.unexpected, report.early, report.skips_invalid) == (
-        0, 0, 0, 0, 0), f"verify failed: {report}"
+        0,
+        0,
+        0,
+        0,
+        0,
+    ), f"verify failed: {report}"
     regressions = conn.execute(
         "SELECT count(*) AS n FROM ("
         "  SELECT epoch, max(epoch) OVER (PARTITION BY partition_id ORDER BY fired_at, epoch"
         "                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before"
         "  FROM runs WHERE fired_at >= %s) AS r"
-        " WHERE r.epoch < r.before", (since,)).fetchone()["n"]
+        " WHERE r.epoch < r.before",
+        (since,),
+    ).fetchone()["n"]
     shared = conn.execute(
         "SELECT count(*) AS n FROM ("
         "  SELECT 1 FROM runs WHERE fired_at >= %s"
-        "  GROUP BY partition_id, epoch HAVING count(DISTINCT node_id) > 1) AS s", (since,)).fetchone()["n"]
+        "  GROUP BY partition_id, epoch HAVING count(DISTINCT node_id) > 1) AS s",
+        (since,),
+    ).fetchone()["n"]
     future = conn.execute(
         "SELECT count(*) AS n FROM runs AS r JOIN partitions AS p USING (partition_id)"
-        " WHERE r.fired_at >= %s AND r.epoch > p.owner_epoch", (since,)).fetchone()["n"]
-    by_node = Counter({row["node_id"]: row["n"] for row in conn.execute(
-        "SELECT node_id, count(*) AS n FROM runs WHERE fired_at >= %s GROUP BY node_id", (since,))})
+        " WHERE r.fired_at >= %s AND r.epoch > p.owner_epoch",
+        (since,),
+    ).fetchone()["n"]
+    by_node = Counter(
+        {
+            row["node_id"]: row["n"]
+            for row in conn.execute(
+                "SELECT node_id, count(*) AS n FROM runs WHERE fired_at >= %s GROUP BY node_id", (since,)
+            )
+        }
+    )
     history = History(since, until, report, by_node, regressions, shared, future)
     assert (regressions, shared, future) == (0, 0, 0), f"fencing invariant broken: {history}"
     return history
@@ -463,11 +512,11 @@ def etcd_keys(endpoint: str, prefix: str) -> EtcdKeys:
     revision, kvs = range_prefix(endpoint, prefix)
     members, owners = set(), {}
     for kv in kvs:
-        rest = kv["key"][len(prefix):]
+        rest = kv["key"][len(prefix) :]
         if rest.startswith("members/"):
-            members.add(rest[len("members/"):])
+            members.add(rest[len("members/") :])
         elif rest.startswith("partitions/"):
-            owners[int(rest[len("partitions/"):])] = kv["value"]
+            owners[int(rest[len("partitions/") :])] = kv["value"]
     return EtcdKeys(revision, frozenset(members), owners)
 
 
@@ -478,9 +527,16 @@ class Cluster:
     ``etcd_prefix`` say where this test's keys live).
     """
 
-    def __init__(self, dsn: str, conn: psycopg.Connection, log_dir: Path, timings: Timings = TIMINGS,
-                 coordinator: str = "sql", etcd_endpoint: str | None = None,
-                 etcd_prefix: str | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        conn: psycopg.Connection,
+        log_dir: Path,
+        timings: Timings = TIMINGS,
+        coordinator: str = "sql",
+        etcd_endpoint: str | None = None,
+        etcd_prefix: str | None = None,
+    ) -> None:
         self.dsn = dsn
         self.conn = conn
         self.log_dir = log_dir
@@ -508,8 +564,9 @@ class Cluster:
         ``dsn`` overrides the store DSN the node gets (e.g. through a relay)."""
         self._generation[node_id] += 1
         log_path = self.log_dir / f"{node_id}.{self._generation[node_id]}.log"
-        node = ClusterNode(dsn or self.dsn, node_id, log_path, self.timings,
-                           [*self.coordinator_flags(), *(extra_flags or [])])
+        node = ClusterNode(
+            dsn or self.dsn, node_id, log_path, self.timings, [*self.coordinator_flags(), *(extra_flags or [])]
+        )
         old = self.nodes.get(node_id)
         if old is not None:
             self._retired.append(old)
@@ -524,11 +581,17 @@ class Cluster:
         for node in self.nodes.values():
             node.check_alive()
 
-    def wait_for(self, what: str, probe: Callable[[], T], predicate: Callable[[T], bool] = bool, *,
-                 timeout_s: float, interval_s: float = 0.05) -> T:
+    def wait_for(
+        self,
+        what: str,
+        probe: Callable[[], T],
+        predicate: Callable[[T], bool] = bool,
+        *,
+        timeout_s: float,
+        interval_s: float = 0.05,
+    ) -> T:
         """:func:`wait_for` that also fails as soon as a node that should run has exited."""
-        return wait_for(what, probe, predicate, timeout_s=timeout_s, interval_s=interval_s,
-                        check=self.check_alive)
+        return wait_for(what, probe, predicate, timeout_s=timeout_s, interval_s=interval_s, check=self.check_alive)
 
     def now(self) -> datetime:
         return store_now(self.conn)
@@ -562,22 +625,30 @@ class Cluster:
         if not self.etcd:
             return rows
         owners = self.etcd_keys().owners
-        return {pid: dataclasses.replace(row, lease_live=row.owner_node is not None
-                                         and owners.get(pid) == row.owner_node)
-                for pid, row in rows.items()}
+        return {
+            pid: dataclasses.replace(row, lease_live=row.owner_node is not None and owners.get(pid) == row.owner_node)
+            for pid, row in rows.items()
+        }
 
     def wait_balanced(self, nodes: list[str], timeout_s: float = 15.0) -> dict[str, int]:
         """Wait until exactly ``nodes`` are live, own all 1,024 partitions, none above its share."""
-        return self.wait_for(f"{nodes} to own all partitions within their share", self.ownership,
-                             lambda counts: balanced(counts, nodes), timeout_s=timeout_s)
+        return self.wait_for(
+            f"{nodes} to own all partitions within their share",
+            self.ownership,
+            lambda counts: balanced(counts, nodes),
+            timeout_s=timeout_s,
+        )
 
-    def wait_fired(self, node_id: str, after: datetime, pids: list[int] | None = None,
-                   timeout_s: float = 10.0) -> list[dict]:
+    def wait_fired(
+        self, node_id: str, after: datetime, pids: list[int] | None = None, timeout_s: float = 10.0
+    ) -> list[dict]:
         """Wait until ``node_id`` has committed runs fired after ``after`` (in ``pids``); return them."""
         where = "" if pids is None else f" in {len(pids)} partitions"
-        return self.wait_for(f"runs by {node_id}{where} fired after {after}",
-                             lambda: runs_by(self.conn, node_id, pids=pids, fired_after=after),
-                             timeout_s=timeout_s)
+        return self.wait_for(
+            f"runs by {node_id}{where} fired after {after}",
+            lambda: runs_by(self.conn, node_id, pids=pids, fired_after=after),
+            timeout_s=timeout_s,
+        )
 
     def stop_all(self) -> dict[str, int]:
         """SIGTERM every running node; each must exit 0 and report (``node_stopped``)
@@ -592,13 +663,20 @@ class Cluster:
             assert len(stopped) == 1, node.tail()
             fired[node_id] = stopped[0]["runs_fired"]
             if self._generation[node_id] == 1:
-                in_store = self.conn.execute("SELECT count(*) AS n FROM runs WHERE node_id = %s",
-                                             (node_id,)).fetchone()["n"]
+                in_store = self.conn.execute(
+                    "SELECT count(*) AS n FROM runs WHERE node_id = %s", (node_id,)
+                ).fetchone()["n"]
                 assert fired[node_id] == in_store, (node_id, fired[node_id], in_store)
         return fired
 
-    def at_mid_tick(self, node_id: str, lock_sql: str, params: Any, action: Callable[[list[int]], None],
-                    waiting_mode: str | None = None) -> datetime:
+    def at_mid_tick(
+        self,
+        node_id: str,
+        lock_sql: str,
+        params: Any,
+        action: Callable[[list[int]], None],
+        waiting_mode: str | None = None,
+    ) -> datetime:
         """Run ``action(backend_pids)`` while ``node_id`` is inside a firing tick.
 
         Just before a tick that has due work (ticks are phased onto wall-clock
@@ -616,7 +694,9 @@ class Cluster:
             waiting = self.wait_for(
                 f"{node_id}'s firing session to wait on the test's lock",
                 lambda: blocked_backends(self.conn, f"scheduler-fire:{node_id}", blocker, waiting_mode),
-                timeout_s=3.0, interval_s=0.005)
+                timeout_s=3.0,
+                interval_s=0.005,
+            )
             action(waiting)
         return before
 
@@ -631,10 +711,15 @@ class Cluster:
         until = self.now().replace(microsecond=0)
         if covering is not None:
             until = max(until, (covering + timedelta(seconds=AFTERMATH_S)).replace(microsecond=0))
-            self.wait_for(f"the store clock to pass {until}", self.now, lambda now: now >= until,
-                          timeout_s=AFTERMATH_S + 1.0)
-        self.wait_for(f"every job to fire its slots before {until}", lambda: lagging_jobs(self.conn, until),
-                      lambda n: n == 0, timeout_s=timeout_s)
+            self.wait_for(
+                f"the store clock to pass {until}", self.now, lambda now: now >= until, timeout_s=AFTERMATH_S + 1.0
+            )
+        self.wait_for(
+            f"every job to fire its slots before {until}",
+            lambda: lagging_jobs(self.conn, until),
+            lambda n: n == 0,
+            timeout_s=timeout_s,
+        )
         return check_history(self.conn, since, until)
 
     def teardown(self) -> None:
@@ -644,4 +729,3 @@ class Cluster:
         for node in self.all_processes():
             print(f"---- {node.log_path.name} (exit {node.returncode()}) ----")
             print(node.tail(40))
-

@@ -60,8 +60,9 @@ def make(request: pytest.FixtureRequest, pg_dsn: str) -> Iterator[Make]:
     extra: dict[str, str] = {}
     if request.param == "etcd":
         server = request.getfixturevalue("etcd_server")
-        extra = dict(coordinator="etcd", etcd_endpoints=server.endpoint,
-                     etcd_prefix=request.getfixturevalue("etcd_prefix"))
+        extra = dict(
+            coordinator="etcd", etcd_endpoints=server.endpoint, etcd_prefix=request.getfixturevalue("etcd_prefix")
+        )
     made: list[Coordinator] = []
 
     def factory(node_id: str) -> Coordinator:
@@ -114,8 +115,9 @@ class Ledger:
     def record(self, coordinator: Coordinator, grants: list[tuple[int, int]]) -> None:
         holders = {pid: node for node, held in self.held.items() for pid in held}
         for pid, epoch in grants:
-            assert pid not in holders, f"partition {pid} granted to {coordinator.node_id} while " \
-                                       f"{holders.get(pid)} holds it"
+            assert pid not in holders, (
+                f"partition {pid} granted to {coordinator.node_id} while {holders.get(pid)} holds it"
+            )
             assert not self.epochs[pid] or epoch > self.epochs[pid][-1], (pid, self.epochs[pid], epoch)
             self.epochs[pid].append(epoch)
             holders[pid] = coordinator.node_id
@@ -136,8 +138,9 @@ class Ledger:
             mine = self.held[coordinator.node_id]
             assert sorted(coordinator.renew(leases(mine))) == sorted(mine.items()), coordinator.node_id
 
-    def claim_until(self, coordinator: Coordinator, want: int, *, alive: tuple[Coordinator, ...] = (),
-                    timeout_s: float = MARGIN_S) -> None:
+    def claim_until(
+        self, coordinator: Coordinator, want: int, *, alive: tuple[Coordinator, ...] = (), timeout_s: float = MARGIN_S
+    ) -> None:
         """Claim (recording each grant) until ``coordinator`` holds ``want`` partitions;
         meanwhile it and the ``alive`` ones keep renewing what they hold."""
         held = self.held[coordinator.node_id]
@@ -148,8 +151,13 @@ class Ledger:
                 self.record(coordinator, coordinator.claim(want - len(held)))
             return len(held)
 
-        wait_for(f"{coordinator.node_id} to hold {want} partitions", step, lambda n: n == want,
-                 timeout_s=timeout_s, interval_s=0.1)
+        wait_for(
+            f"{coordinator.node_id} to hold {want} partitions",
+            step,
+            lambda n: n == want,
+            timeout_s=timeout_s,
+            interval_s=0.1,
+        )
 
 
 def leases(held: dict[int, int]) -> list[Lease]:
@@ -178,30 +186,41 @@ def test_racing_claimers_claim_every_partition_exactly_once(make: Make, conn: ps
     def race_to_shares() -> int:
         ledger.renew(coordinators)
         limits = [share - len(ledger.held[c.node_id]) for c in coordinators]
-        for coordinator, grants in zip(coordinators, race_claims(coordinators, limits)):
+        for coordinator, grants in zip(coordinators, race_claims(coordinators, limits), strict=False):
             ledger.record(coordinator, grants)
         return sum(len(held) for held in ledger.held.values())
 
-    wait_for("the racers to fill their shares", race_to_shares, lambda n: n == PARTITION_COUNT,
-             timeout_s=MARGIN_S, interval_s=0.1)
+    wait_for(
+        "the racers to fill their shares",
+        race_to_shares,
+        lambda n: n == PARTITION_COUNT,
+        timeout_s=MARGIN_S,
+        interval_s=0.1,
+    )
     assert [len(ledger.held[c.node_id]) for c in coordinators] == [share] * RACERS
     assert_fences(conn, ledger)
 
     # Rounds: racer-0 releases 8; the others race greedily for everything. Each of
     # the 8 goes to exactly one of them (at a higher epoch), nothing else is granted.
     for round_no in range(3):
-        give_back = sorted(ledger.held["racer-0"])[round_no * 8:round_no * 8 + 8]
+        give_back = sorted(ledger.held["racer-0"])[round_no * 8 : round_no * 8 + 8]
         ledger.release(coordinators[0], give_back)
 
         def race_for_all() -> list[int]:
             ledger.renew(coordinators)
-            for coordinator, grants in zip(coordinators[1:], race_claims(coordinators[1:], [PARTITION_COUNT] * 3)):
+            claims = race_claims(coordinators[1:], [PARTITION_COUNT] * 3)
+            for coordinator, grants in zip(coordinators[1:], claims, strict=True):
                 assert {pid for pid, _ in grants} <= set(give_back), grants
                 ledger.record(coordinator, grants)
             return sorted(pid for c in coordinators[1:] for pid in ledger.held[c.node_id] if pid in give_back)
 
-        wait_for(f"round {round_no}: the released partitions to be claimed", race_for_all,
-                 lambda won: won == give_back, timeout_s=MARGIN_S, interval_s=0.1)
+        wait_for(
+            f"round {round_no}: the released partitions to be claimed",
+            race_for_all,
+            lambda won: won == give_back,
+            timeout_s=MARGIN_S,
+            interval_s=0.1,
+        )
         assert all(len(ledger.epochs[pid]) == 2 for pid in give_back)
         assert_fences(conn, ledger)
 
@@ -285,8 +304,10 @@ def test_a_restarted_node_never_inherits_its_predecessors_leases(make: Make, con
     ledger.claim_until(new, PARTITION_COUNT, timeout_s=EXPIRY_WAIT_S)
     after = dict(ledger.held["n1"])
     assert all(after[pid] > epoch for pid, epoch in before.items())
-    print(f"restart: predecessor's leases claimed afresh after {time.monotonic() - started:.2f}s "
-          f"(TTL {TIMINGS['lease_ttl_s']}s)")
+    print(
+        f"restart: predecessor's leases claimed afresh after {time.monotonic() - started:.2f}s "
+        f"(TTL {TIMINGS['lease_ttl_s']}s)"
+    )
     assert_fences(conn, ledger)
 
     assert old.renew(leases(before)) == []  # the predecessor's epochs are dead

@@ -26,7 +26,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -35,8 +35,8 @@ from helpers import PINNABLE_QUERIES, record_named_queries
 
 from scheduler import log
 from scheduler.clock import Clock, ManualClock
-from scheduler.errors import EpochRegressionError
 from scheduler.devtools.etcd_server import ThrowawayEtcd
+from scheduler.errors import EpochRegressionError
 from scheduler.lease import Lease
 from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT
@@ -53,10 +53,16 @@ def make(pg_dsn: str, etcd_server: ThrowawayEtcd, etcd_prefix: str) -> Iterator:
     made = []
 
     def factory(node_id: str, clock: Clock | None = None) -> EtcdCoordinator:
-        settings = Settings(dsn=pg_dsn, node_id=node_id, lease_ttl_s=TIMINGS.lease_ttl_s,
-                            renew_interval_s=TIMINGS.renew_interval_s, safety_margin_s=TIMINGS.safety_margin_s,
-                            coordinator="etcd", etcd_endpoints=etcd_server.endpoint,
-                            etcd_prefix=etcd_prefix).validated()
+        settings = Settings(
+            dsn=pg_dsn,
+            node_id=node_id,
+            lease_ttl_s=TIMINGS.lease_ttl_s,
+            renew_interval_s=TIMINGS.renew_interval_s,
+            safety_margin_s=TIMINGS.safety_margin_s,
+            coordinator="etcd",
+            etcd_endpoints=etcd_server.endpoint,
+            etcd_prefix=etcd_prefix,
+        ).validated()
         coordinator = EtcdCoordinator(settings, Metrics(), clock=clock)
         made.append(coordinator)
         return coordinator
@@ -73,8 +79,7 @@ def events() -> Iterator[list[dict]]:
 
     class Capture(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            records.append({"event": record.getMessage(), "level": record.levelname,
-                            **getattr(record, "fields", {})})
+            records.append({"event": record.getMessage(), "level": record.levelname, **getattr(record, "fields", {})})
 
     handler = Capture(logging.DEBUG)
     log.LOGGER.addHandler(handler)
@@ -88,8 +93,8 @@ def events() -> Iterator[list[dict]]:
 
 
 def test_claim_with_stored_epoch_above_revision_is_refused_loudly(
-        make, conn: psycopg.Connection, events: list[dict], etcd_server: ThrowawayEtcd,
-        etcd_prefix: str) -> None:
+    make, conn: psycopg.Connection, events: list[dict], etcd_server: ThrowawayEtcd, etcd_prefix: str
+) -> None:
     coordinator = make("regress")
     coordinator.join()
     regressed = [3, 7, 900]
@@ -100,8 +105,9 @@ def test_claim_with_stored_epoch_above_revision_is_refused_loudly(
     assert pids == set(range(PARTITION_COUNT)) - set(regressed)
     errors = [e for e in events if e["event"] == "epoch_regression"]
     assert sorted(e["partition"] for e in errors) == regressed
-    assert all(e["level"] == "ERROR" and e["stored_epoch"] == 10**12 and 0 < e["revision"] < 10**12
-               for e in errors), errors
+    assert all(e["level"] == "ERROR" and e["stored_epoch"] == 10**12 and 0 < e["revision"] < 10**12 for e in errors), (
+        errors
+    )
     keys = etcd_keys(etcd_server.endpoint, etcd_prefix)
     assert not set(regressed) & set(keys.owners), "a regressed partition's key must not be held"
     rows = partitions(conn)
@@ -109,11 +115,26 @@ def test_claim_with_stored_epoch_above_revision_is_refused_loudly(
 
 
 def test_node_refuses_to_start_when_etcd_revision_is_below_stored_epochs(
-        pg_dsn: str, conn: psycopg.Connection, etcd_server: ThrowawayEtcd, etcd_prefix: str) -> None:
+    pg_dsn: str, conn: psycopg.Connection, etcd_server: ThrowawayEtcd, etcd_prefix: str
+) -> None:
     conn.execute("UPDATE partitions SET owner_epoch = owner_epoch + 1000000000000")  # e.g. SQL epochs, reset etcd
-    result = run_cli("--log-format", "json", "node", "--dsn", pg_dsn, "--node-id", "late",
-                     "--coordinator", "etcd", "--etcd-endpoints", etcd_server.endpoint,
-                     "--etcd-prefix", etcd_prefix, *TIMINGS_FLAGS, timeout_s=30)
+    result = run_cli(
+        "--log-format",
+        "json",
+        "node",
+        "--dsn",
+        pg_dsn,
+        "--node-id",
+        "late",
+        "--coordinator",
+        "etcd",
+        "--etcd-endpoints",
+        etcd_server.endpoint,
+        "--etcd-prefix",
+        etcd_prefix,
+        *TIMINGS_FLAGS,
+        timeout_s=30,
+    )
     assert result.returncode != 0, result.stderr
     lines = result.stderr.strip().splitlines()
     records = [json.loads(line) for line in lines if line.startswith("{")]
@@ -125,12 +146,19 @@ def test_node_refuses_to_start_when_etcd_revision_is_below_stored_epochs(
     assert all(row.owner_node is None for row in partitions(conn).values())
 
 
-TIMINGS_FLAGS = ["--lease-ttl-s", str(TIMINGS.lease_ttl_s), "--renew-interval-s", str(TIMINGS.renew_interval_s),
-                 "--safety-margin-s", str(TIMINGS.safety_margin_s)]
+TIMINGS_FLAGS = [
+    "--lease-ttl-s",
+    str(TIMINGS.lease_ttl_s),
+    "--renew-interval-s",
+    str(TIMINGS.renew_interval_s),
+    "--safety-margin-s",
+    str(TIMINGS.safety_margin_s),
+]
 
 
 def test_renew_keeps_keys_on_lease_drops_expired_lease_and_orphans(
-        make, events: list[dict], etcd_server: ThrowawayEtcd, etcd_prefix: str) -> None:
+    make, events: list[dict], etcd_server: ThrowawayEtcd, etcd_prefix: str
+) -> None:
     coordinator = make("renewer")
     coordinator.join()
     claimed = coordinator.claim(10)
@@ -214,12 +242,14 @@ def test_store_queries_send_the_clocks_store_pin(make, conn: psycopg.Connection,
     assert {name for name, _ in pinnable} == {"partition_status", "claim_partitions_at_epoch"}
     assert [(name, now) for name, now in pinnable if now is not None] == []
 
-    at = datetime(2031, 3, 4, 5, 6, 7, 123456, tzinfo=timezone.utc)
+    at = datetime(2031, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
     pinned = make("pinned", clock=ManualClock(store_at=at))
     pinned.join()
     claimed = pinned.claim(4)
-    rows = conn.execute("SELECT partition_id, owner_node, owner_epoch, acquired_at, renewed_at, lease_expires_at"
-                        " FROM leases WHERE owner_node = 'pinned'").fetchall()
+    rows = conn.execute(
+        "SELECT partition_id, owner_node, owner_epoch, acquired_at, renewed_at, lease_expires_at"
+        " FROM leases WHERE owner_node = 'pinned'"
+    ).fetchall()
     expiry = at + timedelta(seconds=TIMINGS.lease_ttl_s)
     assert sorted((r["partition_id"], r["owner_epoch"]) for r in rows) == sorted(claimed)
     assert {(r["acquired_at"], r["renewed_at"], r["lease_expires_at"]) for r in rows} == {(at, at, expiry)}

@@ -19,14 +19,13 @@ import json
 import psycopg
 import pytest
 from harness import run_cli
+from helpers import closed_port
 
 from scheduler.devtools.etcd_server import ThrowawayEtcd
 from scheduler.errors import EpochRegressionError
 from scheduler.etcd_gateway import BUMP_KEY, range_prefix
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-
-from helpers import closed_port
 
 pytestmark = pytest.mark.cluster
 
@@ -54,8 +53,9 @@ def join_etcd(pg_dsn: str, server: ThrowawayEtcd, prefix: str) -> None:
     """Join (and leave) an etcd coordinator: what a node does at start (EpochRegressionError if refused)."""
     from scheduler.etcd_coordinator import EtcdCoordinator
 
-    settings = Settings(dsn=pg_dsn, node_id="joiner", coordinator="etcd", etcd_endpoints=server.endpoint,
-                        etcd_prefix=prefix).validated()
+    settings = Settings(
+        dsn=pg_dsn, node_id="joiner", coordinator="etcd", etcd_endpoints=server.endpoint, etcd_prefix=prefix
+    ).validated()
     coordinator = EtcdCoordinator(settings, Metrics())
     try:
         coordinator.join()
@@ -64,7 +64,8 @@ def join_etcd(pg_dsn: str, server: ThrowawayEtcd, prefix: str) -> None:
 
 
 def test_raises_the_revision_past_the_stored_epochs_then_a_node_may_join(
-        pg_dsn: str, conn: psycopg.Connection, etcd_server: ThrowawayEtcd, etcd_prefix: str) -> None:
+    pg_dsn: str, conn: psycopg.Connection, etcd_server: ThrowawayEtcd, etcd_prefix: str
+) -> None:
     top = epochs_above(conn, etcd_server, 300)
     with pytest.raises(EpochRegressionError, match=f"below the store's owner_epoch {top} "):
         join_etcd(pg_dsn, etcd_server, etcd_prefix)
@@ -74,8 +75,10 @@ def test_raises_the_revision_past_the_stored_epochs_then_a_node_may_join(
 
     assert result.returncode == 0, result.stderr
     # puts up to top + 1 (the first revision above the top), then the delete of the bump key: top + 2
-    assert result.stdout == (f"etcd revision {before} -> {top + 2}, above the store's largest owner_epoch "
-                             f"{top} (partition 17): nodes may start with --coordinator etcd\n")
+    assert result.stdout == (
+        f"etcd revision {before} -> {top + 2}, above the store's largest owner_epoch "
+        f"{top} (partition 17): nodes may start with --coordinator etcd\n"
+    )
     assert revision(etcd_server) == top + 2
     assert range_prefix(etcd_server.endpoint, BUMP_KEY)[1] == []
     join_etcd(pg_dsn, etcd_server, etcd_prefix)  # no refusal now
@@ -83,32 +86,46 @@ def test_raises_the_revision_past_the_stored_epochs_then_a_node_may_join(
     again = run_cli("etcd", "raise-revision", "--dsn", pg_dsn, "--etcd-endpoints", etcd_server.endpoint, "--json")
     assert again.returncode == 0, again.stderr
     after_join = revision(etcd_server)
-    assert json.loads(again.stdout) == {"top_epoch": top, "partition": 17, "before": after_join,
-                                        "after": after_join, "endpoint": etcd_server.endpoint}
+    assert json.loads(again.stdout) == {
+        "top_epoch": top,
+        "partition": 17,
+        "before": after_join,
+        "after": after_join,
+        "endpoint": etcd_server.endpoint,
+    }
     assert revision(etcd_server) == after_join
 
 
 def test_the_first_endpoint_that_answers_is_used(
-        pg_dsn: str, conn: psycopg.Connection, etcd_server: ThrowawayEtcd) -> None:
+    pg_dsn: str, conn: psycopg.Connection, etcd_server: ThrowawayEtcd
+) -> None:
     top = epochs_above(conn, etcd_server, 5)
     dead = f"127.0.0.1:{closed_port()}"
 
-    result = run_cli("etcd", "raise-revision", "--dsn", pg_dsn, "--etcd-endpoints",
-                     f"{dead},{etcd_server.endpoint}", "--json")
+    result = run_cli(
+        "etcd", "raise-revision", "--dsn", pg_dsn, "--etcd-endpoints", f"{dead},{etcd_server.endpoint}", "--json"
+    )
 
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["endpoint"] == etcd_server.endpoint
     assert revision(etcd_server) == top + 2
 
 
-@pytest.mark.parametrize(("endpoints", "message"), [
-    ("", "error: etcd_endpoints: the etcd coordinator needs at least one host:port "
-         "(--etcd-endpoints / SCHEDULER_ETCD_ENDPOINTS)"),
-    ("etcd-1", "error: etcd_endpoints: each endpoint must be host:port (got 'etcd-1')"),
-    ("etcd-1:99999", "error: etcd_endpoints: each endpoint must be host:port (got 'etcd-1:99999')"),
-])
+@pytest.mark.parametrize(
+    ("endpoints", "message"),
+    [
+        (
+            "",
+            "error: etcd_endpoints: the etcd coordinator needs at least one host:port "
+            "(--etcd-endpoints / SCHEDULER_ETCD_ENDPOINTS)",
+        ),
+        ("etcd-1", "error: etcd_endpoints: each endpoint must be host:port (got 'etcd-1')"),
+        ("etcd-1:99999", "error: etcd_endpoints: each endpoint must be host:port (got 'etcd-1:99999')"),
+    ],
+)
 def test_bad_endpoints_are_one_line_and_status_2(
-        pg_dsn: str, conn: psycopg.Connection, etcd_server: ThrowawayEtcd, endpoints: str, message: str) -> None:
+    pg_dsn: str, conn: psycopg.Connection, etcd_server: ThrowawayEtcd, endpoints: str, message: str
+) -> None:
     before = revision(etcd_server)
     result = run_cli("etcd", "raise-revision", "--dsn", pg_dsn, "--etcd-endpoints", endpoints)
     assert one_line_error(result, 2) == message
@@ -126,13 +143,15 @@ def test_a_store_never_migrated_is_one_line_and_status_2(empty_pg_dsn: str, etcd
     before = revision(etcd_server)
     result = run_cli("etcd", "raise-revision", "--dsn", empty_pg_dsn, "--etcd-endpoints", etcd_server.endpoint)
     line = one_line_error(result, 2)
-    assert line == ("error: store: the schema is missing (no alembic_version table); "
-                    "run `scheduler db upgrade` first"), line
+    assert line == (
+        "error: store: the schema is missing (no alembic_version table); run `scheduler db upgrade` first"
+    ), line
     assert revision(etcd_server) == before
 
 
 def test_no_etcd_answering_is_one_line_and_status_1(pg_dsn: str, conn: psycopg.Connection) -> None:
     port = closed_port()
     result = run_cli("etcd", "raise-revision", "--dsn", pg_dsn, "--etcd-endpoints", f"127.0.0.1:{port}")
-    assert one_line_error(result, 1) == (f"error: etcd_endpoints: no endpoint answered (127.0.0.1:{port}: "
-                                         "URLError: [Errno 111] Connection refused)")
+    assert one_line_error(result, 1) == (
+        f"error: etcd_endpoints: no endpoint answered (127.0.0.1:{port}: URLError: [Errno 111] Connection refused)"
+    )

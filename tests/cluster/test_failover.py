@@ -67,8 +67,16 @@ TAKEOVER_TIMEOUT_S = TIMINGS.lease_ttl_s + TIMINGS.poll_interval_s + MARGIN_S
 """A dead or frozen node's partitions are claimed within TTL + poll (+ margin)."""
 
 VICTIM_TICK_S = 1.0
-MID_TICK_FLAGS = ["--tick-interval-s", str(VICTIM_TICK_S),
-                  "--lock-timeout-s", "1.5", "--statement-timeout-s", "1.5", "--max-rate-per-s", "500"]
+MID_TICK_FLAGS = [
+    "--tick-interval-s",
+    str(VICTIM_TICK_S),
+    "--lock-timeout-s",
+    "1.5",
+    "--statement-timeout-s",
+    "1.5",
+    "--max-rate-per-s",
+    "500",
+]
 """For a node frozen or cut mid-tick: one tick a second, so every tick has due
 work (the 1 s jobs) and fires it; lock and statement timeouts (still below the
 TTL) that outlast the milliseconds between "waiting on the test's lock" and
@@ -95,8 +103,9 @@ def _start(cluster: Cluster, node_ids: list[str], victim_flags: list[str] | None
     return since
 
 
-def _taken_over(cluster: Cluster, old: dict[int, PartitionRow], by: tuple[str, ...],
-                failed_at: datetime) -> dict[int, PartitionRow]:
+def _taken_over(
+    cluster: Cluster, old: dict[int, PartitionRow], by: tuple[str, ...], failed_at: datetime
+) -> dict[int, PartitionRow]:
     """Wait until every partition of ``old`` is leased live by one of ``by`` under a newer epoch;
     check each was claimed only once its old lease had expired.
 
@@ -104,36 +113,55 @@ def _taken_over(cluster: Cluster, old: dict[int, PartitionRow], by: tuple[str, .
     store's lease columns are not renewed, so the bound is the etcd lease's:
     at least TTL − renew interval after the failure at ``failed_at`` (the
     victim's last keep-alive was at most one renew interval before it)."""
-    def done(rows: dict[int, PartitionRow]) -> bool:
-        return all(rows[pid].owner_node in by and rows[pid].lease_live
-                   and rows[pid].owner_epoch > row.owner_epoch for pid, row in old.items())
 
-    rows = cluster.wait_for(f"the {len(old)} partitions to be claimed by {by} under new epochs",
-                            cluster.partitions, done, timeout_s=TAKEOVER_TIMEOUT_S)
+    def done(rows: dict[int, PartitionRow]) -> bool:
+        return all(
+            rows[pid].owner_node in by and rows[pid].lease_live and rows[pid].owner_epoch > row.owner_epoch
+            for pid, row in old.items()
+        )
+
+    rows = cluster.wait_for(
+        f"the {len(old)} partitions to be claimed by {by} under new epochs",
+        cluster.partitions,
+        done,
+        timeout_s=TAKEOVER_TIMEOUT_S,
+    )
     new = {pid: rows[pid] for pid in old}
     if cluster.etcd:
         not_before = failed_at + timedelta(seconds=TIMINGS.lease_ttl_s - TIMINGS.renew_interval_s - 0.2)
         early = [(pid, row.acquired_at, not_before) for pid, row in new.items() if row.acquired_at < not_before]
     else:
-        early = [(pid, row.acquired_at, old[pid].lease_expires_at) for pid, row in new.items()
-                 if row.acquired_at < old[pid].lease_expires_at]
+        early = [
+            (pid, row.acquired_at, old[pid].lease_expires_at)
+            for pid, row in new.items()
+            if row.acquired_at < old[pid].lease_expires_at
+        ]
     assert early == [], f"claimed before the old lease expired: {early[:5]}"
     return new
 
 
-def _stale_runs(cluster: Cluster, node_id: str, old: dict[int, PartitionRow],
-                new: dict[int, PartitionRow]) -> list[dict]:
+def _stale_runs(
+    cluster: Cluster, node_id: str, old: dict[int, PartitionRow], new: dict[int, PartitionRow]
+) -> list[dict]:
     """Runs by ``node_id`` under an ``old`` epoch fired after that partition's
     takeover (``new`` acquired_at): commits of a stale owner. Must be empty."""
     runs = runs_by(cluster.conn, node_id, pids=sorted(old), fired_after=min(r.acquired_at for r in new.values()))
-    return [run for run in runs if run["epoch"] <= old[run["partition_id"]].owner_epoch
-            and run["fired_at"] >= new[run["partition_id"]].acquired_at]
+    return [
+        run
+        for run in runs
+        if run["epoch"] <= old[run["partition_id"]].owner_epoch
+        and run["fired_at"] >= new[run["partition_id"]].acquired_at
+    ]
 
 
 def _wait_caught_up(cluster: Cluster) -> None:
     now = cluster.now()
-    cluster.wait_for(f"every slot before {now} to fire", lambda: lagging_jobs(cluster.conn, now),
-                     lambda n: n == 0, timeout_s=MARGIN_S)
+    cluster.wait_for(
+        f"every slot before {now} to fire",
+        lambda: lagging_jobs(cluster.conn, now),
+        lambda n: n == 0,
+        timeout_s=MARGIN_S,
+    )
 
 
 @both_coordinators
@@ -153,9 +181,11 @@ def test_kill_9_partitions_claimed_after_lease_expiry_overdue_jobs_fire(cluster:
 
     history = cluster.finish(since, covering=taken_over_at)
     late_s = max_lateness_s(cluster.conn, sorted(old), killed_at - timedelta(seconds=1))
-    print(f"\nkill -9: {len(old)} partitions taken over {(taken_over_at - killed_at).total_seconds():.3f}s "
-          f"after the kill; max lateness of their jobs {late_s:.3f}s (bound TTL+poll+tick "
-          f"{TIMINGS.crash_lateness_bound_s}s + {MARGIN_S}s); window {history.report}")
+    print(
+        f"\nkill -9: {len(old)} partitions taken over {(taken_over_at - killed_at).total_seconds():.3f}s "
+        f"after the kill; max lateness of their jobs {late_s:.3f}s (bound TTL+poll+tick "
+        f"{TIMINGS.crash_lateness_bound_s}s + {MARGIN_S}s); window {history.report}"
+    )
     assert late_s <= TIMINGS.crash_lateness_bound_s + MARGIN_S
     assert history.runs_by_node[VICTIM] > 0
     cluster.stop_all()
@@ -190,9 +220,11 @@ def test_restart_under_same_node_id_claims_new_epochs(cluster: Cluster) -> None:
 
     history = cluster.finish(since, covering=taken_over_at)
     late_s = max_lateness_s(cluster.conn, sorted(old), killed_at - timedelta(seconds=1))
-    print(f"\nrestart: predecessor's {len(old)} partitions reclaimed ({reclaimed} by its successor) "
-          f"{(taken_over_at - killed_at).total_seconds():.3f}s after the kill; max lateness of their jobs "
-          f"{late_s:.3f}s; window {history.report}")
+    print(
+        f"\nrestart: predecessor's {len(old)} partitions reclaimed ({reclaimed} by its successor) "
+        f"{(taken_over_at - killed_at).total_seconds():.3f}s after the kill; max lateness of their jobs "
+        f"{late_s:.3f}s; window {history.report}"
+    )
     assert late_s <= TIMINGS.crash_lateness_bound_s + MARGIN_S
     assert _stale_runs(cluster, VICTIM, old, new) == []
     cluster.stop_all()
@@ -205,8 +237,9 @@ def test_paused_between_read_and_commit_is_fenced_out_then_rejoins(cluster: Clus
 
     # Freeze n2 inside a tick: it has chosen its partitions and epochs and sent
     # its read of due jobs (held up by the table lock); it resumes with them.
-    paused_at = cluster.at_mid_tick(VICTIM, LOCK_JOBS_TABLE, None, lambda _pids: victim.pause(),
-                                    waiting_mode="AccessShareLock")
+    paused_at = cluster.at_mid_tick(
+        VICTIM, LOCK_JOBS_TABLE, None, lambda _pids: victim.pause(), waiting_mode="AccessShareLock"
+    )
     old = owned_by(cluster.conn, VICTIM)
 
     new = _taken_over(cluster, old, ("n1", "n3"), paused_at)
@@ -223,8 +256,11 @@ def test_paused_between_read_and_commit_is_fenced_out_then_rejoins(cluster: Clus
     assert set(rejected["sample"]) <= set(old), rejected
     # ... and every stale lease is dropped, by the fence or by the failed renewal.
     victim.wait_event("lease_lost", since_mono=resumed_mono, timeout_s=MARGIN_S)
-    dropped = sum(e["partitions"] for name in ("fence_rejected", "lease_lost")
-                  for e in victim.events_named(name, since_mono=resumed_mono))
+    dropped = sum(
+        e["partitions"]
+        for name in ("fence_rejected", "lease_lost")
+        for e in victim.events_named(name, since_mono=resumed_mono)
+    )
     assert dropped >= len(old), (dropped, len(old))
     # ... and the store holds nothing under the stale epochs.
     assert _stale_runs(cluster, VICTIM, old, new) == []
@@ -237,9 +273,11 @@ def test_paused_between_read_and_commit_is_fenced_out_then_rejoins(cluster: Clus
 
     history = cluster.finish(since, covering=rejoined_at)
     assert _stale_runs(cluster, VICTIM, old, new) == []
-    print(f"\nSIGSTOP mid-read: {len(old)} partitions taken over "
-          f"{(taken_over_at - paused_at).total_seconds():.3f}s after the pause; the resumed tick was fenced "
-          f"out on {rejected['partitions']} partitions; window {history.report}")
+    print(
+        f"\nSIGSTOP mid-read: {len(old)} partitions taken over "
+        f"{(taken_over_at - paused_at).total_seconds():.3f}s after the pause; the resumed tick was fenced "
+        f"out on {rejected['partitions']} partitions; window {history.report}"
+    )
     cluster.stop_all()
 
 
@@ -255,9 +293,12 @@ def test_paused_mid_commit_holds_nothing_takeover_not_delayed(cluster: Cluster) 
     # transaction ends (committed if COMMIT was already sent, else aborted by
     # idle_in_transaction_session_timeout) and the takeover proceeds on time.
     paused_at = cluster.at_mid_tick(VICTIM, LOCK_JOB_ROWS, (sorted(old),), lambda _pids: victim.pause())
-    cluster.wait_for("the frozen node to hold no open transaction",
-                     lambda: in_transaction(cluster.conn, f"scheduler-fire:{VICTIM}"), lambda pids: not pids,
-                     timeout_s=TIMINGS.lease_ttl_s * 0.4 + 1.0)
+    cluster.wait_for(
+        "the frozen node to hold no open transaction",
+        lambda: in_transaction(cluster.conn, f"scheduler-fire:{VICTIM}"),
+        lambda pids: not pids,
+        timeout_s=TIMINGS.lease_ttl_s * 0.4 + 1.0,
+    )
     new = _taken_over(cluster, old, ("n1", "n3"), paused_at)
     taken_over_at = max(row.acquired_at for row in new.values())
     _wait_caught_up(cluster)
@@ -273,8 +314,10 @@ def test_paused_mid_commit_holds_nothing_takeover_not_delayed(cluster: Cluster) 
 
     history = cluster.finish(since, covering=rejoined_at)
     assert _stale_runs(cluster, VICTIM, old, new) == []
-    print(f"\nSIGSTOP mid-commit: {len(old)} partitions taken over "
-          f"{(taken_over_at - paused_at).total_seconds():.3f}s after the pause; window {history.report}")
+    print(
+        f"\nSIGSTOP mid-commit: {len(old)} partitions taken over "
+        f"{(taken_over_at - paused_at).total_seconds():.3f}s after the pause; window {history.report}"
+    )
     assert victim.problems() == []
     cluster.stop_all()
 
@@ -305,14 +348,16 @@ def test_cut_store_connections_node_recovers_without_losing_runs(cluster: Cluste
     assert terminate_backends(cluster.conn, lease_backends) == 1
     victim.wait_event("store_unavailable", since_mono=cut2_mono, timeout_s=MARGIN_S)
     renewed_after = cut2_at + timedelta(seconds=TIMINGS.lease_ttl_s)
-    cluster.wait_for("n2 to renew all its leases on a new connection", lambda: partitions(cluster.conn),
-                     lambda rows: all(rows[pid].lease_expires_at > renewed_after for pid in old),
-                     timeout_s=MARGIN_S)
+    cluster.wait_for(
+        "n2 to renew all its leases on a new connection",
+        lambda: partitions(cluster.conn),
+        lambda rows: all(rows[pid].lease_expires_at > renewed_after for pid in old),
+        timeout_s=MARGIN_S,
+    )
 
     # The leases never moved (same owner, same epochs): n2 itself recovered.
     rows = partitions(cluster.conn)
-    assert all((rows[pid].owner_node, rows[pid].owner_epoch) == (VICTIM, row.owner_epoch)
-               for pid, row in old.items())
+    assert all((rows[pid].owner_node, rows[pid].owner_epoch) == (VICTIM, row.owner_epoch) for pid, row in old.items())
     history = cluster.finish(since, covering=cut2_at)
     late_s = max_lateness_s(cluster.conn, sorted(old), cut["at"] - timedelta(seconds=1))
     print(f"\nconnection cut: max lateness of n2's jobs {late_s:.3f}s; window {history.report}")
@@ -329,17 +374,19 @@ def test_serialization_failure_in_firing_statement_is_retried_node_keeps_firing(
     old = owned_by(cluster.conn, VICTIM)
 
     arm()  # n2's next firing statement fails with SQLSTATE 40001, once
-    cluster.wait_for("the injected 40001 to hit n2's firing statement",
-                     lambda: cluster.conn.execute("SELECT last_value FROM firing_fault").fetchone()["last_value"],
-                     lambda value: value >= 1, timeout_s=MARGIN_S)
+    cluster.wait_for(
+        "the injected 40001 to hit n2's firing statement",
+        lambda: cluster.conn.execute("SELECT last_value FROM firing_fault").fetchone()["last_value"],
+        lambda value: value >= 1,
+        timeout_s=MARGIN_S,
+    )
     hit_at = cluster.now()
 
     # docs/design.md §7: the transaction is retried; n2 keeps firing its own partitions.
     cluster.wait_fired(VICTIM, hit_at, pids=sorted(old), timeout_s=MARGIN_S)
     _wait_caught_up(cluster)
     rows = partitions(cluster.conn)
-    assert all((rows[pid].owner_node, rows[pid].owner_epoch) == (VICTIM, row.owner_epoch)
-               for pid, row in old.items())
+    assert all((rows[pid].owner_node, rows[pid].owner_epoch) == (VICTIM, row.owner_epoch) for pid, row in old.items())
     history = cluster.finish(since, covering=hit_at)
     late_s = max_lateness_s(cluster.conn, sorted(old), hit_at - timedelta(seconds=1))
     print(f"\n40001 in a firing statement: max lateness of n2's jobs {late_s:.3f}s; window {history.report}")
@@ -377,8 +424,10 @@ def test_overlapping_failures_kill_one_freeze_another(cluster: Cluster) -> None:
     history = cluster.finish(since, covering=cluster.now())
     late_dead = max_lateness_s(cluster.conn, sorted(old_dead), killed_at - timedelta(seconds=1))
     late_frozen = max_lateness_s(cluster.conn, sorted(old_frozen), paused_at - timedelta(seconds=1))
-    print(f"\noverlapping failures: max lateness dead {late_dead:.3f}s, frozen {late_frozen:.3f}s "
-          f"(bound {TIMINGS.crash_lateness_bound_s}s + {MARGIN_S}s); window {history.report}")
+    print(
+        f"\noverlapping failures: max lateness dead {late_dead:.3f}s, frozen {late_frozen:.3f}s "
+        f"(bound {TIMINGS.crash_lateness_bound_s}s + {MARGIN_S}s); window {history.report}"
+    )
     assert late_dead <= TIMINGS.crash_lateness_bound_s + MARGIN_S
     assert late_frozen <= TIMINGS.crash_lateness_bound_s + MARGIN_S
     cluster.stop_all()  # the killed node is skipped (already exited)

@@ -67,7 +67,8 @@ def test_nodes_converge_fourth_joins_one_leaves_gracefully(cluster: Cluster) -> 
         assert status_cli.returncode == 0, status_cli.stderr
         status = json.loads(status_cli.stdout)
         assert {n["node_id"]: (n["live"], n["partitions"]) for n in status["nodes"]} == {
-            node_id: (True, 256) for node_id in ("n1", "n2", "n3", "n4")}
+            node_id: (True, 256) for node_id in ("n1", "n2", "n3", "n4")
+        }
         assert (status["partitions_owned_live"], status["partitions_orphaned"]) == (1024, 0)
 
     # Graceful leave: SIGTERM, the node finishes its tick, releases, exits 0.
@@ -83,10 +84,10 @@ def test_nodes_converge_fourth_joins_one_leaves_gracefully(cluster: Cluster) -> 
     counts = cluster.wait_balanced(["n1", "n3", "n4"], timeout_s=TIMINGS.poll_interval_s + MARGIN_S)
     rows = partitions(conn)
     assert all(rows[pid].owner_node in ("n1", "n3", "n4") for pid in handed_over)
-    absorbed_s = (max(rows[pid].acquired_at for pid in handed_over)
-                  - _parse_ts(released[0]["ts"])).total_seconds()
-    print(f"graceful leave: 256 partitions absorbed {absorbed_s:.3f}s after the release "
-          f"(poll {TIMINGS.poll_interval_s}s)")
+    absorbed_s = (max(rows[pid].acquired_at for pid in handed_over) - _parse_ts(released[0]["ts"])).total_seconds()
+    print(
+        f"graceful leave: 256 partitions absorbed {absorbed_s:.3f}s after the release (poll {TIMINGS.poll_interval_s}s)"
+    )
     assert absorbed_s <= TIMINGS.poll_interval_s + 1.0
 
     absorbed = cluster.now()
@@ -98,8 +99,16 @@ def test_nodes_converge_fourth_joins_one_leaves_gracefully(cluster: Cluster) -> 
     print(f"graceful leave: max lateness of its partitions {late_s:.3f}s; window {history.report}")
     assert late_s <= 2.0 + MARGIN_S  # docs/design.md §6: graceful stop costs ≤ 2 s
     # `scheduler verify --json` over the same window agrees.
-    verify_cli = run_cli("verify", "--dsn", cluster.dsn, "--since", history.since.isoformat(),
-                         "--until", history.until.isoformat(), "--json")
+    verify_cli = run_cli(
+        "verify",
+        "--dsn",
+        cluster.dsn,
+        "--since",
+        history.since.isoformat(),
+        "--until",
+        history.until.isoformat(),
+        "--json",
+    )
     assert verify_cli.returncode == 0, verify_cli.stdout + verify_cli.stderr
     assert json.loads(verify_cli.stdout) == history.report.as_dict()
     cluster.stop_all()

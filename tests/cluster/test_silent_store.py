@@ -87,14 +87,24 @@ def test_frozen_connections_stall_is_reported_and_the_node_resumes_through_new_o
     assert relay.freeze() >= 3  # lease, firing, probe sessions at least
     frozen_at = cluster.now()
 
-    cluster.wait_for("/healthz to report the stalled loops", lambda: healthz(port),
-                     lambda status: status != 200, timeout_s=10 + MARGIN_S, interval_s=0.1)
+    cluster.wait_for(
+        "/healthz to report the stalled loops",
+        lambda: healthz(port),
+        lambda status: status != 200,
+        timeout_s=10 + MARGIN_S,
+        interval_s=0.1,
+    )
     resumed = cluster.wait_fired("n1", frozen_at + timedelta(seconds=1), timeout_s=RESUME_TIMEOUT_S)
     assert relay.accepted > accepted  # through new connections
     assert resumed
     assert node.events_named("store_call_broken"), node.tail()
-    cluster.wait_for("/healthz to be 200 again", lambda: healthz(port), lambda status: status == 200,
-                     timeout_s=10 + MARGIN_S, interval_s=0.1)
+    cluster.wait_for(
+        "/healthz to be 200 again",
+        lambda: healthz(port),
+        lambda status: status == 200,
+        timeout_s=10 + MARGIN_S,
+        interval_s=0.1,
+    )
     resumed_at = cluster.now()
     history = cluster.finish(since, covering=resumed_at, timeout_s=20)
     assert (history.report.missing, history.report.duplicates) == (0, 0)
@@ -106,8 +116,13 @@ def test_sigterm_during_the_freeze_ends_the_node_within_the_stop_deadline(cluste
     # before the stop deadline (10 s by default) ends the process.
     _, node, port = _start(cluster, pg_dsn, relay, ["--store-call-margin-s", "120"])
     relay.freeze()
-    cluster.wait_for("/healthz to report the stalled loops", lambda: healthz(port),
-                     lambda status: status != 200, timeout_s=10 + MARGIN_S, interval_s=0.1)
+    cluster.wait_for(
+        "/healthz to report the stalled loops",
+        lambda: healthz(port),
+        lambda status: status != 200,
+        timeout_s=10 + MARGIN_S,
+        interval_s=0.1,
+    )
     started = time.monotonic()
     status = node.terminate(timeout_s=STOP_BOUND_S)
     assert time.monotonic() - started < STOP_BOUND_S

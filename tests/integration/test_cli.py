@@ -19,6 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from click.testing import CliRunner
+from helpers import OneNode, cron_cases, store_now
 
 from scheduler import audit, jobs, store
 from scheduler.cli import cli
@@ -26,15 +27,26 @@ from scheduler.planner import scheduled_time
 from scheduler.schedule import format_instant
 from scheduler.spec import JobSpec
 
-from helpers import OneNode, cron_cases, store_now
-
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).with_name("scheduler")
 CASES = {case["id"]: case for case in cron_cases()}
 CORPUS = REPO / "scheduler" / "data" / "cron-corpus.csv"
-VERIFY_KEYS = {"expected", "runs", "missing", "duplicates", "unexpected", "early", "skips_invalid",
-               "expected_disagreements", "jobs_excluded", "lateness_p50_s", "lateness_p99_s", "lateness_max_s",
-               "findings", "findings_limit"}
+VERIFY_KEYS = {
+    "expected",
+    "runs",
+    "missing",
+    "duplicates",
+    "unexpected",
+    "early",
+    "skips_invalid",
+    "expected_disagreements",
+    "jobs_excluded",
+    "lateness_p50_s",
+    "lateness_p99_s",
+    "lateness_max_s",
+    "findings",
+    "findings_limit",
+}
 
 
 def run(args: list[str], dsn: str | None = None):
@@ -61,8 +73,20 @@ def one_line_error(result, status: int, prefix: str) -> str:
 def test_jobs_next_prints_the_exact_instants_of_known_cases(case_id: str) -> None:
     case = CASES[case_id]
     expected = case["expected_next"]
-    result = run(["jobs", "next", "--cron", case["expr"], "--tz", case["tz"], "--after", case["start"],
-                  "--count", str(len(expected))])
+    result = run(
+        [
+            "jobs",
+            "next",
+            "--cron",
+            case["expr"],
+            "--tz",
+            case["tz"],
+            "--after",
+            case["start"],
+            "--count",
+            str(len(expected)),
+        ]
+    )
     assert result.exit_code == 0, result.stderr
     assert result.stdout.splitlines() == expected
     assert result.stderr == ""
@@ -76,60 +100,121 @@ def test_jobs_next_says_when_the_supported_range_ends_first() -> None:
 
 
 def test_jobs_next_seconds_dialect_and_default_count() -> None:
-    result = run(["jobs", "next", "--cron", "*/20 * * * * *", "--dialect", "seconds",
-                  "--after", "2030-01-01T00:00:00Z"])
+    result = run(
+        ["jobs", "next", "--cron", "*/20 * * * * *", "--dialect", "seconds", "--after", "2030-01-01T00:00:00Z"]
+    )
     assert result.exit_code == 0
-    assert result.stdout.splitlines() == ["2030-01-01T00:00:20Z", "2030-01-01T00:00:40Z", "2030-01-01T00:01:00Z",
-                                          "2030-01-01T00:01:20Z", "2030-01-01T00:01:40Z"]
+    assert result.stdout.splitlines() == [
+        "2030-01-01T00:00:20Z",
+        "2030-01-01T00:00:40Z",
+        "2030-01-01T00:01:00Z",
+        "2030-01-01T00:01:20Z",
+        "2030-01-01T00:01:40Z",
+    ]
 
 
 def test_jobs_next_spring_day_rule_question_mark_and_step_7() -> None:
     # The seconds dialect combines the day fields with AND (Friday the 13th) ...
-    friday_13 = run(["jobs", "next", "--cron", "0 0 0 13 * FRI", "--dialect", "seconds",
-                     "--after", "2024-01-01T00:00:00Z", "--count", "2"])
+    friday_13 = run(
+        [
+            "jobs",
+            "next",
+            "--cron",
+            "0 0 0 13 * FRI",
+            "--dialect",
+            "seconds",
+            "--after",
+            "2024-01-01T00:00:00Z",
+            "--count",
+            "2",
+        ]
+    )
     assert (friday_13.exit_code, friday_13.stdout) == (0, "2024-09-13T00:00:00Z\n2024-12-13T00:00:00Z\n")
     # ... the unix dialect with OR (every 13th, and every Friday).
     unix = run(["jobs", "next", "--cron", "0 0 13 * FRI", "--after", "2024-01-01T00:00:00Z", "--count", "3"])
     assert (unix.exit_code, unix.stdout) == (0, "2024-01-05T00:00:00Z\n2024-01-12T00:00:00Z\n2024-01-13T00:00:00Z\n")
     # '?' is '*' in a day field; '*/7' in day-of-week is Sunday.
-    christmas = run(["jobs", "next", "--cron", "0 0 0 25 12 ?", "--dialect", "seconds",
-                     "--after", "2024-01-01T00:00:00Z", "--count", "1"])
+    christmas = run(
+        [
+            "jobs",
+            "next",
+            "--cron",
+            "0 0 0 25 12 ?",
+            "--dialect",
+            "seconds",
+            "--after",
+            "2024-01-01T00:00:00Z",
+            "--count",
+            "1",
+        ]
+    )
     assert (christmas.exit_code, christmas.stdout) == (0, "2024-12-25T00:00:00Z\n")
     sundays = run(["jobs", "next", "--cron", "0 0 * * */7", "--after", "2024-01-01T00:00:00Z", "--count", "2"])
     assert (sundays.exit_code, sundays.stdout) == (0, "2024-01-07T00:00:00Z\n2024-01-14T00:00:00Z\n")
 
 
-@pytest.mark.parametrize(("args", "prefix"), [
-    (["--cron", "0 0 0 L-3 * *", "--dialect", "seconds", "--after", "2030-01-01T00:00:00Z"],
-     "error: cron: 'L-3' (n days before the last day of the month) is not supported"),
-    (["--cron", "? * * * *", "--after", "2030-01-01T00:00:00Z"],
-     "error: cron: '?' (no specific value, = *) is only allowed as a whole day-of-month or day-of-week field"),
-    (["--cron", "*/60 * * * *", "--after", "2030-01-01T00:00:00Z"],
-     "error: cron: step 60 is larger than the minute field allows (at most 59)"),
-    (["--cron", "0 0 31 2 *", "--after", "2030-01-01T00:00:00Z"], "error: cron: the expression never fires"),
-    (["--cron", "0 0 * * *", "--after", "2030-01-01T00:00:00"], "error: after: instant has no UTC offset"),
-    (["--cron", "0 0 * * *", "--after", "tomorrow"], "error: after: not an ISO 8601 instant"),
-    (["--after", "2030-01-01T00:00:00Z"], "error: cron: is required"),
-    (["--cron", "0 0 * * *", "--tz", "EST", "--after", "2030-01-01T00:00:00Z"], "error: tz: EST"),
-    (["--cron", "0 0 * * *"], "error: Missing option '--after'"),
-])
+@pytest.mark.parametrize(
+    ("args", "prefix"),
+    [
+        (
+            ["--cron", "0 0 0 L-3 * *", "--dialect", "seconds", "--after", "2030-01-01T00:00:00Z"],
+            "error: cron: 'L-3' (n days before the last day of the month) is not supported",
+        ),
+        (
+            ["--cron", "? * * * *", "--after", "2030-01-01T00:00:00Z"],
+            "error: cron: '?' (no specific value, = *) is only allowed as a whole day-of-month or day-of-week field",
+        ),
+        (
+            ["--cron", "*/60 * * * *", "--after", "2030-01-01T00:00:00Z"],
+            "error: cron: step 60 is larger than the minute field allows (at most 59)",
+        ),
+        (["--cron", "0 0 31 2 *", "--after", "2030-01-01T00:00:00Z"], "error: cron: the expression never fires"),
+        (["--cron", "0 0 * * *", "--after", "2030-01-01T00:00:00"], "error: after: instant has no UTC offset"),
+        (["--cron", "0 0 * * *", "--after", "tomorrow"], "error: after: not an ISO 8601 instant"),
+        (["--after", "2030-01-01T00:00:00Z"], "error: cron: is required"),
+        (["--cron", "0 0 * * *", "--tz", "EST", "--after", "2030-01-01T00:00:00Z"], "error: tz: EST"),
+        (["--cron", "0 0 * * *"], "error: Missing option '--after'"),
+    ],
+)
 def test_jobs_next_bad_input_exits_2_with_one_line(args: list[str], prefix: str) -> None:
     one_line_error(run(["jobs", "next", *args]), 2, prefix)
 
 
 def test_console_script_exit_status_and_one_line_error() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
-    good = subprocess.run([str(SCRIPT), "jobs", "next", "--cron", "30 2 * * *", "--tz", "America/New_York",
-                           "--after", "2021-03-13T12:00:00-05:00", "--count", "3"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    good = subprocess.run(
+        [
+            str(SCRIPT),
+            "jobs",
+            "next",
+            "--cron",
+            "30 2 * * *",
+            "--tz",
+            "America/New_York",
+            "--after",
+            "2021-03-13T12:00:00-05:00",
+            "--count",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert (good.returncode, good.stderr) == (0, "")
     assert good.stdout.splitlines() == CASES["C02"]["expected_next"]
-    bad = subprocess.run([str(SCRIPT), "jobs", "next", "--cron", "*/60 * * * *", "--after", "2030-01-01T00:00:00Z"],
-                         capture_output=True, text=True, env=env, timeout=60)
+    bad = subprocess.run(
+        [str(SCRIPT), "jobs", "next", "--cron", "*/60 * * * *", "--after", "2030-01-01T00:00:00Z"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert bad.returncode == 2
     assert bad.stdout == ""
-    assert bad.stderr == ("error: cron: step 60 is larger than the minute field allows (at most 59) "
-                          "(got '*/60 * * * *')\n")
+    assert bad.stderr == (
+        "error: cron: step 60 is larger than the minute field allows (at most 59) (got '*/60 * * * *')\n"
+    )
 
 
 # ---------------------------------------------------------------- jobs add / list / show / pause / delete
@@ -137,14 +222,35 @@ def test_console_script_exit_status_and_one_line_error() -> None:
 
 def test_jobs_add_refuses_jitter_not_below_the_gap_between_slots(pg_dsn, conn) -> None:
     # Exit 2, one line naming jitter, nothing written (issue 11, item 2).
-    line = one_line_error(run(["jobs", "add", "--tenant", "acme", "--interval", "60", "--jitter", "300"], pg_dsn),
-                          2, "error: jitter: ")
-    assert line == ("error: jitter: must be smaller than the smallest gap between slots "
-                    "(60 s for this schedule) (got 300)")
-    line = one_line_error(run(["jobs", "add", "--tenant", "acme", "--cron", "30 1,2 * * *", "--tz",
-                               "America/New_York", "--jitter", "1800"], pg_dsn), 2, "error: jitter: ")
-    assert line == ("error: jitter: must be smaller than the smallest gap between slots "
-                    "(1800 s for this schedule, at a UTC-offset change of America/New_York) (got 1800)")
+    line = one_line_error(
+        run(["jobs", "add", "--tenant", "acme", "--interval", "60", "--jitter", "300"], pg_dsn), 2, "error: jitter: "
+    )
+    assert line == (
+        "error: jitter: must be smaller than the smallest gap between slots (60 s for this schedule) (got 300)"
+    )
+    line = one_line_error(
+        run(
+            [
+                "jobs",
+                "add",
+                "--tenant",
+                "acme",
+                "--cron",
+                "30 1,2 * * *",
+                "--tz",
+                "America/New_York",
+                "--jitter",
+                "1800",
+            ],
+            pg_dsn,
+        ),
+        2,
+        "error: jitter: ",
+    )
+    assert line == (
+        "error: jitter: must be smaller than the smallest gap between slots "
+        "(1800 s for this schedule, at a UTC-offset change of America/New_York) (got 1800)"
+    )
     assert conn.execute("SELECT count(*) AS c FROM jobs").fetchone()["c"] == 0
     accepted = run(["jobs", "add", "--tenant", "acme", "--interval", "60", "--jitter", "59"], pg_dsn)
     assert accepted.exit_code == 0, accepted.stderr
@@ -152,42 +258,84 @@ def test_jobs_add_refuses_jitter_not_below_the_gap_between_slots(pg_dsn, conn) -
 
 
 def test_jobs_add_prints_the_id_of_the_stored_job(pg_dsn, conn) -> None:
-    result = run(["jobs", "add", "--tenant", "acme", "--cron", "0 2 * * *", "--tz", "Europe/Berlin",
-                  "--name", "nightly", "--misfire", "once", "--jitter", "20"], pg_dsn)
+    result = run(
+        [
+            "jobs",
+            "add",
+            "--tenant",
+            "acme",
+            "--cron",
+            "0 2 * * *",
+            "--tz",
+            "Europe/Berlin",
+            "--name",
+            "nightly",
+            "--misfire",
+            "once",
+            "--jitter",
+            "20",
+        ],
+        pg_dsn,
+    )
     assert result.exit_code == 0, result.stderr
     job_id = uuid.UUID(result.stdout.strip())
     assert result.stdout == f"{job_id}\n"
     row = jobs.get_job(conn, job_id)
     assert (row["tenant"], row["name"], row["cron_expr"], row["tz"], row["misfire"], row["jitter_s"]) == (
-        "acme", "nightly", "0 2 * * *", "Europe/Berlin", "once", 20)
+        "acme",
+        "nightly",
+        "0 2 * * *",
+        "Europe/Berlin",
+        "once",
+        20,
+    )
 
-    again = run(["jobs", "add", "--tenant", "acme", "--cron", "0 2 * * *", "--tz", "Europe/Berlin",
-                 "--name", "nightly", "--misfire", "once", "--jitter", "20"], pg_dsn)
+    again = run(
+        [
+            "jobs",
+            "add",
+            "--tenant",
+            "acme",
+            "--cron",
+            "0 2 * * *",
+            "--tz",
+            "Europe/Berlin",
+            "--name",
+            "nightly",
+            "--misfire",
+            "once",
+            "--jitter",
+            "20",
+        ],
+        pg_dsn,
+    )
     assert (again.exit_code, again.stdout, again.stderr) == (0, f"{job_id}\n", "(exists)\n")
 
     conflict = run(["jobs", "add", "--tenant", "acme", "--cron", "0 3 * * *", "--name", "nightly"], pg_dsn)
     line = one_line_error(conflict, 2, "error: name: ")
     assert str(job_id) in line and "--replace" in line
 
-    replaced = run(["jobs", "add", "--tenant", "acme", "--cron", "0 3 * * *", "--name", "nightly", "--replace"],
-                   pg_dsn)
+    replaced = run(["jobs", "add", "--tenant", "acme", "--cron", "0 3 * * *", "--name", "nightly", "--replace"], pg_dsn)
     assert (replaced.exit_code, replaced.stdout, replaced.stderr) == (0, f"{job_id}\n", "(replaced)\n")
     assert jobs.get_job(conn, job_id)["cron_expr"] == "0 3 * * *"
     assert conn.execute("SELECT count(*) AS c FROM jobs").fetchone()["c"] == 1
 
 
-@pytest.mark.parametrize(("args", "prefix"), [
-    (["--cron", "*/60 * * * *"], "error: cron: step 60 is larger than the minute field allows (at most 59)"),
-    (["--cron", "0 0 31 2 *"], "error: cron: the expression never fires"),
-    (["--cron", "* * * * *", "--tz", "Mars/Base"], "error: tz: not an IANA time zone name"),
-    (["--interval", "0"], "error: interval: must be positive"),
-    (["--interval", "1.5"], "error: interval: must be a whole number of seconds"),
-    (["--at", "2030-01-01T09:00:00"], "error: at: instant has no UTC offset"),
-    (["--at", "2001-01-01T09:00:00Z"], "error: at: must be in the future"),
-    (["--interval", "60", "--misfire", "sometimes"], "error: Invalid value for '--misfire'"),
-    (["--interval", "60", "--replace"], "error: replace: needs --name"),
-    ([], "error: schedule: give exactly one of --cron, --interval or --at"),
-])
+@pytest.mark.parametrize(
+    ("args", "prefix"),
+    [
+        (["--cron", "*/60 * * * *"], "error: cron: step 60 is larger than the minute field allows (at most 59)"),
+        (["--cron", "0 0 31 2 *"], "error: cron: the expression never fires"),
+        (["--cron", "* * * * *", "--tz", "Mars/Base"], "error: tz: not an IANA time zone name"),
+        (["--interval", "0"], "error: interval: must be positive"),
+        (["--interval", "1.5"], "error: interval: must be a whole number of seconds"),
+        (["--at", "2030-01-01T09:00:00"], "error: at: instant has no UTC offset"),
+        (["--at", "2001-01-01T09:00:00Z"], "error: at: must be in the future"),
+        (["--interval", "60", "--misfire", "sometimes"], "error: Invalid value for '--misfire'"),
+        (["--interval", "60", "--replace"], "error: replace: needs --name"),
+        ([], "error: schedule: give exactly one of --cron, --interval or --at"),
+    ],
+)
 def test_jobs_add_bad_input_exits_2_and_writes_nothing(pg_dsn, conn, args, prefix) -> None:
     result = run(["jobs", "add", "--tenant", "acme", *args], pg_dsn)
     one_line_error(result, 2, prefix)
@@ -202,11 +350,13 @@ def test_commands_without_a_store_say_so() -> None:
 
 
 def test_jobs_list_show_pause_resume_delete(pg_dsn, conn) -> None:
-    a = uuid.UUID(run(["jobs", "add", "--tenant", "acme", "--cron", "*/5 * * * *", "--dialect", "unix"],
-                      pg_dsn).stdout.strip())
+    a = uuid.UUID(
+        run(["jobs", "add", "--tenant", "acme", "--cron", "*/5 * * * *", "--dialect", "unix"], pg_dsn).stdout.strip()
+    )
     b = uuid.UUID(run(["jobs", "add", "--tenant", "acme", "--interval", "300"], pg_dsn).stdout.strip())
-    c = uuid.UUID(run(["jobs", "add", "--tenant", "globex", "--at", "2030-01-01T09:00:00+01:00"],
-                      pg_dsn).stdout.strip())
+    c = uuid.UUID(
+        run(["jobs", "add", "--tenant", "globex", "--at", "2030-01-01T09:00:00+01:00"], pg_dsn).stdout.strip()
+    )
 
     listed = run(["jobs", "list", "--json"], pg_dsn)
     assert listed.exit_code == 0
@@ -225,7 +375,11 @@ def test_jobs_list_show_pause_resume_delete(pg_dsn, conn) -> None:
 
     shown = json.loads(run(["jobs", "show", str(b), "--json"], pg_dsn).stdout)
     assert (shown["job_id"], shown["kind"], shown["interval_s"], shown["schedule"]) == (
-        str(b), "interval", 300, "every 300s")
+        str(b),
+        "interval",
+        300,
+        "every 300s",
+    )
 
     assert run(["jobs", "pause", str(b)], pg_dsn).stdout == f"paused {b}\n"
     assert jobs.get_job(conn, b)["paused"] is True
@@ -256,14 +410,18 @@ def test_jobs_import_reports_every_bad_line(pg_dsn, conn) -> None:
 def test_tenants_add_list_set(pg_dsn, conn) -> None:
     assert run(["tenants", "add", "acme", "--weight", "2"], pg_dsn).stdout == "tenant acme created\n"
     assert run(["tenants", "add", "acme", "--weight", "5"], pg_dsn).stdout == (
-        "tenant acme exists (unchanged; use `scheduler tenants set acme` to change it)\n")
+        "tenant acme exists (unchanged; use `scheduler tenants set acme` to change it)\n"
+    )
     assert run(["tenants", "add", "globex", "--max-rate", "10"], pg_dsn).stdout == "tenant globex created\n"
     listed = json.loads(run(["tenants", "list", "--json"], pg_dsn).stdout)
     assert [(t["tenant"], t["weight"], t["max_rate"], t["jobs"]) for t in listed] == [
-        ("acme", 2, None, 0), ("globex", 1, 10.0, 0)]
+        ("acme", 2, None, 0),
+        ("globex", 1, 10.0, 0),
+    ]
 
     assert run(["tenants", "set", "acme", "--weight", "3", "--max-rate", "5"], pg_dsn).stdout == (
-        "tenant acme weight=3 max_rate=5.0\n")
+        "tenant acme weight=3 max_rate=5.0\n"
+    )
     assert run(["tenants", "set", "acme", "--no-max-rate"], pg_dsn).stdout == "tenant acme weight=3 max_rate=-\n"
     text = run(["tenants", "list"], pg_dsn).stdout.splitlines()
     assert text[0].split() == ["TENANT", "WEIGHT", "MAX_RATE", "JOBS", "CREATED_AT"]
@@ -271,8 +429,11 @@ def test_tenants_add_list_set(pg_dsn, conn) -> None:
 
     one_line_error(run(["tenants", "set", "initech", "--weight", "2"], pg_dsn), 2, "error: tenant: no tenant")
     one_line_error(run(["tenants", "set", "acme"], pg_dsn), 2, "error: give --weight, --max-rate or --no-max-rate")
-    one_line_error(run(["tenants", "set", "acme", "--max-rate", "5", "--no-max-rate"], pg_dsn), 2,
-                   "error: --max-rate and --no-max-rate contradict each other")
+    one_line_error(
+        run(["tenants", "set", "acme", "--max-rate", "5", "--no-max-rate"], pg_dsn),
+        2,
+        "error: --max-rate and --no-max-rate contradict each other",
+    )
     assert conn.execute("SELECT max_rate FROM tenants WHERE tenant = 'acme'").fetchone()["max_rate"] is None
     one_line_error(run(["tenants", "add", "bad tenant"], pg_dsn), 2, "error: tenant: must be 1-200 characters")
     one_line_error(run(["tenants", "add", "initech", "--weight", "0"], pg_dsn), 2, "error: weight: ")
@@ -288,8 +449,7 @@ def test_db_upgrade_is_rerunnable(empty_pg_dsn) -> None:
         assert (result.exit_code, result.stdout) == (0, "schema at head\n"), result.stderr
     with psycopg.connect(empty_pg_dsn) as c:
         assert c.execute("SELECT count(*) FROM partitions").fetchone()[0] == 1024
-        tables = {r[0] for r in c.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()}
+        tables = {r[0] for r in c.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()}
     assert {"partitions", "nodes", "tenants", "jobs", "runs", "skips", "alembic_version"} <= tables
 
 
@@ -315,7 +475,8 @@ def fire_two_jobs(pg_dsn: str, conn: psycopg.Connection) -> tuple[uuid.UUID, uui
     conn.execute(
         "UPDATE jobs SET anchor_at = %(a)s, created_at = %(a)s, changed_at = %(a)s, "
         "next_nominal_at = %(n)s, next_due_at = %(n)s",
-        {"a": anchor, "n": anchor + timedelta(seconds=60)})
+        {"a": anchor, "n": anchor + timedelta(seconds=60)},
+    )
     assert tick_once(pg_dsn) == 10
     return ids[0], ids[1], anchor
 
@@ -326,7 +487,8 @@ def test_runs_list(pg_dsn, conn) -> None:
     assert result.exit_code == 0
     rows = json.loads(result.stdout)
     assert [r["nominal_time"] for r in rows] == [
-        format_instant(anchor + timedelta(seconds=60 * k)) for k in (5, 4, 3, 2, 1)]  # newest first
+        format_instant(anchor + timedelta(seconds=60 * k)) for k in (5, 4, 3, 2, 1)
+    ]  # newest first
     assert {(r["job_id"], r["tenant"], r["node_id"], r["epoch"]) for r in rows} == {(str(a), "acme", "cli-node", 1)}
     lateness = [r["lateness_s"] for r in rows]
     assert lateness == sorted(lateness)  # older slots were later
@@ -335,7 +497,8 @@ def test_runs_list(pg_dsn, conn) -> None:
     since = format_instant(anchor + timedelta(seconds=240))
     recent = json.loads(run(["runs", "list", "--since", since, "--json"], pg_dsn).stdout)
     assert sorted((r["job_id"], r["nominal_time"]) for r in recent) == sorted(
-        (str(j), format_instant(anchor + timedelta(seconds=60 * k))) for j in (a, b) for k in (4, 5))
+        (str(j), format_instant(anchor + timedelta(seconds=60 * k))) for j in (a, b) for k in (4, 5)
+    )
     limited = json.loads(run(["runs", "list", "--limit", "3", "--json"], pg_dsn).stdout)
     assert len(limited) == 3
     text = run(["runs", "list", "--job", str(b)], pg_dsn).stdout.splitlines()
@@ -351,8 +514,10 @@ def test_verify_counts_and_exit_status(pg_dsn, conn) -> None:
     excluded = jobs.add_job(conn, JobSpec.build(tenant="acme", interval_s=60)).job_id
     # Rewritten after the window started with no job_revisions row (as before revisions were
     # kept): its history is unknown before changed_at, so it is left out of this audit.
-    conn.execute("UPDATE jobs SET created_at = %s, revision = 2, changed_at = now() WHERE job_id = %s",
-                 (anchor - timedelta(seconds=5), excluded))
+    conn.execute(
+        "UPDATE jobs SET created_at = %s, revision = 2, changed_at = now() WHERE job_id = %s",
+        (anchor - timedelta(seconds=5), excluded),
+    )
     since, until = format_instant(anchor), format_instant(anchor + timedelta(seconds=330))
     args = ["verify", "--since", since, "--until", until, "--json"]
 
@@ -360,10 +525,20 @@ def test_verify_counts_and_exit_status(pg_dsn, conn) -> None:
     assert ok.exit_code == 0, ok.stderr
     report = json.loads(ok.stdout)
     assert VERIFY_KEYS <= set(report)
-    assert (report["expected"], report["runs"], report["missing"], report["duplicates"], report["unexpected"],
-            report["jobs_excluded"]) == (10, 10, 0, 0, 0, 1)
-    lateness = [r["l"] for r in conn.execute(
-        "SELECT extract(epoch FROM fired_at - scheduled_at)::float8 AS l FROM runs ORDER BY l").fetchall()]
+    assert (
+        report["expected"],
+        report["runs"],
+        report["missing"],
+        report["duplicates"],
+        report["unexpected"],
+        report["jobs_excluded"],
+    ) == (10, 10, 0, 0, 0, 1)
+    lateness = [
+        r["l"]
+        for r in conn.execute(
+            "SELECT extract(epoch FROM fired_at - scheduled_at)::float8 AS l FROM runs ORDER BY l"
+        ).fetchall()
+    ]
     assert report["lateness_max_s"] == pytest.approx(lateness[-1], abs=1e-6)
     assert report["lateness_p50_s"] == pytest.approx((lateness[4] + lateness[5]) / 2, abs=1e-6)
     assert lateness[0] <= report["lateness_p99_s"] <= lateness[-1]
@@ -378,7 +553,8 @@ def test_verify_counts_and_exit_status(pg_dsn, conn) -> None:
     conn.execute(
         "INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch) "
         "SELECT partition_id, job_id, %(t)s, tenant, %(t)s, %(t)s, 'rogue', 1 FROM jobs WHERE job_id = %(j)s",
-        {"t": anchor + timedelta(seconds=90), "j": a})
+        {"t": anchor + timedelta(seconds=90), "j": a},
+    )
     report = json.loads(run(args, pg_dsn).stdout)
     assert (report["runs"], report["missing"], report["unexpected"]) == (10, 1, 1)
 
@@ -416,19 +592,36 @@ def test_verify_accounts_for_skipped_slots(pg_dsn, conn) -> None:
     conn.execute(
         "INSERT INTO skips (partition_id, job_id, first_nominal, until_nominal, slots, reason, recorded_at, "
         "node_id, epoch) SELECT partition_id, job_id, %(s)s, %(u)s, 1, 'grace', now(), 'n', 1 "
-        "FROM jobs WHERE job_id = %(j)s", {"s": slot, "u": slot + timedelta(seconds=60), "j": a})
-    result = run(["verify", "--since", format_instant(anchor), "--until",
-                  format_instant(anchor + timedelta(seconds=330)), "--json"], pg_dsn)
+        "FROM jobs WHERE job_id = %(j)s",
+        {"s": slot, "u": slot + timedelta(seconds=60), "j": a},
+    )
+    result = run(
+        [
+            "verify",
+            "--since",
+            format_instant(anchor),
+            "--until",
+            format_instant(anchor + timedelta(seconds=330)),
+            "--json",
+        ],
+        pg_dsn,
+    )
     assert result.exit_code == 0
     report = json.loads(result.stdout)
     assert (report["expected"], report["runs"], report["missing"], report["skipped"]) == (10, 9, 0, 1)
 
 
 def test_verify_refuses_a_reversed_window(pg_dsn) -> None:
-    one_line_error(run(["verify", "--since", "2030-01-02T00:00:00Z", "--until", "2030-01-01T00:00:00Z"], pg_dsn),
-                   2, "error: until: must be later than --since")
-    one_line_error(run(["verify", "--since", "2030-01-01T00:00:00", "--until", "2030-01-02T00:00:00Z"], pg_dsn),
-                   2, "error: since: instant has no UTC offset")
+    one_line_error(
+        run(["verify", "--since", "2030-01-02T00:00:00Z", "--until", "2030-01-01T00:00:00Z"], pg_dsn),
+        2,
+        "error: until: must be later than --since",
+    )
+    one_line_error(
+        run(["verify", "--since", "2030-01-01T00:00:00", "--until", "2030-01-02T00:00:00Z"], pg_dsn),
+        2,
+        "error: since: instant has no UTC offset",
+    )
 
 
 def test_status_json_after_a_node_claimed(pg_dsn, conn) -> None:
@@ -439,8 +632,10 @@ def test_status_json_after_a_node_claimed(pg_dsn, conn) -> None:
     assert [n["node_id"] for n in status["nodes"]] == ["cli-node"]
     assert status["nodes"][0]["partitions"] == 1024
     assert (status["partitions_total"], status["partitions_owned_live"], status["partitions_orphaned"]) == (
-        1024, 1024, 0)
-
+        1024,
+        1024,
+        0,
+    )
 
 
 def test_jobs_import_of_a_non_utf8_file_reports_lines_not_a_traceback(pg_dsn, conn, tmp_path) -> None:
@@ -452,16 +647,21 @@ def test_jobs_import_of_a_non_utf8_file_reports_lines_not_a_traceback(pg_dsn, co
     assert result.stderr == f"{path}:3: '0 2 * * \\udcff': encoding: the line is not valid UTF-8\n"
     as_json = run(["jobs", "import", str(path), "--tenant", "mine", "--json"], pg_dsn)
     assert json.loads(as_json.stdout) == {  # idempotent: the valid line's job exists
-        "created": 0, "unchanged": 1,
-        "rejected": [{"line": 3, "expr": "0 2 * * \udcff", "reason": "encoding: the line is not valid UTF-8"}]}
+        "created": 0,
+        "unchanged": 1,
+        "rejected": [{"line": 3, "expr": "0 2 * * \udcff", "reason": "encoding: the line is not valid UTF-8"}],
+    }
     assert conn.execute("SELECT count(*) AS c FROM jobs").fetchone()["c"] == 1
 
 
 def test_jobs_import_without_an_expr_header_exits_2(pg_dsn, conn, tmp_path) -> None:
     path = tmp_path / "no-header.csv"
     path.write_text("schedule\n0 1 * * *\n", encoding="utf-8")
-    one_line_error(run(["jobs", "import", str(path), "--tenant", "mine"], pg_dsn), 2,
-                   "error: file: must be a CSV with a header row naming an 'expr' column")
+    one_line_error(
+        run(["jobs", "import", str(path), "--tenant", "mine"], pg_dsn),
+        2,
+        "error: file: must be a CSV with a header row naming an 'expr' column",
+    )
     assert conn.execute("SELECT count(*) AS c FROM tenants").fetchone()["c"] == 0
 
 
@@ -474,7 +674,8 @@ def test_verify_a_window_ending_between_a_slots_nominal_and_jittered_time(pg_dsn
     conn.execute(
         "UPDATE jobs SET anchor_at = %(a)s, created_at = %(a)s, changed_at = %(a)s, "
         "next_nominal_at = %(n)s, next_due_at = %(d)s",
-        {"a": anchor, "n": slots[0], "d": scheduled_time(job_id, slots[0], 30)})
+        {"a": anchor, "n": slots[0], "d": scheduled_time(job_id, slots[0], 30)},
+    )
     assert tick_once(pg_dsn) == 5
     # The window ends 1 ms before the jittered time of the last slot whose jitter is over 1 s.
     last = max(s for s in slots if scheduled_time(job_id, s, 30) - s > timedelta(seconds=1))
@@ -483,7 +684,11 @@ def test_verify_a_window_ending_between_a_slots_nominal_and_jittered_time(pg_dsn
     result = run(["verify", "--since", format_instant(anchor), "--until", format_instant(until), "--json"], pg_dsn)
     report = json.loads(result.stdout)
     assert (report["expected"], report["runs"], report["missing"], report["unexpected"]) == (
-        len(due), len(due), 0, 0), report
+        len(due),
+        len(due),
+        0,
+        0,
+    ), report
     assert result.exit_code == 0
 
 

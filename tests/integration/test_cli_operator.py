@@ -23,6 +23,7 @@ import psycopg
 import pytest
 from alembic.script import ScriptDirectory
 from click.testing import CliRunner
+from helpers import closed_port
 from psycopg.conninfo import conninfo_to_dict
 
 from scheduler import cli as climod
@@ -30,8 +31,6 @@ from scheduler import jobs, store
 from scheduler.cli import cli
 from scheduler.migrate import alembic_config
 from scheduler.spec import JobSpec
-
-from helpers import closed_port
 
 HEAD = ScriptDirectory.from_config(alembic_config("postgresql://unused")).get_current_head()
 """The newest migration revision (scheduler db current prints it)."""
@@ -70,11 +69,13 @@ def keyword_dsn(uri: str, **extra: str) -> str:
 
 # ---------------------------------------------------------------- idempotent import
 
-SMALL = ("expr,dialect,timezone\n"
-         "0 1 * * *,unix5,\n"
-         "0 1 * * *,unix5,UTC\n"
-         "*/10 * * * * *,seconds6,Europe/Berlin\n"
-         "*/60 * * * *,unix5,\n")
+SMALL = (
+    "expr,dialect,timezone\n"
+    "0 1 * * *,unix5,\n"
+    "0 1 * * *,unix5,UTC\n"
+    "*/10 * * * * *,seconds6,Europe/Berlin\n"
+    "*/60 * * * *,unix5,\n"
+)
 
 
 def test_import_twice_creates_nothing_the_second_time(pg_dsn, conn, tmp_path) -> None:
@@ -86,9 +87,13 @@ def test_import_twice_creates_nothing_the_second_time(pg_dsn, conn, tmp_path) ->
     assert first.stdout == "3 created, 0 unchanged, 1 rejected\n"
     names = sorted(r["name"] for r in conn.execute("SELECT name FROM jobs").fetchall())
     # Lines 2 and 3 are the same schedule (empty zone = UTC): occurrences 1 and 2.
-    assert names == sorted([derived_name("acme", "0 1 * * *", "unix", "UTC", 1),
-                            derived_name("acme", "0 1 * * *", "unix", "UTC", 2),
-                            derived_name("acme", "*/10 * * * * *", "seconds", "Europe/Berlin", 1)])
+    assert names == sorted(
+        [
+            derived_name("acme", "0 1 * * *", "unix", "UTC", 1),
+            derived_name("acme", "0 1 * * *", "unix", "UTC", 2),
+            derived_name("acme", "*/10 * * * * *", "seconds", "Europe/Berlin", 1),
+        ]
+    )
     before = conn.execute("SELECT job_id, xmin::text AS tx FROM jobs ORDER BY job_id").fetchall()
 
     second = run(["jobs", "import", str(path), "--tenant", "acme", "--json"], pg_dsn)
@@ -120,18 +125,23 @@ def test_import_with_a_different_policy_reports_the_conflict_and_changes_nothing
     assert again.exit_code == 0
     assert again.stdout == "0 created, 0 unchanged, 1 rejected\n"
     name = derived_name("acme", "0 2 * * *", "unix", "UTC", 1)
-    assert again.stderr == (f"{path}:2: '0 2 * * *': name: job {name!r} of tenant 'acme' already exists "
-                            f"with a different spec (id {job['job_id']})\n")
+    assert again.stderr == (
+        f"{path}:2: '0 2 * * *': name: job {name!r} of tenant 'acme' already exists "
+        f"with a different spec (id {job['job_id']})\n"
+    )
     assert conn.execute("SELECT job_id, misfire FROM jobs").fetchall() == [job]
 
 
 def test_import_name_column(pg_dsn, conn, tmp_path) -> None:
     path = tmp_path / "named.csv"
-    path.write_text("job,expr,dialect,timezone\n"
-                    "nightly,0 2 * * *,unix5,Europe/Berlin\n"
-                    "hourly,0 * * * *,unix5,\n"
-                    ",0 3 * * *,unix5,\n"
-                    "nightly,0 4 * * *,unix5,\n", encoding="utf-8")
+    path.write_text(
+        "job,expr,dialect,timezone\n"
+        "nightly,0 2 * * *,unix5,Europe/Berlin\n"
+        "hourly,0 * * * *,unix5,\n"
+        ",0 3 * * *,unix5,\n"
+        "nightly,0 4 * * *,unix5,\n",
+        encoding="utf-8",
+    )
     result = run(["jobs", "import", str(path), "--tenant", "acme", "--name-column", "job"], pg_dsn)
     assert result.exit_code == 0, result.stderr
     assert result.stdout == "2 created, 0 unchanged, 2 rejected\n"
@@ -141,7 +151,9 @@ def test_import_name_column(pg_dsn, conn, tmp_path) -> None:
     ]
     rows = conn.execute("SELECT name, cron_expr, tz FROM jobs ORDER BY name").fetchall()
     assert [(r["name"], r["cron_expr"], r["tz"]) for r in rows] == [
-        ("hourly", "0 * * * *", "UTC"), ("nightly", "0 2 * * *", "Europe/Berlin")]
+        ("hourly", "0 * * * *", "UTC"),
+        ("nightly", "0 2 * * *", "Europe/Berlin"),
+    ]
     again = run(["jobs", "import", str(path), "--tenant", "acme", "--name-column", "job"], pg_dsn)
     assert again.stdout == "0 created, 2 unchanged, 2 rejected\n"
     assert count(conn, "jobs") == 2
@@ -152,8 +164,7 @@ def test_import_name_column(pg_dsn, conn, tmp_path) -> None:
 
 def test_import_is_set_based_per_batch(conn, tmp_path, monkeypatch) -> None:
     path = tmp_path / "five.csv"
-    path.write_text("expr,dialect,timezone\n" + "".join(f"{m} 1 * * *,unix5,\n" for m in range(5)),
-                    encoding="utf-8")
+    path.write_text("expr,dialect,timezone\n" + "".join(f"{m} 1 * * *,unix5,\n" for m in range(5)), encoding="utf-8")
     calls: list[str] = []
     real = store.execute
 
@@ -167,8 +178,10 @@ def test_import_is_set_based_per_batch(conn, tmp_path, monkeypatch) -> None:
     # Three batches (2 + 2 + 1): one lookup of existing names each, never one per line.
     assert calls.count("find_jobs_by_names") == 3
     assert "find_job_by_name" not in calls
-    assert [r["n"] for r in conn.execute(
-        "SELECT count(*) AS n FROM jobs GROUP BY xmin::text ORDER BY count(*) DESC").fetchall()] == [2, 2, 1]
+    assert [
+        r["n"]
+        for r in conn.execute("SELECT count(*) AS n FROM jobs GROUP BY xmin::text ORDER BY count(*) DESC").fetchall()
+    ] == [2, 2, 1]
     calls.clear()
     report = jobs.import_csv(conn, path, "acme", batch_size=2)
     assert (len(report.created), len(report.unchanged)) == (0, 5)
@@ -192,8 +205,10 @@ def add(conn: psycopg.Connection, tenant: str, name: str | None = None) -> uuid.
 
 
 def live(conn: psycopg.Connection) -> list[tuple[str, str | None]]:
-    return [(r["tenant"], r["name"]) for r in conn.execute(
-        "SELECT tenant, name FROM jobs WHERE deleted_at IS NULL ORDER BY tenant, name").fetchall()]
+    return [
+        (r["tenant"], r["name"])
+        for r in conn.execute("SELECT tenant, name FROM jobs WHERE deleted_at IS NULL ORDER BY tenant, name").fetchall()
+    ]
 
 
 def test_bulk_delete_all_of_a_tenant(pg_dsn, conn) -> None:
@@ -221,8 +236,13 @@ def test_bulk_delete_by_name_prefix_takes_the_prefix_literally(pg_dsn, conn) -> 
     add(conn, "globex", "nightly-1")
     result = run(["jobs", "delete", "--tenant", "acme", "--name-prefix", "nightly-", "--yes"], pg_dsn)
     assert (result.exit_code, result.stdout) == (0, "deleted 2 jobs of tenant acme named nightly-*\n")
-    assert live(conn) == [("acme", "nightlyX"), ("acme", "nightly_x"), ("acme", "weekly"), ("acme", None),
-                          ("globex", "nightly-1")]
+    assert live(conn) == [
+        ("acme", "nightlyX"),
+        ("acme", "nightly_x"),
+        ("acme", "weekly"),
+        ("acme", None),
+        ("globex", "nightly-1"),
+    ]
     percent = run(["jobs", "delete", "--tenant", "acme", "--name-prefix", "nightly%", "--yes"], pg_dsn)
     assert percent.stdout == "deleted 0 jobs of tenant acme named nightly%*\n"
     under = run(["jobs", "delete", "--tenant", "acme", "--name-prefix", "nightly_", "--yes"], pg_dsn)
@@ -244,8 +264,7 @@ def test_bulk_delete_needs_confirmation(pg_dsn, conn, monkeypatch) -> None:
         add(conn, "acme", name)
     refused = run(["jobs", "delete", "--tenant", "acme", "--all"], pg_dsn)
     line = one_line_error(refused, 2, "error: yes: ")
-    assert line == ("error: yes: deleting 2 jobs of tenant acme needs confirmation; "
-                    "pass --yes (no terminal to ask on)")
+    assert line == ("error: yes: deleting 2 jobs of tenant acme needs confirmation; pass --yes (no terminal to ask on)")
     assert refused.stdout == ""
     assert len(live(conn)) == 2
 
@@ -261,16 +280,23 @@ def test_bulk_delete_needs_confirmation(pg_dsn, conn, monkeypatch) -> None:
     assert live(conn) == []
 
 
-@pytest.mark.parametrize(("args", "prefix"), [
-    (["--tenant", "acme"], "error: delete: give exactly one of JOB_ID, --all or --name-prefix"),
-    (["--tenant", "acme", "--all", "--name-prefix", "x"],
-     "error: delete: give exactly one of JOB_ID, --all or --name-prefix"),
-    ([str(uuid.UUID(int=1)), "--all", "--tenant", "acme"],
-     "error: delete: give exactly one of JOB_ID, --all or --name-prefix"),
-    (["--all"], "error: tenant: --all and --name-prefix need --tenant"),
-    (["--tenant", "acme", "--name-prefix", ""], "error: name_prefix: must not be empty"),
-    (["--tenant", "nosuch", "--all", "--yes"], "error: tenant: no tenant 'nosuch'"),
-])
+@pytest.mark.parametrize(
+    ("args", "prefix"),
+    [
+        (["--tenant", "acme"], "error: delete: give exactly one of JOB_ID, --all or --name-prefix"),
+        (
+            ["--tenant", "acme", "--all", "--name-prefix", "x"],
+            "error: delete: give exactly one of JOB_ID, --all or --name-prefix",
+        ),
+        (
+            [str(uuid.UUID(int=1)), "--all", "--tenant", "acme"],
+            "error: delete: give exactly one of JOB_ID, --all or --name-prefix",
+        ),
+        (["--all"], "error: tenant: --all and --name-prefix need --tenant"),
+        (["--tenant", "acme", "--name-prefix", ""], "error: name_prefix: must not be empty"),
+        (["--tenant", "nosuch", "--all", "--yes"], "error: tenant: no tenant 'nosuch'"),
+    ],
+)
 def test_bulk_delete_selectors(pg_dsn, conn, args, prefix) -> None:
     add(conn, "acme", "a")
     one_line_error(run(["jobs", "delete", *args], pg_dsn), 2, prefix)
@@ -283,32 +309,50 @@ def test_bulk_delete_is_batched(conn, monkeypatch) -> None:
     monkeypatch.setattr(jobs, "DELETE_BATCH", 2)
     assert jobs.delete_jobs(conn, "acme") == 5
     # Three transactions (2 + 2 + 1), each one statement for its batch.
-    assert [r["n"] for r in conn.execute(
-        "SELECT count(*) AS n FROM jobs GROUP BY xmin::text ORDER BY count(*) DESC").fetchall()] == [2, 2, 1]
+    assert [
+        r["n"]
+        for r in conn.execute("SELECT count(*) AS n FROM jobs GROUP BY xmin::text ORDER BY count(*) DESC").fetchall()
+    ] == [2, 2, 1]
 
 
 # ---------------------------------------------------------------- refused input
 
 
 def test_empty_tz_is_refused(pg_dsn, conn) -> None:
-    one_line_error(run(["jobs", "add", "--tenant", "acme", "--cron", "0 1 * * *", "--tz", ""], pg_dsn), 2,
-                   "error: tz: time zone must be a non-empty IANA zone name")
+    one_line_error(
+        run(["jobs", "add", "--tenant", "acme", "--cron", "0 1 * * *", "--tz", ""], pg_dsn),
+        2,
+        "error: tz: time zone must be a non-empty IANA zone name",
+    )
     assert count(conn, "jobs") == 0
 
 
-@pytest.mark.parametrize(("args", "prefix"), [
-    (["jobs", "add", "--tenant", "acme", "--interval", "٦٠"],
-     "error: interval: must be a whole number of seconds in ASCII digits (got '٦٠')"),
-    (["jobs", "add", "--tenant", "acme", "--interval", "60", "--jitter", "٣"],
-     "error: jitter: must be a whole number of seconds in ASCII digits (got '٣')"),
-    (["jobs", "add", "--tenant", "acme", "--interval", "1e3"],
-     "error: interval: must be a whole number of seconds in ASCII digits (got '1e3')"),
-    (["jobs", "list", "--limit", "١٠"], "error: limit: must be a whole number in ASCII digits (got '١٠')"),
-    (["tenants", "add", "acme", "--weight", "٢"],
-     "error: weight: must be a whole number from 1 to 1000 in ASCII digits (got '٢')"),
-    (["tenants", "add", "acme", "--max-rate", "٥"],
-     "error: max_rate: must be a positive, finite number of runs per second in ASCII digits (got '٥')"),
-])
+@pytest.mark.parametrize(
+    ("args", "prefix"),
+    [
+        (
+            ["jobs", "add", "--tenant", "acme", "--interval", "٦٠"],
+            "error: interval: must be a whole number of seconds in ASCII digits (got '٦٠')",
+        ),
+        (
+            ["jobs", "add", "--tenant", "acme", "--interval", "60", "--jitter", "٣"],
+            "error: jitter: must be a whole number of seconds in ASCII digits (got '٣')",
+        ),
+        (
+            ["jobs", "add", "--tenant", "acme", "--interval", "1e3"],
+            "error: interval: must be a whole number of seconds in ASCII digits (got '1e3')",
+        ),
+        (["jobs", "list", "--limit", "١٠"], "error: limit: must be a whole number in ASCII digits (got '١٠')"),
+        (
+            ["tenants", "add", "acme", "--weight", "٢"],
+            "error: weight: must be a whole number from 1 to 1000 in ASCII digits (got '٢')",
+        ),
+        (
+            ["tenants", "add", "acme", "--max-rate", "٥"],
+            "error: max_rate: must be a positive, finite number of runs per second in ASCII digits (got '٥')",
+        ),
+    ],
+)
 def test_non_ascii_digits_are_refused(pg_dsn, conn, args, prefix) -> None:
     assert int("٦٠") == 60  # what Python alone would accept
     one_line_error(run(args, pg_dsn), 2, prefix)
@@ -323,23 +367,49 @@ def test_jobs_next_count_refuses_non_ascii_digits() -> None:
 def test_huge_integers_are_echoed_as_typed(pg_dsn) -> None:
     result = run(["jobs", "add", "--tenant", "acme", "--interval", "99999999999999999999"], pg_dsn)
     assert one_line_error(result, 2, "error: interval:") == (
-        "error: interval: must be at most 3153600000 seconds (100 years) (got '99999999999999999999')")
-    grace = run(["jobs", "add", "--tenant", "acme", "--interval", "60", "--misfire", "skip",
-                 "--misfire-grace-s", "99999999999999999999"], pg_dsn)
+        "error: interval: must be at most 3153600000 seconds (100 years) (got '99999999999999999999')"
+    )
+    grace = run(
+        [
+            "jobs",
+            "add",
+            "--tenant",
+            "acme",
+            "--interval",
+            "60",
+            "--misfire",
+            "skip",
+            "--misfire-grace-s",
+            "99999999999999999999",
+        ],
+        pg_dsn,
+    )
     assert one_line_error(grace, 2, "error: misfire_grace:") == (
-        "error: misfire_grace: must be at most 2147483647 seconds (got '99999999999999999999')")
+        "error: misfire_grace: must be at most 2147483647 seconds (got '99999999999999999999')"
+    )
 
 
-@pytest.mark.parametrize(("args", "line"), [
-    (["--misfire-grace-s", "30"],
-     "error: misfire_grace: --misfire-grace-s is ignored by --misfire all (it applies to once and skip)"),
-    (["--misfire", "all", "--misfire-grace-s", "30"],
-     "error: misfire_grace: --misfire-grace-s is ignored by --misfire all (it applies to once and skip)"),
-    (["--misfire", "skip", "--catchup-window-s", "600"],
-     "error: catchup_window: --catchup-window-s is ignored by --misfire skip (it applies to all only)"),
-    (["--misfire", "once", "--catchup-window-s", "600"],
-     "error: catchup_window: --catchup-window-s is ignored by --misfire once (it applies to all only)"),
-])
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["--misfire-grace-s", "30"],
+            "error: misfire_grace: --misfire-grace-s is ignored by --misfire all (it applies to once and skip)",
+        ),
+        (
+            ["--misfire", "all", "--misfire-grace-s", "30"],
+            "error: misfire_grace: --misfire-grace-s is ignored by --misfire all (it applies to once and skip)",
+        ),
+        (
+            ["--misfire", "skip", "--catchup-window-s", "600"],
+            "error: catchup_window: --catchup-window-s is ignored by --misfire skip (it applies to all only)",
+        ),
+        (
+            ["--misfire", "once", "--catchup-window-s", "600"],
+            "error: catchup_window: --catchup-window-s is ignored by --misfire once (it applies to all only)",
+        ),
+    ],
+)
 def test_an_option_the_policy_ignores_is_refused(pg_dsn, conn, args, line) -> None:
     result = run(["jobs", "add", "--tenant", "acme", "--interval", "60", *args], pg_dsn)
     assert one_line_error(result, 2, "error: ") == line
@@ -347,12 +417,18 @@ def test_an_option_the_policy_ignores_is_refused(pg_dsn, conn, args, line) -> No
 
 
 def test_options_the_policy_uses_are_stored(pg_dsn, conn) -> None:
-    for args in (["--misfire", "all", "--catchup-window-s", "600"], ["--misfire", "skip", "--misfire-grace-s", "5"],
-                 ["--misfire", "once", "--misfire-grace-s", "7"]):
+    for args in (
+        ["--misfire", "all", "--catchup-window-s", "600"],
+        ["--misfire", "skip", "--misfire-grace-s", "5"],
+        ["--misfire", "once", "--misfire-grace-s", "7"],
+    ):
         assert run(["jobs", "add", "--tenant", "acme", "--interval", "60", *args], pg_dsn).exit_code == 0
     rows = conn.execute("SELECT misfire, catchup_window_s, misfire_grace_s FROM jobs ORDER BY misfire").fetchall()
     assert [(r["misfire"], r["catchup_window_s"], r["misfire_grace_s"]) for r in rows] == [
-        ("all", 600, 60), ("once", 86400, 7), ("skip", 86400, 5)]
+        ("all", 600, 60),
+        ("once", 86400, 7),
+        ("skip", 86400, 5),
+    ]
     with pytest.raises(Exception) as caught:
         JobSpec.build(tenant="acme", interval_s=60, misfire="all", misfire_grace_s=30)
     assert str(caught.value).startswith("misfire_grace: --misfire-grace-s is ignored by --misfire all")
@@ -380,8 +456,11 @@ def test_a_wrong_request_exits_2(pg_dsn, conn) -> None:
     for command in (["show"], ["pause"], ["resume"], ["delete"]):
         one_line_error(run(["jobs", *command, str(missing)], pg_dsn), 2, f"error: job_id: no job {missing}")
     add(conn, "acme", "nightly")
-    one_line_error(run(["jobs", "add", "--tenant", "acme", "--cron", "0 3 * * *", "--name", "nightly"], pg_dsn),
-                   2, "error: name: job 'nightly' of tenant 'acme' already exists")
+    one_line_error(
+        run(["jobs", "add", "--tenant", "acme", "--cron", "0 3 * * *", "--name", "nightly"], pg_dsn),
+        2,
+        "error: name: job 'nightly' of tenant 'acme' already exists",
+    )
     one_line_error(run(["tenants", "set", "initech", "--weight", "2"], pg_dsn), 2, "error: tenant: no tenant")
     one_line_error(run(["db", "upgrade", "--revision", "nosuch"], pg_dsn), 2, "error: revision: ")
     one_line_error(run(["db", "downgrade", "nosuch", "--yes"], pg_dsn), 2, "error: revision: ")
@@ -416,10 +495,11 @@ STORE_COMMANDS = [
 ]
 """Commands that use the store, each in its own way of opening it (CLI session, migrations)."""
 
-DSN_RULE = ("error: dsn: a URI may hold '@' only once, between the user info and the host: percent-encode "
-            "@ : / ? # in the user name and password (e.g. @ as %40)")
-AUTH_HINT = ("check the DSN's user and password (in a URI, percent-encode @ : / ? # % in the password, "
-             "e.g. @ as %40)")
+DSN_RULE = (
+    "error: dsn: a URI may hold '@' only once, between the user info and the host: percent-encode "
+    "@ : / ? # in the user name and password (e.g. @ as %40)"
+)
+AUTH_HINT = "check the DSN's user and password (in a URI, percent-encode @ : / ? # % in the password, e.g. @ as %40)"
 
 
 def _bad_setting(pg_dsn: str, case: str) -> tuple[str, str | tuple[str, str]]:
@@ -431,24 +511,38 @@ def _bad_setting(pg_dsn: str, case: str) -> tuple[str, str | tuple[str, str]]:
         "at and slash": (f"postgresql://op:Sup3r@S3cret/Path@{server}{parts.path}", DSN_RULE),
         "question mark": (f"postgresql://op:Sup3r?S3cret@{server}{parts.path}", DSN_RULE),
         "short piece": (f"postgresql://op:k3y@1@{server}{parts.path}", DSN_RULE),
-        "garbage": ("garbage", "error: dsn: must be a URI (postgresql://user:password@host:5432/dbname) or libpq "
-                               'keywords (host=... dbname=...); libpq: missing "=" after "garbage" in connection '
-                               "info string"),
-        "mysql": (f"mysql://x:y@{server}/db", "error: dsn: must be a URI (postgresql://user:password@host:5432/"
-                                              "dbname) or libpq keywords (host=... dbname=...); libpq: missing "
-                                              f'"=" after "mysql://x:***@{server}/db" in connection info string'),
-        "unknown role": (f"postgresql://nobody_here:Sup3rS3cret@{server}{parts.path}",
-                         (f"error: store: cannot connect to the store at postgresql://nobody_here:***@{server}"
-                          f"{parts.path}: ", f'role "nobody_here" does not exist; {AUTH_HINT}')),
-        "missing database": (missing,
-                             (f"error: store: cannot connect to the store at {store.redact_dsn(missing)}: ",
-                              'database "no_such_database_here" does not exist; '
-                              "create the database, then run `scheduler db upgrade`")),
+        "garbage": (
+            "garbage",
+            "error: dsn: must be a URI (postgresql://user:password@host:5432/dbname) or libpq "
+            'keywords (host=... dbname=...); libpq: missing "=" after "garbage" in connection '
+            "info string",
+        ),
+        "mysql": (
+            f"mysql://x:y@{server}/db",
+            "error: dsn: must be a URI (postgresql://user:password@host:5432/"
+            "dbname) or libpq keywords (host=... dbname=...); libpq: missing "
+            f'"=" after "mysql://x:***@{server}/db" in connection info string',
+        ),
+        "unknown role": (
+            f"postgresql://nobody_here:Sup3rS3cret@{server}{parts.path}",
+            (
+                f"error: store: cannot connect to the store at postgresql://nobody_here:***@{server}{parts.path}: ",
+                f'role "nobody_here" does not exist; {AUTH_HINT}',
+            ),
+        ),
+        "missing database": (
+            missing,
+            (
+                f"error: store: cannot connect to the store at {store.redact_dsn(missing)}: ",
+                'database "no_such_database_here" does not exist; create the database, then run `scheduler db upgrade`',
+            ),
+        ),
     }[case]
 
 
-@pytest.mark.parametrize("case", ["at and slash", "question mark", "short piece", "garbage", "mysql",
-                                  "unknown role", "missing database"])
+@pytest.mark.parametrize(
+    "case", ["at and slash", "question mark", "short piece", "garbage", "mysql", "unknown role", "missing database"]
+)
 def test_a_store_that_cannot_be_used_as_configured_exits_2_for_every_command(pg_dsn, conn, case) -> None:
     dsn, expected = _bad_setting(pg_dsn, case)
     for command in STORE_COMMANDS:
@@ -483,8 +577,10 @@ def test_a_schema_behind_head_exits_2_for_every_command(pg_dsn, conn) -> None:
     conn.execute("UPDATE alembic_version SET version_num = '0012'")
     for command in SCHEMA_COMMANDS:
         line = one_line_error(run(command, pg_dsn), 2, "error: store: ")
-        assert line == (f"error: store: the schema is at revision 0012, behind this version's {HEAD}; "
-                        "run `scheduler db upgrade` first"), (command, line)
+        assert line == (
+            f"error: store: the schema is at revision 0012, behind this version's {HEAD}; "
+            "run `scheduler db upgrade` first"
+        ), (command, line)
     assert count(conn, "jobs") == 0 and count(conn, "tenants") == 0
 
 
@@ -507,12 +603,14 @@ def test_db_downgrade_of_a_store_with_jobs_needs_yes(pg_dsn, conn) -> None:
     refused = run(["db", "downgrade", "base"], pg_dsn)
     assert one_line_error(refused, 2, "error: yes: ") == (
         "error: yes: the store holds 2 live jobs; downgrading to base drops the jobs table and loses them: "
-        "pass --yes to confirm")
+        "pass --yes to confirm"
+    )
     assert count(conn, "jobs") == 3
     partial = run(["db", "downgrade", "0013"], pg_dsn)
     assert one_line_error(partial, 2, "error: yes: ") == (
         "error: yes: the store holds 2 live jobs; downgrading to 0013 drops schema the running version "
-        "needs: pass --yes to confirm")
+        "needs: pass --yes to confirm"
+    )
     done = run(["db", "downgrade", "0013", "--yes"], pg_dsn)
     assert (done.exit_code, done.stdout) == (0, "schema at 0013\n"), done.stderr
     assert count(conn, "jobs") == 3
@@ -529,11 +627,15 @@ def test_db_downgrade_to_the_stores_revision_does_nothing(pg_dsn, conn) -> None:
 def test_db_downgrade_above_the_stores_revision_exits_2(pg_dsn, conn) -> None:
     assert run(["db", "downgrade", "0012", "--yes"], pg_dsn).exit_code == 0
     line = one_line_error(run(["db", "downgrade", "0013", "--yes"], pg_dsn), 2, "error: revision: ")
-    assert line == ("error: revision: must be at or below the store's revision 0012 "
-                    "(`scheduler db upgrade 0013` goes up) (got '0013')")
+    assert line == (
+        "error: revision: must be at or below the store's revision 0012 "
+        "(`scheduler db upgrade 0013` goes up) (got '0013')"
+    )
     line = one_line_error(run(["db", "upgrade", "0010"], pg_dsn), 2, "error: revision: ")
-    assert line == ("error: revision: must be at or above the store's revision 0012 "
-                    "(`scheduler db downgrade 0010` goes down) (got '0010')")
+    assert line == (
+        "error: revision: must be at or above the store's revision 0012 "
+        "(`scheduler db downgrade 0010` goes down) (got '0010')"
+    )
     # a target only alembic resolves, which it refuses: the request was wrong too
     one_line_error(run(["db", "downgrade", "--yes", "--", "-99"], pg_dsn), 2, "error: revision: ")
     assert run(["db", "current"], pg_dsn).stdout == f"0012 (behind head {HEAD}: run `scheduler db upgrade`)\n"
@@ -547,8 +649,11 @@ def test_db_upgrade_takes_the_revision_as_an_argument(empty_pg_dsn) -> None:
     assert run(["db", "current"], empty_pg_dsn).stdout == f"0010 (behind head {HEAD}: run `scheduler db upgrade`)\n"
     option = run(["db", "upgrade", "--revision", "0012"], empty_pg_dsn)
     assert (option.exit_code, option.stdout) == (0, "schema at 0012\n"), option.stderr
-    one_line_error(run(["db", "upgrade", "0013", "--revision", "0014"], empty_pg_dsn), 2,
-                   "error: revision: give it as REVISION or --revision, not both")
+    one_line_error(
+        run(["db", "upgrade", "0013", "--revision", "0014"], empty_pg_dsn),
+        2,
+        "error: revision: give it as REVISION or --revision, not both",
+    )
     result = run(["db", "upgrade"], empty_pg_dsn)
     assert (result.exit_code, result.stdout) == (0, "schema at head\n"), result.stderr
     assert run(["db", "current"], empty_pg_dsn).stdout == f"{HEAD} (head)\n"
@@ -561,16 +666,20 @@ def test_db_downgrade_of_an_empty_store_needs_no_yes(pg_dsn) -> None:
 
 def test_db_current(pg_dsn, empty_pg_dsn) -> None:
     assert run(["db", "current"], pg_dsn).stdout == f"{HEAD} (head)\n"
-    assert run(["db", "current", "--json"], pg_dsn).stdout == json.dumps(
-        {"current": HEAD, "head": HEAD, "at_head": True}, indent=2) + "\n"
+    assert (
+        run(["db", "current", "--json"], pg_dsn).stdout
+        == json.dumps({"current": HEAD, "head": HEAD, "at_head": True}, indent=2) + "\n"
+    )
     assert run(["db", "downgrade", "0012"], pg_dsn).exit_code == 0
     assert run(["db", "current"], pg_dsn).stdout == f"0012 (behind head {HEAD}: run `scheduler db upgrade`)\n"
     assert run(["db", "current"], empty_pg_dsn).stdout == (
-        f"none (empty database; head is {HEAD}: run `scheduler db upgrade`)\n")
+        f"none (empty database; head is {HEAD}: run `scheduler db upgrade`)\n"
+    )
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("UPDATE alembic_version SET version_num = '0099'")
     assert run(["db", "current"], pg_dsn).stdout == (
-        f"0099 (unknown to this version, whose head is {HEAD}: a newer version migrated it)\n")
+        f"0099 (unknown to this version, whose head is {HEAD}: a newer version migrated it)\n"
+    )
 
 
 # ---------------------------------------------------------------- keyword DSN, unknown tenant, weight rule
@@ -599,6 +708,9 @@ def test_tenant_weight_names_the_rule(pg_dsn, conn) -> None:
     for command in (["add", "acme"], ["set", "acme"]):
         line = one_line_error(run(["tenants", *command, "--weight", "abc"], pg_dsn), 2, "error: weight: ")
         assert line == "error: weight: must be a whole number from 1 to 1000 in ASCII digits (got 'abc')"
-    one_line_error(run(["tenants", "add", "acme", "--weight", "1001"], pg_dsn), 2,
-                   "error: weight: must be a whole number from 1 to 1000 in ASCII digits (got '1001')")
+    one_line_error(
+        run(["tenants", "add", "acme", "--weight", "1001"], pg_dsn),
+        2,
+        "error: weight: must be a whole number from 1 to 1000 in ASCII digits (got '1001')",
+    )
     assert count(conn, "tenants") == 0

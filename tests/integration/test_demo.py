@@ -61,8 +61,14 @@ def test_demo_fires_audits_clean_and_leaves_no_server() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
     env["PYTHONUNBUFFERED"] = "1"
     before = private_dirs()
-    proc = subprocess.Popen([str(SCRIPT), "demo", "--seconds", "6"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(SCRIPT), "demo", "--seconds", "6"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     lines: list[str] = []
     port = directory = None
     try:

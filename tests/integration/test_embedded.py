@@ -17,9 +17,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from alembic import command
 from alembic.config import Config
 
+from alembic import command
 from scheduler.devtools.embedded import PrivatePostgres, find_postgres_bin, start_private_postgres
 from scheduler.errors import StoreError
 from scheduler.store import connect, sqlalchemy_url
@@ -127,7 +127,10 @@ def fake_bin_dir() -> Iterator[Path]:
     parent = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else None
     directory = Path(tempfile.mkdtemp(prefix="fake-pg-bin-", dir=parent))
     directory.chmod(0o755)
-    script = '#!/bin/sh\ncase "$1" in --version) echo "initdb (PostgreSQL) 99"; exit 0;; esac\necho "boom: disk on fire" >&2\nexit 1\n'
+    script = (
+        '#!/bin/sh\ncase "$1" in --version) echo "initdb (PostgreSQL) 99"; exit 0;; esac\n'
+        'echo "boom: disk on fire" >&2\nexit 1\n'
+    )
     for name in ("initdb", "pg_ctl", "postgres"):
         path = directory / name
         path.write_text(script)

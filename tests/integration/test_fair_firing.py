@@ -13,13 +13,13 @@ import uuid
 from collections import Counter
 from datetime import timedelta
 
+from helpers import OneNode
+
 from scheduler import firing, jobs
 from scheduler.clock import ManualClock
 from scheduler.firing import Firer
 from scheduler.lease import SqlCoordinator
 from scheduler.partition import partition_of
-
-from helpers import OneNode
 
 
 def _node(dsn: str, clock=None, **overrides) -> tuple[Firer, SqlCoordinator]:
@@ -42,17 +42,19 @@ def _load_due(conn, tenant: str, count: int, due_ago_s: int) -> None:
             "INSERT INTO jobs (partition_id, job_id, tenant, kind, interval_s, anchor_at, next_nominal_at,"
             " next_due_at, created_at, changed_at)"
             " VALUES (%s, %s, %s, 'interval', 3600, %s, %s, %s, %s, %s)",
-            [(p, j, t, a, s, s, c - timedelta(hours=2), c - timedelta(hours=2)) for p, j, t, a, s, c in rows])
+            [(p, j, t, a, s, s, c - timedelta(hours=2), c - timedelta(hours=2)) for p, j, t, a, s, c in rows],
+        )
 
 
 def _runs_by_tenant(conn) -> Counter:
-    return Counter({r["tenant"]: r["n"] for r in conn.execute(
-        "SELECT tenant, count(*) AS n FROM runs GROUP BY tenant").fetchall()})
+    return Counter(
+        {r["tenant"]: r["n"] for r in conn.execute("SELECT tenant, count(*) AS n FROM runs GROUP BY tenant").fetchall()}
+    )
 
 
 def test_big_tenant_does_not_delay_small_ones(pg_dsn, conn) -> None:
     """2,000 due jobs of one tenant (older!) and 50 of five others; budget 500 per tick."""
-    _load_due(conn, "big", 2_000, due_ago_s=30)   # older: a due-time order would serve only them
+    _load_due(conn, "big", 2_000, due_ago_s=30)  # older: a due-time order would serve only them
     for i in range(5):
         _load_due(conn, f"small{i}", 10, due_ago_s=5)
     firer, coord = _node(pg_dsn, max_rate_per_s=500.0)
@@ -89,8 +91,9 @@ def test_surplus_is_read_only_after_the_fair_shares_committed(pg_dsn, conn, monk
 
     def stream(self, read, lanes, firable, quotas, *rest):
         sent = rest[-2]
-        passes.append(({t for t, q in quotas.items() if q > 0}, len(sent),
-                       sum(item.outcome is not None for item in sent)))
+        passes.append(
+            ({t for t, q in quotas.items() if q > 0}, len(sent), sum(item.outcome is not None for item in sent))
+        )
         return real_stream(self, read, lanes, firable, quotas, *rest)
 
     monkeypatch.setattr(Firer, "_stream", stream)
@@ -163,4 +166,4 @@ def test_loop_paces_ticks_one_interval_apart_when_the_budget_is_spent(pg_dsn, co
     assert fired == [50, 50, 20]
     # The manual clock only moves when the loop waits: exactly one interval
     # between the starts of ticks that spent their budget.
-    assert [round(b - a, 6) for a, b in zip(starts, starts[1:])] == [1.0, 1.0]
+    assert [round(b - a, 6) for a, b in zip(starts, starts[1:], strict=False)] == [1.0, 1.0]

@@ -22,14 +22,13 @@ from datetime import datetime, timedelta
 
 import psycopg
 import pytest
+from helpers import OneNode, store_now
 
 from scheduler import firing, jobs, store
 from scheduler.clock import ManualClock
 from scheduler.firing import Firer
 from scheduler.planner import scheduled_time
 from scheduler.spec import JobSpec
-
-from helpers import OneNode, store_now
 
 S = timedelta(seconds=1)
 MINUTE = timedelta(minutes=1)
@@ -74,8 +73,9 @@ def job_row(conn: psycopg.Connection, job_id: uuid.UUID) -> dict:
     return jobs.get_job(conn, job_id)
 
 
-def backdate(conn: psycopg.Connection, job_id: uuid.UUID, next_nominal: datetime,
-             anchor: datetime | None = None) -> None:
+def backdate(
+    conn: psycopg.Connection, job_id: uuid.UUID, next_nominal: datetime, anchor: datetime | None = None
+) -> None:
     """Move an interval job's next slot (and its anchor and creation) into the past."""
     row = job_row(conn, job_id)
     created = min(row["created_at"], next_nominal - S, anchor or next_nominal)
@@ -87,14 +87,20 @@ def backdate(conn: psycopg.Connection, job_id: uuid.UUID, next_nominal: datetime
             created_at = %(created)s, changed_at = %(created)s
         WHERE job_id = %(job_id)s
         """,
-        {"nominal": next_nominal, "due": scheduled_time(job_id, next_nominal, row["jitter_s"]),
-         "anchor": anchor, "created": created, "job_id": job_id},
+        {
+            "nominal": next_nominal,
+            "due": scheduled_time(job_id, next_nominal, row["jitter_s"]),
+            "anchor": anchor,
+            "created": created,
+            "job_id": job_id,
+        },
     ).rowcount
     assert count == 1
 
 
-def interval_job(conn: psycopg.Connection, interval_s: int, slots_before_now: int, margin_s: int = 30,
-                 **spec) -> tuple[uuid.UUID, datetime]:
+def interval_job(
+    conn: psycopg.Connection, interval_s: int, slots_before_now: int, margin_s: int = 30, **spec
+) -> tuple[uuid.UUID, datetime]:
     """An interval job whose slots k = 1..slots_before_now are overdue, the last one
     ``margin_s`` before the store's now; returns ``(job_id, anchor)``."""
     job_id = add(conn, interval_s=interval_s, **spec)
@@ -104,8 +110,7 @@ def interval_job(conn: psycopg.Connection, interval_s: int, slots_before_now: in
 
 
 def runs_of(conn: psycopg.Connection, job_id: uuid.UUID) -> list[dict]:
-    return conn.execute(
-        "SELECT * FROM runs WHERE job_id = %s ORDER BY nominal_time", (job_id,)).fetchall()
+    return conn.execute("SELECT * FROM runs WHERE job_id = %s ORDER BY nominal_time", (job_id,)).fetchall()
 
 
 def nominals(conn: psycopg.Connection, job_id: uuid.UUID) -> list[datetime]:
@@ -113,8 +118,10 @@ def nominals(conn: psycopg.Connection, job_id: uuid.UUID) -> list[datetime]:
 
 
 def skips_of(conn: psycopg.Connection, job_id: uuid.UUID) -> list[tuple]:
-    return [(r["first_nominal"], r["until_nominal"], r["slots"], r["reason"]) for r in conn.execute(
-        "SELECT * FROM skips WHERE job_id = %s ORDER BY first_nominal", (job_id,)).fetchall()]
+    return [
+        (r["first_nominal"], r["until_nominal"], r["slots"], r["reason"])
+        for r in conn.execute("SELECT * FROM skips WHERE job_id = %s ORDER BY first_nominal", (job_id,)).fetchall()
+    ]
 
 
 def count(conn: psycopg.Connection, table: str) -> int:
@@ -264,9 +271,12 @@ def test_misfire_skip_drops_slots_past_the_grace(conn, node) -> None:
 
 def test_each_policy_in_one_tick(conn, node) -> None:
     """Three jobs, same outage, one tick: the policies do not leak into each other."""
-    ids = {policy: interval_job(conn, 60, slots_before_now=4, misfire=policy,
-                                **({} if policy == "all" else {"misfire_grace_s": 100}))
-           for policy in ("all", "once", "skip")}
+    ids = {
+        policy: interval_job(
+            conn, 60, slots_before_now=4, misfire=policy, **({} if policy == "all" else {"misfire_grace_s": 100})
+        )
+        for policy in ("all", "once", "skip")
+    }
 
     result = node.firer.tick()
 
@@ -373,8 +383,9 @@ def test_fence_a_taken_over_partition_commits_nothing(conn, node) -> None:
     pid = job_row(conn, victim)["partition_id"]
     before = job_row(conn, victim)
     # A takeover behind the firer's back: another node claims the partition, bumping the epoch.
-    conn.execute("UPDATE partitions SET owner_node = 'thief', owner_epoch = owner_epoch + 1 "
-                 "WHERE partition_id = %s", (pid,))
+    conn.execute(
+        "UPDATE partitions SET owner_node = 'thief', owner_epoch = owner_epoch + 1 WHERE partition_id = %s", (pid,)
+    )
 
     result = node.firer.tick()
 
@@ -408,8 +419,10 @@ def test_fence_refusing_the_lowest_partition_still_fires_every_other_one(conn, n
         else:
             made[pid] = (job_id, anchor)
     victim_pid = min(made)
-    conn.execute("UPDATE partitions SET owner_node = 'thief', owner_epoch = owner_epoch + 1 "
-                 "WHERE partition_id = %s", (victim_pid,))
+    conn.execute(
+        "UPDATE partitions SET owner_node = 'thief', owner_epoch = owner_epoch + 1 WHERE partition_id = %s",
+        (victim_pid,),
+    )
 
     result = node.firer.tick()
 
@@ -459,8 +472,9 @@ def test_a_job_edited_between_read_and_fire_is_not_advanced(conn, node, pg_dsn, 
         # statement runs, someone edits the job (jobs add --name edited --replace).
         if not edits:
             with store.connect(pg_dsn, application_name="editor") as other:
-                edits.append(jobs.add_job(other, JobSpec.build(tenant="acme", name="edited", interval_s=7200),
-                                          replace=True))
+                edits.append(
+                    jobs.add_job(other, JobSpec.build(tenant="acme", name="edited", interval_s=7200), replace=True)
+                )
         return real_plan_job(*args, **kwargs)
 
     monkeypatch.setattr(firing, "plan_job", plan_job)
@@ -482,7 +496,8 @@ def test_a_job_edited_between_read_and_fire_is_not_advanced(conn, node, pg_dsn, 
     assert result.fence_rejected == []
     # The edit dropped the three overdue slots of the old spec: recorded, not lost.
     assert [(first, until, slots, reason) for first, until, slots, reason in skips_of(conn, job_id)] == [
-        (anchor + timedelta(seconds=60), anchor + timedelta(seconds=240), 3, "edited")]
+        (anchor + timedelta(seconds=60), anchor + timedelta(seconds=240), 3, "edited")
+    ]
 
 
 def test_a_chunk_committing_late_never_moves_a_job_backwards(pg_dsn, conn, monkeypatch) -> None:

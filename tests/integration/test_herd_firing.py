@@ -55,8 +55,7 @@ def node(pg_dsn: str):
 
 def instant(conn: psycopg.Connection, ago_s: int = 120) -> datetime:
     """A whole second ``ago_s`` before the store's now: the herd's instant."""
-    return conn.execute("SELECT date_trunc('second', now()) - make_interval(secs => %s) AS t",
-                        (ago_s,)).fetchone()["t"]
+    return conn.execute("SELECT date_trunc('second', now()) - make_interval(secs => %s) AS t", (ago_s,)).fetchone()["t"]
 
 
 def job_id_in(partitions: set[int] | None) -> uuid.UUID:
@@ -66,9 +65,14 @@ def job_id_in(partitions: set[int] | None) -> uuid.UUID:
             return job_id
 
 
-def load_herd(conn: psycopg.Connection, tenant: str, count: int, due: datetime,
-              intervals: tuple[int, ...] = (3600, 7200, 86400),
-              partitions: set[int] | None = None) -> dict[uuid.UUID, int]:
+def load_herd(
+    conn: psycopg.Connection,
+    tenant: str,
+    count: int,
+    due: datetime,
+    intervals: tuple[int, ...] = (3600, 7200, 86400),
+    partitions: set[int] | None = None,
+) -> dict[uuid.UUID, int]:
     """``count`` interval jobs of ``tenant`` (in ``partitions`` if given) whose next
     slot is ``due`` (their anchor one interval earlier), intervals taken in turn;
     returns {job id: interval}."""
@@ -80,20 +84,33 @@ def load_herd(conn: psycopg.Connection, tenant: str, count: int, due: datetime,
         interval = intervals[i % len(intervals)]
         made[job_id] = interval
         created = due - timedelta(seconds=interval) - HOUR
-        rows.append((partition_of(job_id), job_id, tenant, interval, due - timedelta(seconds=interval),
-                     due, due, created, created))
+        rows.append(
+            (
+                partition_of(job_id),
+                job_id,
+                tenant,
+                interval,
+                due - timedelta(seconds=interval),
+                due,
+                due,
+                created,
+                created,
+            )
+        )
     with conn.cursor() as cur:
         cur.executemany(
             "INSERT INTO jobs (partition_id, job_id, tenant, kind, interval_s, anchor_at, next_nominal_at,"
             " next_due_at, created_at, changed_at) VALUES (%s, %s, %s, 'interval', %s, %s, %s, %s, %s, %s)",
-            rows)
+            rows,
+        )
     return made
 
 
 def runs(conn: psycopg.Connection, tenant: str | None = None) -> list[dict]:
     return conn.execute(
         "SELECT * FROM runs WHERE %(t)s::text IS NULL OR tenant = %(t)s ORDER BY partition_id, job_id, nominal_time",
-        {"t": tenant}).fetchall()
+        {"t": tenant},
+    ).fetchall()
 
 
 def job(conn: psycopg.Connection, job_id: uuid.UUID) -> dict:
@@ -106,8 +123,10 @@ def in_order(job_ids) -> list[uuid.UUID]:
 
 
 def epochs(conn: psycopg.Connection) -> dict[int, int]:
-    return {r["partition_id"]: r["owner_epoch"] for r in conn.execute(
-        "SELECT partition_id, owner_epoch FROM partitions").fetchall()}
+    return {
+        r["partition_id"]: r["owner_epoch"]
+        for r in conn.execute("SELECT partition_id, owner_epoch FROM partitions").fetchall()
+    }
 
 
 def test_a_herd_fires_every_timer_once_with_its_schedules_next_slot(conn, node) -> None:
@@ -119,8 +138,10 @@ def test_a_herd_fires_every_timer_once_with_its_schedules_next_slot(conn, node) 
     for _ in range(6):
         created = jobs.add_job(conn, JobSpec.build(tenant="big", cron="0 * * * *"))
         cron_ids.append(created.job_id)
-    conn.execute("UPDATE jobs SET next_nominal_at = %(d)s, next_due_at = %(d)s WHERE job_id = ANY(%(ids)s)",
-                 {"d": due, "ids": cron_ids})
+    conn.execute(
+        "UPDATE jobs SET next_nominal_at = %(d)s, next_due_at = %(d)s WHERE job_id = ANY(%(ids)s)",
+        {"d": due, "ids": cron_ids},
+    )
     small = load_herd(conn, "small", 5, due)
 
     result = node.firer.tick()
@@ -164,7 +185,7 @@ def test_the_quota_takes_whole_partitions_in_partition_order(pg_dsn, conn) -> No
             new = [j for j in in_order(now_fired) if j not in fired_so_far]
             assert len(new) == result.fired <= 40
             # The tick's timers continue the (partition, job id) order exactly ...
-            assert new == order[len(fired_so_far):len(fired_so_far) + len(new)]
+            assert new == order[len(fired_so_far) : len(fired_so_far) + len(new)]
             fired_so_far += new
             if len(fired_so_far) == 100:
                 break
@@ -173,7 +194,7 @@ def test_the_quota_takes_whole_partitions_in_partition_order(pg_dsn, conn) -> No
                 assert result.herd_fired == result.fired
                 nxt = order[len(fired_so_far)]
                 assert partition_of(nxt) != partition_of(fired_so_far[-1])
-                left = [j for j in order[len(fired_so_far):] if partition_of(j) == partition_of(nxt)]
+                left = [j for j in order[len(fired_so_far) :] if partition_of(j) == partition_of(nxt)]
                 assert result.fired + len(left) > 40
         assert fired_so_far == order
         assert len(runs(conn)) == 100
@@ -190,8 +211,10 @@ def test_a_pass_continues_a_herd_from_the_per_timer_cursor_inside_a_partition(pg
     due = instant(conn)
     # 40 timers in partition 0, the first partition in order: the cursor (the
     # 25th timer) stops inside it; 160 more in partitions 1-9.
-    herd = {**load_herd(conn, "big", 40, due, partitions={0}),
-            **load_herd(conn, "big", 160, due, partitions=set(range(1, 10)))}
+    herd = {
+        **load_herd(conn, "big", 40, due, partitions={0}),
+        **load_herd(conn, "big", 160, due, partitions=set(range(1, 10))),
+    }
     for tenant in ("s1", "s2", "s3"):
         load_herd(conn, tenant, 5, due)
     order = in_order(herd)
@@ -199,7 +222,7 @@ def test_a_pass_continues_a_herd_from_the_per_timer_cursor_inside_a_partition(pg
     fired = in_order(r["job_id"] for r in runs(conn, "big"))
     assert result.herd_fired > 0
     assert result.fired == len(fired) + 15
-    assert fired == order[:len(fired)]  # an exact prefix: nothing skipped, nothing twice
+    assert fired == order[: len(fired)]  # an exact prefix: nothing skipped, nothing twice
     assert 25 + firing.HERD_MIN_JOBS <= len(fired) <= 85
     assert partition_of(order[24]) == partition_of(order[39]) == 0
 
@@ -209,9 +232,11 @@ def test_a_jittered_timer_at_the_herds_instant_is_fired_per_timer(conn, node) ->
     herd = load_herd(conn, "big", 40, due)
     jittered = jobs.add_job(conn, JobSpec.build(tenant="big", interval_s=3600, jitter_s=30)).job_id
     # Its slot is the herd's instant and, as it happens, its due time too.
-    conn.execute("UPDATE jobs SET anchor_at = %(a)s, next_nominal_at = %(d)s, next_due_at = %(d)s,"
-                 " created_at = %(c)s, changed_at = %(c)s WHERE job_id = %(j)s",
-                 {"a": due - HOUR, "d": due, "c": due - 2 * HOUR, "j": jittered})
+    conn.execute(
+        "UPDATE jobs SET anchor_at = %(a)s, next_nominal_at = %(d)s, next_due_at = %(d)s,"
+        " created_at = %(c)s, changed_at = %(c)s WHERE job_id = %(j)s",
+        {"a": due - HOUR, "d": due, "c": due - 2 * HOUR, "j": jittered},
+    )
 
     first = node.firer.tick()
     second = node.firer.tick()
@@ -244,8 +269,9 @@ def test_a_herd_partition_taken_over_commits_nothing(conn, node) -> None:
     herd = load_herd(conn, "big", 50, due)
     victim = partition_of(next(iter(herd)))
     in_victim = {j for j in herd if partition_of(j) == victim}
-    conn.execute("UPDATE partitions SET owner_node = 'thief', owner_epoch = owner_epoch + 1 "
-                 "WHERE partition_id = %s", (victim,))
+    conn.execute(
+        "UPDATE partitions SET owner_node = 'thief', owner_epoch = owner_epoch + 1 WHERE partition_id = %s", (victim,)
+    )
 
     result = node.firer.tick()
 
@@ -258,22 +284,24 @@ def test_a_herd_partition_taken_over_commits_nothing(conn, node) -> None:
     assert node.metrics.value("scheduler_firing_fence_rejections_total") == 1
 
 
-def test_a_timer_edited_after_the_herd_was_planned_is_left_to_its_new_schedule(pg_dsn, conn, node,
-                                                                            monkeypatch) -> None:
+def test_a_timer_edited_after_the_herd_was_planned_is_left_to_its_new_schedule(pg_dsn, conn, node, monkeypatch) -> None:
     due = instant(conn)
     herd = load_herd(conn, "big", 30, due)
     edited = jobs.add_job(conn, JobSpec.build(tenant="big", name="edited", interval_s=3600)).job_id
-    conn.execute("UPDATE jobs SET anchor_at = %(a)s, next_nominal_at = %(d)s, next_due_at = %(d)s,"
-                 " created_at = %(c)s, changed_at = %(c)s WHERE job_id = %(j)s",
-                 {"a": due - HOUR, "d": due, "c": due - 2 * HOUR, "j": edited})
+    conn.execute(
+        "UPDATE jobs SET anchor_at = %(a)s, next_nominal_at = %(d)s, next_due_at = %(d)s,"
+        " created_at = %(c)s, changed_at = %(c)s WHERE job_id = %(j)s",
+        {"a": due - HOUR, "d": due, "c": due - 2 * HOUR, "j": edited},
+    )
     real = Firer._herd_plan
     edits = []
 
     def herd_plan(self, row, slot):
         if not edits:  # someone replaces the job's spec between the plan and the statement
             with store.connect(pg_dsn, application_name="editor") as other:
-                edits.append(jobs.add_job(other, JobSpec.build(tenant="big", name="edited", interval_s=7200),
-                                          replace=True))
+                edits.append(
+                    jobs.add_job(other, JobSpec.build(tenant="big", name="edited", interval_s=7200), replace=True)
+                )
         return real(self, row, slot)
 
     monkeypatch.setattr(Firer, "_herd_plan", herd_plan)
@@ -312,7 +340,7 @@ def test_by_default_a_big_tenants_herd_is_found_in_the_surplus_pass(pg_dsn, conn
     load_herd(conn, "small", 5, due)
     result = tick_once(pg_dsn, max_rate_per_s=100.0)
     fired = in_order(r["job_id"] for r in runs(conn, "big"))
-    assert fired == in_order(herd)[:len(fired)]
+    assert fired == in_order(herd)[: len(fired)]
     assert 50 + firing.HERD_MIN_JOBS <= len(fired) <= 95
     assert result.herd_fired == len(fired) - 50
     assert result.fired == len(fired) + 5

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import csv
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg
 import pytest
+from helpers import store_now
 
 from scheduler import jobs, store
 from scheduler.errors import ConflictError, NotFoundError, ValidationError
@@ -23,15 +24,15 @@ from scheduler.planner import scheduled_time
 from scheduler.schedule import CronSchedule
 from scheduler.spec import JobSpec
 
-from helpers import store_now
-
-UTC = timezone.utc
+UTC = UTC
 CORPUS = Path(__file__).resolve().parents[2] / "scheduler" / "data" / "cron-corpus.csv"
 
 
 def snapshot(conn: psycopg.Connection) -> tuple[list[dict], list[dict]]:
-    return (conn.execute("SELECT * FROM jobs ORDER BY job_id").fetchall(),
-            conn.execute("SELECT * FROM tenants ORDER BY tenant").fetchall())
+    return (
+        conn.execute("SELECT * FROM jobs ORDER BY job_id").fetchall(),
+        conn.execute("SELECT * FROM tenants ORDER BY tenant").fetchall(),
+    )
 
 
 def count(conn: psycopg.Connection, table: str, where: str = "true", params: tuple = ()) -> int:
@@ -50,7 +51,12 @@ def test_add_cron_job_stores_the_spec_and_its_first_slot(conn) -> None:
     row = jobs.get_job(conn, result.job_id)
     assert row["partition_id"] == partition_of(result.job_id)
     assert (row["tenant"], row["kind"], row["cron_expr"], row["cron_dialect"], row["tz"]) == (
-        "acme", "cron", "30 2 * * *", "unix", "America/New_York")
+        "acme",
+        "cron",
+        "30 2 * * *",
+        "unix",
+        "America/New_York",
+    )
     assert (row["misfire"], row["catchup_window_s"], row["misfire_grace_s"], row["jitter_s"]) == ("all", 86_400, 60, 0)
     assert row["paused"] is False and row["deleted_at"] is None and row["revision"] == 1
     assert before <= row["created_at"] <= after
@@ -110,8 +116,9 @@ def test_pause_resume_delete(conn) -> None:
 def test_pause_and_resume_are_idempotent(conn) -> None:
     job_id = jobs.add_job(conn, JobSpec.build(tenant="acme", cron="*/5 * * * *")).job_id
     overdue = datetime(2020, 1, 1, tzinfo=UTC)  # a backlog after an outage
-    conn.execute("UPDATE jobs SET next_nominal_at = %(t)s, next_due_at = %(t)s WHERE job_id = %(j)s",
-                 {"t": overdue, "j": job_id})
+    conn.execute(
+        "UPDATE jobs SET next_nominal_at = %(t)s, next_due_at = %(t)s WHERE job_id = %(j)s", {"t": overdue, "j": job_id}
+    )
     running = jobs.get_job(conn, job_id)
 
     jobs.set_paused(conn, job_id, False)  # resuming a running job keeps its backlog
@@ -126,8 +133,11 @@ def test_pause_and_resume_are_idempotent(conn) -> None:
 
 def test_unknown_job_is_not_found(conn) -> None:
     missing = uuid.UUID(int=42)
-    for call in (lambda: jobs.get_job(conn, missing), lambda: jobs.delete_job(conn, missing),
-                 lambda: jobs.set_paused(conn, missing, True)):
+    for call in (
+        lambda: jobs.get_job(conn, missing),
+        lambda: jobs.delete_job(conn, missing),
+        lambda: jobs.set_paused(conn, missing, True),
+    ):
         with pytest.raises(NotFoundError, match=str(missing)):
             call()
 
@@ -176,8 +186,9 @@ def test_same_name_different_spec_conflicts_and_changes_nothing(conn) -> None:
 def test_replace_edits_in_place_and_bumps_the_revision(conn) -> None:
     first = jobs.add_job(conn, JobSpec.build(tenant="acme", name="nightly", cron="0 2 * * *"))
     before = jobs.get_job(conn, first.job_id)
-    replaced = jobs.add_job(conn, JobSpec.build(tenant="acme", name="nightly", interval_s=600, misfire="once"),
-                            replace=True)
+    replaced = jobs.add_job(
+        conn, JobSpec.build(tenant="acme", name="nightly", interval_s=600, misfire="once"), replace=True
+    )
     after = jobs.get_job(conn, first.job_id)
     assert (replaced.job_id, replaced.outcome) == (first.job_id, "replaced")
     assert count(conn, "jobs") == 1
@@ -188,8 +199,9 @@ def test_replace_edits_in_place_and_bumps_the_revision(conn) -> None:
     assert after["anchor_at"] == after["changed_at"].replace(microsecond=0)
     assert after["next_nominal_at"] == after["anchor_at"] + timedelta(seconds=600)
     # Replacing with the same spec again is a no-op.
-    again = jobs.add_job(conn, JobSpec.build(tenant="acme", name="nightly", interval_s=600, misfire="once"),
-                         replace=True)
+    again = jobs.add_job(
+        conn, JobSpec.build(tenant="acme", name="nightly", interval_s=600, misfire="once"), replace=True
+    )
     assert again.outcome == "exists"
     assert jobs.get_job(conn, first.job_id)["revision"] == after["revision"]
 
@@ -197,17 +209,20 @@ def test_replace_edits_in_place_and_bumps_the_revision(conn) -> None:
 def overdue(conn: psycopg.Connection, job_id: uuid.UUID, slot: datetime) -> dict:
     """Put ``job_id``'s pending slot at ``slot`` (an outage left it due; an interval
     job is re-anchored there); its row."""
-    conn.execute("UPDATE jobs SET next_nominal_at = %(t)s, next_due_at = %(t)s, created_at = %(c)s, "
-                 "changed_at = %(c)s, anchor_at = CASE WHEN kind = 'interval' THEN %(t)s END "
-                 "WHERE job_id = %(j)s",
-                 {"t": slot, "c": slot - timedelta(minutes=1), "j": job_id})
+    conn.execute(
+        "UPDATE jobs SET next_nominal_at = %(t)s, next_due_at = %(t)s, created_at = %(c)s, "
+        "changed_at = %(c)s, anchor_at = CASE WHEN kind = 'interval' THEN %(t)s END "
+        "WHERE job_id = %(j)s",
+        {"t": slot, "c": slot - timedelta(minutes=1), "j": job_id},
+    )
     return jobs.get_job(conn, job_id)
 
 
 def skips(conn: psycopg.Connection, job_id: uuid.UUID) -> list[tuple]:
-    return [(r["first_nominal"], r["until_nominal"], r["slots"], r["reason"], r["recorded_at"])
-            for r in conn.execute("SELECT * FROM skips WHERE job_id = %s ORDER BY first_nominal",
-                                  (job_id,)).fetchall()]
+    return [
+        (r["first_nominal"], r["until_nominal"], r["slots"], r["reason"], r["recorded_at"])
+        for r in conn.execute("SELECT * FROM skips WHERE job_id = %s ORDER BY first_nominal", (job_id,)).fetchall()
+    ]
 
 
 def revisions(conn: psycopg.Connection, job_id: uuid.UUID) -> list[dict]:
@@ -221,8 +236,11 @@ def test_replace_of_an_overdue_job_keeping_its_schedule_keeps_the_due_slot(conn)
     slot -= timedelta(minutes=slot.minute % 5)
     before = overdue(conn, job_id, slot)
 
-    jobs.add_job(conn, JobSpec.build(tenant="acme", name="n", cron="*/5 * * * *", catchup_window_s=7200,
-                                     jitter_s=30), replace=True)
+    jobs.add_job(
+        conn,
+        JobSpec.build(tenant="acme", name="n", cron="*/5 * * * *", catchup_window_s=7200, jitter_s=30),
+        replace=True,
+    )
 
     after = jobs.get_job(conn, job_id)
     assert (after["next_nominal_at"], after["catchup_window_s"]) == (slot, 7200)
@@ -287,7 +305,8 @@ def test_resume_records_the_paused_revision_and_drops_nothing(conn) -> None:
     resumed = jobs.get_job(conn, job_id)
     assert [(r["revision"], r["paused"], r["valid_from"], r["valid_until"]) for r in revisions(conn, job_id)] == [
         (1, False, paused["created_at"], paused["changed_at"]),
-        (2, True, paused["changed_at"], resumed["changed_at"])]
+        (2, True, paused["changed_at"], resumed["changed_at"]),
+    ]
     assert skips(conn, job_id) == []
 
 
@@ -324,8 +343,12 @@ BAD = [
     ("tz-on-interval", {"interval_s": 60, "tz": "UTC"}, "tz", "--cron schedules only"),
     ("at-naive", {"at": datetime(2031, 1, 1, 9, 0)}, "at", "UTC offset"),
     ("at-past", {"at": datetime(2001, 1, 1, tzinfo=UTC)}, "at", "future"),
-    ("at-past-9997", {"at": datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC), "jitter_s": 86_400}, "at",
-     "years 2 to 9997"),
+    (
+        "at-past-9997",
+        {"at": datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC), "jitter_s": 86_400},
+        "at",
+        "years 2 to 9997",
+    ),
     ("interval-0", {"interval_s": 0}, "interval", "positive"),
     ("interval-neg", {"interval_s": -5}, "interval", "positive"),
     ("interval-frac", {"interval_s": 1.5}, "interval", "whole number"),
@@ -342,18 +365,34 @@ BAD = [
     ("jitter-neg", {"interval_s": 60, "jitter_s": -1}, "jitter", "at least 0"),
     ("jitter-huge", {"interval_s": 60, "jitter_s": 86_401}, "jitter", "at most 86400"),
     # Jitter must be smaller than the smallest gap between consecutive slots (issue 11, item 2).
-    ("jitter-interval-equal", {"interval_s": 60, "jitter_s": 60}, "jitter",
-     "must be smaller than the smallest gap between slots (60 s for this schedule)"),
+    (
+        "jitter-interval-equal",
+        {"interval_s": 60, "jitter_s": 60},
+        "jitter",
+        "must be smaller than the smallest gap between slots (60 s for this schedule)",
+    ),
     ("jitter-interval-above", {"interval_s": 60, "jitter_s": 300}, "jitter", "(60 s for this schedule)"),
     ("jitter-cron-equal", {"cron": "* * * * *", "jitter_s": 60}, "jitter", "(60 s for this schedule)"),
     ("jitter-cron-above", {"cron": "*/5 * * * *", "jitter_s": 3600}, "jitter", "(300 s for this schedule)"),
-    ("jitter-cron-dst", {"cron": "30 1,2 * * *", "tz": "America/New_York", "jitter_s": 1800}, "jitter",
-     "(1800 s for this schedule, at a UTC-offset change of America/New_York)"),
-    ("jitter-cron-daily-dst", {"cron": "0 0 * * *", "tz": "Europe/Berlin", "jitter_s": 82_800}, "jitter",
-     "(82800 s for this schedule, at a UTC-offset change of Europe/Berlin)"),  # the 23-hour day
+    (
+        "jitter-cron-dst",
+        {"cron": "30 1,2 * * *", "tz": "America/New_York", "jitter_s": 1800},
+        "jitter",
+        "(1800 s for this schedule, at a UTC-offset change of America/New_York)",
+    ),
+    (
+        "jitter-cron-daily-dst",
+        {"cron": "0 0 * * *", "tz": "Europe/Berlin", "jitter_s": 82_800},
+        "jitter",
+        "(82800 s for this schedule, at a UTC-offset change of Europe/Berlin)",
+    ),  # the 23-hour day
     ("jitter-cron-month-end", {"cron": "0 1,23 L,1 * *", "jitter_s": 7200}, "jitter", "(7200 s for this schedule)"),
-    ("jitter-seconds-dialect", {"cron": "*/10 * * * * *", "dialect": "seconds", "jitter_s": 10}, "jitter",
-     "(10 s for this schedule)"),
+    (
+        "jitter-seconds-dialect",
+        {"cron": "*/10 * * * * *", "dialect": "seconds", "jitter_s": 10},
+        "jitter",
+        "(10 s for this schedule)",
+    ),
     ("name-empty", {"interval_s": 60, "name": ""}, "name", "printable"),
     ("name-newline", {"interval_s": 60, "name": "a\nb"}, "name", "printable"),
     ("tenant-punct", {"interval_s": 60, "tenant": "-acme"}, "tenant", "letter or digit"),
@@ -379,17 +418,21 @@ def test_bad_input_is_refused_naming_the_field_and_changes_nothing(conn, kwargs,
     assert count(conn, "tenants", "tenant = %s", ("newcomer",)) == 0
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"interval_s": 60, "jitter_s": 59},
-    {"cron": "* * * * *", "jitter_s": 59},
-    {"cron": "30 1,2 * * *", "tz": "America/New_York", "jitter_s": 1799},
-    {"cron": "30 1,2 * * *", "tz": "UTC", "jitter_s": 3599},  # no offset change: the wall gap, 3,600 s
-    {"cron": "0 0 * * *", "tz": "Europe/Berlin", "jitter_s": 82_799},
-    {"cron": "0 1,23 L,1 * *", "jitter_s": 7199},
-    {"cron": "*/10 * * * * *", "dialect": "seconds", "jitter_s": 9},
-    {"cron": "0 0 1 * *", "jitter_s": 86_400},  # a month apart: any jitter up to the maximum
-    {"at": FUTURE, "jitter_s": 86_400},  # one slot: no gap
-], ids=["interval", "cron", "cron-dst", "cron-utc", "cron-daily-dst", "cron-month-end", "seconds", "monthly", "once"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"interval_s": 60, "jitter_s": 59},
+        {"cron": "* * * * *", "jitter_s": 59},
+        {"cron": "30 1,2 * * *", "tz": "America/New_York", "jitter_s": 1799},
+        {"cron": "30 1,2 * * *", "tz": "UTC", "jitter_s": 3599},  # no offset change: the wall gap, 3,600 s
+        {"cron": "0 0 * * *", "tz": "Europe/Berlin", "jitter_s": 82_799},
+        {"cron": "0 1,23 L,1 * *", "jitter_s": 7199},
+        {"cron": "*/10 * * * * *", "dialect": "seconds", "jitter_s": 9},
+        {"cron": "0 0 1 * *", "jitter_s": 86_400},  # a month apart: any jitter up to the maximum
+        {"at": FUTURE, "jitter_s": 86_400},  # one slot: no gap
+    ],
+    ids=["interval", "cron", "cron-dst", "cron-utc", "cron-daily-dst", "cron-month-end", "seconds", "monthly", "once"],
+)
 def test_jitter_below_the_smallest_gap_is_accepted(conn, kwargs) -> None:
     job_id = jobs.add_job(conn, JobSpec.build(tenant="acme", **kwargs)).job_id
     assert jobs.get_job(conn, job_id)["jitter_s"] == kwargs["jitter_s"]
@@ -397,8 +440,11 @@ def test_jitter_below_the_smallest_gap_is_accepted(conn, kwargs) -> None:
 
 def test_a_past_one_shot_in_a_batch_writes_nothing(conn) -> None:
     state = snapshot(conn)
-    specs = [JobSpec.build(tenant="newcomer", interval_s=60), JobSpec.build(tenant="newcomer", at=FUTURE),
-             JobSpec.build(tenant="newcomer", at=datetime(2001, 1, 1, tzinfo=UTC))]
+    specs = [
+        JobSpec.build(tenant="newcomer", interval_s=60),
+        JobSpec.build(tenant="newcomer", at=FUTURE),
+        JobSpec.build(tenant="newcomer", at=datetime(2001, 1, 1, tzinfo=UTC)),
+    ]
     with pytest.raises(ValidationError) as caught:
         jobs.add_jobs(conn, specs)
     assert caught.value.field == "at"
@@ -420,15 +466,17 @@ def test_tenants_add_list_set(conn) -> None:
         jobs.set_tenant(conn, "initech", weight=2)
 
     state = snapshot(conn)
-    for call, field in [(lambda: jobs.add_tenant(conn, "bad tenant"), "tenant"),
-                        (lambda: jobs.add_tenant(conn, "initech", weight=0), "weight"),
-                        (lambda: jobs.add_tenant(conn, "initech", weight=1001), "weight"),
-                        (lambda: jobs.add_tenant(conn, "initech", max_rate=0), "max_rate"),
-                        (lambda: jobs.add_tenant(conn, "initech", max_rate=float("inf")), "max_rate"),
-                        (lambda: jobs.add_tenant(conn, "initech", max_rate=float("nan")), "max_rate"),
-                        (lambda: jobs.set_tenant(conn, "acme", max_rate=float("inf")), "max_rate"),
-                        (lambda: jobs.set_tenant(conn, "acme", weight=-1), "weight"),
-                        (lambda: jobs.set_tenant(conn, "acme", max_rate=-2.0), "max_rate")]:
+    for call, field in [
+        (lambda: jobs.add_tenant(conn, "bad tenant"), "tenant"),
+        (lambda: jobs.add_tenant(conn, "initech", weight=0), "weight"),
+        (lambda: jobs.add_tenant(conn, "initech", weight=1001), "weight"),
+        (lambda: jobs.add_tenant(conn, "initech", max_rate=0), "max_rate"),
+        (lambda: jobs.add_tenant(conn, "initech", max_rate=float("inf")), "max_rate"),
+        (lambda: jobs.add_tenant(conn, "initech", max_rate=float("nan")), "max_rate"),
+        (lambda: jobs.set_tenant(conn, "acme", max_rate=float("inf")), "max_rate"),
+        (lambda: jobs.set_tenant(conn, "acme", weight=-1), "weight"),
+        (lambda: jobs.set_tenant(conn, "acme", max_rate=-2.0), "max_rate"),
+    ]:
         with pytest.raises(ValidationError) as caught:
             call()
         assert caught.value.field == field
@@ -499,7 +547,8 @@ def test_corpus_import_uses_batched_transactions(conn) -> None:
     # in batches of 500 are exactly three transactions, not one per row.
     rows = conn.execute(
         "SELECT xmin::text AS tx, count(*) AS n, count(DISTINCT created_at) AS stamps "
-        "FROM jobs GROUP BY xmin::text ORDER BY count(*) DESC").fetchall()
+        "FROM jobs GROUP BY xmin::text ORDER BY count(*) DESC"
+    ).fetchall()
     assert [r["n"] for r in rows] == [500, 500, 356]
     assert all(r["stamps"] == 1 for r in rows)  # one store clock reading per batch
 
@@ -525,16 +574,21 @@ def test_import_reports_and_imports_a_small_file(conn, tmp_path) -> None:
         "expr,dialect,timezone\n"
         "0 2 * * *,unix5,America/New_York\n"
         "*/60 * * * *,unix5,\n"
-        "\"0 22, 10 * * *\",unix5,\n"
+        '"0 22, 10 * * *",unix5,\n'
         "*/10 * * * * *,seconds6,\n"
         "0 9 * * *,unix5,EST\n",
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     report = jobs.import_csv(conn, path, "mine")
     assert len(report.imported) == 2
     assert [(line, expr, reason.split(" (got")[0]) for line, expr, reason in report.rejected] == [
         (3, "*/60 * * * *", "cron: step 60 is larger than the minute field allows (at most 59)"),
-        (4, "0 22, 10 * * *", "cron: 6 fields given, but the unix dialect takes 5 (minute hour day-of-month "
-                              "month day-of-week); for a seconds-first expression use dialect 'seconds'"),
+        (
+            4,
+            "0 22, 10 * * *",
+            "cron: 6 fields given, but the unix dialect takes 5 (minute hour day-of-month "
+            "month day-of-week); for a seconds-first expression use dialect 'seconds'",
+        ),
         (6, "0 9 * * *", "tz: EST is a fixed-offset legacy zone; use America/New_York (with DST) or Etc/GMT+5"),
     ]
     got = {(r["cron_expr"], r["cron_dialect"], r["tz"]) for r in jobs.list_jobs(conn, "mine")}
@@ -561,7 +615,8 @@ def test_import_reports_undecodable_and_unparsable_lines_and_imports_the_rest(co
         b"0 2 * * \xff,unix5,,x\n"
         b"0 3 * * *,unix5,Europe/Z\xfcrich,x\n"
         b'"' + b"a" * 200_000 + b'",unix5,,x\n'
-        b"0 4 * * *,unix5,,x\n")
+        b"0 4 * * *,unix5,,x\n"
+    )
     report = jobs.import_csv(conn, path, "messy")
     assert report.rejected == [
         (3, "0 2 * * \udcff", "encoding: the line is not valid UTF-8"),

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from helpers import wait_for
 
 from scheduler import store
 from scheduler.clock import SystemClock
@@ -34,8 +35,6 @@ from scheduler.lease import LeaseLoop, LeaseTable, SqlCoordinator
 from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT
 from scheduler.settings import Settings
-
-from helpers import wait_for
 
 TIMINGS = dict(lease_ttl_s=6.0, renew_interval_s=2.0, poll_interval_s=1.0, safety_margin_s=0.5)
 """Node timings of these tests: responsive bound 4 s, statement timeout 2.4 s."""
@@ -104,12 +103,15 @@ def lease_view(conn: psycopg.Connection, node_id: str) -> dict:
         f"SELECT count(*) AS held, count(*) FILTER (WHERE lease_expires_at > now()) AS unexpired,"
         f"       extract(epoch FROM (min(lease_expires_at) - now()))::float8 AS least_left_s,"
         f"       min(renewed_at) AS oldest_renewal"
-        f" FROM {LEASE_TABLE} WHERE owner_node = %s", (node_id,)).fetchone()
+        f" FROM {LEASE_TABLE} WHERE owner_node = %s",
+        (node_id,),
+    ).fetchone()
 
 
 def heartbeat_age_s(conn: psycopg.Connection, node_id: str) -> float:
-    return conn.execute("SELECT extract(epoch FROM (now() - heartbeat_at))::float8 AS age FROM nodes"
-                        " WHERE node_id = %s", (node_id,)).fetchone()["age"]
+    return conn.execute(
+        "SELECT extract(epoch FROM (now() - heartbeat_at))::float8 AS age FROM nodes WHERE node_id = %s", (node_id,)
+    ).fetchone()["age"]
 
 
 def owners(conn: psycopg.Connection) -> dict[int, str | None]:
@@ -121,7 +123,8 @@ def owners(conn: psycopg.Connection) -> dict[int, str | None]:
 
 
 def test_a_long_tick_during_a_join_loses_no_lease_of_the_live_node(
-        members: dict[str, Member], conn: psycopg.Connection) -> None:
+    members: dict[str, Member], conn: psycopg.Connection
+) -> None:
     a = members["a"]
     a.loop.run_once()  # joins alone: its share is all 1,024
     assert len(a.table) == PARTITION_COUNT
@@ -153,9 +156,11 @@ def test_a_long_tick_during_a_join_loses_no_lease_of_the_live_node(
     firer.release.set()
     ticking.join(10)
     # Now the draining half is released, and b claims it.
-    wait_for("a to hand over half of its partitions to b",
-             lambda: len(a.table) == len(b.table) == PARTITION_COUNT // 2,
-             timeout_s=5 * a.settings.poll_interval_s + 5)
+    wait_for(
+        "a to hand over half of its partitions to b",
+        lambda: len(a.table) == len(b.table) == PARTITION_COUNT // 2,
+        timeout_s=5 * a.settings.poll_interval_s + 5,
+    )
     assert sorted(a.table.held()) == list(range(PARTITION_COUNT // 2))
     assert sorted(b.table.held()) == list(range(PARTITION_COUNT // 2, PARTITION_COUNT))
     stored = owners(conn)
@@ -242,7 +247,8 @@ class ShareLocksInTurns:
 
 
 def test_share_locks_taken_in_turns_starve_neither_renewal_nor_heartbeat(
-        members: dict[str, Member], conn: psycopg.Connection, pg_dsn: str) -> None:
+    members: dict[str, Member], conn: psycopg.Connection, pg_dsn: str
+) -> None:
     a = members["a"]
     a.loop.run_once()
     held = a.table.held()
@@ -271,16 +277,17 @@ def test_share_locks_taken_in_turns_starve_neither_renewal_nor_heartbeat(
 # ---------------------------------------------------------------- heartbeat apart from renewal
 
 
-def test_a_failing_renewal_does_not_lose_the_heartbeat(members: dict[str, Member],
-                                                        conn: psycopg.Connection) -> None:
+def test_a_failing_renewal_does_not_lose_the_heartbeat(members: dict[str, Member], conn: psycopg.Connection) -> None:
     a = members["a"]
     a.loop.run_once()
     assert len(a.table) == PARTITION_COUNT
     conn.execute("""
         CREATE FUNCTION refuse_renewal() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN RAISE EXCEPTION 'renewal refused by the test' USING ERRCODE = '55000'; END $$""")
-    conn.execute(f"CREATE TRIGGER refuse_renewal BEFORE UPDATE ON {LEASE_TABLE}"
-                 " FOR EACH STATEMENT EXECUTE FUNCTION refuse_renewal()")
+    conn.execute(
+        f"CREATE TRIGGER refuse_renewal BEFORE UPDATE ON {LEASE_TABLE}"
+        " FOR EACH STATEMENT EXECUTE FUNCTION refuse_renewal()"
+    )
     time.sleep(1.0)
     before_s = heartbeat_age_s(conn, "a")
     assert before_s >= 1.0

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
+from alembic import command
 from scheduler.store import connect, sqlalchemy_url
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,8 +138,9 @@ _CREATE = re.compile(
     re.IGNORECASE,
 )
 _ADD_COLUMN = re.compile(r"\bADD\s+COLUMN\s+(?!IF\s+NOT\s+EXISTS)", re.IGNORECASE)
-_DROP = re.compile(r"\bDROP\s+(TABLE|INDEX|SEQUENCE|SCHEMA|EXTENSION|VIEW|COLUMN)\s+(?:CONCURRENTLY\s+)?(?!IF\s+EXISTS)",
-                   re.IGNORECASE)
+_DROP = re.compile(
+    r"\bDROP\s+(TABLE|INDEX|SEQUENCE|SCHEMA|EXTENSION|VIEW|COLUMN)\s+(?:CONCURRENTLY\s+)?(?!IF\s+EXISTS)", re.IGNORECASE
+)
 
 
 @pytest.mark.parametrize("path", sorted(VERSIONS.glob("[0-9]*.py")), ids=lambda p: p.name)
@@ -166,9 +167,7 @@ def test_upgrade_from_empty_applies_every_revision_and_equals_head(empty_pg_dsn:
         assert current_versions(empty_pg_dsn) == [rev]
 
     with connect(empty_pg_dsn) as conn:
-        tables = {
-            r["tablename"] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
-        }
+        tables = {r["tablename"] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
         assert TABLES <= tables
         stats = conn.execute(
             "SELECT count(*) AS n, count(DISTINCT partition_id) AS ids, min(partition_id) AS lo,"
@@ -237,8 +236,10 @@ def test_every_revision_reruns_over_an_existing_schema(pg_dsn: str) -> None:
     cfg = alembic_config(pg_dsn)
     with connect(pg_dsn) as conn:
         conn.execute("UPDATE partitions SET owner_node = 'n1', owner_epoch = 7 WHERE partition_id = 3")
-        conn.execute("UPDATE leases SET owner_node = 'n1', owner_epoch = 7,"
-                     " lease_expires_at = '2030-01-01T00:00:00Z' WHERE partition_id = 3")
+        conn.execute(
+            "UPDATE leases SET owner_node = 'n1', owner_epoch = 7,"
+            " lease_expires_at = '2030-01-01T00:00:00Z' WHERE partition_id = 3"
+        )
     before = snapshot(pg_dsn)
     command.stamp(cfg, "base")
     assert current_versions(pg_dsn) == []
@@ -247,8 +248,9 @@ def test_every_revision_reruns_over_an_existing_schema(pg_dsn: str) -> None:
     assert current_versions(pg_dsn) == [revisions()[-1]]
     with connect(pg_dsn) as conn:
         row = conn.execute("SELECT owner_node, owner_epoch FROM partitions WHERE partition_id = 3").fetchone()
-        lease = conn.execute("SELECT owner_node, owner_epoch, lease_expires_at::text AS until FROM leases"
-                             " WHERE partition_id = 3").fetchone()
+        lease = conn.execute(
+            "SELECT owner_node, owner_epoch, lease_expires_at::text AS until FROM leases WHERE partition_id = 3"
+        ).fetchone()
     assert row == {"owner_node": "n1", "owner_epoch": 7}
     assert lease == {"owner_node": "n1", "owner_epoch": 7, "until": "2030-01-01 00:00:00+00"}
 
@@ -259,15 +261,20 @@ def test_downgrading_past_the_leases_table_hands_leases_back_to_the_partition_ro
     with connect(pg_dsn) as conn:
         conn.execute("SET TIME ZONE 'UTC'")
         conn.execute("UPDATE partitions SET owner_node = 'n1', owner_epoch = 4 WHERE partition_id IN (1, 2)")
-        conn.execute("UPDATE leases SET owner_node = 'n1', owner_epoch = 4,"
-                     " lease_expires_at = '2030-01-01T00:00:00Z' WHERE partition_id = 1")
+        conn.execute(
+            "UPDATE leases SET owner_node = 'n1', owner_epoch = 4,"
+            " lease_expires_at = '2030-01-01T00:00:00Z' WHERE partition_id = 1"
+        )
         conn.execute("UPDATE leases SET owner_node = NULL, owner_epoch = 4 WHERE partition_id = 2")
     command.downgrade(alembic_config(pg_dsn), "0015")
     with connect(pg_dsn) as conn:
-        rows = conn.execute("SELECT partition_id, owner_node, owner_epoch, lease_expires_at::text AS until"
-                            " FROM partitions WHERE partition_id IN (1, 2) ORDER BY 1").fetchall()
+        rows = conn.execute(
+            "SELECT partition_id, owner_node, owner_epoch, lease_expires_at::text AS until"
+            " FROM partitions WHERE partition_id IN (1, 2) ORDER BY 1"
+        ).fetchall()
         leases = conn.execute("SELECT count(*) AS n FROM leases").fetchone()["n"]
-    assert rows == [{"partition_id": 1, "owner_node": "n1", "owner_epoch": 4, "until": "2030-01-01 00:00:00+00"},
-                    {"partition_id": 2, "owner_node": None, "owner_epoch": 4, "until": None}]
+    assert rows == [
+        {"partition_id": 1, "owner_node": "n1", "owner_epoch": 4, "until": "2030-01-01 00:00:00+00"},
+        {"partition_id": 2, "owner_node": None, "owner_epoch": 4, "until": None},
+    ]
     assert leases == 0
-

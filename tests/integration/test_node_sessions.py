@@ -30,12 +30,28 @@ def test_a_node_session_carries_keepalives_tcp_user_timeout_and_the_watchdog_bou
     conn = store.node_connect(settings(pg_dsn), "scheduler-test:n1", watchdog=watchdog)
     try:
         params = conn.info.get_parameters()
-        assert {k: params.get(k) for k in ("keepalives", "keepalives_idle", "keepalives_interval",
-                                           "keepalives_count", "tcp_user_timeout", "connect_timeout")} == {
-            "keepalives": "1", "keepalives_idle": "2", "keepalives_interval": "1", "keepalives_count": "3",
-            "tcp_user_timeout": "5000", "connect_timeout": "5"}
-        shown = {name: conn.execute(f"SHOW {name}").fetchone()[name]
-                 for name in ("lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout")}
+        assert {
+            k: params.get(k)
+            for k in (
+                "keepalives",
+                "keepalives_idle",
+                "keepalives_interval",
+                "keepalives_count",
+                "tcp_user_timeout",
+                "connect_timeout",
+            )
+        } == {
+            "keepalives": "1",
+            "keepalives_idle": "2",
+            "keepalives_interval": "1",
+            "keepalives_count": "3",
+            "tcp_user_timeout": "5000",
+            "connect_timeout": "5",
+        }
+        shown = {
+            name: conn.execute(f"SHOW {name}").fetchone()[name]
+            for name in ("lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout")
+        }
         assert shown == {"lock_timeout": "2s", "statement_timeout": "4s", "idle_in_transaction_session_timeout": "4s"}
         assert isinstance(conn, WatchedConnection)
         assert conn.watch == (watchdog, CallBounds(6.0, 8.0, 12.0), "scheduler-test:n1")
@@ -54,18 +70,25 @@ def test_every_node_component_opens_watched_sessions(pg_dsn):
     retention = RetentionLoop(s, lambda: [], SystemClock(), metrics)
     probe = StoreProbe(s.dsn, application_name="scheduler-probe:n1", settings=s)
     try:
-        sessions = {"firing": firer._connection("read"), "lease": coordinator._connection(),
-                    "retention": retention._connection()}
+        sessions = {
+            "firing": firer._connection("read"),
+            "lease": coordinator._connection(),
+            "retention": retention._connection(),
+        }
         assert probe.check() is None
         sessions["probe"] = probe._conn
         assert {name: type(conn).__name__ for name, conn in sessions.items()} == dict.fromkeys(
-            sessions, "WatchedConnection")
+            sessions, "WatchedConnection"
+        )
         assert {name: conn.watch[1] for name, conn in sessions.items()} == {
-            "firing": CallBounds(6.0, 8.0, 12.0), "lease": CallBounds(6.0, 8.0, 12.0),
+            "firing": CallBounds(6.0, 8.0, 12.0),
+            "lease": CallBounds(6.0, 8.0, 12.0),
             "retention": CallBounds.after_statement_timeout(STATEMENT_TIMEOUT_S, 2.0),
-            "probe": CallBounds(3.0, 5.0, 9.0)}
-        assert {name: conn.info.get_parameters().get("tcp_user_timeout") for name, conn in sessions.items()} \
-            == dict.fromkeys(sessions, "5000")
+            "probe": CallBounds(3.0, 5.0, 9.0),
+        }
+        assert {
+            name: conn.info.get_parameters().get("tcp_user_timeout") for name, conn in sessions.items()
+        } == dict.fromkeys(sessions, "5000")
     finally:
         firer.close()
         coordinator.close()

@@ -23,19 +23,25 @@ import time
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from helpers import closed_port
 
 from scheduler.errors import ConfigError, StoreSetupError
 from scheduler.metrics import Metrics
 from scheduler.node import Node
 from scheduler.settings import Settings
 
-from helpers import closed_port
-
-TIMINGS = {"lease_ttl_s": 2.0, "renew_interval_s": 0.5, "poll_interval_s": 0.25, "tick_interval_s": 0.5,
-           "safety_margin_s": 0.5}
+TIMINGS = {
+    "lease_ttl_s": 2.0,
+    "renew_interval_s": 0.5,
+    "poll_interval_s": 0.25,
+    "tick_interval_s": 0.5,
+    "safety_margin_s": 0.5,
+}
 UPGRADE_HINT = "run `scheduler db upgrade` first"
-DSN_RULE = ("dsn: a URI may hold '@' only once, between the user info and the host: percent-encode "
-            "@ : / ? # in the user name and password (e.g. @ as %40)")
+DSN_RULE = (
+    "dsn: a URI may hold '@' only once, between the user info and the host: percent-encode "
+    "@ : / ? # in the user name and password (e.g. @ as %40)"
+)
 
 
 def with_netloc(dsn: str, netloc: str | None = None, path: str | None = None) -> str:
@@ -92,13 +98,16 @@ def test_refused_authentication_is_refused_with_a_hint(pg_dsn):
     assert "check the DSN's user and password" in message and "Tr0ub4dor99" not in message
 
 
-@pytest.mark.parametrize("userinfo", [
-    "postgres:Pass@SuperSecret42",
-    "op:Sup3r@S3cret/Path",      # libpq: host 'S3cret', database 'Path@...': was retried as a store down
-    "op:Sup3r?S3cret",           # libpq: a query parameter without '=': was retried as a store down
-    "op:k3y@1",                  # libpq echoed the short piece: host '1@127.0.0.1'
-    "op:a@b@c-longersecret",
-])
+@pytest.mark.parametrize(
+    "userinfo",
+    [
+        "postgres:Pass@SuperSecret42",
+        "op:Sup3r@S3cret/Path",  # libpq: host 'S3cret', database 'Path@...': was retried as a store down
+        "op:Sup3r?S3cret",  # libpq: a query parameter without '=': was retried as a store down
+        "op:k3y@1",  # libpq echoed the short piece: host '1@127.0.0.1'
+        "op:a@b@c-longersecret",
+    ],
+)
 def test_a_uri_libpq_would_misparse_is_refused_before_connecting(pg_dsn, userinfo):
     parts = urlsplit(pg_dsn)
     assert refused(f"postgresql://{userinfo}@{parts.hostname}:{parts.port}{parts.path}", ConfigError) == DSN_RULE
@@ -107,26 +116,34 @@ def test_a_uri_libpq_would_misparse_is_refused_before_connecting(pg_dsn, userinf
 def test_a_dsn_libpq_cannot_parse_is_refused():
     assert refused("garbage", ConfigError) == (
         "dsn: must be a URI (postgresql://user:password@host:5432/dbname) or libpq keywords "
-        '(host=... dbname=...); libpq: missing "=" after "garbage" in connection info string')
+        '(host=... dbname=...); libpq: missing "=" after "garbage" in connection info string'
+    )
 
 
 def _node_cli(dsn: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
     env["SCHEDULER_DSN"] = dsn
     flags = [arg for k, v in TIMINGS.items() for arg in (f"--{k.replace('_', '-')}", str(v))]
-    return subprocess.Popen([sys.executable, "-m", "scheduler", "--log-format", "json", "node", "--node-id", "cli",
-                             *flags], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "scheduler", "--log-format", "json", "node", "--node-id", "cli", *flags],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.parametrize("case", ["schema", "authentication", "at and slash", "question mark", "garbage"])
 def test_the_node_command_exits_2_with_one_line_naming_the_fix(empty_pg_dsn, case):
     parts = urlsplit(empty_pg_dsn)
     server = f"{parts.hostname}:{parts.port}"
-    dsn = {"schema": empty_pg_dsn,
-           "authentication": f"postgresql://nobody_here:SuperSecret42@{server}{parts.path}",
-           "at and slash": f"postgresql://op:Pass@SuperSecret42/x@{server}{parts.path}",
-           "question mark": f"postgresql://op:Pass?SuperSecret42@{server}{parts.path}",
-           "garbage": "garbage"}[case]
+    dsn = {
+        "schema": empty_pg_dsn,
+        "authentication": f"postgresql://nobody_here:SuperSecret42@{server}{parts.path}",
+        "at and slash": f"postgresql://op:Pass@SuperSecret42/x@{server}{parts.path}",
+        "question mark": f"postgresql://op:Pass?SuperSecret42@{server}{parts.path}",
+        "garbage": "garbage",
+    }[case]
     process = _node_cli(dsn)
     try:
         stdout, stderr = process.communicate(timeout=20)

@@ -22,12 +22,12 @@ import time
 import urllib.error
 import urllib.request
 from datetime import timedelta
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 from click.testing import CliRunner
+from helpers import closed_port, store_now, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler import jobs, store
@@ -38,10 +38,13 @@ from scheduler.node import Node
 from scheduler.settings import Settings
 from scheduler.spec import JobSpec
 
-from helpers import closed_port, store_now, wait_for
-
-TIMINGS = {"lease_ttl_s": 2.0, "renew_interval_s": 0.5, "poll_interval_s": 0.25, "tick_interval_s": 0.5,
-           "safety_margin_s": 0.5}
+TIMINGS = {
+    "lease_ttl_s": 2.0,
+    "renew_interval_s": 0.5,
+    "poll_interval_s": 0.25,
+    "tick_interval_s": 0.5,
+    "safety_margin_s": 0.5,
+}
 
 FAMILIES = {
     "scheduler_firing_runs_fired": "counter",
@@ -120,8 +123,10 @@ def start_node():
     nodes: list[Node] = []
 
     def start(dsn: str, **overrides) -> Node:
-        node = Node(Settings(dsn=dsn, node_id=f"obs-{len(nodes) + 1}", metrics_port=0,
-                             **{**TIMINGS, **overrides}), metrics=Metrics())
+        node = Node(
+            Settings(dsn=dsn, node_id=f"obs-{len(nodes) + 1}", metrics_port=0, **{**TIMINGS, **overrides}),
+            metrics=Metrics(),
+        )
         node.start()
         nodes.append(node)
         return node
@@ -223,13 +228,15 @@ def test_metrics_endpoint_reads_the_same_runs_as_the_store(pg_dsn, conn, start_n
     jobs.add_jobs(conn, specs)
     wait_for("6 runs", lambda: count_runs(conn), lambda n: n == 6)
 
-    metrics = wait_for("the counter to catch up", lambda: scrape(port),
-                       lambda m: sample(m, "scheduler_firing_runs_fired", "scheduler_firing_runs_fired_total") == 6)
+    metrics = wait_for(
+        "the counter to catch up",
+        lambda: scrape(port),
+        lambda m: sample(m, "scheduler_firing_runs_fired", "scheduler_firing_runs_fired_total") == 6,
+    )
     for family, kind in FAMILIES.items():
         assert metrics.get(family, {}).get("type") == kind, family
     assert sample(metrics, "scheduler_firing_runs_fired", "scheduler_firing_runs_fired_total") == count_runs(conn)
-    assert sample(metrics, "scheduler_firing_dispatch_lag_seconds",
-                  "scheduler_firing_dispatch_lag_seconds_count") == 6
+    assert sample(metrics, "scheduler_firing_dispatch_lag_seconds", "scheduler_firing_dispatch_lag_seconds_count") == 6
     lag_sum = sample(metrics, "scheduler_firing_dispatch_lag_seconds", "scheduler_firing_dispatch_lag_seconds_sum")
     stored = query(conn, "SELECT sum(extract(epoch FROM fired_at - scheduled_at))::float8 AS s FROM runs")
     assert lag_sum == pytest.approx(stored["s"], abs=1e-3)
@@ -238,10 +245,14 @@ def test_metrics_endpoint_reads_the_same_runs_as_the_store(pg_dsn, conn, start_n
     assert sample(metrics, "scheduler_lease_events", "scheduler_lease_events_total", kind="renewed") >= 1024
     assert sample(metrics, "scheduler_lease_events", "scheduler_lease_events_total", kind="lost") == 0
     assert sample(metrics, "scheduler_membership_live_nodes", "scheduler_membership_live_nodes") == 1
-    assert 0 <= sample(metrics, "scheduler_membership_heartbeat_age_seconds",
-                       "scheduler_membership_heartbeat_age_seconds") < TIMINGS["lease_ttl_s"]
-    assert sample(metrics, "scheduler_firing_tick_duration_seconds",
-                  "scheduler_firing_tick_duration_seconds_count") >= 2
+    assert (
+        0
+        <= sample(metrics, "scheduler_membership_heartbeat_age_seconds", "scheduler_membership_heartbeat_age_seconds")
+        < TIMINGS["lease_ttl_s"]
+    )
+    assert (
+        sample(metrics, "scheduler_firing_tick_duration_seconds", "scheduler_firing_tick_duration_seconds_count") >= 2
+    )
     assert sample(metrics, "scheduler_firing_fence_rejections", "scheduler_firing_fence_rejections_total") == 0
     assert sample(metrics, "scheduler_store_errors", "scheduler_store_errors_total", sqlstate_class="conn") == 0
 
@@ -279,28 +290,43 @@ def test_store_outage_makes_the_node_unready_and_it_recovers_without_losing_a_ru
         status, body = wait_for("/readyz 503 (store)", lambda: ready(port), lambda r: r[0] == 503, timeout_s=5)
         assert body["ready"] is False and any(reason.startswith("store:") for reason in body["reasons"])
         # past the TTL the heartbeat is stale too: peers would now take the partitions
-        status, body = wait_for("a stale heartbeat", lambda: ready(port),
-                                lambda r: any(x.startswith("heartbeat:") for x in r[1]["reasons"]),
-                                timeout_s=TIMINGS["lease_ttl_s"] + 5)
+        status, body = wait_for(
+            "a stale heartbeat",
+            lambda: ready(port),
+            lambda r: any(x.startswith("heartbeat:") for x in r[1]["reasons"]),
+            timeout_s=TIMINGS["lease_ttl_s"] + 5,
+        )
         assert status == 503 and time.monotonic() - cut_at >= TIMINGS["lease_ttl_s"] - 0.6
         metrics = scrape(port)  # the endpoint itself keeps serving during the outage
-        errors = sum(value for key, value in metrics["scheduler_store_errors"]["samples"].items()
-                     if key[0] == "scheduler_store_errors_total")
+        errors = sum(
+            value
+            for key, value in metrics["scheduler_store_errors"]["samples"].items()
+            if key[0] == "scheduler_store_errors_total"
+        )
         assert errors >= 1
-        assert sample(metrics, "scheduler_membership_heartbeat_age_seconds",
-                      "scheduler_membership_heartbeat_age_seconds") >= TIMINGS["lease_ttl_s"]
+        assert (
+            sample(metrics, "scheduler_membership_heartbeat_age_seconds", "scheduler_membership_heartbeat_age_seconds")
+            >= TIMINGS["lease_ttl_s"]
+        )
 
         # hold the outage past the lease deadline: the node must stop firing on its own
-        wait_for("no firable partition", lambda: len(node.table.firable()), lambda n: n == 0,
-                 timeout_s=TIMINGS["lease_ttl_s"] + 2)
+        wait_for(
+            "no firable partition",
+            lambda: len(node.table.firable()),
+            lambda n: n == 0,
+            timeout_s=TIMINGS["lease_ttl_s"] + 2,
+        )
         time.sleep(max(0.0, cut_at + TIMINGS["lease_ttl_s"] + 2.0 - time.monotonic()))
         outage_s = time.monotonic() - cut_at
         proxy.restore()
         wait_for("/readyz 200 again", lambda: ready(port)[0], lambda s: s == 200, timeout_s=15)
         until = store_now(conn)
-        wait_for("the node to catch up", lambda: query(
-            conn, "SELECT count(*) AS n FROM jobs WHERE next_nominal_at < %s", (until,))["n"],
-            lambda n: n == 0, timeout_s=15)
+        wait_for(
+            "the node to catch up",
+            lambda: query(conn, "SELECT count(*) AS n FROM jobs WHERE next_nominal_at < %s", (until,))["n"],
+            lambda n: n == 0,
+            timeout_s=15,
+        )
     finally:
         proxy.close()
     report = store.run_transaction(conn, lambda c: verify(c, since, until))
@@ -319,13 +345,25 @@ def test_node_with_a_password_and_no_store_never_prints_the_password(pg_dsn, hos
     dsn = with_host(pg_dsn, host, closed_port(), password=SECRET)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
     env["SCHEDULER_DSN"] = dsn
-    cmd = [sys.executable, "-m", "scheduler", "--log-format", "json", "node", "--node-id", "secretive",
-           "--metrics-port", "0", *[arg for k, v in TIMINGS.items() for arg in (f"--{k.replace('_', '-')}", str(v))]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "scheduler",
+        "--log-format",
+        "json",
+        "node",
+        "--node-id",
+        "secretive",
+        "--metrics-port",
+        "0",
+        *[arg for k, v in TIMINGS.items() for arg in (f"--{k.replace('_', '-')}", str(v))],
+    ]
     process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
     reader.start()
     try:
+
         def events() -> list[dict]:
             return [json.loads(line) for line in list(lines) if line.startswith("{")]
 
@@ -346,12 +384,15 @@ def test_node_with_a_password_and_no_store_never_prints_the_password(pg_dsn, hos
     assert any(json.loads(line)["event"] == "store_unavailable" for line in lines if line.startswith("{"))
 
 
-@pytest.mark.parametrize("command", [
-    ["jobs", "list"],
-    ["db", "upgrade"],
-    ["runs", "prune", "--older-than", "7d"],
-    ["verify", "--since", "2030-01-01T00:00:00Z", "--until", "2030-01-02T00:00:00Z"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["jobs", "list"],
+        ["db", "upgrade"],
+        ["runs", "prune", "--older-than", "7d"],
+        ["verify", "--since", "2030-01-01T00:00:00Z", "--until", "2030-01-02T00:00:00Z"],
+    ],
+)
 @pytest.mark.parametrize("host", ["127.0.0.1", "no-such-host.invalid"])
 def test_cli_store_errors_never_print_the_password(pg_dsn, command, host):
     dsn = with_host(pg_dsn, host, closed_port(), password=SECRET)

@@ -13,12 +13,12 @@ import json
 import os
 import time
 import urllib.request
-import uuid
 from datetime import timedelta
 
 import psycopg
 import pytest
 from click.testing import CliRunner
+from helpers import store_now
 
 from scheduler import jobs, retention, store
 from scheduler.cli import cli
@@ -27,8 +27,6 @@ from scheduler.node import Node
 from scheduler.partition import partition_of
 from scheduler.settings import Settings
 from scheduler.spec import JobSpec
-
-from helpers import store_now
 
 DAY = timedelta(days=1)
 WEEK_S = 7 * 86_400
@@ -59,7 +57,7 @@ class Aged:
             pid = partition_of(job_id)
             for k in range(i % 5 + 1):  # 1..5 old runs, 10 days back
                 runs.append((pid, job_id, now - 10 * DAY - k * timedelta(minutes=1), "old"))
-            runs.append((pid, job_id, now - 7 * DAY - timedelta(hours=1), "old"))   # just past the cutoff
+            runs.append((pid, job_id, now - 7 * DAY - timedelta(hours=1), "old"))  # just past the cutoff
             runs.append((pid, job_id, now - 7 * DAY + timedelta(hours=1), "kept"))  # just inside it
             runs.append((pid, job_id, now - DAY, "kept"))
             skips.append((pid, job_id, now - 20 * DAY, now - 9 * DAY, "old"))
@@ -68,11 +66,13 @@ class Aged:
             cur.executemany(
                 "INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch)"
                 " VALUES (%s, %s, %s, 'acme', %s, %s, 'n', 1)",
-                [(pid, job, nominal, nominal, nominal) for pid, job, nominal, _ in runs])
+                [(pid, job, nominal, nominal, nominal) for pid, job, nominal, _ in runs],
+            )
             cur.executemany(
                 "INSERT INTO skips (partition_id, job_id, first_nominal, until_nominal, slots, reason,"
                 " recorded_at, node_id, epoch) VALUES (%s, %s, %s, %s, 1, 'test', %s, 'n', 1)",
-                [(pid, job, first, until, until) for pid, job, first, until, _ in skips])
+                [(pid, job, first, until, until) for pid, job, first, until, _ in skips],
+            )
         for pid, job, nominal, fate in runs:
             getattr(self, fate)["runs"].add((pid, job, nominal))
         for pid, job, first, _, fate in skips:
@@ -81,8 +81,9 @@ class Aged:
         for n, job_id in enumerate(ids[:3]):
             jobs.delete_job(conn, job_id)
             age = 8 * DAY if n < 2 else DAY
-            conn.execute("UPDATE jobs SET deleted_at = now() - %s, changed_at = now() - %s WHERE job_id = %s",
-                         (age, age, job_id))
+            conn.execute(
+                "UPDATE jobs SET deleted_at = now() - %s, changed_at = now() - %s WHERE job_id = %s", (age, age, job_id)
+            )
             (self.old if n < 2 else self.kept)["jobs"].add((partition_of(job_id), job_id))
         self.kept["jobs"] |= {(partition_of(j), j) for j in ids[3:]}
         assert len({pid for pid, _, _ in self.old["runs"]}) > 5  # spread over partitions
@@ -119,23 +120,30 @@ def cli_env(dsn: str) -> dict[str, str | None]:
 def test_runs_prune_command_prints_exact_counts(pg_dsn, conn):
     aged = Aged(conn)
     counts = aged.counts()
-    result = CliRunner().invoke(cli, ["runs", "prune", "--older-than", "7d", "--batch-rows", "4"],
-                                env=cli_env(pg_dsn), catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli, ["runs", "prune", "--older-than", "7d", "--batch-rows", "4"], env=cli_env(pg_dsn), catch_exceptions=False
+    )
     assert result.exit_code == 0, result.stderr
     assert result.stdout.startswith(
-        f"pruned {counts['runs']} runs, {counts['skips']} skips, {counts['jobs']} deleted jobs older than ")
+        f"pruned {counts['runs']} runs, {counts['skips']} skips, {counts['jobs']} deleted jobs older than "
+    )
     assert keys(conn, "runs") == aged.kept["runs"]
-    again = CliRunner().invoke(cli, ["runs", "prune", "--older-than", "604800", "--json"],
-                               env=cli_env(pg_dsn), catch_exceptions=False)
+    again = CliRunner().invoke(
+        cli, ["runs", "prune", "--older-than", "604800", "--json"], env=cli_env(pg_dsn), catch_exceptions=False
+    )
     assert again.exit_code == 0, again.stderr
-    assert {k: v for k, v in json.loads(again.stdout).items() if k in ("runs", "skips", "jobs")} == \
-        {"runs": 0, "skips": 0, "jobs": 0}
+    assert {k: v for k, v in json.loads(again.stdout).items() if k in ("runs", "skips", "jobs")} == {
+        "runs": 0,
+        "skips": 0,
+        "jobs": 0,
+    }
 
 
 @pytest.mark.parametrize("value", ["0", "7w", "-3d"])
 def test_runs_prune_refuses_a_bad_duration(pg_dsn, value):
-    result = CliRunner().invoke(cli, ["runs", "prune", "--older-than", value], env=cli_env(pg_dsn),
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli, ["runs", "prune", "--older-than", value], env=cli_env(pg_dsn), catch_exceptions=False
+    )
     assert result.exit_code == 2
     assert result.stderr.startswith("error: older_than: ") and len(result.stderr.splitlines()) == 1
 
@@ -143,9 +151,19 @@ def test_runs_prune_refuses_a_bad_duration(pg_dsn, value):
 def test_node_retention_loop_prunes_its_partitions(pg_dsn, conn):
     """A node with retention_s set deletes the old rows on its own thread, counted in its metrics."""
     aged = Aged(conn)
-    settings = Settings(dsn=pg_dsn, node_id="keeper", lease_ttl_s=2.0, renew_interval_s=0.5,
-                        poll_interval_s=0.25, tick_interval_s=0.5, safety_margin_s=0.5, metrics_port=0,
-                        retention_s=float(WEEK_S), retention_batch_rows=5, retention_batch_interval_s=0.02)
+    settings = Settings(
+        dsn=pg_dsn,
+        node_id="keeper",
+        lease_ttl_s=2.0,
+        renew_interval_s=0.5,
+        poll_interval_s=0.25,
+        tick_interval_s=0.5,
+        safety_margin_s=0.5,
+        metrics_port=0,
+        retention_s=float(WEEK_S),
+        retention_batch_rows=5,
+        retention_batch_interval_s=0.02,
+    )
     node = Node(settings, metrics=Metrics())
     node.start()
     try:

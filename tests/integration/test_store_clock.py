@@ -13,10 +13,11 @@ Firing under a pinned clock: tests/integration/test_firing.py.
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 from click.testing import CliRunner
+from helpers import PINNABLE_QUERIES, record_named_queries
 
 from scheduler import firing, jobs
 from scheduler.cli import cli
@@ -30,9 +31,7 @@ from scheduler.settings import Settings
 from scheduler.spec import JobSpec
 from scheduler.status import cluster_status
 
-from helpers import PINNABLE_QUERIES, record_named_queries
-
-AT = datetime(2031, 3, 4, 5, 6, 7, 123456, tzinfo=timezone.utc)
+AT = datetime(2031, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
 """The pinned instant: years away from the real clock."""
 MICROSECOND = timedelta(microseconds=1)
 WEEK = timedelta(days=7)
@@ -43,15 +42,18 @@ checked in tests/cluster/test_etcd_coordinator.py)."""
 
 
 def test_a_node_built_from_default_settings_sends_null_as_now_in_every_time_dependent_query(
-        pg_dsn: str, conn: psycopg.Connection, monkeypatch) -> None:
+    pg_dsn: str, conn: psycopg.Connection, monkeypatch
+) -> None:
     sent = record_named_queries(monkeypatch)
     # A herd (one tenant's timers at one instant: fire_group) and a lone timer
     # (the per-timer path: fire_runs), both due 10 s ago by the store's clock.
     jobs.add_jobs(conn, [JobSpec.build(tenant="big", interval_s=86_400) for _ in range(firing.HERD_MIN_JOBS)])
     jobs.add_job(conn, JobSpec.build(tenant="small", interval_s=86_400))
-    conn.execute("UPDATE jobs SET anchor_at = x.t - interval '1 day', next_nominal_at = x.t, next_due_at = x.t,"
-                 " created_at = x.t - interval '2 days', changed_at = x.t - interval '2 days'"
-                 " FROM (SELECT date_trunc('second', now()) - interval '10 seconds' AS t) AS x")
+    conn.execute(
+        "UPDATE jobs SET anchor_at = x.t - interval '1 day', next_nominal_at = x.t, next_due_at = x.t,"
+        " created_at = x.t - interval '2 days', changed_at = x.t - interval '2 days'"
+        " FROM (SELECT date_trunc('second', now()) - interval '10 seconds' AS t) AS x"
+    )
     node = Node(Settings(dsn=pg_dsn, node_id="n1", retention_s=WEEK.total_seconds()))
     try:
         node.lease_loop.run_once()  # join, heartbeat, live nodes, claim, prune
@@ -64,8 +66,7 @@ def test_a_node_built_from_default_settings_sends_null_as_now_in_every_time_depe
         node.coordinator.close()
         node.retention.close()
     env = {key: None for key in os.environ if key.startswith("SCHEDULER_")}
-    status = CliRunner().invoke(cli, ["status", "--json"], env={**env, "SCHEDULER_DSN": pg_dsn},
-                                catch_exceptions=False)
+    status = CliRunner().invoke(cli, ["status", "--json"], env={**env, "SCHEDULER_DSN": pg_dsn}, catch_exceptions=False)
 
     assert (result.fired, result.herd_fired) == (firing.HERD_MIN_JOBS + 1, firing.HERD_MIN_JOBS)
     assert status.exit_code == 0, status.stderr
@@ -75,14 +76,26 @@ def test_a_node_built_from_default_settings_sends_null_as_now_in_every_time_depe
 
 
 def lease_rows(conn: psycopg.Connection, pids: list[int]) -> dict[int, tuple]:
-    rows = conn.execute("SELECT partition_id, owner_node, owner_epoch, acquired_at, renewed_at, lease_expires_at"
-                        " FROM leases WHERE partition_id = ANY(%s)", (pids,)).fetchall()
-    return {row["partition_id"]: (row["owner_node"], row["owner_epoch"], row["acquired_at"], row["renewed_at"],
-                                  row["lease_expires_at"]) for row in rows}
+    rows = conn.execute(
+        "SELECT partition_id, owner_node, owner_epoch, acquired_at, renewed_at, lease_expires_at"
+        " FROM leases WHERE partition_id = ANY(%s)",
+        (pids,),
+    ).fetchall()
+    return {
+        row["partition_id"]: (
+            row["owner_node"],
+            row["owner_epoch"],
+            row["acquired_at"],
+            row["renewed_at"],
+            row["lease_expires_at"],
+        )
+        for row in rows
+    }
 
 
 def test_lease_times_shares_and_takeovers_follow_a_pinned_store_clock_exactly(
-        pg_dsn: str, conn: psycopg.Connection) -> None:
+    pg_dsn: str, conn: psycopg.Connection
+) -> None:
     settings = Settings(dsn=pg_dsn, node_id="n1").validated()
     ttl = timedelta(seconds=settings.lease_ttl_s)
     responsive = timedelta(seconds=settings.responsive_s)
@@ -96,7 +109,8 @@ def test_lease_times_shares_and_takeovers_follow_a_pinned_store_clock_exactly(
         pids = sorted(pid for pid, _ in held)
         assert lease_rows(conn, pids) == {pid: ("n1", epoch, AT, AT, AT + ttl) for pid, epoch in held}
         assert conn.execute("SELECT started_at, heartbeat_at FROM nodes").fetchall() == [
-            {"started_at": AT, "heartbeat_at": AT}]
+            {"started_at": AT, "heartbeat_at": AT}
+        ]
         assert a.live_nodes() == ["n1"]
 
         clock.advance(settings.responsive_s - 1e-6)  # a heartbeat a microsecond younger than the bound counts
@@ -105,11 +119,13 @@ def test_lease_times_shares_and_takeovers_follow_a_pinned_store_clock_exactly(
         assert a.live_nodes() == []
         renewed = a.renew([Lease(pid, epoch, 0.0) for pid, epoch in held])
         assert sorted(renewed) == sorted(held)
-        assert lease_rows(conn, pids) == {pid: ("n1", epoch, AT, AT + responsive, AT + responsive + ttl)
-                                          for pid, epoch in held}
+        assert lease_rows(conn, pids) == {
+            pid: ("n1", epoch, AT, AT + responsive, AT + responsive + ttl) for pid, epoch in held
+        }
         status = cluster_status(conn, settings.lease_ttl_s, settings.responsive_s, now=clock.store_now_or_none())
         assert [(n["node_id"], n["state"], n["heartbeat_age_s"], n["lease_left_s"]) for n in status["nodes"]] == [
-            ("n1", "suspect", settings.responsive_s, settings.lease_ttl_s)]
+            ("n1", "suspect", settings.responsive_s, settings.lease_ttl_s)
+        ]
 
         # Another node, its store clock a microsecond before the renewed leases
         # expire, claims every other partition but none of them...
@@ -122,8 +138,7 @@ def test_lease_times_shares_and_takeovers_follow_a_pinned_store_clock_exactly(
         taken = b.claim(4)
         assert sorted(taken) == sorted((pid, epoch + 1) for pid, epoch in held)
         expiry = AT + responsive + ttl
-        assert lease_rows(conn, pids) == {pid: ("n2", epoch + 1, expiry, expiry, expiry + ttl)
-                                          for pid, epoch in held}
+        assert lease_rows(conn, pids) == {pid: ("n2", epoch + 1, expiry, expiry, expiry + ttl) for pid, epoch in held}
         # The old holder's renewal is keyed on its epochs: it renews nothing.
         assert a.renew([Lease(pid, epoch, 0.0) for pid, epoch in held]) == []
     finally:
@@ -132,15 +147,18 @@ def test_lease_times_shares_and_takeovers_follow_a_pinned_store_clock_exactly(
 
 
 def test_a_nodes_retention_cutoff_is_its_pinned_store_clock_minus_the_retention(
-        pg_dsn: str, conn: psycopg.Connection) -> None:
+    pg_dsn: str, conn: psycopg.Connection
+) -> None:
     job_id = jobs.add_job(conn, JobSpec.build(tenant="acme", interval_s=60)).job_id
     pid = partition_of(job_id)
     cutoff = AT - WEEK
     nominals = [cutoff - timedelta(days=1), cutoff - MICROSECOND, cutoff, cutoff + MICROSECOND]
     with conn.cursor() as cur:
-        cur.executemany("INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at,"
-                        " node_id, epoch) VALUES (%s, %s, %s, 'acme', %s, %s, 'n', 1)",
-                        [(pid, job_id, t, t, t) for t in nominals])
+        cur.executemany(
+            "INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at,"
+            " node_id, epoch) VALUES (%s, %s, %s, 'acme', %s, %s, 'n', 1)",
+            [(pid, job_id, t, t, t) for t in nominals],
+        )
     settings = Settings(dsn=pg_dsn, node_id="n1", retention_s=WEEK.total_seconds()).validated()
     loop = RetentionLoop(settings, lambda: [pid], ManualClock(store_at=AT), Metrics())
     try:
@@ -153,6 +171,5 @@ def test_a_nodes_retention_cutoff_is_its_pinned_store_clock_minus_the_retention(
         loop.close()
 
     assert (loop.passes, deleted) == (1, 2)
-    left = conn.execute("SELECT nominal_time FROM runs WHERE job_id = %s ORDER BY nominal_time",
-                        (job_id,)).fetchall()
+    left = conn.execute("SELECT nominal_time FROM runs WHERE job_id = %s ORDER BY nominal_time", (job_id,)).fetchall()
     assert [row["nominal_time"] for row in left] == [cutoff, cutoff + MICROSECOND]

@@ -15,12 +15,11 @@ import uuid
 from datetime import datetime, timedelta
 
 import psycopg
+from helpers import OneNode, store_now
 
 from scheduler import jobs, store, tzreplan
 from scheduler.schedule import CronSchedule
 from scheduler.spec import JobSpec
-
-from helpers import OneNode, store_now
 
 ZONE = "America/Havana"
 HOUR = timedelta(hours=1)
@@ -36,8 +35,11 @@ def daily_job_at(conn: psycopg.Connection, local: datetime) -> tuple[uuid.UUID, 
 
 def store_slot(conn: psycopg.Connection, job_id: uuid.UUID, stored: datetime, created: datetime) -> None:
     """Write ``stored`` as the job's next slot, as a node with other rules would have."""
-    conn.execute("UPDATE jobs SET next_nominal_at = %(s)s, next_due_at = %(s)s, created_at = %(c)s, "
-                 "changed_at = %(c)s WHERE job_id = %(j)s", {"s": stored, "c": created, "j": job_id})
+    conn.execute(
+        "UPDATE jobs SET next_nominal_at = %(s)s, next_due_at = %(s)s, created_at = %(c)s, "
+        "changed_at = %(c)s WHERE job_id = %(j)s",
+        {"s": stored, "c": created, "j": job_id},
+    )
 
 
 def future_job_stored_late(conn: psycopg.Connection) -> tuple[uuid.UUID, datetime]:
@@ -51,8 +53,12 @@ def future_job_stored_late(conn: psycopg.Connection) -> tuple[uuid.UUID, datetim
 
 
 def runs_of(conn: psycopg.Connection, job_id: uuid.UUID) -> list[datetime]:
-    return [r["nominal_time"] for r in conn.execute(
-        "SELECT nominal_time FROM runs WHERE job_id = %s ORDER BY nominal_time", (job_id,)).fetchall()]
+    return [
+        r["nominal_time"]
+        for r in conn.execute(
+            "SELECT nominal_time FROM runs WHERE job_id = %s ORDER BY nominal_time", (job_id,)
+        ).fetchall()
+    ]
 
 
 def test_a_slot_stored_an_hour_early_is_replanned_not_fired(pg_dsn, conn) -> None:
@@ -108,9 +114,11 @@ def test_the_true_slot_follows_the_last_run_not_the_creation(pg_dsn, conn) -> No
     # Created a week ago; yesterday's slot ran; today's was stored an hour late.
     store_slot(conn, job_id, true + HOUR, true - timedelta(days=7))
     row = jobs.get_job(conn, job_id)
-    conn.execute("INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, "
-                 "node_id, epoch) VALUES (%s, %s, %s, 'acme', %s, %s, 'old', 1)",
-                 (row["partition_id"], job_id, yesterday, yesterday, yesterday))
+    conn.execute(
+        "INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, "
+        "node_id, epoch) VALUES (%s, %s, %s, 'acme', %s, %s, 'old', 1)",
+        (row["partition_id"], job_id, yesterday, yesterday, yesterday),
+    )
     node = OneNode(pg_dsn)
     try:
         node.firer.tick()
@@ -132,7 +140,11 @@ def test_replan_store_moves_future_slots_once_per_release(conn) -> None:
     report = tzreplan.replan_store(conn, batch_size=1)
 
     assert (report.checked, report.replanned, report.previous, report.current) == (
-        2, 1, "2000a", tzreplan.tzdata_version())
+        2,
+        1,
+        "2000a",
+        tzreplan.tzdata_version(),
+    )
     assert jobs.get_job(conn, wrong_id)["next_nominal_at"] == true
     assert jobs.get_job(conn, right_id) == right
     assert tzreplan.recorded_version(conn) == tzreplan.tzdata_version()
@@ -175,8 +187,10 @@ def test_cli_replan_slots_reports_and_dry_runs(pg_dsn, conn) -> None:
     runner = CliRunner()
     dry = runner.invoke(cli, ["jobs", "replan-slots", "--dsn", pg_dsn, "--dry-run"])
     assert dry.exit_code == 0, dry.output
-    assert f"checked 1 cron jobs; would move 1 to their true slot (tzdata unrecorded -> {tzreplan.tzdata_version()})" \
+    assert (
+        f"checked 1 cron jobs; would move 1 to their true slot (tzdata unrecorded -> {tzreplan.tzdata_version()})"
         in dry.output
+    )
     assert jobs.get_job(conn, job_id)["next_nominal_at"] == true + HOUR
     done = runner.invoke(cli, ["jobs", "replan-slots", "--dsn", pg_dsn])
     assert done.exit_code == 0, done.output

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -27,7 +27,7 @@ from scheduler.planner import scheduled_time
 from scheduler.schedule import CronSchedule, format_instant
 
 MINUTE = timedelta(minutes=1)
-UTC = timezone.utc
+UTC = UTC
 
 
 def run_cli(args: list[str], dsn: str):
@@ -42,11 +42,23 @@ def window_base(conn: psycopg.Connection) -> datetime:
     return now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
 
 
-def insert_job(conn: psycopg.Connection, *, created_at: datetime, cron: str | None = None, tz: str = "UTC",
-               interval_s: int | None = None, misfire: str = "all", catchup_window_s: int = 86_400,
-               misfire_grace_s: int = 60, jitter_s: int = 0, paused: bool = False, revision: int = 1,
-               changed_at: datetime | None = None, deleted_at: datetime | None = None,
-               job_id: uuid.UUID | None = None) -> uuid.UUID:
+def insert_job(
+    conn: psycopg.Connection,
+    *,
+    created_at: datetime,
+    cron: str | None = None,
+    tz: str = "UTC",
+    interval_s: int | None = None,
+    misfire: str = "all",
+    catchup_window_s: int = 86_400,
+    misfire_grace_s: int = 60,
+    jitter_s: int = 0,
+    paused: bool = False,
+    revision: int = 1,
+    changed_at: datetime | None = None,
+    deleted_at: datetime | None = None,
+    job_id: uuid.UUID | None = None,
+) -> uuid.UUID:
     """A ``jobs`` row as the write paths would leave it (next slot not used by the audit)."""
     job_id = job_id or uuid.uuid4()
     conn.execute("INSERT INTO tenants (tenant) VALUES ('acme') ON CONFLICT (tenant) DO NOTHING")
@@ -56,44 +68,91 @@ def insert_job(conn: psycopg.Connection, *, created_at: datetime, cron: str | No
         "deleted_at) VALUES (%(p)s, %(j)s, 'acme', %(kind)s, %(cron)s, %(dialect)s, %(tz)s, %(interval)s, "
         "%(anchor)s, %(misfire)s, %(cw)s, %(grace)s, %(jitter)s, %(paused)s, %(revision)s, %(created)s, "
         "%(changed)s, %(deleted)s)",
-        {"p": partition_of(job_id), "j": job_id, "kind": "cron" if cron else "interval", "cron": cron,
-         "dialect": "unix" if cron else None, "tz": tz if cron else None, "interval": interval_s,
-         "anchor": None if cron else created_at.replace(microsecond=0), "misfire": misfire,
-         "cw": catchup_window_s, "grace": misfire_grace_s, "jitter": jitter_s, "paused": paused,
-         "revision": revision, "created": created_at, "changed": changed_at or created_at, "deleted": deleted_at})
+        {
+            "p": partition_of(job_id),
+            "j": job_id,
+            "kind": "cron" if cron else "interval",
+            "cron": cron,
+            "dialect": "unix" if cron else None,
+            "tz": tz if cron else None,
+            "interval": interval_s,
+            "anchor": None if cron else created_at.replace(microsecond=0),
+            "misfire": misfire,
+            "cw": catchup_window_s,
+            "grace": misfire_grace_s,
+            "jitter": jitter_s,
+            "paused": paused,
+            "revision": revision,
+            "created": created_at,
+            "changed": changed_at or created_at,
+            "deleted": deleted_at,
+        },
+    )
     return job_id
 
 
-def insert_revision(conn: psycopg.Connection, job_id: uuid.UUID, revision: int, valid_from: datetime,
-                    valid_until: datetime, *, cron: str, tz: str = "UTC", misfire: str = "all",
-                    catchup_window_s: int = 86_400, misfire_grace_s: int = 60, jitter_s: int = 0,
-                    paused: bool = False) -> None:
+def insert_revision(
+    conn: psycopg.Connection,
+    job_id: uuid.UUID,
+    revision: int,
+    valid_from: datetime,
+    valid_until: datetime,
+    *,
+    cron: str,
+    tz: str = "UTC",
+    misfire: str = "all",
+    catchup_window_s: int = 86_400,
+    misfire_grace_s: int = 60,
+    jitter_s: int = 0,
+    paused: bool = False,
+) -> None:
     """A superseded revision of a cron job, as jobs.py copies it on a rewrite (migration 0013)."""
     conn.execute(
         "INSERT INTO job_revisions (partition_id, job_id, revision, valid_from, valid_until, tenant, kind, "
         "cron_expr, cron_dialect, tz, misfire, catchup_window_s, misfire_grace_s, jitter_s, paused) "
         "VALUES (%(p)s, %(j)s, %(r)s, %(f)s, %(u)s, 'acme', 'cron', %(cron)s, 'unix', %(tz)s, %(misfire)s, "
         "%(cw)s, %(grace)s, %(jitter)s, %(paused)s)",
-        {"p": partition_of(job_id), "j": job_id, "r": revision, "f": valid_from, "u": valid_until, "cron": cron,
-         "tz": tz, "misfire": misfire, "cw": catchup_window_s, "grace": misfire_grace_s, "jitter": jitter_s,
-         "paused": paused})
+        {
+            "p": partition_of(job_id),
+            "j": job_id,
+            "r": revision,
+            "f": valid_from,
+            "u": valid_until,
+            "cron": cron,
+            "tz": tz,
+            "misfire": misfire,
+            "cw": catchup_window_s,
+            "grace": misfire_grace_s,
+            "jitter": jitter_s,
+            "paused": paused,
+        },
+    )
 
 
-def insert_run(conn: psycopg.Connection, job_id: uuid.UUID, nominal: datetime, *,
-               scheduled: datetime | None = None, fired: datetime | None = None) -> None:
+def insert_run(
+    conn: psycopg.Connection,
+    job_id: uuid.UUID,
+    nominal: datetime,
+    *,
+    scheduled: datetime | None = None,
+    fired: datetime | None = None,
+) -> None:
     scheduled = nominal if scheduled is None else scheduled
     conn.execute(
         "INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch) "
         "VALUES (%s, %s, %s, 'acme', %s, %s, 'n1', 1)",
-        (partition_of(job_id), job_id, nominal, scheduled, fired or scheduled + timedelta(milliseconds=300)))
+        (partition_of(job_id), job_id, nominal, scheduled, fired or scheduled + timedelta(milliseconds=300)),
+    )
 
 
-def insert_skip(conn: psycopg.Connection, job_id: uuid.UUID, first: datetime, until: datetime, reason: str,
-                recorded_at: datetime) -> None:
+def insert_skip(
+    conn: psycopg.Connection, job_id: uuid.UUID, first: datetime, until: datetime, reason: str, recorded_at: datetime
+) -> None:
     conn.execute(
         "INSERT INTO skips (partition_id, job_id, first_nominal, until_nominal, slots, reason, recorded_at, "
         "node_id, epoch) VALUES (%s, %s, %s, %s, NULL, %s, %s, 'n1', 1)",
-        (partition_of(job_id), job_id, first, until, reason, recorded_at))
+        (partition_of(job_id), job_id, first, until, reason, recorded_at),
+    )
 
 
 def every(start: datetime, step: timedelta, count: int) -> list[datetime]:
@@ -122,21 +181,36 @@ def test_an_early_run_fails_verify(pg_dsn, conn) -> None:
         else:
             insert_run(conn, jittered, slot, scheduled=scheduled_time(jittered, slot, 600))
 
-    result = run_cli(["verify", "--since", format_instant(base), "--until", format_instant(base + 60 * MINUTE),
-                      "--json"], pg_dsn)
+    result = run_cli(
+        ["verify", "--since", format_instant(base), "--until", format_instant(base + 60 * MINUTE), "--json"], pg_dsn
+    )
     assert result.exit_code == 1, result.stderr
     report = json.loads(result.stdout)
     assert (report["expected"], report["runs"], report["missing"], report["unexpected"], report["early"]) == (
-        8, 8, 0, 0, 2)
+        8,
+        8,
+        0,
+        0,
+        2,
+    )
     early = report["findings"]["early"]
-    assert sorted((e["job_id"], e["nominal_time"], e["scheduled_at"], e["fired_at"]) for e in early) == sorted([
-        (str(plain), format_instant(base + 20 * MINUTE), format_instant(base + 20 * MINUTE),
-         format_instant(base + 20 * MINUTE - timedelta(seconds=2))),
-        (str(jittered), format_instant(late[0]), format_instant(scheduled_time(jittered, late[0], 600)),
-         format_instant(late[0] + timedelta(seconds=1))),
-    ])
-    text = run_cli(["verify", "--since", format_instant(base), "--until", format_instant(base + 60 * MINUTE)],
-                   pg_dsn)
+    assert sorted((e["job_id"], e["nominal_time"], e["scheduled_at"], e["fired_at"]) for e in early) == sorted(
+        [
+            (
+                str(plain),
+                format_instant(base + 20 * MINUTE),
+                format_instant(base + 20 * MINUTE),
+                format_instant(base + 20 * MINUTE - timedelta(seconds=2)),
+            ),
+            (
+                str(jittered),
+                format_instant(late[0]),
+                format_instant(scheduled_time(jittered, late[0], 600)),
+                format_instant(late[0] + timedelta(seconds=1)),
+            ),
+        ]
+    )
+    text = run_cli(["verify", "--since", format_instant(base), "--until", format_instant(base + 60 * MINUTE)], pg_dsn)
     assert text.exit_code == 1
     assert "early: 2" in text.stdout.splitlines()
     assert "FAILED: 2 early" in text.stdout
@@ -157,10 +231,16 @@ def test_a_once_skip_on_a_misfire_all_job_that_was_never_overdue_is_invalid(pg_d
     report = audit.verify(conn, base, base + 60 * MINUTE)
     assert (report.expected, report.runs, report.skips_invalid, report.missing, report.skipped) == (6, 5, 1, 1, 0)
     assert not report.ok
-    assert report.findings["skips_invalid"] == [{
-        "job_id": str(job), "first_nominal": format_instant(slots[2]), "until_nominal": format_instant(slots[3]),
-        "reason": "once", "recorded_at": format_instant(slots[2] + timedelta(seconds=1)),
-        "rule": "reason once needs misfire once (the job's policy was all)"}]
+    assert report.findings["skips_invalid"] == [
+        {
+            "job_id": str(job),
+            "first_nominal": format_instant(slots[2]),
+            "until_nominal": format_instant(slots[3]),
+            "reason": "once",
+            "recorded_at": format_instant(slots[2] + timedelta(seconds=1)),
+            "rule": "reason once needs misfire once (the job's policy was all)",
+        }
+    ]
     assert report.findings["missing"] == [pair(job, slots[2]) | {"scheduled_at": format_instant(slots[2])}]
 
 
@@ -205,8 +285,7 @@ def test_each_skip_reason_is_checked_against_its_rule(pg_dsn, conn) -> None:
     insert_skip(conn, invalid["edited"], slots[1], slots[2], "edited", edit)
 
     report = audit.verify(conn, base, base + 60 * MINUTE)
-    assert (report.expected, report.runs, report.skipped, report.missing, report.skips_invalid) == (
-        54, 45, 4, 5, 5)
+    assert (report.expected, report.runs, report.skipped, report.missing, report.skips_invalid) == (54, 45, 4, 5, 5)
     rules = {row["job_id"]: row["rule"] for row in report.findings["skips_invalid"]}
     assert rules == {
         str(invalid["catchup"]): "a slot in the range was not older than the catch-up window at recorded_at",
@@ -254,20 +333,32 @@ def test_an_edited_job_is_audited_up_to_and_from_the_edit(pg_dsn, conn) -> None:
     since, until = base, base + 60 * MINUTE
 
     report = audit.verify(conn, since, until)
-    assert (report.expected, report.runs, report.missing, report.unexpected, report.jobs_audited,
-            report.jobs_excluded) == (5, 5, 0, 0, 1, 0), report
+    assert (
+        report.expected,
+        report.runs,
+        report.missing,
+        report.unexpected,
+        report.jobs_audited,
+        report.jobs_excluded,
+    ) == (5, 5, 0, 0, 1, 0), report
     assert report.ok
 
     conn.execute("DELETE FROM runs WHERE job_id = %s AND nominal_time = %s", (job, base + 10 * MINUTE))
     report = audit.verify(conn, since, until)
     assert (report.expected, report.runs, report.missing, report.unexpected) == (5, 4, 1, 0)
-    assert report.findings["missing"] == [pair(job, base + 10 * MINUTE) | {
-        "scheduled_at": format_instant(base + 10 * MINUTE)}]
+    assert report.findings["missing"] == [
+        pair(job, base + 10 * MINUTE) | {"scheduled_at": format_instant(base + 10 * MINUTE)}
+    ]
     # A run of the new spec's schedule before the edit is not a slot of the spec then in force.
     insert_run(conn, job, base + 15 * MINUTE)
     report = audit.verify(conn, since, until)
-    assert (report.unexpected, report.findings["unexpected"]) == (1, [pair(job, base + 15 * MINUTE) | {
-        "fired_at": format_instant(base + 15 * MINUTE + timedelta(milliseconds=300))}])
+    assert (report.unexpected, report.findings["unexpected"]) == (
+        1,
+        [
+            pair(job, base + 15 * MINUTE)
+            | {"fired_at": format_instant(base + 15 * MINUTE + timedelta(milliseconds=300))}
+        ],
+    )
 
 
 def test_an_edit_that_keeps_the_schedule_continues_it_seamlessly(pg_dsn, conn) -> None:
@@ -275,8 +366,7 @@ def test_an_edit_that_keeps_the_schedule_continues_it_seamlessly(pg_dsn, conn) -
     revision continues the old schedule), its run is not unexpected."""
     base = window_base(conn)
     edit = base + 20 * MINUTE
-    job = insert_job(conn, created_at=base - MINUTE, cron="*/10 * * * *", misfire="skip", revision=2,
-                     changed_at=edit)
+    job = insert_job(conn, created_at=base - MINUTE, cron="*/10 * * * *", misfire="skip", revision=2, changed_at=edit)
     insert_revision(conn, job, 1, base - MINUTE, edit, cron="*/10 * * * *")
     for slot in every(base, 10 * MINUTE, 6):
         insert_run(conn, job, slot)
@@ -287,11 +377,16 @@ def test_an_edit_that_keeps_the_schedule_continues_it_seamlessly(pg_dsn, conn) -
 def test_a_paused_job_is_audited_up_to_the_pause_and_a_deleted_one_up_to_its_deletion(pg_dsn, conn) -> None:
     base = window_base(conn)
     pause = base + 25 * MINUTE
-    paused = insert_job(conn, created_at=base - MINUTE, cron="*/10 * * * *", paused=True, revision=2,
-                        changed_at=pause)
+    paused = insert_job(conn, created_at=base - MINUTE, cron="*/10 * * * *", paused=True, revision=2, changed_at=pause)
     insert_revision(conn, paused, 1, base - MINUTE, pause, cron="*/10 * * * *")
-    deleted = insert_job(conn, created_at=base - MINUTE, cron="*/10 * * * *", revision=2,
-                         changed_at=base + 35 * MINUTE, deleted_at=base + 35 * MINUTE)
+    deleted = insert_job(
+        conn,
+        created_at=base - MINUTE,
+        cron="*/10 * * * *",
+        revision=2,
+        changed_at=base + 35 * MINUTE,
+        deleted_at=base + 35 * MINUTE,
+    )
     insert_revision(conn, deleted, 1, base - MINUTE, base + 35 * MINUTE, cron="*/10 * * * *")
     for slot in every(base, 10 * MINUTE, 3):
         insert_run(conn, paused, slot)
@@ -300,29 +395,38 @@ def test_a_paused_job_is_audited_up_to_the_pause_and_a_deleted_one_up_to_its_del
     since, until = base, base + 60 * MINUTE
 
     report = audit.verify(conn, since, until)
-    assert (report.expected, report.runs, report.missing, report.unexpected, report.jobs_audited) == (
-        7, 6, 1, 0, 2), report
-    assert report.findings["missing"] == [pair(deleted, base + 30 * MINUTE) | {
-        "scheduled_at": format_instant(base + 30 * MINUTE)}]
+    assert (report.expected, report.runs, report.missing, report.unexpected, report.jobs_audited) == (7, 6, 1, 0, 2), (
+        report
+    )
+    assert report.findings["missing"] == [
+        pair(deleted, base + 30 * MINUTE) | {"scheduled_at": format_instant(base + 30 * MINUTE)}
+    ]
     # A run while paused is unexpected.
     insert_run(conn, paused, base + 40 * MINUTE)
     report = audit.verify(conn, since, until)
     assert (report.unexpected, [u["nominal_time"] for u in report.findings["unexpected"]]) == (
-        1, [format_instant(base + 40 * MINUTE)])
+        1,
+        [format_instant(base + 40 * MINUTE)],
+    )
 
 
 def test_a_job_rewritten_before_revisions_were_kept_is_audited_from_its_rewrite(pg_dsn, conn) -> None:
     """No job_revisions row for revision 1: what the job was before changed_at is unknown,
     so only slots and runs after it are audited, and the job counts in jobs_excluded."""
     base = window_base(conn)
-    job = insert_job(conn, created_at=base - MINUTE, cron="*/10 * * * *", revision=2,
-                     changed_at=base + 25 * MINUTE)
+    job = insert_job(conn, created_at=base - MINUTE, cron="*/10 * * * *", revision=2, changed_at=base + 25 * MINUTE)
     insert_run(conn, job, base + 5 * MINUTE)  # whatever fired before the rewrite is not judged
     for slot in every(base + 30 * MINUTE, 10 * MINUTE, 3):
         insert_run(conn, job, slot)
     report = audit.verify(conn, base, base + 60 * MINUTE)
-    assert (report.expected, report.runs, report.missing, report.unexpected, report.jobs_audited,
-            report.jobs_excluded) == (3, 3, 0, 0, 0, 1)
+    assert (
+        report.expected,
+        report.runs,
+        report.missing,
+        report.unexpected,
+        report.jobs_audited,
+        report.jobs_excluded,
+    ) == (3, 3, 0, 0, 0, 1)
 
 
 # ---------------------------------------------------------------- the independent oracle
@@ -372,11 +476,15 @@ def test_exhaustive_agrees_on_a_fall_back_day_and_refuses_windows_too_big_to_enu
     missing = {(row["job_id"], row["nominal_time"]) for row in report.findings["missing"]}
     assert {t for j, t in missing if j == str(fixed)} == {"2026-11-01T05:30:00Z"}
     assert sorted(t for j, t in missing if j == str(wildcard)) == [
-        f"2026-11-01T0{h}:{m}:00Z" for h in (5, 6) for m in ("00", "20", "40")]
+        f"2026-11-01T0{h}:{m}:00Z" for h in (5, 6) for m in ("00", "20", "40")
+    ]
 
     # Two every-second schedules over 30 days: 2 x 33 local days x 86,400 s to test.
-    conn.execute("UPDATE jobs SET cron_expr = '* * * * * *', cron_dialect = 'seconds', "
-                 "tz = CASE WHEN job_id = %s THEN 'UTC' ELSE tz END WHERE kind = 'cron'", (fixed,))
+    conn.execute(
+        "UPDATE jobs SET cron_expr = '* * * * * *', cron_dialect = 'seconds', "
+        "tz = CASE WHEN job_id = %s THEN 'UTC' ELSE tz END WHERE kind = 'cron'",
+        (fixed,),
+    )
     with pytest.raises(audit.ValidationError) as raised:
         audit.verify(conn, base, base + timedelta(days=30), exhaustive=True)
     assert raised.value.field == "exhaustive"
@@ -415,11 +523,16 @@ def test_json_lists_findings_bounded_with_totals(pg_dsn, conn) -> None:
     report = json.loads(run_cli([*args, "--list-limit", "4"], pg_dsn).stdout)
     assert (report["missing"], report["unexpected"], report["findings_limit"]) == (50, 3, 4)
     assert report["findings"]["missing"] == [
-        pair(job, slot) | {"scheduled_at": format_instant(slot)} for slot in every(base, MINUTE, 4)]
+        pair(job, slot) | {"scheduled_at": format_instant(slot)} for slot in every(base, MINUTE, 4)
+    ]
     assert [u["nominal_time"] for u in report["findings"]["unexpected"]] == [
-        format_instant(base + timedelta(seconds=s)) for s in (10, 20, 30)]
+        format_instant(base + timedelta(seconds=s)) for s in (10, 20, 30)
+    ]
     assert (report["findings"]["early"], report["findings"]["duplicates"], report["findings"]["skips_invalid"]) == (
-        [], [], [])
+        [],
+        [],
+        [],
+    )
     default = json.loads(run_cli(args, pg_dsn).stdout)
     assert (default["findings_limit"], len(default["findings"]["missing"])) == (100, 50)
     text = run_cli(args[:-1], pg_dsn)

@@ -27,17 +27,22 @@ from scheduler.migrate import head_revision
 pytestmark = pytest.mark.wheel
 
 REPO = Path(__file__).resolve().parents[2]
-NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
-                                    ".pytest_cache", ".hypothesis", "results")
+NOT_SOURCE = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "results"
+)
 """What the copy of the working tree leaves out (caches, builds, bench results)."""
 
 
 def run(args: list, cwd: Path) -> str:
     """Run ``args`` in ``cwd`` without the checkout on the path; its stdout (stderr shown on failure)."""
-    env = {key: value for key, value in os.environ.items()
-           if key not in ("PYTHONPATH", "VIRTUAL_ENV") and not key.startswith("SCHEDULER_")}
-    done = subprocess.run([str(arg) for arg in args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("PYTHONPATH", "VIRTUAL_ENV") and not key.startswith("SCHEDULER_")
+    }
+    done = subprocess.run(
+        [str(arg) for arg in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
     assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-4000:])
     return done.stdout
 
@@ -53,8 +58,10 @@ def test_a_wheel_install_migrates_an_empty_database(empty_pg_dsn: str, tmp_path:
     run([python, "-m", "pip", "install", "-q", wheel], tmp_path)
 
     scheduler = venv / "bin" / "scheduler"
-    assert run([scheduler, "db", "current", "--dsn", empty_pg_dsn], elsewhere) == \
-        f"none (empty database; head is {head_revision()}: run `scheduler db upgrade`)\n"
+    assert (
+        run([scheduler, "db", "current", "--dsn", empty_pg_dsn], elsewhere)
+        == f"none (empty database; head is {head_revision()}: run `scheduler db upgrade`)\n"
+    )
     assert run([scheduler, "db", "upgrade", "--dsn", empty_pg_dsn], elsewhere) == "schema at head\n"
     assert run([scheduler, "db", "current", "--dsn", empty_pg_dsn], elsewhere) == f"{head_revision()} (head)\n"
     with psycopg.connect(empty_pg_dsn) as conn:

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import re
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from scheduler.clock import ManualClock, SystemClock
 from scheduler.store import QUERIES
 
-AT = datetime(2030, 1, 1, tzinfo=timezone.utc)
+AT = datetime(2030, 1, 1, tzinfo=UTC)
 
-STORE_CLOCK = re.compile(r"\b(now|statement_timestamp|transaction_timestamp)\s*\(\s*\)"
-                         r"|\b(current_timestamp|localtimestamp)\b", re.I)
+STORE_CLOCK = re.compile(
+    r"\b(now|statement_timestamp|transaction_timestamp)\s*\(\s*\)"
+    r"|\b(current_timestamp|localtimestamp)\b",
+    re.I,
+)
 PINNED = re.compile(r"coalesce\(%\(now\)s::timestamptz, (now|statement_timestamp)\(\)\)")
 
 BARE_CLOCK_ALLOWED = {
@@ -65,9 +68,22 @@ def test_a_naive_store_pin_is_refused() -> None:
 
 def test_a_query_taking_the_pin_reads_the_store_clock_only_through_it() -> None:
     pinned = {name: sql for name, sql in QUERIES.items() if PINNED.search(sql)}
-    assert {"select_due_jobs", "herd_heads", "herd_schedules", "fire_runs", "fire_group", "claim_partitions",
-            "claim_partitions_at_epoch", "renew_leases", "upsert_heartbeat", "list_live_nodes", "prune_nodes",
-            "partition_status", "node_status", "store_now"} <= set(pinned)
+    assert {
+        "select_due_jobs",
+        "herd_heads",
+        "herd_schedules",
+        "fire_runs",
+        "fire_group",
+        "claim_partitions",
+        "claim_partitions_at_epoch",
+        "renew_leases",
+        "upsert_heartbeat",
+        "list_live_nodes",
+        "prune_nodes",
+        "partition_status",
+        "node_status",
+        "store_now",
+    } <= set(pinned)
     for name, sql in pinned.items():
         rest = PINNED.sub("", sql)
         assert not STORE_CLOCK.search(rest), name

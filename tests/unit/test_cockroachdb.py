@@ -12,10 +12,10 @@ import importlib.util
 import io
 
 import pytest
-from alembic import command
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine
 
+from alembic import command
 from scheduler.errors import ConfigError
 from scheduler.migrate import alembic_config
 from scheduler.store import libpq_dsn, sqlalchemy_url
@@ -26,24 +26,27 @@ CRDB = "cockroachdb://root@crdb-1:26257/scheduler?sslmode=disable"
 @pytest.fixture
 def cockroach_dialect_installed() -> None:
     if importlib.util.find_spec("sqlalchemy_cockroachdb") is None:
-        pytest.fail("sqlalchemy-cockroachdb is not installed: .venv/bin/pip install -e '.[cockroachdb]'",
-                    pytrace=False)
+        pytest.fail("sqlalchemy-cockroachdb is not installed: .venv/bin/pip install -e '.[cockroachdb]'", pytrace=False)
 
 
-@pytest.mark.parametrize("dsn, url", [
-    ("postgresql://u:p@h:5432/db", "postgresql+psycopg://u:p@h:5432/db"),
-    ("postgres://u@h/db", "postgresql+psycopg://u@h/db"),
-    ("cockroachdb://root@h:26257/db?sslmode=disable", "cockroachdb+psycopg://root@h:26257/db?sslmode=disable"),
-    ("cockroachdb+psycopg://root@h:26257/db", "cockroachdb+psycopg://root@h:26257/db"),
-    ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
-])
+@pytest.mark.parametrize(
+    "dsn, url",
+    [
+        ("postgresql://u:p@h:5432/db", "postgresql+psycopg://u:p@h:5432/db"),
+        ("postgres://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("cockroachdb://root@h:26257/db?sslmode=disable", "cockroachdb+psycopg://root@h:26257/db?sslmode=disable"),
+        ("cockroachdb+psycopg://root@h:26257/db", "cockroachdb+psycopg://root@h:26257/db"),
+        ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+    ],
+)
 def test_sqlalchemy_url_maps_the_scheme(dsn, url):
     assert sqlalchemy_url(dsn) == url
 
 
 def test_sqlalchemy_url_maps_a_key_value_dsn():
     assert sqlalchemy_url("host=h port=5433 dbname=db user=u password='p@ss word' sslmode=require") == (
-        "postgresql+psycopg://u:p%40ss%20word@h:5433/db?sslmode=require")
+        "postgresql+psycopg://u:p%40ss%20word@h:5433/db?sslmode=require"
+    )
     assert sqlalchemy_url("host=/run/postgresql dbname=db") == "postgresql+psycopg:///db?host=%2Frun%2Fpostgresql"
     with pytest.raises(ConfigError, match="dsn: must be a URI") as caught:  # a bad setting: exit status 2
         sqlalchemy_url("host=h password=Secret1234 dbname")

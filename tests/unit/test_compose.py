@@ -35,13 +35,15 @@ PROMETHEUS = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text(encod
 ALERTS = yaml.safe_load((REPO / "deploy" / "alerts.yml").read_text(encoding="utf-8"))
 
 DEFAULT = {"crdb-1", "crdb-2", "crdb-3", "crdb-init", "migrate", "node-1", "node-2", "node-3", "prometheus"}
-PROFILES = {"postgres": {"postgres", "migrate-postgres", "pg-node-1", "pg-node-2", "pg-node-3"},
-            "bench": {"bench"}}
+PROFILES = {"postgres": {"postgres", "migrate-postgres", "pg-node-1", "pg-node-2", "pg-node-3"}, "bench": {"bench"}}
 
 
 def services_in(profile: str | None) -> set[str]:
-    return {name for name, svc in SERVICES.items() if (profile in svc.get("profiles", [])
-                                                        if profile else not svc.get("profiles"))}
+    return {
+        name
+        for name, svc in SERVICES.items()
+        if (profile in svc.get("profiles", []) if profile else not svc.get("profiles"))
+    }
 
 
 def scheduler_services() -> dict[str, dict]:
@@ -68,12 +70,14 @@ def parse(group: click.Group, prog: str, args: list[str]) -> click.Context:
 @pytest.fixture
 def service_env(monkeypatch):
     """Apply a service's environment (and only it) to os.environ."""
+
     def apply(service: dict) -> None:
         for key in list(os.environ):
             if key.startswith("SCHEDULER_"):
                 monkeypatch.delenv(key)
         for key, value in (service.get("environment") or {}).items():
             monkeypatch.setenv(key, str(value))
+
     return apply
 
 
@@ -99,7 +103,7 @@ def test_cockroach_cluster_is_three_joined_nodes_initialised_once():
 def test_depends_on_names_real_services():
     for name, svc in SERVICES.items():
         deps = svc.get("depends_on") or []
-        for dep in (deps if isinstance(deps, list) else deps.keys()):
+        for dep in deps if isinstance(deps, list) else deps.keys():
             assert dep in SERVICES, (name, dep)
             # a default service never waits for a profile-only one
             if not svc.get("profiles"):
@@ -170,8 +174,9 @@ def test_prometheus_scrapes_every_node_on_its_metrics_port():
     assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in volumes
     assert "./deploy/alerts.yml:/etc/prometheus/alerts.yml:ro" in volumes
     assert PROMETHEUS["rule_files"] == ["/etc/prometheus/alerts.yml"]
-    targets = {target for job in PROMETHEUS["scrape_configs"] for group in job["static_configs"]
-               for target in group["targets"]}
+    targets = {
+        target for job in PROMETHEUS["scrape_configs"] for group in job["static_configs"] for target in group["targets"]
+    }
     expected = set()
     for name, svc in node_services().items():
         port = svc["command"][svc["command"].index("--metrics-port") + 1]
@@ -189,9 +194,14 @@ def test_alert_rules_only_use_metrics_a_node_exposes():
         names = set(re.findall(r"\bscheduler_\w+", rule["expr"]))
         assert names <= exposed, (rule["alert"], names - exposed)
         used |= names
-    for family in ("scheduler_firing_dispatch_lag_seconds_bucket", "scheduler_lease_partitions_owned",
-                   "scheduler_firing_due_backlog_runs", "scheduler_membership_heartbeat_age_seconds",
-                   "scheduler_store_errors_total", "scheduler_firing_fence_rejections_total"):
+    for family in (
+        "scheduler_firing_dispatch_lag_seconds_bucket",
+        "scheduler_lease_partitions_owned",
+        "scheduler_firing_due_backlog_runs",
+        "scheduler_membership_heartbeat_age_seconds",
+        "scheduler_store_errors_total",
+        "scheduler_firing_fence_rejections_total",
+    ):
         assert family in used
 
 
@@ -199,6 +209,6 @@ def test_settings_fields_reachable_from_compose_env_names():
     """Every SCHEDULER_* variable in compose names a real setting (a typo would be silently ignored)."""
     fields = {f"SCHEDULER_{f.name.upper()}" for f in dataclasses.fields(Settings)}
     for name, svc in SERVICES.items():
-        for key in (svc.get("environment") or {}):
+        for key in svc.get("environment") or {}:
             if key.startswith("SCHEDULER_"):
                 assert key in fields, (name, key)

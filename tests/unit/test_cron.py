@@ -12,7 +12,7 @@ import calendar
 import itertools
 import shutil
 import zoneinfo
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -37,7 +37,7 @@ from scheduler.zones import (
     utc_offset,
 )
 
-UTC = timezone.utc
+UTC = UTC
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 WALL_EPOCH = datetime(1970, 1, 1)
 
@@ -96,8 +96,11 @@ def epoch_s(dt: datetime) -> int:
         ("0 0 30-2 * *", "range 30-2 in the day-of-month field is reversed"),
         ("0 22-2 * * *", "range 22-2 in the hour field is reversed"),
         ("0 0 * NOV-FEB *", "range NOV-FEB in the month field is reversed"),
-        ("? 0 * * *", "'?' (no specific value, = *) is only allowed as a whole day-of-month or day-of-week "
-                      "field, not in the minute field"),
+        (
+            "? 0 * * *",
+            "'?' (no specific value, = *) is only allowed as a whole day-of-month or day-of-week "
+            "field, not in the minute field",
+        ),
         ("0 0 * ? *", "not in the month field"),
         ("0 0 ?,1 * *", "'?' (no specific value, = *) is only allowed as a whole day-of-month or day-of-week field"),
         ("0 0 * * ?/2", "only allowed as a whole day-of-month or day-of-week field"),
@@ -437,14 +440,27 @@ JAN_1_2024 = "2024-01-01T00:00:00Z"
         # "every ten seconds"
         ("*/10 * * * * *", 3, ["2024-01-01T00:00:10Z", "2024-01-01T00:00:20Z", "2024-01-01T00:00:30Z"]),
         # "8, 9 and 10 o'clock of every day"
-        ("0 0 8-10 * * *", 4, ["2024-01-01T08:00:00Z", "2024-01-01T09:00:00Z", "2024-01-01T10:00:00Z",
-                               "2024-01-02T08:00:00Z"]),
+        (
+            "0 0 8-10 * * *",
+            4,
+            ["2024-01-01T08:00:00Z", "2024-01-01T09:00:00Z", "2024-01-01T10:00:00Z", "2024-01-02T08:00:00Z"],
+        ),
         # "6:00 AM and 7:00 PM every day"
         ("0 0 6,19 * * *", 3, ["2024-01-01T06:00:00Z", "2024-01-01T19:00:00Z", "2024-01-02T06:00:00Z"]),
         # "8:00, 8:30, 9:00, 9:30, 10:00 and 10:30 every day"
-        ("0 0/30 8-10 * * *", 7, ["2024-01-01T08:00:00Z", "2024-01-01T08:30:00Z", "2024-01-01T09:00:00Z",
-                                  "2024-01-01T09:30:00Z", "2024-01-01T10:00:00Z", "2024-01-01T10:30:00Z",
-                                  "2024-01-02T08:00:00Z"]),
+        (
+            "0 0/30 8-10 * * *",
+            7,
+            [
+                "2024-01-01T08:00:00Z",
+                "2024-01-01T08:30:00Z",
+                "2024-01-01T09:00:00Z",
+                "2024-01-01T09:30:00Z",
+                "2024-01-01T10:00:00Z",
+                "2024-01-01T10:30:00Z",
+                "2024-01-02T08:00:00Z",
+            ],
+        ),
         # "every Christmas Day at midnight"
         ("0 0 0 25 12 ?", 2, ["2024-12-25T00:00:00Z", "2025-12-25T00:00:00Z"]),
         # "last day of the month at midnight"
@@ -519,8 +535,13 @@ def test_unix_dialect_keeps_the_vixie_or_rule() -> None:
 @pytest.mark.parametrize("dialect", ["unix", "seconds"])
 def test_question_mark_is_star_in_a_day_field(dialect: str) -> None:
     second = "0 " if dialect == "seconds" else ""
-    for with_q, with_star in [("15 2 * * ?", "15 2 * * *"), ("0 9 ? * MON-FRI", "0 9 * * MON-FRI"),
-                              ("0 0 1 * ?", "0 0 1 * *"), ("0 0 ? * ?", "0 0 * * *"), ("0 0 ? 3 5#2", "0 0 * 3 5#2")]:
+    for with_q, with_star in [
+        ("15 2 * * ?", "15 2 * * *"),
+        ("0 9 ? * MON-FRI", "0 9 * * MON-FRI"),
+        ("0 0 1 * ?", "0 0 1 * *"),
+        ("0 0 ? * ?", "0 0 * * *"),
+        ("0 0 ? 3 5#2", "0 0 * 3 5#2"),
+    ]:
         parsed = CronExpression.parse(second + with_q, dialect)
         assert parsed == CronExpression.parse(second + with_star, dialect)
         assert parsed.day_and is True
@@ -528,7 +549,10 @@ def test_question_mark_is_star_in_a_day_field(dialect: str) -> None:
 
 def test_question_mark_counts_as_star_for_the_unix_day_rule() -> None:
     # robfig/croniter style: '?' leaves day-of-month blank, so only the weekday decides.
-    assert fires("0 9 ? * MON-FRI", "UTC", "2024-01-05T12:00:00Z", 2) == ["2024-01-08T09:00:00Z", "2024-01-09T09:00:00Z"]
+    assert fires("0 9 ? * MON-FRI", "UTC", "2024-01-05T12:00:00Z", 2) == [
+        "2024-01-08T09:00:00Z",
+        "2024-01-09T09:00:00Z",
+    ]
     # '?' in day-of-week: the 1st of each month only (not OR-ed with every day).
     assert fires("0 0 1 * ?", "UTC", JAN_1_2024, 2) == ["2024-02-01T00:00:00Z", "2024-03-01T00:00:00Z"]
 
@@ -601,14 +625,18 @@ def test_abbreviations_and_legacy_zones_are_rejected_with_a_hint(name: str, hint
     assert raised.value.value == name
 
 
-@pytest.mark.parametrize("name", ["", " ", "Mars/Olympus_Mons", "../../etc/passwd", "Europe/", "/UTC", None, 3, "localtime"])
+@pytest.mark.parametrize(
+    "name", ["", " ", "Mars/Olympus_Mons", "../../etc/passwd", "Europe/", "/UTC", None, 3, "localtime"]
+)
 def test_non_zones_are_rejected(name: object) -> None:
     with pytest.raises(ValidationError) as raised:
         load_zone(name)  # type: ignore[arg-type]
     assert raised.value.field == "tz"
 
 
-@pytest.mark.parametrize("name", ["UTC", "Etc/UTC", "US/Pacific", "Asia/Singapore", "Europe/Berlin", "Etc/GMT+5", "Australia/Lord_Howe"])
+@pytest.mark.parametrize(
+    "name", ["UTC", "Etc/UTC", "US/Pacific", "Asia/Singapore", "Europe/Berlin", "Etc/GMT+5", "Australia/Lord_Howe"]
+)
 def test_iana_names_and_links_load(name: str) -> None:
     zone = load_zone(name)
     assert isinstance(zone, zoneinfo.ZoneInfo)
@@ -691,9 +719,21 @@ def test_next_transition_horizon_and_continuation() -> None:
     assert next_transition(sao_paulo, epoch_s(at("2020-01-01T00:00:00Z"))) is None
 
 
-@given(instant=st.integers(epoch_s(at("1950-01-01T00:00:00Z")), epoch_s(at("2060-01-01T00:00:00Z"))),
-       name=st.sampled_from(["America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "Antarctica/Troll",
-                             "Pacific/Apia", "America/Sao_Paulo", "Asia/Tehran", "Pacific/Chatham"]))
+@given(
+    instant=st.integers(epoch_s(at("1950-01-01T00:00:00Z")), epoch_s(at("2060-01-01T00:00:00Z"))),
+    name=st.sampled_from(
+        [
+            "America/New_York",
+            "Europe/Berlin",
+            "Australia/Lord_Howe",
+            "Antarctica/Troll",
+            "Pacific/Apia",
+            "America/Sao_Paulo",
+            "Asia/Tehran",
+            "Pacific/Chatham",
+        ]
+    ),
+)
 @settings(max_examples=150, deadline=None)
 def test_sampled_offsets_agree_with_zoneinfo(instant: int, name: str) -> None:
     zone = load_zone(name)
@@ -1163,9 +1203,7 @@ def test_dst_policy_matches_the_minute_by_minute_oracle(expr: str, window: tuple
     window=_windows(DST_ZONES[:-1]),
 )
 @settings(max_examples=60, deadline=None)
-def test_wildcard_fires_in_a_utc_day_equal_the_matching_real_minutes(
-    expr: str, window: tuple[str, int, int]
-) -> None:
+def test_wildcard_fires_in_a_utc_day_equal_the_matching_real_minutes(expr: str, window: tuple[str, int, int]) -> None:
     name, start_s, _ = window
     zone = load_zone(name)
     day_start = start_s // 86_400 * 86_400
@@ -1176,16 +1214,25 @@ def test_wildcard_fires_in_a_utc_day_equal_the_matching_real_minutes(
         if (local := datetime.fromtimestamp(s, zone)).minute in minutes and local.hour in hours
     )
     schedule = CronSchedule(expr, name)
-    got = list(iter_fires(schedule, EPOCH + timedelta(seconds=day_start - 1),
-                          EPOCH + timedelta(seconds=day_start + 86_399)))
+    got = list(
+        iter_fires(schedule, EPOCH + timedelta(seconds=day_start - 1), EPOCH + timedelta(seconds=day_start + 86_399))
+    )
     assert len(got) == real
 
 
 @given(
     minute=st.integers(0, 59),
     hour=st.integers(0, 23),
-    name=st.sampled_from(["America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "Antarctica/Troll",
-                          "America/Sao_Paulo", "Pacific/Chatham"]),
+    name=st.sampled_from(
+        [
+            "America/New_York",
+            "Europe/Berlin",
+            "Australia/Lord_Howe",
+            "Antarctica/Troll",
+            "America/Sao_Paulo",
+            "Pacific/Chatham",
+        ]
+    ),
     year=st.integers(2000, 2030),
     spring=st.booleans(),
 )
@@ -1303,8 +1350,8 @@ def test_smallest_wall_gap_matches_enumeration(expr: str) -> None:
     while (match := expression.next_wall(cursor, first + 86_399)) is not None:
         times.append(match - first)
         cursor = match
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    if any(b - a == 1 for a, b in zip(days, days[1:])):
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    if any(b - a == 1 for a, b in zip(days, days[1:], strict=False)):
         gaps.append(86_400 - (times[-1] - times[0]))
     assert expression.smallest_wall_gap_s() == (min(gaps) if gaps else None)
 
@@ -1323,7 +1370,7 @@ def test_smallest_gap_matches_brute_force_over_the_horizon(expr: str, tz: str) -
     after = AFTER_2023_06
     end = after + timedelta(days=2 * 366)
     fires_ = [epoch_s(f) for f in iter_fires(schedule, after, end)]
-    gaps = [b - a for a, b in zip(fires_, fires_[1:]) if b - a <= 86_400]
+    gaps = [b - a for a, b in zip(fires_, fires_[1:], strict=False) if b - a <= 86_400]
     brute = min(gaps) if gaps else None
     got = schedule.smallest_gap_s(86_400, after)
     if brute is not None:

@@ -11,13 +11,11 @@ and ``expect``. Each case is one test: ``fires`` cases must produce exactly
 
 from __future__ import annotations
 
-
 import pytest
+from helpers import cron_cases
 
 from scheduler.errors import ValidationError
 from scheduler.schedule import CronSchedule, format_instant, parse_instant
-
-from helpers import cron_cases
 
 CASES = cron_cases()
 

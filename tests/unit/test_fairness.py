@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from scheduler.fairness import DeficitRoundRobin, TokenBucket, node_share_of_cap
 
 tenant_weights = st.dictionaries(
-    st.text("abcdefghij", min_size=1, max_size=4), st.integers(1, 20), min_size=1, max_size=30)
+    st.text("abcdefghij", min_size=1, max_size=4), st.integers(1, 20), min_size=1, max_size=30
+)
 
 
 def test_lone_tenant_gets_the_whole_budget() -> None:

@@ -8,8 +8,18 @@ from scheduler.errors import ValidationError, clip
 from scheduler.spec import JobSpec, parse_decimal, parse_whole
 
 
-@pytest.mark.parametrize(("value", "expected"), [("60", 60), (" 60 ", 60), ("+7", 7), ("-3", -3), (60, 60),
-                                                 (60.0, 60), ("99999999999999999999", 99999999999999999999)])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("60", 60),
+        (" 60 ", 60),
+        ("+7", 7),
+        ("-3", -3),
+        (60, 60),
+        (60.0, 60),
+        ("99999999999999999999", 99999999999999999999),
+    ],
+)
 def test_whole_numbers_are_parsed_as_integers(value, expected) -> None:
     assert parse_whole("n", value) == expected
 

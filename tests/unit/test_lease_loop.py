@@ -96,8 +96,11 @@ class FakeCoordinator:
         self.clock.advance(self.renew_takes_s)
         if self.renew_error is not None:
             raise self.renew_error
-        return [(lease.partition_id, lease.epoch) for lease in leases
-                if self.owners.get(lease.partition_id) == (self.node_id, lease.epoch)]
+        return [
+            (lease.partition_id, lease.epoch)
+            for lease in leases
+            if self.owners.get(lease.partition_id) == (self.node_id, lease.epoch)
+        ]
 
     def live_nodes(self) -> list[str]:
         self._record("live_nodes")
@@ -113,8 +116,9 @@ class FakeCoordinator:
     def release(self, leases: list[Lease]) -> list[int]:
         self._record("release")
         self.released.append(list(leases))
-        gone = [lease.partition_id for lease in leases
-                if self.owners.get(lease.partition_id) == (self.node_id, lease.epoch)]
+        gone = [
+            lease.partition_id for lease in leases if self.owners.get(lease.partition_id) == (self.node_id, lease.epoch)
+        ]
         self.free(gone)
         return gone
 
@@ -140,16 +144,22 @@ class Rig:
     """A lease loop, its table and a fake coordinator on one manual clock at ``T0``."""
 
     def __init__(self, fake_class: type[FakeCoordinator] = FakeCoordinator) -> None:
-        self.settings = Settings(dsn="postgresql://unused/test", node_id=ME, lease_ttl_s=TTL_S,
-                                 renew_interval_s=RENEW_S, poll_interval_s=POLL_S,
-                                 safety_margin_s=MARGIN_S).validated()
+        self.settings = Settings(
+            dsn="postgresql://unused/test",
+            node_id=ME,
+            lease_ttl_s=TTL_S,
+            renew_interval_s=RENEW_S,
+            poll_interval_s=POLL_S,
+            safety_margin_s=MARGIN_S,
+        ).validated()
         self.clock = ManualClock(start_s=T0)
         self.metrics = Metrics()
         self.fake = fake_class(self.clock)
         self.table = LeaseTable(self.clock, MARGIN_S)
         self.claimed_callbacks = 0
-        self.loop = LeaseLoop(self.settings, self.fake, self.table, self.clock, self.metrics,
-                              on_claimed=self._on_claimed)
+        self.loop = LeaseLoop(
+            self.settings, self.fake, self.table, self.clock, self.metrics, on_claimed=self._on_claimed
+        )
 
     def _on_claimed(self) -> None:
         self.claimed_callbacks += 1
@@ -196,8 +206,10 @@ def test_claims_up_to_the_share_and_tops_up_as_partitions_come_free() -> None:
     rig.fake.free(list(range(300)))  # the peer lets 0..299 go
     rig.at(T0 + 2)  # tops up to exactly the share, lowest free ids first
     assert rig.fake.claim_limits == [342, 218, 218]
-    assert rig.held() == {**{pid: (2, T0 + 2 + TTL_S) for pid in range(218)},
-                          **{pid: (1, T0 + TTL_S) for pid in range(900, 1024)}}
+    assert rig.held() == {
+        **{pid: (2, T0 + 2 + TTL_S) for pid in range(218)},
+        **{pid: (1, T0 + TTL_S) for pid in range(900, 1024)},
+    }
     assert rig.claimed_callbacks == 2
 
     rig.at(T0 + 3)  # at the share: no claim (the renewal is due too)
@@ -376,11 +388,21 @@ def test_run_heartbeats_renews_and_polls_on_schedule_until_stopped() -> None:
     rig.fake.hook = stop_at_t0_plus_7
     rig.loop.run(stop)  # the manual clock's wait() advances time instead of sleeping
     assert rig.fake.calls == [
-        (T0, "join"), (T0, "heartbeat"), (T0, "renew"), (T0, "live_nodes"), (T0, "claim"),
-        (T0 + 1, "live_nodes"), (T0 + 2, "live_nodes"),
-        (T0 + 3, "heartbeat"), (T0 + 3, "renew"), (T0 + 3, "live_nodes"),
-        (T0 + 4, "live_nodes"), (T0 + 5, "live_nodes"),
-        (T0 + 6, "heartbeat"), (T0 + 6, "renew"), (T0 + 6, "live_nodes"),
+        (T0, "join"),
+        (T0, "heartbeat"),
+        (T0, "renew"),
+        (T0, "live_nodes"),
+        (T0, "claim"),
+        (T0 + 1, "live_nodes"),
+        (T0 + 2, "live_nodes"),
+        (T0 + 3, "heartbeat"),
+        (T0 + 3, "renew"),
+        (T0 + 3, "live_nodes"),
+        (T0 + 4, "live_nodes"),
+        (T0 + 5, "live_nodes"),
+        (T0 + 6, "heartbeat"),
+        (T0 + 6, "renew"),
+        (T0 + 6, "live_nodes"),
         (T0 + 7, "live_nodes"),
     ]
     assert rig.clock.monotonic() == T0 + 7  # no wait after stop was set

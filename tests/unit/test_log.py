@@ -67,14 +67,16 @@ def test_short_secrets_are_not_scrubbed_from_free_text():
     assert log.redact("abc cab") == "abc cab"
 
 
-@pytest.mark.parametrize("dsn, redacted, secrets", [
-    ("postgresql://u:pa%40ss@h:5432/db", "postgresql://u:***@h:5432/db", ["pa%40ss", "pa@ss"]),
-    ("postgresql://u@h/db?password=s3cret&sslmode=off", "postgresql://u@h/db?password=***&sslmode=off",
-     ["s3cret"]),
-    ("host=h user=u password=s3cret dbname=d", "host=h user=u password=*** dbname=d", ["s3cret"]),
-    ("host=h password='with space' dbname=d", "host=h password=*** dbname=d", ["'with space'", "with space"]),
-    ("postgresql://u@h/db", "postgresql://u@h/db", []),
-])
+@pytest.mark.parametrize(
+    "dsn, redacted, secrets",
+    [
+        ("postgresql://u:pa%40ss@h:5432/db", "postgresql://u:***@h:5432/db", ["pa%40ss", "pa@ss"]),
+        ("postgresql://u@h/db?password=s3cret&sslmode=off", "postgresql://u@h/db?password=***&sslmode=off", ["s3cret"]),
+        ("host=h user=u password=s3cret dbname=d", "host=h user=u password=*** dbname=d", ["s3cret"]),
+        ("host=h password='with space' dbname=d", "host=h password=*** dbname=d", ["'with space'", "with space"]),
+        ("postgresql://u@h/db", "postgresql://u@h/db", []),
+    ],
+)
 def test_dsn_passwords_are_found_and_masked(dsn, redacted, secrets):
     assert redact_dsn(dsn) == redacted
     assert dsn_secrets(dsn) == secrets
@@ -105,18 +107,27 @@ def test_multi_line_store_errors_stay_one_record_per_line(captured, fmt):
         assert records[0]["error"] == error and "Traceback" in records[1]["exc"]
     else:
         assert lines[0].split()[1:3] == ["warning", "store_unavailable"]
-        assert "error=ERROR:  relation \"jobs\" does not exist\\nLINE 1: SELECT 1 FROM jobs\\n" in lines[0]
+        assert 'error=ERROR:  relation "jobs" does not exist\\nLINE 1: SELECT 1 FROM jobs\\n' in lines[0]
         assert lines[1].split()[1:3] == ["error", "tick_crashed"] and "exc=Traceback" in lines[1]
 
 
-@pytest.mark.parametrize("dsn, secret, echoed", [
-    # libpq splits the user info at the first '@': the rest of the password becomes the host name
-    ("postgresql://scheduler:Pass@SuperSecret42@127.0.0.1:5432/db", "SuperSecret42",
-     "failed to resolve host 'SuperSecret42@127.0.0.1': [Errno -2] Name or service not known"),
-    # an unescaped '/' ends the authority for libpq: the password's tail lands in the database name
-    ("postgresql://scheduler:pa/Tail99x@127.0.0.1/db", "Tail99x",
-     'connection failed: FATAL:  database "Tail99x@127.0.0.1/db" does not exist'),
-])
+@pytest.mark.parametrize(
+    "dsn, secret, echoed",
+    [
+        # libpq splits the user info at the first '@': the rest of the password becomes the host name
+        (
+            "postgresql://scheduler:Pass@SuperSecret42@127.0.0.1:5432/db",
+            "SuperSecret42",
+            "failed to resolve host 'SuperSecret42@127.0.0.1': [Errno -2] Name or service not known",
+        ),
+        # an unescaped '/' ends the authority for libpq: the password's tail lands in the database name
+        (
+            "postgresql://scheduler:pa/Tail99x@127.0.0.1/db",
+            "Tail99x",
+            'connection failed: FATAL:  database "Tail99x@127.0.0.1/db" does not exist',
+        ),
+    ],
+)
 def test_what_the_driver_echoes_of_a_misparsed_password_is_scrubbed(dsn, secret, echoed):
     assert secret not in redact_dsn(dsn)
     assert secret not in redact_text(echoed, dsn)
@@ -124,15 +135,27 @@ def test_what_the_driver_echoes_of_a_misparsed_password_is_scrubbed(dsn, secret,
     assert secret not in log.redact(echoed)
 
 
-@pytest.mark.parametrize("dsn, text, redacted", [
-    # what `db upgrade --dsn mysql://x:y@...` printed: the 1-character password scrubbed from "mysql"
-    ("mysql://x:y@h:3306/db", 'missing "=" after "mysql://x:y@h:3306/db" in connection info string',
-     'missing "=" after "mysql://x:***@h:3306/db" in connection info string'),
-    ("postgresql://u:ab@h/db", "connection to postgresql://u:ab@h/db failed: database table absent",
-     "connection to postgresql://u:***@h/db failed: database table absent"),
-    ("host=h user=u password=pw dbname=d", "bad option in host=h user=u password=pw dbname=d: pwd",
-     "bad option in host=h user=u password=*** dbname=d: pwd"),
-])
+@pytest.mark.parametrize(
+    "dsn, text, redacted",
+    [
+        # what `db upgrade --dsn mysql://x:y@...` printed: the 1-character password scrubbed from "mysql"
+        (
+            "mysql://x:y@h:3306/db",
+            'missing "=" after "mysql://x:y@h:3306/db" in connection info string',
+            'missing "=" after "mysql://x:***@h:3306/db" in connection info string',
+        ),
+        (
+            "postgresql://u:ab@h/db",
+            "connection to postgresql://u:ab@h/db failed: database table absent",
+            "connection to postgresql://u:***@h/db failed: database table absent",
+        ),
+        (
+            "host=h user=u password=pw dbname=d",
+            "bad option in host=h user=u password=pw dbname=d: pwd",
+            "bad option in host=h user=u password=*** dbname=d: pwd",
+        ),
+    ],
+)
 def test_a_short_password_is_masked_in_the_dsn_but_never_scrubs_other_text(dsn, text, redacted):
     assert len(dsn_secrets(dsn)[0]) < log.MIN_SECRET_CHARS
     assert redact_text(text, dsn) == redacted
@@ -145,51 +168,63 @@ def test_redact_text_scrubs_the_percent_encoded_spellings_of_a_keyword_password(
     assert redact_text(text, dsn) == "at postgresql+psycopg://u:***@h/d and ***: refused"
 
 
-DSN_RULE = ("dsn: a URI may hold '@' only once, between the user info and the host: percent-encode "
-            "@ : / ? # in the user name and password (e.g. @ as %40)")
+DSN_RULE = (
+    "dsn: a URI may hold '@' only once, between the user info and the host: percent-encode "
+    "@ : / ? # in the user name and password (e.g. @ as %40)"
+)
 
 
-@pytest.mark.parametrize("dsn", [
-    "postgresql://op:Sup3r@S3cret/Path@127.0.0.1:55432/sched3",   # '@' then '/': libpq takes 'S3cret' as the host
-    "postgresql://op:Sup3r?S3cret@127.0.0.1:55432/sched3",        # '?' ends the authority: '@' in the query
-    "postgresql://op:Sup3r#S3cret@127.0.0.1:55432/sched3",        # '#': '@' in the fragment
-    "postgresql://op:k3y@1@127.0.0.1:55432/sched3",
-    "postgresql://op:S3cr@t!pw#x@127.0.0.1:55432/sched3",
-    "postgresql://op:a@b@c-longersecret@127.0.0.1:55432/sched3",
-    "postgres://op@127.0.0.1/sched3?application_name=a@b",
-    "postgresql+psycopg://op:a@b@127.0.0.1/sched3",
-    "cockroachdb://op:a@b@127.0.0.1:26257/sched3",
-])
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://op:Sup3r@S3cret/Path@127.0.0.1:55432/sched3",  # '@' then '/': libpq takes 'S3cret' as the host
+        "postgresql://op:Sup3r?S3cret@127.0.0.1:55432/sched3",  # '?' ends the authority: '@' in the query
+        "postgresql://op:Sup3r#S3cret@127.0.0.1:55432/sched3",  # '#': '@' in the fragment
+        "postgresql://op:k3y@1@127.0.0.1:55432/sched3",
+        "postgresql://op:S3cr@t!pw#x@127.0.0.1:55432/sched3",
+        "postgresql://op:a@b@c-longersecret@127.0.0.1:55432/sched3",
+        "postgres://op@127.0.0.1/sched3?application_name=a@b",
+        "postgresql+psycopg://op:a@b@127.0.0.1/sched3",
+        "cockroachdb://op:a@b@127.0.0.1:26257/sched3",
+    ],
+)
 def test_a_uri_with_an_unescaped_at_is_refused_without_echoing_it(dsn):
     with pytest.raises(ConfigError) as caught:
         store.check_dsn(dsn)
     assert str(caught.value) == DSN_RULE
 
 
-@pytest.mark.parametrize("dsn, reason", [
-    ("garbage", 'missing "=" after "garbage" in connection info string'),
-    ("mysql://x:y@h:3306/db", 'missing "=" after "mysql://x:***@h:3306/db" in connection info string'),
-    ("postgresql://u@h/db?sslmode", 'missing key/value separator "=" in URI query parameter: "sslmode"'),
-    ("host=h password='s3cret-pw", "unterminated quoted string in connection info string"),
-    ("host=h bogus=1 password=s3cret-pw", 'invalid connection option "bogus"'),
-])
+@pytest.mark.parametrize(
+    "dsn, reason",
+    [
+        ("garbage", 'missing "=" after "garbage" in connection info string'),
+        ("mysql://x:y@h:3306/db", 'missing "=" after "mysql://x:***@h:3306/db" in connection info string'),
+        ("postgresql://u@h/db?sslmode", 'missing key/value separator "=" in URI query parameter: "sslmode"'),
+        ("host=h password='s3cret-pw", "unterminated quoted string in connection info string"),
+        ("host=h bogus=1 password=s3cret-pw", 'invalid connection option "bogus"'),
+    ],
+)
 def test_a_dsn_libpq_cannot_parse_is_refused(dsn, reason):
     with pytest.raises(ConfigError) as caught:
         store.check_dsn(dsn)
     assert str(caught.value) == (
         "dsn: must be a URI (postgresql://user:password@host:5432/dbname) or libpq keywords "
-        f"(host=... dbname=...); libpq: {reason}")
+        f"(host=... dbname=...); libpq: {reason}"
+    )
 
 
-@pytest.mark.parametrize("dsn", [
-    "postgresql://u:pa%40ss%2F%3F%23@h:5432/db",
-    "postgresql://u@h/db?password=s3cret&application_name=a%40b",
-    "postgresql://u:p:a:ss@[::1]:5432/db",
-    "postgresql://u@h1:5432,h2:5433/db?target_session_attrs=read-write",
-    "postgresql+psycopg://u:pw@h/db",
-    "cockroachdb://root@h:26257/db?sslmode=disable",
-    "host=h user=u password=p@ss/w?rd#x dbname=d",
-    "host=/var/run/postgresql dbname=d",
-])
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://u:pa%40ss%2F%3F%23@h:5432/db",
+        "postgresql://u@h/db?password=s3cret&application_name=a%40b",
+        "postgresql://u:p:a:ss@[::1]:5432/db",
+        "postgresql://u@h1:5432,h2:5433/db?target_session_attrs=read-write",
+        "postgresql+psycopg://u:pw@h/db",
+        "cockroachdb://root@h:26257/db?sslmode=disable",
+        "host=h user=u password=p@ss/w?rd#x dbname=d",
+        "host=/var/run/postgresql dbname=d",
+    ],
+)
 def test_a_well_formed_dsn_passes_the_check(dsn):
     store.check_dsn(dsn)

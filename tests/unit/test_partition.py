@@ -16,7 +16,6 @@ from collections import Counter
 
 import pytest
 
-from scheduler import partition
 from scheduler.partition import PARTITION_COUNT, partition_of, stable_hash
 
 # (uuid, stable_hash, partition_id). SHA-256 of 16 zero bytes starts with

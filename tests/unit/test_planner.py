@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given, settings
@@ -29,7 +29,7 @@ from scheduler.planner import (
 )
 from scheduler.schedule import CronSchedule, IntervalSchedule, OnceSchedule
 
-UTC = timezone.utc
+UTC = UTC
 JOB = uuid.UUID("12345678-1234-5678-1234-567812345678")
 S = timedelta(seconds=1)
 
@@ -49,8 +49,7 @@ EVERY_MINUTE = CronSchedule("* * * * *")
 
 
 def test_not_due_yet_changes_nothing() -> None:
-    plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"),
-                    now=t("2030-01-01T00:00:59.999Z"))
+    plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"), now=t("2030-01-01T00:00:59.999Z"))
     assert plan == Plan([], None, t("2030-01-01T00:01:00Z"), t("2030-01-01T00:01:00Z"))
 
 
@@ -60,16 +59,16 @@ def test_exhausted_job_changes_nothing() -> None:
 
 
 def test_on_time_slot_fires_and_advances() -> None:
-    plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"),
-                    now=t("2030-01-01T00:01:00.020Z"))
+    plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"), now=t("2030-01-01T00:01:00.020Z"))
     assert plan.fires == [(t("2030-01-01T00:01:00Z"), t("2030-01-01T00:01:00Z"))]
     assert plan.skip is None
     assert plan.next_nominal == plan.next_due == t("2030-01-01T00:02:00Z")
 
 
 def test_all_fires_every_overdue_slot_oldest_first() -> None:
-    plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"),
-                    now=t("2030-01-01T00:05:30Z"), misfire="all")
+    plan = plan_job(
+        EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"), now=t("2030-01-01T00:05:30Z"), misfire="all"
+    )
     assert [n for n, _ in plan.fires] == minutes("2030-01-01T00:01:00Z", 5)
     assert all(n == s for n, s in plan.fires)
     assert plan.skip is None
@@ -78,27 +77,39 @@ def test_all_fires_every_overdue_slot_oldest_first() -> None:
 
 def test_all_records_slots_older_than_the_catchup_window() -> None:
     # Outage from 00:01 to 00:10:30, window 300 s: horizon 00:05:30.
-    plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"),
-                    now=t("2030-01-01T00:10:30Z"), misfire="all", catchup_window_s=300)
+    plan = plan_job(
+        EVERY_MINUTE,
+        job_id=JOB,
+        next_nominal=t("2030-01-01T00:01:00Z"),
+        now=t("2030-01-01T00:10:30Z"),
+        misfire="all",
+        catchup_window_s=300,
+    )
     assert plan.skip == SkipRange(t("2030-01-01T00:01:00Z"), t("2030-01-01T00:06:00Z"), 5, "catchup_window")
     assert [n for n, _ in plan.fires] == minutes("2030-01-01T00:06:00Z", 5)
     assert plan.next_nominal == t("2030-01-01T00:11:00Z")
 
 
 def test_all_slot_exactly_at_the_window_edge_fires() -> None:
-    plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"),
-                    now=t("2030-01-01T00:06:00Z"), misfire="all", catchup_window_s=300)
+    plan = plan_job(
+        EVERY_MINUTE,
+        job_id=JOB,
+        next_nominal=t("2030-01-01T00:01:00Z"),
+        now=t("2030-01-01T00:06:00Z"),
+        misfire="all",
+        catchup_window_s=300,
+    )
     assert plan.skip is None
     assert [n for n, _ in plan.fires] == minutes("2030-01-01T00:01:00Z", 6)
 
 
 def test_all_respects_the_limit_and_resumes_at_the_first_unfired_slot() -> None:
-    plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"),
-                    now=t("2030-01-01T00:05:30Z"), limit=2)
+    plan = plan_job(
+        EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"), now=t("2030-01-01T00:05:30Z"), limit=2
+    )
     assert [n for n, _ in plan.fires] == minutes("2030-01-01T00:01:00Z", 2)
     assert plan.next_nominal == plan.next_due == t("2030-01-01T00:03:00Z")
-    rest = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=plan.next_nominal,
-                    now=t("2030-01-01T00:05:31Z"), limit=10)
+    rest = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=plan.next_nominal, now=t("2030-01-01T00:05:31Z"), limit=10)
     assert [n for n, _ in rest.fires] == minutes("2030-01-01T00:03:00Z", 3)
     assert rest.next_nominal == t("2030-01-01T00:06:00Z")
 
@@ -107,17 +118,31 @@ def test_once_collapses_the_missed_slots_and_fires_those_within_the_grace() -> N
     # now 00:05:30, grace 60 s: 00:01-00:04 are missed (more than 60 s late):
     # one run for the latest of them (00:04), 00:01-00:03 skipped; 00:05 is
     # 30 s late, within the grace: it fires as it is.
-    plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"),
-                    now=t("2030-01-01T00:05:30Z"), misfire="once", misfire_grace_s=60)
-    assert plan.fires == [(t("2030-01-01T00:04:00Z"), t("2030-01-01T00:04:00Z")),
-                          (t("2030-01-01T00:05:00Z"), t("2030-01-01T00:05:00Z"))]
+    plan = plan_job(
+        EVERY_MINUTE,
+        job_id=JOB,
+        next_nominal=t("2030-01-01T00:01:00Z"),
+        now=t("2030-01-01T00:05:30Z"),
+        misfire="once",
+        misfire_grace_s=60,
+    )
+    assert plan.fires == [
+        (t("2030-01-01T00:04:00Z"), t("2030-01-01T00:04:00Z")),
+        (t("2030-01-01T00:05:00Z"), t("2030-01-01T00:05:00Z")),
+    ]
     assert plan.skip == SkipRange(t("2030-01-01T00:01:00Z"), t("2030-01-01T00:04:00Z"), 3, "once")
     assert plan.next_nominal == t("2030-01-01T00:06:00Z")
 
 
 def test_once_with_a_zero_grace_fires_only_the_latest_overdue_slot() -> None:
-    plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"),
-                    now=t("2030-01-01T00:05:30Z"), misfire="once", misfire_grace_s=0)
+    plan = plan_job(
+        EVERY_MINUTE,
+        job_id=JOB,
+        next_nominal=t("2030-01-01T00:01:00Z"),
+        now=t("2030-01-01T00:05:30Z"),
+        misfire="once",
+        misfire_grace_s=0,
+    )
     assert plan.fires == [(t("2030-01-01T00:05:00Z"), t("2030-01-01T00:05:00Z"))]
     assert plan.skip == SkipRange(t("2030-01-01T00:01:00Z"), t("2030-01-01T00:05:00Z"), 4, "once")
     assert plan.next_nominal == t("2030-01-01T00:06:00Z")
@@ -145,8 +170,9 @@ def test_once_under_slow_ticks_loses_no_slot() -> None:
 
 
 def test_once_with_a_single_overdue_slot_fires_it_normally() -> None:
-    plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"),
-                    now=t("2030-01-01T00:01:59Z"), misfire="once")
+    plan = plan_job(
+        EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"), now=t("2030-01-01T00:01:59Z"), misfire="once"
+    )
     assert plan.fires == [(t("2030-01-01T00:01:00Z"), t("2030-01-01T00:01:00Z"))]
     assert plan.skip is None
     assert plan.next_nominal == t("2030-01-01T00:02:00Z")
@@ -154,16 +180,28 @@ def test_once_with_a_single_overdue_slot_fires_it_normally() -> None:
 
 def test_skip_drops_slots_later_than_the_grace() -> None:
     # now 00:05:30, grace 60 s: 00:04:30 is the oldest slot still in grace.
-    plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"),
-                    now=t("2030-01-01T00:05:30Z"), misfire="skip", misfire_grace_s=60)
+    plan = plan_job(
+        EVERY_MINUTE,
+        job_id=JOB,
+        next_nominal=t("2030-01-01T00:01:00Z"),
+        now=t("2030-01-01T00:05:30Z"),
+        misfire="skip",
+        misfire_grace_s=60,
+    )
     assert plan.skip == SkipRange(t("2030-01-01T00:01:00Z"), t("2030-01-01T00:05:00Z"), 4, "grace")
     assert plan.fires == [(t("2030-01-01T00:05:00Z"), t("2030-01-01T00:05:00Z"))]
     assert plan.next_nominal == t("2030-01-01T00:06:00Z")
 
 
 def test_skip_slot_exactly_grace_late_fires() -> None:
-    plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:04:00Z"),
-                    now=t("2030-01-01T00:05:00Z"), misfire="skip", misfire_grace_s=60)
+    plan = plan_job(
+        EVERY_MINUTE,
+        job_id=JOB,
+        next_nominal=t("2030-01-01T00:04:00Z"),
+        now=t("2030-01-01T00:05:00Z"),
+        misfire="skip",
+        misfire_grace_s=60,
+    )
     assert plan.skip is None
     assert [n for n, _ in plan.fires] == minutes("2030-01-01T00:04:00Z", 2)
 
@@ -171,8 +209,13 @@ def test_skip_slot_exactly_grace_late_fires() -> None:
 def test_pacing_lateness_under_default_policies_is_never_a_skip() -> None:
     # Seconds late (pacing, failover): none of the defaults skips anything.
     for policy in ("all", "skip"):
-        plan = plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"),
-                        now=t("2030-01-01T00:01:13Z"), misfire=policy)
+        plan = plan_job(
+            EVERY_MINUTE,
+            job_id=JOB,
+            next_nominal=t("2030-01-01T00:01:00Z"),
+            now=t("2030-01-01T00:01:13Z"),
+            misfire=policy,
+        )
         assert plan.skip is None
         assert [n for n, _ in plan.fires] == [t("2030-01-01T00:01:00Z")]
 
@@ -187,8 +230,7 @@ def test_one_shot_fires_once_then_is_exhausted() -> None:
 
 def test_one_shot_older_than_the_window_is_skipped_not_fired() -> None:
     at = t("2030-01-01T09:00:00Z")
-    plan = plan_job(OnceSchedule(at), job_id=JOB, next_nominal=at, now=at + timedelta(hours=2),
-                    catchup_window_s=3600)
+    plan = plan_job(OnceSchedule(at), job_id=JOB, next_nominal=at, now=at + timedelta(hours=2), catchup_window_s=3600)
     assert plan.fires == []
     assert plan.skip == SkipRange(at, at + timedelta(hours=1), 1, "catchup_window")
     assert plan.next_nominal is None
@@ -197,8 +239,7 @@ def test_one_shot_older_than_the_window_is_skipped_not_fired() -> None:
 def test_a_year_long_outage_costs_one_uncounted_skip_range() -> None:
     every_second = IntervalSchedule(1, t("2029-01-01T00:00:00Z"))
     now = t("2030-01-01T00:00:00.5Z")
-    plan = plan_job(every_second, job_id=JOB, next_nominal=t("2029-01-01T00:00:00Z"), now=now,
-                    misfire="all", limit=10)
+    plan = plan_job(every_second, job_id=JOB, next_nominal=t("2029-01-01T00:00:00Z"), now=now, misfire="all", limit=10)
     assert plan.skip == SkipRange(t("2029-01-01T00:00:00Z"), t("2029-12-31T00:00:01Z"), None, "catchup_window")
     assert [n for n, _ in plan.fires] == [t("2029-12-31T00:00:01Z") + i * S for i in range(10)]
     assert plan.next_nominal == t("2029-12-31T00:00:11Z")
@@ -215,18 +256,35 @@ def test_a_year_long_outage_costs_one_uncounted_skip_range() -> None:
 def test_skip_count_is_exact_up_to_the_cap() -> None:
     every_second = IntervalSchedule(1, t("2030-01-01T00:00:00Z"))
     first = t("2030-01-01T00:00:00Z")
-    plan = plan_job(every_second, job_id=JOB, next_nominal=first, now=first + COUNT_CAP * S + S / 2,
-                    misfire="once", misfire_grace_s=0)
+    plan = plan_job(
+        every_second,
+        job_id=JOB,
+        next_nominal=first,
+        now=first + COUNT_CAP * S + S / 2,
+        misfire="once",
+        misfire_grace_s=0,
+    )
     assert plan.skip == SkipRange(first, first + COUNT_CAP * S, COUNT_CAP, "once")
-    plan = plan_job(every_second, job_id=JOB, next_nominal=first, now=first + (COUNT_CAP + 1) * S + S / 2,
-                    misfire="once", misfire_grace_s=0)
+    plan = plan_job(
+        every_second,
+        job_id=JOB,
+        next_nominal=first,
+        now=first + (COUNT_CAP + 1) * S + S / 2,
+        misfire="once",
+        misfire_grace_s=0,
+    )
     assert plan.skip.slots is None
 
 
 def test_unknown_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="bogus"):
-        plan_job(EVERY_MINUTE, job_id=JOB, next_nominal=t("2030-01-01T00:01:00Z"),
-                 now=t("2030-01-01T00:02:00Z"), misfire="bogus")
+        plan_job(
+            EVERY_MINUTE,
+            job_id=JOB,
+            next_nominal=t("2030-01-01T00:01:00Z"),
+            now=t("2030-01-01T00:02:00Z"),
+            misfire="bogus",
+        )
 
 
 # ---------------------------------------------------------------- jitter
@@ -318,7 +376,7 @@ def walk(schedule, first: datetime, stop) -> list[datetime]:
 
 def check_invariants(plan: Plan, sit: dict) -> None:
     fired = [n for n, _ in plan.fires]
-    assert all(a < b for a, b in zip(fired, fired[1:])), "fires strictly increasing"
+    assert all(a < b for a, b in zip(fired, fired[1:], strict=False)), "fires strictly increasing"
     assert len(fired) <= sit["limit"]
     assert all(n >= sit["first"] for n in fired)
     for nominal, scheduled in plan.fires:
@@ -338,9 +396,17 @@ def check_invariants(plan: Plan, sit: dict) -> None:
 
 
 def plan_for(sit: dict, misfire: str) -> Plan:
-    return plan_job(sit["schedule"], job_id=sit["job_id"], next_nominal=sit["first"], now=sit["now"],
-                    misfire=misfire, catchup_window_s=sit["window_s"], misfire_grace_s=sit["grace_s"],
-                    jitter_s=sit["jitter_s"], limit=sit["limit"])
+    return plan_job(
+        sit["schedule"],
+        job_id=sit["job_id"],
+        next_nominal=sit["first"],
+        now=sit["now"],
+        misfire=misfire,
+        catchup_window_s=sit["window_s"],
+        misfire_grace_s=sit["grace_s"],
+        jitter_s=sit["jitter_s"],
+        limit=sit["limit"],
+    )
 
 
 @settings(max_examples=250, deadline=None)

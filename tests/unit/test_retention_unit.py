@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -11,16 +11,28 @@ from scheduler.errors import ValidationError
 from scheduler.retention import PARTITIONS_PER_STATEMENT, TABLES, PruneWalk, parse_duration
 
 
-@pytest.mark.parametrize("text, seconds", [
-    ("7d", 604_800), ("12h", 43_200), ("30m", 1_800), ("45s", 45), ("1d12h", 129_600),
-    ("3600", 3_600), ("0.5", 0.5), ("1.5h", 5_400), (" 2D ", 172_800),
-])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("7d", 604_800),
+        ("12h", 43_200),
+        ("30m", 1_800),
+        ("45s", 45),
+        ("1d12h", 129_600),
+        ("3600", 3_600),
+        ("0.5", 0.5),
+        ("1.5h", 5_400),
+        (" 2D ", 172_800),
+    ],
+)
 def test_parse_duration(text, seconds):
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "0", "-1", "7w", "d", "7 d", "1h-1m", "inf", "nan", "7d junk",
-                                  "999999999d", "99999999999999999d", "1e300"])
+@pytest.mark.parametrize(
+    "text",
+    ["", "0", "-1", "7w", "d", "7 d", "1h-1m", "inf", "nan", "7d junk", "999999999d", "99999999999999999d", "1e300"],
+)
 def test_parse_duration_refuses(text):
     with pytest.raises(ValidationError, match="older_than"):
         parse_duration(text)
@@ -36,7 +48,7 @@ def test_walk_visits_every_partition_once_per_table_in_bounded_chunks(monkeypatc
 
     monkeypatch.setattr(retention.store, "run_transaction", lambda conn, body, on_retry=None: body(conn))
     monkeypatch.setattr(retention.store, "execute", fake_execute)
-    walk = PruneWalk(range(1024), datetime(2030, 1, 1, tzinfo=timezone.utc), 10)
+    walk = PruneWalk(range(1024), datetime(2030, 1, 1, tzinfo=UTC), 10)
     while not walk.done:
         walk.step(conn=None)
     chunks = 1024 // PARTITIONS_PER_STATEMENT

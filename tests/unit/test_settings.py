@@ -48,7 +48,8 @@ def test_resolve_takes_flag_then_env_then_file_then_default():
     settings, sources = settings_mod.resolve(
         flags={"lease_ttl_s": 20.0},
         env={"lease_ttl_s": 30.0, "renew_interval_s": 4.0},
-        file_values={"lease_ttl_s": 40.0, "renew_interval_s": 5.0, "poll_interval_s": 2.0})
+        file_values={"lease_ttl_s": 40.0, "renew_interval_s": 5.0, "poll_interval_s": 2.0},
+    )
     assert (settings.lease_ttl_s, sources["lease_ttl_s"]) == (20.0, "flag")
     assert (settings.renew_interval_s, sources["renew_interval_s"]) == (4.0, "env")
     assert (settings.poll_interval_s, sources["poll_interval_s"]) == (2.0, "file")
@@ -57,10 +58,14 @@ def test_resolve_takes_flag_then_env_then_file_then_default():
 
 
 def test_config_show_reports_each_source(tmp_path):
-    path = write(tmp_path, 'lease_ttl_s = 12\nrenew_interval_s = 2.5\npoll_interval_s = 0.75\n'
-                           'metrics_port = 9464\nlog_format = "json"\n')
-    out = show(["--config", str(path), "--lease-ttl-s", "15"],
-               {"SCHEDULER_RENEW_INTERVAL_S": "2", "SCHEDULER_METRICS_HOST": "0.0.0.0"})
+    path = write(
+        tmp_path,
+        'lease_ttl_s = 12\nrenew_interval_s = 2.5\npoll_interval_s = 0.75\nmetrics_port = 9464\nlog_format = "json"\n',
+    )
+    out = show(
+        ["--config", str(path), "--lease-ttl-s", "15"],
+        {"SCHEDULER_RENEW_INTERVAL_S": "2", "SCHEDULER_METRICS_HOST": "0.0.0.0"},
+    )
     assert out["lease_ttl_s"] == {"value": 15.0, "source": "flag"}
     assert out["renew_interval_s"] == {"value": 2.0, "source": "env"}
     assert out["poll_interval_s"] == {"value": 0.75, "source": "file"}
@@ -80,8 +85,9 @@ def test_config_file_from_scheduler_config_env(tmp_path):
 
 def test_root_log_format_flag_counts_as_a_flag(tmp_path):
     path = write(tmp_path, 'log_format = "text"\n')
-    result = run(["--log-format", "json", "config", "show", "--json", "--config", str(path)],
-                 {"SCHEDULER_LOG_FORMAT": "text"})
+    result = run(
+        ["--log-format", "json", "config", "show", "--json", "--config", str(path)], {"SCHEDULER_LOG_FORMAT": "text"}
+    )
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["log_format"] == {"value": "json", "source": "flag"}
 
@@ -150,16 +156,19 @@ def test_invalid_combination_from_env_and_file(tmp_path):
     assert "renew_interval_s" in line and "lease_ttl_s" in line and "safety_margin_s" in line
 
 
-@pytest.mark.parametrize("text, words", [
-    ("bogus = 1\n", ["unknown setting 'bogus'"]),
-    ('lease_ttl_s = "ten"\n', ["lease_ttl_s", "must be a number"]),
-    ("metrics_port = 9464.5\n", ["metrics_port", "whole number"]),
-    ("metrics_port = 70000\n", ["metrics_port", "0-65535"]),
-    ('log_format = "xml"\n', ["log_format", "text, json"]),
-    ("retention_s = -1\n", ["retention_s", "> 0"]),
-    ("retention_s = 99999999999999999999\n", ["retention_s", "at most"]),
-    ("lease_ttl_s = \n", ["not valid TOML"]),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("bogus = 1\n", ["unknown setting 'bogus'"]),
+        ('lease_ttl_s = "ten"\n', ["lease_ttl_s", "must be a number"]),
+        ("metrics_port = 9464.5\n", ["metrics_port", "whole number"]),
+        ("metrics_port = 70000\n", ["metrics_port", "0-65535"]),
+        ('log_format = "xml"\n', ["log_format", "text, json"]),
+        ("retention_s = -1\n", ["retention_s", "> 0"]),
+        ("retention_s = 99999999999999999999\n", ["retention_s", "at most"]),
+        ("lease_ttl_s = \n", ["not valid TOML"]),
+    ],
+)
 def test_bad_config_file_is_one_line(tmp_path, text, words):
     line = one_line_error(run(["config", "show", "--config", str(write(tmp_path, text))]))
     for word in words:

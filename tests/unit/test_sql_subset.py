@@ -42,8 +42,11 @@ def migration_sql(path: Path) -> list[str]:
     """String constants of a migration module, its docstring excluded."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     docstring = ast.get_docstring(tree, clean=False)
-    return [node.value for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value != docstring]
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value != docstring
+    ]
 
 
 def sources() -> list[tuple[str, str]]:
@@ -77,34 +80,44 @@ def test_skip_locked_is_documented_as_spreading_work():
     for name in SKIP_LOCKED_ALLOWED:
         assert SKIP_LOCKED.search(QUERIES[name])
     text = (REPO / "scheduler" / "sql" / "queries.sql").read_text(encoding="utf-8")
-    header = text[text.index("-- name: claim_partitions"):text.index("UPDATE partitions", text.index("-- name: claim_partitions"))]
+    header = text[
+        text.index("-- name: claim_partitions") : text.index(
+            "UPDATE partitions", text.index("-- name: claim_partitions")
+        )
+    ]
     assert "SKIP LOCKED" in header and "spreads" in header
 
 
-@pytest.mark.parametrize("sql, why", [
-    ("SELECT pg_advisory_xact_lock(1)", "advisory"),
-    ("SELECT pg_try_advisory_lock(1)", "advisory"),
-    ("LISTEN jobs", "LISTEN"),
-    ("NOTIFY jobs, 'x'", "LISTEN"),
-    ("SELECT clock_timestamp()", "clock_timestamp"),
-    ("SELECT cluster_logical_timestamp()", "cluster_logical_timestamp"),
-    ("UPSERT INTO t (a) VALUES (1)", "UPSERT"),
-    ("INSERT INTO t (a) VALUES (1) ON CONFLICT DO NOTHING", "named conflict columns"),
-    ("INSERT INTO t (a) VALUES (1) ON CONFLICT ON CONSTRAINT t_pkey DO NOTHING", "ON CONSTRAINT"),
-    ("CREATE DATABASE x TEMPLATE y", "TEMPLATE"),
-    ("DELETE FROM runs WHERE ctid IN (SELECT ctid FROM runs LIMIT 10)", "ctid"),
-    ("SELECT 1 FROM jobs FOR UPDATE SKIP LOCKED", "SKIP LOCKED"),
-])
+@pytest.mark.parametrize(
+    "sql, why",
+    [
+        ("SELECT pg_advisory_xact_lock(1)", "advisory"),
+        ("SELECT pg_try_advisory_lock(1)", "advisory"),
+        ("LISTEN jobs", "LISTEN"),
+        ("NOTIFY jobs, 'x'", "LISTEN"),
+        ("SELECT clock_timestamp()", "clock_timestamp"),
+        ("SELECT cluster_logical_timestamp()", "cluster_logical_timestamp"),
+        ("UPSERT INTO t (a) VALUES (1)", "UPSERT"),
+        ("INSERT INTO t (a) VALUES (1) ON CONFLICT DO NOTHING", "named conflict columns"),
+        ("INSERT INTO t (a) VALUES (1) ON CONFLICT ON CONSTRAINT t_pkey DO NOTHING", "ON CONSTRAINT"),
+        ("CREATE DATABASE x TEMPLATE y", "TEMPLATE"),
+        ("DELETE FROM runs WHERE ctid IN (SELECT ctid FROM runs LIMIT 10)", "ctid"),
+        ("SELECT 1 FROM jobs FOR UPDATE SKIP LOCKED", "SKIP LOCKED"),
+    ],
+)
 def test_the_scan_catches_each_construct(sql, why):
     found = violations("queries.sql:example", sql)
     assert any(why in problem for problem in found), found
 
 
-@pytest.mark.parametrize("sql", [
-    "INSERT INTO t (a) VALUES (1) ON CONFLICT (a) DO NOTHING",
-    "SELECT now()",
-    "SELECT 1 -- mentions nothing forbidden",
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO t (a) VALUES (1) ON CONFLICT (a) DO NOTHING",
+        "SELECT now()",
+        "SELECT 1 -- mentions nothing forbidden",
+    ],
+)
 def test_the_scan_accepts_the_subset(sql):
     assert violations("queries.sql:example", sql) == []
 

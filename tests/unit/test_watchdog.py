@@ -48,9 +48,13 @@ STEP_S = 0.125
 def rig():
     clock = Clock()
     actions: list[tuple] = []
-    watchdog = Watchdog(clock, check_interval_s=STEP_S, cancel=lambda conn: actions.append(("cancel", conn.pgconn.socket, clock.now)),
-                        shutdown=lambda fd: actions.append(("shutdown", fd, clock.now)),
-                        on_stuck=lambda call: actions.append(("stuck", call.fd, clock.now)))
+    watchdog = Watchdog(
+        clock,
+        check_interval_s=STEP_S,
+        cancel=lambda conn: actions.append(("cancel", conn.pgconn.socket, clock.now)),
+        shutdown=lambda fd: actions.append(("shutdown", fd, clock.now)),
+        on_stuck=lambda call: actions.append(("stuck", call.fd, clock.now)),
+    )
     watchdog.check()  # first look: sets the reference time
     return clock, watchdog, actions
 
@@ -126,8 +130,11 @@ def test_settings_derive_the_client_side_bounds_from_the_ttl():
     assert s.effective_tcp_user_timeout_s == 5.0
     assert (s.effective_loop_stall_s, s.stop_timeout_s) == (10.0, 10.0)
     small = Settings(dsn="postgresql://h/db", lease_ttl_s=2.0, renew_interval_s=0.5).validated()
-    assert (small.effective_store_call_margin_s, small.keepalive_idle_s, small.effective_tcp_user_timeout_s) \
-        == (0.5, 1, 1.0)
+    assert (small.effective_store_call_margin_s, small.keepalive_idle_s, small.effective_tcp_user_timeout_s) == (
+        0.5,
+        1,
+        1.0,
+    )
 
 
 def test_shutdown_socket_unblocks_a_reader_and_keeps_its_descriptor():
