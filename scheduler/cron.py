@@ -495,6 +495,14 @@ def _min_step(values: tuple[int, ...]) -> int | None:
     return min(b - a for a, b in zip(values, values[1:], strict=False))
 
 
+def _scaled_step(values: tuple[int, ...], unit_s: int, span_s: int) -> int | None:
+    """Smallest gap (seconds) between the last fire of one value and the first of the
+    next: the smallest step of ``values`` in ``unit_s`` minus the ``span_s`` of the
+    finer fields within one value; ``None`` for fewer than two values."""
+    step = _min_step(values)
+    return None if step is None else step * unit_s - span_s
+
+
 # 2001-01-01 .. 2029-01-01 holds every kind of calendar day pair: the 14 kinds
 # of year (leap or not, times the weekday of January 1st) all start in it, and
 # so do the seven weekdays of December 31st followed by January 1st.
@@ -528,8 +536,8 @@ def _smallest_wall_gap_s(expression: CronExpression) -> int | None:
         gap
         for gap in (
             _min_step(seconds),
-            None if len(minutes) < 2 else _min_step(minutes) * 60 - second_span,
-            None if len(hours) < 2 else _min_step(hours) * 3600 - minute_span,
+            _scaled_step(minutes, 60, second_span),
+            _scaled_step(hours, 3600, minute_span),
         )
         if gap is not None
     ]
@@ -695,13 +703,15 @@ def _check_static_satisfiable(expr: str, month: str, dom: str, dow: str, w_day: 
     does ``NW`` with N longer than every chosen month. The bounded search in
     :func:`_parse` decides everything else.
     """
-    months = Field.MONTH.parse(month)
+    # cronsim types its parsed values as int | (int, int) (day-of-week's #);
+    # months and days are ints.
+    months = {m for m in Field.MONTH.parse(month) if isinstance(m, int)}
     names = _month_names(months)
     longest = max(_MONTH_DAYS[m] for m in months)
     if w_day is not None and w_day > longest:
         raise ValidationError("cron", f"the expression never fires: no day {w_day} in {names}", expr)
-    days = Field.DAY.parse(dom)
-    if day_and and all(d > 0 for d in days) and min(days) > longest:
+    days = {d for d in Field.DAY.parse(dom) if isinstance(d, int)}
+    if day_and and days and all(d > 0 for d in days) and min(days) > longest:
         raise ValidationError(
             "cron", f"the expression never fires: day-of-month {min(days)} does not occur in {names}", expr
         )

@@ -112,11 +112,14 @@ def scheduled_time(job_id: uuid.UUID, nominal: datetime, jitter_s: int) -> datet
 def count_slots(schedule: Schedule, first: datetime, until: datetime) -> int | None:
     """Slots in ``[first, until)`` given ``first`` is a slot; ``None`` past :data:`COUNT_CAP`."""
     count, slot = 0, first
-    while slot is not None and slot < until:
+    while slot < until:
         count += 1
         if count > COUNT_CAP:
             return None
-        slot = schedule.next_after(slot)
+        following = schedule.next_after(slot)
+        if following is None:
+            break
+        slot = following
     return count
 
 
@@ -162,7 +165,7 @@ def plan_job(
     def sched(slot: datetime) -> datetime:
         return scheduled_time(job_id, slot, jitter_s)
 
-    def done(fires: list, skip: SkipRange | None, slot: datetime | None) -> Plan:
+    def done(fires: list[tuple[datetime, datetime]], skip: SkipRange | None, slot: datetime | None) -> Plan:
         return Plan(fires, skip, slot, None if slot is None else sched(slot))
 
     slot = next_nominal
@@ -186,7 +189,7 @@ def plan_job(
         # slow ticks or pacing (seconds) never drop a slot.
         horizon = now - timedelta(seconds=misfire_grace_s)
         skip = None
-        fires: list[tuple[datetime, datetime]] = []
+        fires = []
         if sched(slot) < horizon:
             latest = _latest_at_or_before(schedule, slot, horizon - _EPSILON)
             while latest > slot and sched(latest) >= horizon:  # jitter pushed it into the grace
@@ -219,7 +222,7 @@ def plan_job(
         skip = SkipRange(slot, until, count_slots(schedule, slot, until), reason)
         slot = kept
 
-    fires: list[tuple[datetime, datetime]] = []
+    fires = []
     grace = timedelta(seconds=misfire_grace_s)
     while slot is not None and len(fires) < limit:
         at = sched(slot)

@@ -205,9 +205,10 @@ class CronSchedule:
             if cached_match is not None and cached_low <= low < cached_match:
                 match = cached_match
             else:
-                match = expression.next_wall(low, limit + offset + DAY_S)
-                if match is None:
+                found = expression.next_wall(low, limit + offset + DAY_S)
+                if found is None:
                     return None
+                match = found
                 cached_low, cached_match = low, match
             if match < end + offset:
                 return match - offset
@@ -288,7 +289,7 @@ class IntervalSchedule:
 
     __slots__ = ("anchor", "interval_s")
 
-    def __init__(self, interval_s: int, anchor: datetime) -> None:
+    def __init__(self, interval_s: object, anchor: datetime) -> None:
         if isinstance(interval_s, float) and interval_s.is_integer():
             interval_s = int(interval_s)
         if isinstance(interval_s, bool) or not isinstance(interval_s, int):
@@ -340,7 +341,7 @@ class OnceSchedule:
 
     __slots__ = ("at",)
 
-    def __init__(self, at: datetime) -> None:
+    def __init__(self, at: object) -> None:
         self.at = _require_aware(at, "at").astimezone(UTC)
         if not MIN_EPOCH_S <= _epoch_s(self.at) < MAX_EPOCH_S:
             raise ValidationError("at", "must lie in years 2 to 9997 (the supported range)", format_instant(self.at))
@@ -367,6 +368,10 @@ class OnceSchedule:
     def smallest_gap_s(self, limit_s: int, after: datetime | None = None) -> int | None:
         """Always ``None``: a single fire has no gap."""
         return None
+
+
+ScheduleKind = CronSchedule | IntervalSchedule | OnceSchedule
+"""Any of the three schedule classes (they also offer ``smallest_gap_s``)."""
 
 
 def iter_fires(schedule: Schedule, after: datetime, until: datetime) -> Iterator[datetime]:

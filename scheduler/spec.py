@@ -23,7 +23,7 @@ from typing import Any
 
 from scheduler.errors import ValidationError
 from scheduler.planner import CATCHUP_WINDOW_S, DEFAULT_MISFIRE, MISFIRE_GRACE_S, MISFIRE_POLICIES
-from scheduler.schedule import CronSchedule, IntervalSchedule, OnceSchedule
+from scheduler.schedule import CronSchedule, IntervalSchedule, OnceSchedule, Schedule, ScheduleKind
 from scheduler.zones import load_zone
 
 KINDS = ("cron", "interval", "once")
@@ -154,7 +154,7 @@ class JobSpec:
         if self.kind == "cron" and self.dialect not in DIALECTS:
             raise ValidationError("dialect", f"must be one of {', '.join(DIALECTS)}", self.dialect)
         if self.kind == "cron":
-            load_zone(self.tz)  # an empty or unknown zone is refused here, never read as UTC
+            load_zone(self.tz or "")  # an empty or unknown zone is refused here, never read as UTC
         if self.kind == "once" and (self.at is None or self.at.tzinfo is None):
             raise ValidationError(
                 "at",
@@ -165,7 +165,7 @@ class JobSpec:
         check_jitter(self.jitter_s, schedule, now or datetime.now(UTC))
         return self
 
-    def schedule(self, anchor: datetime | None):
+    def schedule(self, anchor: datetime | None) -> ScheduleKind:
         """The schedule object; ``anchor`` is the interval origin (creation time)."""
         return build_schedule(self.kind, self.cron, self.dialect, self.tz, self.interval_s, anchor, self.at)
 
@@ -192,7 +192,7 @@ class JobSpec:
         return all(row.get(key) == value for key, value in mine.items())
 
 
-def check_jitter(jitter_s: int, schedule, now: datetime) -> None:
+def check_jitter(jitter_s: int, schedule: ScheduleKind, now: datetime) -> None:
     """Refuse jitter that is not smaller than the smallest gap between consecutive slots.
 
     Slot ``k`` is due at its nominal time plus up to ``jitter_s``; below
@@ -321,7 +321,7 @@ def build_schedule(
     interval_s: int | None,
     anchor: datetime | None,
     at: datetime | None,
-):
+) -> ScheduleKind:
     """Schedule object for one job's columns. Raises ValidationError on bad values.
 
     ``anchor`` may be ``None`` for validation only (an interval is then
@@ -341,7 +341,7 @@ class _Memo:
 
     __slots__ = ("_schedule", "_memo", "_max")
 
-    def __init__(self, schedule, max_entries: int) -> None:
+    def __init__(self, schedule: Schedule, max_entries: int) -> None:
         self._schedule = schedule
         self._memo: dict[datetime, datetime | None] = {}
         self._max = max_entries
@@ -358,6 +358,11 @@ class _Memo:
         return result
 
 
+ScheduleKey = tuple[str, str | None, str | None, str | None, int | None, datetime | None, datetime | None]
+"""``(kind, cron_expr, cron_dialect, tz, interval_s, anchor_at, fire_at)``: the
+arguments of :func:`build_schedule`, the ``jobs`` columns that define a schedule."""
+
+
 class ScheduleCache:
     """Schedules keyed by their defining columns, with memoized ``next_after``.
 
@@ -366,7 +371,7 @@ class ScheduleCache:
     """
 
     def __init__(self, max_schedules: int = 50_000, max_instants: int = 256) -> None:
-        self._schedules: OrderedDict[tuple, _Memo] = OrderedDict()
+        self._schedules: OrderedDict[ScheduleKey, _Memo] = OrderedDict()
         self._max_schedules = max_schedules
         self._max_instants = max_instants
 
@@ -384,7 +389,7 @@ class ScheduleCache:
             )
         )
 
-    def for_key(self, key: tuple) -> _Memo:
+    def for_key(self, key: ScheduleKey) -> _Memo:
         """The schedule for ``(kind, cron_expr, cron_dialect, tz, interval_s, anchor_at, fire_at)``,
         the arguments of :func:`build_schedule` in order."""
         memo = self._schedules.get(key)

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from importlib import resources
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote, quote_plus, unquote, urlencode, urlsplit
 
 import psycopg
@@ -44,6 +44,8 @@ from scheduler.watchdog import CallBounds, Watchdog, WatchedConnection
 from scheduler.watchdog import shared as shared_watchdog
 
 T = TypeVar("T")
+Row = dict[str, Any]
+"""A result row of :func:`execute`: column name to value (the connections' ``dict_row``)."""
 
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})
 """Serialization failure and deadlock: retry the whole transaction."""
@@ -268,8 +270,8 @@ def connect(
     connect_timeout_s: float = 5.0,
     watch: CallBounds | None = None,
     watchdog: Watchdog | None = None,
-    **conninfo: object,
-) -> psycopg.Connection:
+    **conninfo: Any,
+) -> psycopg.Connection[Row]:
     """Open an autocommit connection with the node session settings.
 
     Timeouts are in seconds (sent to the store in milliseconds); ``None``
@@ -291,9 +293,9 @@ def connect(
     ):
         if value is not None:
             options.append(f"-c {guc}={max(1, int(value * 1000))}")
-    cls = psycopg.Connection if watch is None else WatchedConnection
+    cls: type[psycopg.Connection[Any]] = psycopg.Connection if watch is None else WatchedConnection
     try:
-        conn = cls.connect(
+        conn: psycopg.Connection[Row] = cls.connect(
             libpq_dsn(dsn),
             autocommit=True,
             row_factory=dict_row,
@@ -307,7 +309,7 @@ def connect(
             f"cannot connect to the store at {redact_dsn(dsn)}: {redact_text(_first_line(exc), dsn)}",
             getattr(exc, "sqlstate", None),
         ) from exc
-    if watch is not None:
+    if isinstance(conn, WatchedConnection) and watch is not None:
         conn.watch = (watchdog or shared_watchdog(), watch, application_name)
     return conn
 
@@ -335,7 +337,7 @@ def node_connect(
     statement_timeout_s: float | None = None,
     connect_timeout_s: float | None = None,
     watchdog: Watchdog | None = None,
-) -> psycopg.Connection:
+) -> psycopg.Connection[Row]:
     """Open a node session: the one place the node's store connections are built.
 
     Every session of a node (firing lanes, lease loop, retention, health
@@ -411,7 +413,7 @@ def setup_problem(exc: BaseException) -> str | None:
     return None
 
 
-def check_schema(conn: psycopg.Connection, revisions: tuple[str, frozenset[str]] | None) -> None:
+def check_schema(conn: psycopg.Connection[Any], revisions: tuple[str, frozenset[str]] | None) -> None:
     """Raise :class:`StoreSetupError` if the store's schema is missing or behind.
 
     ``revisions`` is ``(head, known revisions)`` of the migration scripts
@@ -436,12 +438,12 @@ def check_schema(conn: psycopg.Connection, revisions: tuple[str, frozenset[str]]
 
 
 def open_usable(
-    opener: Callable[[], psycopg.Connection],
+    opener: Callable[[], psycopg.Connection[Row]],
     dsn: str,
     revisions: tuple[str, frozenset[str]] | None = None,
     *,
     schema: bool = True,
-) -> psycopg.Connection:
+) -> psycopg.Connection[Row]:
     """Open a session with ``opener()`` and check the store can be used; return the open session.
 
     The one classification of a store's problems, shared by the node's
@@ -515,7 +517,7 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def run_transaction(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     body: Callable[[psycopg.Connection], T],
     *,
     max_attempts: int = MAX_ATTEMPTS,
@@ -550,8 +552,8 @@ def run_transaction(
 
 
 def execute(
-    conn: psycopg.Connection, name: str, params: dict | None = None, *, prepare: bool | None = None
-) -> list[dict]:
+    conn: psycopg.Connection[Any], name: str, params: dict[str, Any] | None = None, *, prepare: bool | None = None
+) -> list[Row]:
     """Execute the named query and return its rows (``[]`` if it returns none).
 
     ``prepare`` is psycopg's: ``None`` prepares server-side after a few
@@ -559,20 +561,22 @@ def execute(
     """
     with conn.cursor() as cur:
         cur.execute(QUERIES[name], params, prepare=prepare)
-        return cur.fetchall() if cur.description is not None else []
+        rows: list[Row] = cur.fetchall() if cur.description is not None else []
+        return rows
 
 
-def now(conn: psycopg.Connection, pinned: datetime | None = None) -> datetime:
+def now(conn: psycopg.Connection[Any], pinned: datetime | None = None) -> datetime:
     """The store's clock (aware): ``pinned`` if given, else the store's ``now()``.
 
     ``pinned`` is a clock's store pin (:meth:`scheduler.clock.Clock.store_now_or_none`,
     None in production); on an autocommit connection ``now()`` is the
     instant of this call, in a transaction its start.
     """
-    return execute(conn, "store_now", {"now": pinned})[0]["store_now"]
+    instant: datetime = execute(conn, "store_now", {"now": pinned})[0]["store_now"]
+    return instant
 
 
-def execute_rowcount(conn: psycopg.Connection, name: str, params: dict | None = None) -> int:
+def execute_rowcount(conn: psycopg.Connection[Any], name: str, params: dict[str, Any] | None = None) -> int:
     """Execute the named query and return the number of rows it affected."""
     with conn.cursor() as cur:
         cur.execute(QUERIES[name], params)

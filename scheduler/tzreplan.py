@@ -56,10 +56,12 @@ the result).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import uuid
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
 import psycopg
 import tzdata
@@ -67,7 +69,8 @@ import tzdata
 from scheduler import log, store
 from scheduler.errors import ValidationError
 from scheduler.planner import scheduled_time
-from scheduler.spec import ScheduleCache
+from scheduler.schedule import Schedule
+from scheduler.spec import ScheduleCache, ScheduleKey
 
 _EPSILON = timedelta(microseconds=1)
 
@@ -84,13 +87,13 @@ def tzdata_version() -> str:
     return str(tzdata.IANA_VERSION)
 
 
-def is_slot(schedule, instant: datetime) -> bool:
+def is_slot(schedule: Schedule, instant: datetime) -> bool:
     """True if ``instant`` (aware) is a fire of ``schedule`` under the current rules."""
     return schedule.next_after(instant - _EPSILON) == instant
 
 
 def true_slot(
-    schedule,
+    schedule: Schedule,
     *,
     stored: datetime,
     created_at: datetime,
@@ -122,7 +125,7 @@ class Replan:
     job_id: uuid.UUID
     revision: int
     stored: datetime
-    schedule_key: tuple
+    schedule_key: ScheduleKey
     jitter_s: int
     created_at: datetime
     changed_at: datetime
@@ -193,7 +196,7 @@ def replan_jobs(conn: psycopg.Connection, items: Iterable[Replan], cache: Schedu
     return store.run_transaction(conn, body)
 
 
-def replan_item(row: dict) -> Replan:
+def replan_item(row: dict[str, Any]) -> Replan:
     """A :class:`Replan` from a ``jobs`` row (a dict with the ``jobs`` column names)."""
     return Replan(
         row["partition_id"],
@@ -249,14 +252,13 @@ def replan_store(
     if report.previous == report.current and not force:
         return report
     cache = ScheduleCache()
-    after = (-1, uuid.UUID(int=0))
+    after: tuple[int, uuid.UUID] = (-1, uuid.UUID(int=0))
+
+    def page(c: psycopg.Connection[Any], key: tuple[int, uuid.UUID]) -> list[store.Row]:
+        return store.execute(c, "cron_jobs_page", {"after_pid": key[0], "after_job": key[1], "limit": batch_size})
+
     while True:
-        rows = store.run_transaction(
-            conn,
-            lambda c, after=after: store.execute(
-                c, "cron_jobs_page", {"after_pid": after[0], "after_job": after[1], "limit": batch_size}
-            ),
-        )
+        rows = store.run_transaction(conn, functools.partial(page, key=after))
         if not rows:
             break
         after = (rows[-1]["partition_id"], rows[-1]["job_id"])
