@@ -58,7 +58,7 @@ from pathlib import Path
 
 from psycopg import sql
 
-from bench import naive, peers
+from bench import naive, peers, queries
 from bench.herd import herd_expressions
 from bench.load import copy_jobs, ensure_tenants, reset_store, start_node, wait_until
 from scheduler import store
@@ -377,7 +377,7 @@ def run_ours(cfg: Config, work: Work, nodes: int) -> Fires:
 
             copy_jobs(conn, rows())
             deadline = _fire_loaded(
-                conn, cfg, t0, last, lambda: store.execute(conn, "any_due_at", {"nominal": last})[0]["due"]
+                conn, cfg, t0, last, lambda: queries.execute(conn, "any_due_at", {"nominal": last})[0]["due"]
             )
         finally:
             codes = {proc.node_id: proc.stop() for proc in procs}

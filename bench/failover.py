@@ -44,6 +44,7 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
+from bench import queries
 from bench.load import copy_jobs, ensure_tenants, reset_store, start_node, wait_until
 from scheduler import store
 from scheduler.audit import verify
@@ -182,7 +183,7 @@ def run_failover(
             time.sleep(stagger.uniform(0.0, START_STAGGER_S))
         try:
             wait_until(
-                lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
+                lambda: queries.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
                 60,
                 what="nodes to own all 1,024 partitions",
             )
@@ -190,12 +191,14 @@ def run_failover(
             wait_until(lambda: _balanced(conn, nodes), 60, what="every node to hold its fair share")
             time.sleep(STATS_SETTLE_S)
             started = store.now(conn)
-            w0 = store.execute(conn, "coordination_writes")[0]["writes"]
-            x0 = store.execute(conn, "store_transactions")[0]["xacts"]
+            w0 = queries.execute(conn, "coordination_writes")[0]["writes"]
+            x0 = queries.execute(conn, "store_transactions")[0]["xacts"]
             e0 = _etcd_requests(etcd_endpoint) if etcd_endpoint else 0.0
             time.sleep(STEADY_S)
             victim = procs[0]
-            owned = [r["partition_id"] for r in store.execute(conn, "partitions_of_node", {"node_id": victim.node_id})]
+            owned = [
+                r["partition_id"] for r in queries.execute(conn, "partitions_of_node", {"node_id": victim.node_id})
+            ]
             killed_at = store.now(conn)
             victim.signal(signal.SIGKILL if kind == "crash" else signal.SIGTERM)
             t_kill = time.monotonic()
@@ -203,7 +206,7 @@ def run_failover(
             if kind == "crash":
                 time.sleep(0.2)  # a renewal the victim had already sent lands first
                 old_expiry = max(
-                    r["lease_expires_at"] for r in store.execute(conn, "partition_claims", {"partition_ids": owned})
+                    r["lease_expires_at"] for r in queries.execute(conn, "partition_claims", {"partition_ids": owned})
                 )  # final: the victim is dead
             gone: list = []  # store time the victim's keys were seen gone from etcd
 
@@ -217,22 +220,22 @@ def run_failover(
                         gone.append(store.now(conn))
                 own_queries += 1
                 return (
-                    store.execute(conn, "count_orphans_among", {"partition_ids": owned, "node_id": victim.node_id})[0][
-                        "orphans"
-                    ]
+                    queries.execute(conn, "count_orphans_among", {"partition_ids": owned, "node_id": victim.node_id})[
+                        0
+                    ]["orphans"]
                     == 0
                 )
 
             wait_until(reowned, 60, interval_s=0.02, what="the victim's partitions to be owned again")
             reowns.append(time.monotonic() - t_kill)
             if kind == "crash":
-                claims = store.execute(conn, "partition_claims", {"partition_ids": owned})
+                claims = queries.execute(conn, "partition_claims", {"partition_ids": owned})
                 expired = gone[0] if gone else old_expiry
                 detects.append((max(r["acquired_at"] for r in claims) - expired).total_seconds())
             time.sleep(max(AFTER_S, STATS_SETTLE_S))
             ended = store.now(conn)
-            w1 = store.execute(conn, "coordination_writes")[0]["writes"]
-            x1 = store.execute(conn, "store_transactions")[0]["xacts"]
+            w1 = queries.execute(conn, "coordination_writes")[0]["writes"]
+            x1 = queries.execute(conn, "store_transactions")[0]["xacts"]
             e1 = _etcd_requests(etcd_endpoint) if etcd_endpoint else 0.0
         finally:
             for proc in procs:
@@ -243,7 +246,7 @@ def run_failover(
         etcd_requests += e1 - e0 - own_etcd
         seconds += (ended - started).total_seconds()
         window = (killed_at - timedelta(seconds=1), ended - timedelta(seconds=2))
-        rows_ = store.execute(
+        rows_ = queries.execute(
             conn, "lateness_in_partitions", {"partition_ids": owned, "since": window[0], "until": window[1]}
         )
         lateness += [r["lateness_s"] for r in rows_]
@@ -338,13 +341,13 @@ def run_load(
     try:
         wait_until(lambda: _balanced(conn, nodes), 60, what="every node to hold its fair share")
         time.sleep(STATS_SETTLE_S)
-        w0 = store.execute(conn, "coordination_writes")[0]["writes"]
-        x0 = store.execute(conn, "store_transactions")[0]["xacts"]
+        w0 = queries.execute(conn, "coordination_writes")[0]["writes"]
+        x0 = queries.execute(conn, "store_transactions")[0]["xacts"]
         e0 = _etcd_requests(etcd_endpoint) if etcd_endpoint else 0.0
         t0 = time.monotonic()
         time.sleep(seconds)
-        w1 = store.execute(conn, "coordination_writes")[0]["writes"]
-        x1 = store.execute(conn, "store_transactions")[0]["xacts"]
+        w1 = queries.execute(conn, "coordination_writes")[0]["writes"]
+        x1 = queries.execute(conn, "store_transactions")[0]["xacts"]
         e1 = _etcd_requests(etcd_endpoint) if etcd_endpoint else 0.0
         elapsed = time.monotonic() - t0
     finally:

@@ -18,7 +18,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from bench import report
+from bench import queries, report
 from bench.load import copy_jobs, cron_row, ensure_tenants, reset_store, start_node, wait_until
 from scheduler import store
 from scheduler.audit import verify
@@ -110,7 +110,7 @@ def run_herd(
     procs = [start_node(dsn, f"bench-{i}", log_dir, extra) for i in range(nodes)]
     try:
         wait_until(
-            lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
+            lambda: queries.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
             60,
             what="nodes to own all 1,024 partitions",
         )
@@ -143,7 +143,7 @@ def run_herd(
         polls = [0]
 
         def update_bar() -> None:
-            n = jobs - store.execute(conn, "count_due_at", {"nominal": t})[0]["due"]
+            n = jobs - queries.execute(conn, "count_due_at", {"nominal": t})[0]["due"]
             bar.update(n - fired[0])
             fired[0] = n
 
@@ -152,7 +152,7 @@ def run_herd(
             # walks the remaining due entries, so the bar moves every 5 s
             # only: the probe must not take the store's CPU from the herd.
             polls[0] += 1
-            done = not store.execute(conn, "any_due_at", {"nominal": t})[0]["due"]
+            done = not queries.execute(conn, "any_due_at", {"nominal": t})[0]["due"]
             if bar and (done or polls[0] % 10 == 0):
                 update_bar()
             return done
@@ -164,12 +164,12 @@ def run_herd(
     finally:
         for proc in procs:
             proc.stop()
-    stats = store.execute(conn, "herd_stats", {"nominal": t})[0]
+    stats = queries.execute(conn, "herd_stats", {"nominal": t})[0]
     # The audit window [t, t + 1 s) must be over (store clock) before it is
     # audited: a small herd drains in well under a second.
     wait_until(lambda: store.now(conn) >= t + timedelta(seconds=1), 5, interval_s=0.05, what="the herd second to pass")
     audit = verify(conn, t, t + timedelta(seconds=1))
-    series = store.execute(conn, "herd_series", {"nominal": t})
+    series = queries.execute(conn, "herd_series", {"nominal": t})
     result = HerdResult(
         jobs=jobs,
         background_jobs=background_jobs,

@@ -15,6 +15,7 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
+from bench import queries
 from bench.load import copy_jobs, ensure_tenants, reset_store, start_node, wait_until
 from scheduler import store
 from scheduler.audit import verify
@@ -84,7 +85,7 @@ def run_steady(
     procs = [start_node(dsn, f"steady-{i}", log_dir) for i in range(nodes)]
     try:
         wait_until(
-            lambda: store.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
+            lambda: queries.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
             60,
             what="nodes to own all 1,024 partitions",
         )

@@ -145,7 +145,7 @@ class EtcdCoordinator(StoreSession):
     injected clock; its ``monotonic()`` times the coordinator's local
     decisions (how long ago etcd itself was last listed), so tests can step it,
     and its store pin is the ``now`` of the store queries it sends
-    (:class:`~scheduler.lease.StoreSession`).
+    (:class:`~scheduler.store.StoreSession`).
     """
 
     def __init__(self, settings: Settings, metrics: Metrics, clock: Clock | None = None) -> None:

@@ -86,7 +86,6 @@ from collections import Counter
 from datetime import UTC, datetime
 
 import psycopg
-from psycopg.rows import tuple_row
 
 from scheduler import log, store, tzreplan
 from scheduler.clock import Clock
@@ -314,30 +313,6 @@ class _Herd:
     plans: dict[str, list] = dataclasses.field(default_factory=dict)
 
 
-@dataclasses.dataclass
-class _Sent:
-    """A chunk queued on the pipeline: its statement (``query`` name and
-    ``params``, for a re-send), the partitions it fences, the per-timer
-    ``batch`` (``None`` for a herd chunk), its statement's and its COMMIT's
-    cursors, and once waited for, ``outcome`` = (the statement's row, COMMIT
-    succeeded)."""
-
-    query: str
-    params: dict
-    partitions: set[int]
-    batch: _Batch | None
-    statement: psycopg.Cursor
-    commit: psycopg.Cursor
-    outcome: tuple[dict | None, bool] | None = None
-
-    def wait(self) -> tuple[dict | None, bool]:
-        """Wait for the chunk's results (psycopg syncs its lane); raise psycopg.Error on failure."""
-        if self.outcome is None:
-            row = self.statement.fetchone()
-            self.outcome = (row, self.commit.statusmessage == "COMMIT")
-        return self.outcome
-
-
 class Firer:
     """Runs firing ticks for one node.
 
@@ -355,7 +330,7 @@ class Firer:
         self._drr = DeficitRoundRobin()
         self._plan_memo: dict[tuple, object] = {}
         self._buckets: dict[str, TokenBucket] = {}
-        self._conns: dict[str, psycopg.Connection] = {}
+        self._sessions: dict[str, store.StoreSession] = {}
         self._wake = threading.Event()
         self._replan: list[tuple[int, str]] = []  # this tick's jobs whose stored slot is no slot
 
@@ -363,20 +338,16 @@ class Firer:
 
     def _connection(self, role: str) -> psycopg.Connection:
         """The ``read`` (due scan) or ``write0``, ``write1`` (firing lanes) connection."""
-        conn = self._conns.get(role)
-        if conn is None or conn.closed:
-            s = self._s
-            conn = self._conns[role] = store.node_connect(s, f"scheduler-fire:{s.node_id}")
-        return conn
+        session = self._sessions.get(role)
+        if session is None:
+            session = self._sessions[role] = store.StoreSession(self._s, role="fire")
+        return session.connection()
 
     def close(self) -> None:
         """Close the firing connections."""
-        conns, self._conns = self._conns, {}
-        for conn in conns.values():
-            try:
-                conn.close()
-            except psycopg.Error:
-                pass
+        sessions, self._sessions = self._sessions, {}
+        for session in sessions.values():
+            session.close()
 
     # ------------------------------------------------------------------ tick
 
@@ -433,7 +404,7 @@ class Firer:
         count = WRITE_LANES if len(firable) > PARTITION_COUNT // 2 else 1
         lanes = [self._connection(f"write{i}") for i in range(count)]
         for i in range(count, WRITE_LANES):  # a lane no longer needed is not kept open
-            idle = self._conns.pop(f"write{i}", None)
+            idle = self._sessions.pop(f"write{i}", None)
             if idle is not None:
                 idle.close()
         budget = self._s.tick_budget
@@ -445,14 +416,12 @@ class Firer:
         fetched: Counter = Counter()
         used: Counter = Counter()
         last: dict[str, tuple] = {}
-        sent: list[_Sent] = []
         self._plan_memo.clear()
         self._replan.clear()
+        sent = store.Pipeline(lanes, prepare=FIRE_RUNS_PREPARE)
         try:
-            with contextlib.ExitStack() as pipelines:
-                for lane in lanes:
-                    pipelines.enter_context(lane.pipeline())
-                self._pass(read, lanes, firable, quotas, {}, granted, fetched, used, last, sent, result)
+            with sent:
+                self._pass(read, sent, firable, quotas, {}, granted, fetched, used, last, result)
                 saturated = {t: weights[t] for t, q in quotas.items() if q > 0 and fetched[t] >= q}
                 leftover = budget - sum(fetched.values())
                 if leftover > 0 and saturated:
@@ -472,9 +441,8 @@ class Firer:
                     # are looked up meanwhile, shortening the bubble.
                     after = dict(last)
                     herds = self._find_herds(read, firable, extra, after)
-                    for item in sent:
-                        item.wait()
-                    self._pass(read, lanes, firable, extra, after, granted, fetched, used, last, sent, result, herds)
+                    sent.wait()
+                    self._pass(read, sent, firable, extra, after, granted, fetched, used, last, result, herds)
         except psycopg.Error as exc:
             failed = self._collect(sent, result)
             # An error inside the pipeline leaves the session in an aborted
@@ -489,12 +457,9 @@ class Firer:
             # conflict; fire_group finds nothing left at the herd's instant.
             write = self._connection("write0")
             for item in failed:
-                row = store.run_transaction(
-                    write,
-                    lambda c, item=item: store.execute(c, item.query, item.params, prepare=FIRE_RUNS_PREPARE)[0],
-                    on_retry=self._metrics.retry,
+                self._account(
+                    item, store.resend(write, item, prepare=FIRE_RUNS_PREPARE, on_retry=self._metrics.retry), result
                 )
-                self._account(item, row, result)
         else:
             self._collect(sent, result)
         if self._replan:
@@ -510,7 +475,7 @@ class Firer:
     def _pass(
         self,
         read: psycopg.Connection,
-        lanes: list[psycopg.Connection],
+        sent: store.Pipeline,
         firable: dict[int, int],
         quotas: dict[str, int],
         after: dict[str, tuple],
@@ -518,7 +483,6 @@ class Firer:
         fetched: Counter,
         used: Counter,
         last: dict[str, tuple],
-        sent: list,
         result: TickResult,
         herds: dict[str, _Herd] | None = None,
     ) -> None:
@@ -536,10 +500,10 @@ class Firer:
         if herds is None:
             herds = self._find_herds(read, firable, quotas, after, FIRST_PASS_HERD_QUOTA)
         rest = {t: q for t, q in quotas.items() if t not in herds}
-        self._stream(read, lanes, firable, rest, after, granted, fetched, used, last, sent, result)
+        self._stream(read, sent, firable, rest, after, granted, fetched, used, last, result)
         for tenant in sorted(herds, key=lambda t: (quotas[t], t)):
             herd = herds[tenant]
-            self._send_herd(lanes, firable, herd, sent)
+            self._send_herd(sent, firable, herd)
             before = fetched[tenant]
             fetched[tenant] += herd.jobs
             used[tenant] += herd.jobs
@@ -709,7 +673,7 @@ class Firer:
             return False  # the next slot is due too: catch-up
         return plan.next_nominal
 
-    def _send_herd(self, lanes: list[psycopg.Connection], firable: dict[int, int], herd: _Herd, sent: list) -> None:
+    def _send_herd(self, sent: store.Pipeline, firable: dict[int, int], herd: _Herd) -> None:
         """Queue ``herd``'s ``fire_group`` chunks: its firable partitions in
         contiguous slices of about :data:`CHUNK_JOBS` timers."""
         pids = herd.pids
@@ -731,12 +695,12 @@ class Firer:
                 node_id=self._s.node_id,
                 now=self._clock.store_now_or_none(),
             )
-            sent.append(self._send(lanes[len(sent) % len(lanes)], "fire_group", params, set(chunk)))
+            sent.send("fire_group", params, set(chunk))
 
     def _stream(
         self,
         read: psycopg.Connection,
-        lanes: list[psycopg.Connection],
+        sent: store.Pipeline,
         firable: dict[int, int],
         quotas: dict[str, int],
         after: dict[str, tuple],
@@ -744,7 +708,6 @@ class Firer:
         fetched: Counter,
         used: Counter,
         last: dict[str, tuple],
-        sent: list,
         result: TickResult,
     ) -> None:
         """Stream due rows for ``quotas`` (after the cursors ``after``);
@@ -769,50 +732,32 @@ class Firer:
             "now": self._clock.store_now_or_none(),
         }
         batch = _Batch()
-        with read.cursor(row_factory=tuple_row) as cur:
-            for row in cur.stream(store.QUERIES["select_due_jobs"], params, size=STREAM_ROWS):
+        with contextlib.closing(store.stream(read, "select_due_jobs", params, STREAM_ROWS)) as rows:
+            for row in rows:
                 tenant = row[_TENANT]
                 fetched[tenant] += 1
                 last[tenant] = (row[_NEXT_DUE], row[_PARTITION], row[_JOB_ID])
                 self._plan_row(batch, row, firable, granted, used, result)
                 if len(batch.pids) >= CHUNK_JOBS:
-                    sent.append(self._send_batch(lanes[len(sent) % len(lanes)], batch, firable))
+                    self._send_batch(sent, batch, firable)
                     batch = _Batch()
         if batch.pids:
-            sent.append(self._send_batch(lanes[len(sent) % len(lanes)], batch, firable))
+            self._send_batch(sent, batch, firable)
 
-    def _send_batch(self, write: psycopg.Connection, batch: _Batch, firable: dict[int, int]) -> _Sent:
-        """Queue one per-timer chunk (``fire_runs``) on the pipelined ``write`` connection."""
-        params = batch.params(self._s.node_id, firable, self._clock.store_now_or_none())
-        sent = self._send(write, "fire_runs", params, batch.partitions)
-        sent.batch = batch
-        return sent
+    def _send_batch(self, sent: store.Pipeline, batch: _Batch, firable: dict[int, int]) -> None:
+        """Queue one per-timer chunk (``fire_runs``) on the write pipeline."""
+        sent.send(
+            "fire_runs",
+            batch.params(self._s.node_id, firable, self._clock.store_now_or_none()),
+            batch.partitions,
+            batch,
+        )
 
-    def _send(self, write: psycopg.Connection, query: str, params: dict, partitions: set[int]) -> _Sent:
-        """Queue one chunk's transaction (BEGIN; ``query``; COMMIT) on the pipelined ``write`` connection."""
-        write.execute("BEGIN")
-        cur = write.cursor()
-        cur.execute(store.QUERIES[query], params, prepare=FIRE_RUNS_PREPARE)
-        return _Sent(query, params, partitions, None, cur, write.execute("COMMIT"))
-
-    def _collect(self, sent: list[_Sent], result: TickResult) -> list[_Sent]:
-        """Account the chunks whose COMMIT succeeded; return the others.
-
-        A chunk counts only once its COMMIT is known to have succeeded: under
-        SERIALIZABLE (CockroachDB) a 40001 can come at COMMIT, after the
-        statement itself returned its counts.
-        """
-        failed = []
-        for item in sent:
-            try:
-                row, committed = item.wait()
-            except psycopg.Error:
-                row, committed = None, False
-            if row is None or not committed:
-                failed.append(item)
-            else:
-                self._account(item, row, result)
-        sent.clear()
+    def _collect(self, sent: store.Pipeline, result: TickResult) -> list[store.Sent]:
+        """Account the chunks whose COMMIT succeeded (:meth:`store.Pipeline.collect`); return the others."""
+        committed, failed = sent.collect()
+        for item, row in committed:
+            self._account(item, row, result)
         return failed
 
     def _replan_slots(self, result: TickResult) -> None:
@@ -920,7 +865,7 @@ class Firer:
         if plan.next_due is not None and plan.next_due <= now and used[tenant] >= granted[tenant]:
             result.budget_exhausted = True
 
-    def _account(self, item: _Sent, row: dict, result: TickResult) -> None:
+    def _account(self, item: store.Sent, row: dict, result: TickResult) -> None:
         """Count one committed chunk; drop leases the fence rejected."""
         fenced = set(row["fenced"])
         rejected = sorted(item.partitions - fenced)

@@ -79,7 +79,17 @@ class StoreProbe:
         self._timeout_s = timeout_s
         self._application_name = application_name
         self._settings = settings
-        self._conn: psycopg.Connection | None = None
+        self._session = (
+            None
+            if settings is None
+            else store.StoreSession(
+                settings,
+                application_name=application_name,
+                statement_timeout_s=timeout_s,
+                connect_timeout_s=max(2.0, timeout_s),
+            )
+        )
+        self._conn: psycopg.Connection | None = None  # without settings
         self._busy = threading.Lock()
 
     def check(self) -> str | None:
@@ -96,25 +106,7 @@ class StoreProbe:
 
     def _query(self, outcome: list[str | None]) -> None:
         try:
-            if (self._conn is None or self._conn.closed) and self._settings is not None:
-                self._conn = store.node_connect(
-                    self._settings,
-                    self._application_name,
-                    statement_timeout_s=self._timeout_s,
-                    connect_timeout_s=max(2.0, self._timeout_s),
-                )
-            elif self._conn is None or self._conn.closed:
-                self._conn = store.connect(
-                    self._dsn,
-                    application_name=self._application_name,
-                    connect_timeout_s=max(2.0, self._timeout_s),  # libpq's minimum is 2 s
-                    statement_timeout_s=self._timeout_s,
-                    keepalives_idle=1,
-                    keepalives_interval=1,
-                    keepalives_count=2,
-                    tcp_user_timeout=int(self._timeout_s * 2000),
-                )
-            self._conn.execute("SELECT now()").fetchone()
+            store.now(self._connection())
             outcome.append(None)
         except (psycopg.Error, SchedulerError, OSError) as exc:
             outcome.append("store: " + (str(exc).splitlines() or [type(exc).__name__])[0])
@@ -122,7 +114,26 @@ class StoreProbe:
         finally:
             self._busy.release()
 
+    def _connection(self) -> psycopg.Connection:
+        """The probe's connection: a node session (with ``settings``) or a plain one with short keepalives."""
+        if self._session is not None:
+            return self._session.connection()
+        if self._conn is None or self._conn.closed:
+            self._conn = store.connect(
+                self._dsn,
+                application_name=self._application_name,
+                connect_timeout_s=max(2.0, self._timeout_s),  # libpq's minimum is 2 s
+                statement_timeout_s=self._timeout_s,
+                keepalives_idle=1,
+                keepalives_interval=1,
+                keepalives_count=2,
+                tcp_user_timeout=int(self._timeout_s * 2000),
+            )
+        return self._conn
+
     def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
         conn, self._conn = self._conn, None
         if conn is not None:
             try:

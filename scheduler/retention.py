@@ -212,19 +212,16 @@ class RetentionLoop:
         self._held = held
         self._clock = clock
         self._metrics = metrics
-        self._conn: psycopg.Connection | None = None
+        self._session = store.StoreSession(
+            settings, clock=clock, role="retention", statement_timeout_s=STATEMENT_TIMEOUT_S
+        )
         self._walk: PruneWalk | None = None
         self._next_pass = 0.0
         self.passes = 0
         """Completed passes (for tests and logs)."""
 
     def _connection(self) -> psycopg.Connection:
-        if self._conn is None or self._conn.closed:
-            s = self._s
-            self._conn = store.node_connect(
-                s, f"scheduler-retention:{s.node_id}", statement_timeout_s=STATEMENT_TIMEOUT_S
-            )
-        return self._conn
+        return self._session.connection()
 
     def run_once(self) -> int:
         """Start a pass if one is due, then run one batch; return the rows it deleted."""
@@ -293,9 +290,4 @@ class RetentionLoop:
 
     def close(self) -> None:
         """Close the retention connection."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except psycopg.Error:
-                pass
+        self._session.close()

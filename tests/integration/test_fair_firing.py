@@ -89,12 +89,12 @@ def test_surplus_is_read_only_after_the_fair_shares_committed(pg_dsn, conn, monk
     passes = []
     real_stream = Firer._stream
 
-    def stream(self, read, lanes, firable, quotas, *rest):
-        sent = rest[-2]
+    def stream(self, read, pipeline, firable, quotas, *rest):
+        sent = pipeline.sent
         passes.append(
             ({t for t, q in quotas.items() if q > 0}, len(sent), sum(item.outcome is not None for item in sent))
         )
-        return real_stream(self, read, lanes, firable, quotas, *rest)
+        return real_stream(self, read, pipeline, firable, quotas, *rest)
 
     monkeypatch.setattr(Firer, "_stream", stream)
     firer, coord = _node(pg_dsn, max_rate_per_s=200.0)

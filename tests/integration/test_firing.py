@@ -26,7 +26,6 @@ from helpers import OneNode, store_now
 
 from scheduler import firing, jobs, store
 from scheduler.clock import ManualClock
-from scheduler.firing import Firer
 from scheduler.planner import scheduled_time
 from scheduler.spec import JobSpec
 
@@ -509,13 +508,13 @@ def test_a_chunk_committing_late_never_moves_a_job_backwards(pg_dsn, conn, monke
         job_id, anchor = interval_job(conn, 60, slots_before_now=3)
         at = lambda k: anchor + timedelta(seconds=60 * k)  # noqa: E731
         chunks: list[tuple[str, dict]] = []
-        real_send = Firer._send
+        real_send = store.Pipeline.send
 
-        def send(self, write, query, params, partitions):
+        def send(self, query, params, partitions, batch=None):
             chunks.append((query, params))
-            return real_send(self, write, query, params, partitions)
+            return real_send(self, query, params, partitions, batch)
 
-        monkeypatch.setattr(Firer, "_send", send)
+        monkeypatch.setattr(store.Pipeline, "send", send)
         assert paced.firer.tick().fired == 1  # slot 1; next: slot 2
         monkeypatch.undo()
         assert paced.firer.tick().fired == 1  # slot 2; next: slot 3
@@ -570,7 +569,7 @@ def test_write_lanes_follow_the_share_of_partitions_held(conn, node) -> None:
     (firing.WRITE_LANES), and the work is the same either way."""
 
     def lanes() -> list[str]:
-        return sorted(role for role, c in node.firer._conns.items() if role.startswith("write") and not c.closed)
+        return sorted(role for role, c in node.firer._sessions.items() if role.startswith("write") and c.open)
 
     job_id, anchor = interval_job(conn, 60, slots_before_now=1)
     pid = job_row(conn, job_id)["partition_id"]

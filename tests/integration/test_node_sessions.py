@@ -76,7 +76,7 @@ def test_every_node_component_opens_watched_sessions(pg_dsn):
             "retention": retention._connection(),
         }
         assert probe.check() is None
-        sessions["probe"] = probe._conn
+        sessions["probe"] = probe._connection()
         assert {name: type(conn).__name__ for name, conn in sessions.items()} == dict.fromkeys(
             sessions, "WatchedConnection"
         )

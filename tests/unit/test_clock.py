@@ -14,8 +14,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from bench.queries import QUERIES as BENCH_QUERIES
 from scheduler.clock import ManualClock, SystemClock
-from scheduler.store import QUERIES
+from scheduler.store import QUERIES as ENGINE_QUERIES
+
+QUERIES = {**ENGINE_QUERIES, **BENCH_QUERIES}
+"""The engine's named queries and the bench's (bench/sql/queries.sql): both are checked."""
 
 AT = datetime(2030, 1, 1, tzinfo=UTC)
 

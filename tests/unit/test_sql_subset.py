@@ -1,6 +1,7 @@
 """The project's SQL stays in the PostgreSQL/CockroachDB common subset (docs/design.md §7).
 
-Scans every named query of ``scheduler/sql/queries.sql`` and every string
+Scans every named query of ``scheduler/sql/queries.sql`` and of the bench's
+``bench/sql/queries.sql``, and every string
 constant of ``alembic/versions/*.py`` (the SQL the migrations execute; module
 docstrings are prose and left out) for constructs CockroachDB lacks or runs
 differently, and the engine's own Python for test-only database cloning.
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.queries import QUERIES as BENCH_QUERIES
 from scheduler.store import QUERIES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,6 +53,7 @@ def migration_sql(path: Path) -> list[str]:
 
 def sources() -> list[tuple[str, str]]:
     out = [(f"queries.sql:{name}", sql) for name, sql in QUERIES.items()]
+    out += [(f"bench/sql/queries.sql:{name}", sql) for name, sql in BENCH_QUERIES.items()]
     for path in MIGRATIONS:
         out += [(f"alembic/versions/{path.name}", text) for text in migration_sql(path)]
     return out
@@ -69,6 +72,7 @@ def test_scan_covers_the_project_sql():
     assert len(QUERIES) >= 30 and "fire_runs" in QUERIES and "prune_runs" in QUERIES
     assert len(MIGRATIONS) >= 10
     assert any(label.startswith("alembic/versions/0008_runs.py") for label in labels)
+    assert "bench/sql/queries.sql:herd_stats" in labels and "herd_stats" not in QUERIES
 
 
 def test_project_sql_is_in_the_common_subset():

@@ -1,0 +1,94 @@
+-- The bench's own named queries (python -m bench): measurements the engine never
+-- runs, loaded with the engine's loader (scheduler.store.load_queries("bench",
+-- "sql/queries.sql")) and run by bench/queries.py. Same rules as
+-- scheduler/sql/queries.sql: named, parameterized, in the PostgreSQL/CockroachDB
+-- common subset (tests/unit/test_sql_subset.py scans both files).
+
+-- name: count_owned_partitions
+-- Partitions whose lease is held by a live-looking owner (not expired).
+SELECT count(*) AS owned FROM leases
+WHERE owner_node IS NOT NULL AND lease_expires_at > now();
+
+-- name: count_due_at
+-- Jobs still due at or before an instant. One range scan of
+-- jobs_tenant_due_idx per tenant, over the due entries only: its cost falls
+-- as a herd drains, so the bench can poll it during one. (A plain
+-- `WHERE next_due_at <= t` has no index to use and scans the whole table:
+-- 1.3 s of store CPU per poll on 5 M jobs, stolen from the herd it measures.)
+SELECT coalesce(sum(c.n), 0)::int8 AS due
+FROM tenants AS t
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM jobs AS d
+    WHERE d.tenant = t.tenant AND d.next_due_at <= %(nominal)s
+) AS c;
+
+-- name: any_due_at
+-- Whether any job is still due at or before an instant: one index probe per
+-- tenant (the bench's drain check, polled twice a second).
+SELECT EXISTS (
+    SELECT 1 FROM tenants AS t
+    WHERE EXISTS (SELECT 1 FROM jobs AS d WHERE d.tenant = t.tenant AND d.next_due_at <= %(nominal)s)
+) AS due;
+
+-- name: herd_stats
+-- Drain time (last fired_at − nominal) and lateness of the runs of one
+-- nominal instant, overall and for the 'big' tenant vs the others.
+SELECT count(*) AS runs,
+       extract(epoch FROM (max(fired_at) - %(nominal)s::timestamptz))::float8 AS drain_s,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM (fired_at - scheduled_at))::float8) AS lag_p50_s,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM (fired_at - scheduled_at))::float8) AS lag_p99_s,
+       max(extract(epoch FROM (fired_at - scheduled_at))::float8) AS lag_max_s,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM (fired_at - scheduled_at))::float8)
+           FILTER (WHERE tenant = 'big') AS big_p99_s,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM (fired_at - scheduled_at))::float8)
+           FILTER (WHERE tenant <> 'big') AS small_p99_s
+FROM runs
+WHERE nominal_time = %(nominal)s;
+
+-- name: herd_series
+-- Runs per 100 ms of fired_at, with max lateness, per tenant class (plots).
+SELECT floor(extract(epoch FROM (fired_at - %(nominal)s::timestamptz)) * 10)::int AS bucket,
+       (tenant = 'big') AS big,
+       count(*) AS runs,
+       max(extract(epoch FROM (fired_at - scheduled_at))::float8) AS lag_max_s
+FROM runs
+WHERE nominal_time = %(nominal)s
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+-- name: partitions_of_node
+-- Partitions whose lease names the node (expired or not).
+SELECT partition_id FROM leases WHERE owner_node = %(node_id)s ORDER BY partition_id;
+
+-- name: count_orphans_among
+-- Of the given partitions, those not (yet) owned by another node with a live lease.
+SELECT count(*) AS orphans FROM leases
+WHERE partition_id = ANY(%(partition_ids)s::int4[])
+  AND (owner_node IS NULL OR owner_node = %(node_id)s OR lease_expires_at <= now());
+
+-- name: lateness_in_partitions
+SELECT extract(epoch FROM (fired_at - scheduled_at))::float8 AS lateness_s
+FROM runs
+WHERE partition_id = ANY(%(partition_ids)s::int4[])
+  AND nominal_time >= %(since)s AND nominal_time < %(until)s;
+
+-- name: coordination_writes
+-- Row writes to the coordination tables so far (PostgreSQL statistics; the
+-- bench's measure of what leases and heartbeats cost the store).
+SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::int8 AS writes
+FROM pg_stat_user_tables
+WHERE relname IN ('partitions', 'leases', 'nodes');
+
+-- name: partition_claims
+-- Lease owner, epoch, claim time and lease expiry (store time) of the given
+-- partitions.
+SELECT partition_id, owner_node, owner_epoch, acquired_at, lease_expires_at
+FROM leases
+WHERE partition_id = ANY(%(partition_ids)s::int4[]);
+
+-- name: store_transactions
+-- Transactions this database has run so far, every session (PostgreSQL
+-- statistics; the bench compares coordinators' and poll intervals' load).
+SELECT (xact_commit + xact_rollback)::int8 AS xacts
+FROM pg_stat_database
+WHERE datname = current_database();

@@ -1,0 +1,190 @@
+"""DSNs: check one before anything connects with it, redact its password, map it for SQLAlchemy and libpq.
+
+Never print a DSN as given: :func:`redact_dsn` and :func:`redact_text` mask
+every spelling of its password (:func:`secret_spellings`).
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote, quote_plus, unquote, urlencode, urlsplit
+
+import psycopg
+
+from scheduler import log
+from scheduler.errors import ConfigError
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its type's name if it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _uri_userinfo(dsn: str) -> tuple[str, str, str] | None:
+    """``(scheme://, userinfo, rest from the '@')`` of a URI DSN with user info, else None.
+
+    The user info is taken up to the *last* ``@``: a password with an
+    unescaped ``@``, ``/``, ``?`` or ``#`` is then masked whole, whichever way
+    libpq or Python's urlsplit would split it.
+    """
+    scheme, sep, rest = dsn.partition("://")
+    at = rest.rfind("@")
+    if not sep or at < 0:
+        return None
+    return scheme + sep, rest[:at], rest[at:]
+
+
+def redact_dsn(dsn: str) -> str:
+    """Return ``dsn`` with any password replaced by ``***`` (URI or key=value form)."""
+    if "://" in dsn:
+        parts = _uri_userinfo(dsn)
+        if parts is not None and ":" in parts[1]:
+            dsn = parts[0] + parts[1].split(":", 1)[0] + ":***" + parts[2]
+        return re.sub(r"(password=)[^&]*", r"\1***", dsn)
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
+
+
+DSN_URI_AT_RULE = (
+    "a URI may hold '@' only once, between the user info and the host: percent-encode "
+    "@ : / ? # in the user name and password (e.g. @ as %40)"
+)
+"""The rule :func:`check_dsn` names for a URI libpq would split elsewhere than meant."""
+
+_AUTHORITY_END = re.compile(r"[/?#]")
+
+
+def check_dsn(dsn: str) -> None:
+    """Refuse a DSN that cannot mean what it says, before anything connects with it.
+
+    Called by every path that opens the store (:func:`connect`, so node
+    sessions, the CLI and the health probe; :func:`sqlalchemy_url`, so
+    migrations). A URI (``scheme://...``) whose authority holds more than one
+    ``@``, or with an ``@`` after its authority (in the path, query or
+    fragment), has a user name or password with an unescaped ``@`` (and then
+    perhaps ``/ ? #``): libpq would take part of the password for the host
+    or the database, and echo it in its errors. A DSN libpq cannot parse at
+    all (``garbage``, a ``mysql://`` URI, an unknown keyword) is refused too.
+    Raises :class:`ConfigError` (``dsn: <rule>``, exit status 2) that never
+    holds the password; an empty ``dsn`` passes (callers say none is set).
+    """
+    if "://" in dsn:
+        rest = dsn.split("://", 1)[1]
+        end = _AUTHORITY_END.search(rest)
+        authority, after = (rest, "") if end is None else (rest[: end.start()], rest[end.start() :])
+        if authority.count("@") > 1 or "@" in after:
+            raise ConfigError(f"dsn: {DSN_URI_AT_RULE}")
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(libpq_dsn(dsn))
+    except psycopg.Error as exc:
+        raise ConfigError(
+            "dsn: must be a URI (postgresql://user:password@host:5432/dbname) or libpq keywords "
+            f"(host=... dbname=...); libpq: {redact_text(first_line(exc), dsn)}"
+        ) from None
+
+
+def dsn_secrets(dsn: str) -> list[str]:
+    """The password(s) in ``dsn`` as written and percent-decoded (URI or key=value form).
+
+    A URI password holding an unescaped ``@``, ``:``, ``/``, ``?`` or ``#``
+    would be misparsed by libpq, whose errors would echo pieces of it (e.g.
+    ``failed to resolve host 'SuperSecret42@127.0.0.1'`` for the password
+    ``Pass@SuperSecret42``); :func:`check_dsn` refuses such a URI before
+    libpq sees it, and as a second line of defence those pieces (at least
+    :data:`scheduler.log.MIN_SECRET_CHARS` long) are secrets too. Callers
+    register the result with :func:`scheduler.log.add_secret` so they are
+    scrubbed from every log line and error message.
+    """
+    found: list[str] = []
+    if "://" in dsn:
+        try:
+            password = urlsplit(dsn).password
+        except ValueError:
+            password = None
+        raw = ([password] if password else []) + re.findall(r"[?&]password=([^&#]*)", dsn)
+        parts = _uri_userinfo(dsn)
+        if parts is not None and ":" in parts[1]:
+            raw.append(parts[1].split(":", 1)[1])
+        for secret in raw:
+            found += [secret, unquote(secret)]
+        for secret in raw:
+            if re.search(r"[@:/?#]", secret):
+                found += [piece for piece in re.split(r"[@:/?#]", secret) if len(piece) >= log.MIN_SECRET_CHARS]
+    else:
+        for match in re.findall(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", dsn):
+            found.append(match)
+            if match.startswith("'") and match.endswith("'"):
+                found.append(re.sub(r"\\(.)", r"\1", match[1:-1]))
+    return [secret for secret in dict.fromkeys(found) if secret]
+
+
+def secret_spellings(dsn: str) -> list[str]:
+    """:func:`dsn_secrets`, each also percent-encoded as in a URL (``quote``, ``quote_plus``):
+    the spellings a driver's or SQLAlchemy's error may echo (:func:`sqlalchemy_url` encodes them)."""
+    found = dsn_secrets(dsn)
+    return list(dict.fromkeys(found + [quote(s, safe="") for s in found] + [quote_plus(s) for s in found]))
+
+
+def redact_text(text: str, dsn: str) -> str:
+    """Return ``text`` (an error message) without ``dsn`` or any of its passwords.
+
+    The DSN itself, wherever ``text`` echoes it, is replaced by
+    :func:`redact_dsn`'s form; then every spelling of a password
+    (:func:`secret_spellings`) at least :data:`scheduler.log.MIN_SECRET_CHARS`
+    long is replaced by ``***``. A shorter one is left in free text, which it
+    would mangle (``y`` in ``mysql``); it is still masked inside the DSN.
+    """
+    if dsn:
+        text = text.replace(dsn, redact_dsn(dsn))
+        for secret in sorted(secret_spellings(dsn), key=len, reverse=True):
+            if len(secret) >= log.MIN_SECRET_CHARS:
+                text = text.replace(secret, "***")
+    return text
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    """Map a libpq DSN to a SQLAlchemy URL driven by psycopg 3.
+
+    ``postgresql://``/``postgres://`` → ``postgresql+psycopg://``;
+    ``cockroachdb://`` → ``cockroachdb+psycopg://`` (needs the
+    ``sqlalchemy-cockroachdb`` package). URLs that already name a driver are
+    returned unchanged. A key=value DSN (``host=db dbname=scheduler
+    user=u password=p``) becomes ``postgresql+psycopg://u:p@db/scheduler``
+    (user and password percent-encoded; a socket directory or several hosts,
+    and every other keyword, as query parameters psycopg receives as they
+    are). The result holds the password: never print it (see
+    :func:`redact_dsn`). Raises :class:`ConfigError` (:func:`check_dsn`) for a
+    DSN libpq would misparse or cannot parse.
+    """
+    check_dsn(dsn)
+    for prefix, replacement in (
+        ("postgresql://", "postgresql+psycopg://"),
+        ("postgres://", "postgresql+psycopg://"),
+        ("cockroachdb://", "cockroachdb+psycopg://"),
+    ):
+        if dsn.startswith(prefix):
+            return replacement + dsn[len(prefix) :]
+    if "://" in dsn:
+        return dsn
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = {key: str(value) for key, value in conninfo_to_dict(dsn).items()}  # parses: check_dsn passed
+    user, password, dbname = params.pop("user", None), params.pop("password", None), params.pop("dbname", None)
+    host = port = None
+    if "host" in params and not params["host"].startswith("/") and "," not in params["host"]:
+        host = params.pop("host")
+        if params.get("port", "").isdigit():
+            port = params.pop("port")
+    auth = "" if user is None else quote(user, safe="") + ("" if password is None else ":" + quote(password, safe=""))
+    netloc = (f"{auth}@" if auth else "") + (host or "") + ("" if port is None else f":{port}")
+    query = urlencode(params, quote_via=quote)
+    return f"postgresql+psycopg://{netloc}/{quote(dbname or '', safe='')}" + (f"?{query}" if query else "")
+
+
+def libpq_dsn(dsn: str) -> str:
+    """Return a DSN psycopg can open (strips SQLAlchemy driver suffixes)."""
+    return re.sub(r"^(postgresql|cockroachdb)\+\w+://", "postgresql://", dsn).replace(
+        "cockroachdb://", "postgresql://", 1
+    )

@@ -1,0 +1,109 @@
+"""The named queries: ``scheduler/sql/queries.sql`` parsed once into :data:`QUERIES`, and how they run.
+
+SQL lives in ``scheduler/sql/queries.sql`` as named queries (``-- name:
+verb_object`` headers, then comment lines documenting it); nothing else
+builds SQL. Parameters are psycopg placeholders; arrays are bound as binary
+(``%(x)b``) because psycopg otherwise sends list parameters as text, which
+costs 2× on the hot path. :func:`load_queries` also reads other packages'
+query files (``bench/sql/queries.sql``: the bench's own queries).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+import psycopg
+from psycopg.rows import tuple_row
+
+Row = dict[str, Any]
+"""A result row of :func:`execute`: column name to value (the connections' ``dict_row``)."""
+
+
+def load_queries(package: str = "scheduler", path: str = "sql/queries.sql") -> dict[str, str]:
+    """Parse ``path`` inside ``package`` (default ``scheduler/sql/queries.sql``) into ``{name: sql}``.
+
+    Each query starts with a line ``-- name: <verb_object>``; the comment
+    lines that follow document it in the file and are dropped from the SQL
+    sent (so placeholders in prose are never bound). A trailing ``;`` is
+    stripped. Raises ``ValueError`` on a duplicate name.
+    """
+    text = resources.files(package).joinpath(path).read_text()
+    queries: dict[str, str] = {}
+    name: str | None = None
+    lines: list[str] = []
+
+    def flush() -> None:
+        if name is not None:
+            body = "\n".join(lines).strip().rstrip(";").strip()
+            if name in queries:
+                raise ValueError(f"duplicate query name {name!r} in {package}/{path}")
+            queries[name] = body
+
+    for line in text.splitlines():
+        match = re.match(r"--\s*name:\s*(\w+)\s*$", line)
+        if match:
+            flush()
+            name, lines = match.group(1), []
+        elif name is not None and not line.lstrip().startswith("--"):
+            lines.append(line)
+    flush()
+    return queries
+
+
+QUERIES: dict[str, str] = load_queries()
+
+
+def execute(
+    conn: psycopg.Connection[Any],
+    name: str,
+    params: dict[str, Any] | None = None,
+    *,
+    prepare: bool | None = None,
+    queries: dict[str, str] | None = None,
+) -> list[Row]:
+    """Execute the named query and return its rows (``[]`` if it returns none).
+
+    ``prepare`` is psycopg's: ``None`` prepares server-side after a few
+    executions, ``False`` never (see ``FIRE_RUNS_PREPARE`` in
+    :mod:`scheduler.firing.limits`). ``queries``: where ``name`` is looked up
+    (default :data:`QUERIES`; the bench passes its own).
+    """
+    with conn.cursor() as cur:
+        cur.execute((QUERIES if queries is None else queries)[name], params, prepare=prepare)
+        rows: list[Row] = cur.fetchall() if cur.description is not None else []
+        return rows
+
+
+def stream(conn: psycopg.Connection[Any], name: str, params: dict[str, Any], size: int) -> Iterator[tuple[Any, ...]]:
+    """Yield the named query's rows as tuples (column order of its SELECT), fetched ``size`` at a time.
+
+    Uses psycopg's streaming (single-row mode, ``size`` rows per network
+    chunk): the caller works on the first rows while the store is still
+    sending. Tuples, not dicts: a dict per row costs more than the rest of
+    the per-row work in a herd. The connection is busy until the iterator is
+    exhausted or closed.
+    """
+    with conn.cursor(row_factory=tuple_row) as cur:
+        yield from cur.stream(QUERIES[name], params, size=size)
+
+
+def now(conn: psycopg.Connection[Any], pinned: datetime | None = None) -> datetime:
+    """The store's clock (aware): ``pinned`` if given, else the store's ``now()``.
+
+    ``pinned`` is a clock's store pin (:meth:`scheduler.clock.Clock.store_now_or_none`,
+    None in production); on an autocommit connection ``now()`` is the
+    instant of this call, in a transaction its start.
+    """
+    instant: datetime = execute(conn, "store_now", {"now": pinned})[0]["store_now"]
+    return instant
+
+
+def execute_rowcount(conn: psycopg.Connection[Any], name: str, params: dict[str, Any] | None = None) -> int:
+    """Execute the named query and return the number of rows it affected."""
+    with conn.cursor() as cur:
+        cur.execute(QUERIES[name], params)
+        return cur.rowcount

@@ -1,0 +1,226 @@
+"""Connections and the node session.
+
+Every node session sets ``lock_timeout``, ``statement_timeout`` and
+``idle_in_transaction_session_timeout`` well below the lease TTL
+(docs/design.md §2), so a frozen node's open transaction is aborted by the
+store and cannot hold the partition rows' locks past its lease. The converse
+(a store or proxy that goes silent while the node waits) is bounded on the
+client: every node session is opened by :func:`node_connect`, with TCP
+keepalives, ``tcp_user_timeout`` and the watchdog's bounds on each blocking
+call (:mod:`scheduler.watchdog`). :class:`StoreSession` is the one node
+session object (firing lanes, lease coordinators, retention, the health
+probe): opened on first use, reopened after a failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+
+from scheduler.clock import Clock, SystemClock
+from scheduler.errors import StoreError
+from scheduler.metrics import Metrics
+from scheduler.settings import Settings
+from scheduler.store.dsn import check_dsn, first_line, libpq_dsn, redact_dsn, redact_text
+from scheduler.store.queries import Row
+from scheduler.store.retry import run_transaction
+from scheduler.watchdog import CallBounds, Watchdog, WatchedConnection
+from scheduler.watchdog import shared as shared_watchdog
+
+T = TypeVar("T")
+
+
+def connect(
+    dsn: str,
+    *,
+    application_name: str = "scheduler",
+    lock_timeout_s: float | None = None,
+    statement_timeout_s: float | None = None,
+    idle_in_transaction_timeout_s: float | None = None,
+    connect_timeout_s: float = 5.0,
+    watch: CallBounds | None = None,
+    watchdog: Watchdog | None = None,
+    **conninfo: Any,
+) -> psycopg.Connection[Row]:
+    """Open an autocommit connection with the node session settings.
+
+    Timeouts are in seconds (sent to the store in milliseconds); ``None``
+    leaves the store's default. Extra keyword arguments are libpq connection
+    parameters (e.g. ``keepalives_idle``). Rows come back as dicts. With
+    ``watch``, the connection is a :class:`~scheduler.watchdog.WatchedConnection`
+    whose blocking calls ``watchdog`` (default: the process's,
+    :func:`scheduler.watchdog.shared`) bounds by ``watch``. Raises
+    :class:`ConfigError` for a DSN :func:`check_dsn` refuses (nothing is
+    opened), :class:`StoreError` (with the password and anything the driver
+    echoed of it redacted) if the store cannot be reached.
+    """
+    check_dsn(dsn)
+    options = []
+    for guc, value in (
+        ("lock_timeout", lock_timeout_s),
+        ("statement_timeout", statement_timeout_s),
+        ("idle_in_transaction_session_timeout", idle_in_transaction_timeout_s),
+    ):
+        if value is not None:
+            options.append(f"-c {guc}={max(1, int(value * 1000))}")
+    cls: type[psycopg.Connection[Any]] = psycopg.Connection if watch is None else WatchedConnection
+    try:
+        conn: psycopg.Connection[Row] = cls.connect(
+            libpq_dsn(dsn),
+            autocommit=True,
+            row_factory=dict_row,
+            application_name=application_name,
+            connect_timeout=max(1, int(connect_timeout_s)),
+            options=" ".join(options) or None,
+            **conninfo,
+        )
+    except psycopg.Error as exc:
+        raise StoreError(
+            f"cannot connect to the store at {redact_dsn(dsn)}: {redact_text(first_line(exc), dsn)}",
+            getattr(exc, "sqlstate", None),
+        ) from exc
+    if isinstance(conn, WatchedConnection) and watch is not None:
+        conn.watch = (watchdog or shared_watchdog(), watch, application_name)
+    return conn
+
+
+def keepalive_params(settings: Settings) -> dict[str, int]:
+    """libpq TCP parameters of a node session, from ``settings`` (see Settings' ``keepalive_*``).
+
+    ``keepalives``/``keepalives_idle``/``keepalives_interval``/``keepalives_count``
+    (whole seconds) and ``tcp_user_timeout`` (milliseconds): a peer that
+    stops acknowledging is given up after about ``tcp_user_timeout_s``.
+    """
+    return {
+        "keepalives": 1,
+        "keepalives_idle": settings.keepalive_idle_s,
+        "keepalives_interval": settings.keepalive_interval_s,
+        "keepalives_count": settings.keepalive_count,
+        "tcp_user_timeout": max(1, int(settings.effective_tcp_user_timeout_s * 1000)),
+    }
+
+
+def node_connect(
+    settings: Settings,
+    application_name: str,
+    *,
+    statement_timeout_s: float | None = None,
+    connect_timeout_s: float | None = None,
+    watchdog: Watchdog | None = None,
+) -> psycopg.Connection[Row]:
+    """Open a node session: the one place the node's store connections are built.
+
+    Every session of a node (firing lanes, lease loop, retention, health
+    probe) carries, from ``settings``: ``lock_timeout``, ``statement_timeout``
+    (``statement_timeout_s`` overrides it, e.g. the probe's 1 s) and
+    ``idle_in_transaction_session_timeout``; TCP keepalives and
+    ``tcp_user_timeout`` (:func:`keepalive_params`); and the watchdog's
+    bounds on every blocking call (statement timeout + ``store_call_margin_s``
+    to cancel, + 2 × margin to break the connection; see
+    :mod:`scheduler.watchdog`). ``connect_timeout_s`` defaults to the
+    ``tcp_user_timeout`` (at least 2 s, libpq's minimum). Raises
+    :class:`StoreError` if the store cannot be reached.
+    """
+    statement = statement_timeout_s if statement_timeout_s is not None else settings.effective_statement_timeout_s
+    if connect_timeout_s is None:
+        connect_timeout_s = max(2.0, settings.effective_tcp_user_timeout_s)
+    return connect(
+        settings.dsn,
+        application_name=application_name[:63],
+        lock_timeout_s=settings.effective_lock_timeout_s,
+        statement_timeout_s=statement,
+        idle_in_transaction_timeout_s=settings.effective_idle_in_transaction_timeout_s,
+        connect_timeout_s=connect_timeout_s,
+        watch=CallBounds.after_statement_timeout(statement, settings.effective_store_call_margin_s),
+        watchdog=watchdog,
+        **keepalive_params(settings),
+    )
+
+
+class StoreSession:
+    """A node session: one autocommit connection of a node (:func:`node_connect`), opened on
+    first use and reopened after a failure.
+
+    The one node-session object: the lease coordinators (SQL and etcd, role
+    ``lease``), the firing lanes (``fire``), retention and the health probe
+    hold or extend it. The connection carries the node timeouts (lock,
+    statement, idle in transaction), keepalives and the watchdog's bounds,
+    and the application name ``scheduler-<role>:<node id>`` (or
+    ``application_name``); ``statement_timeout_s`` and ``connect_timeout_s``
+    override the settings' (:func:`node_connect`). ``clock`` (default the
+    system clock) is the node's injected clock: its
+    :meth:`~scheduler.clock.Clock.store_now_or_none` is the ``now`` every
+    time-dependent query is sent (None in production: the store's
+    ``now()``). ``metrics`` (optional) counts retries and store errors of
+    :meth:`_tx`.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        clock: Clock | None = None,
+        *,
+        role: str = "lease",
+        application_name: str | None = None,
+        statement_timeout_s: float | None = None,
+        connect_timeout_s: float | None = None,
+    ) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._clock: Clock = clock or SystemClock()
+        self._application_name = application_name or f"scheduler-{role}:{settings.node_id}"
+        self._statement_timeout_s = statement_timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        self._conn: psycopg.Connection[Row] | None = None
+
+    def _connection(self) -> psycopg.Connection[Row]:
+        """The open connection (opened now if there is none or it was closed); raises :class:`StoreError`."""
+        if self._conn is None or self._conn.closed:
+            self._conn = node_connect(
+                self._settings,
+                self._application_name,
+                statement_timeout_s=self._statement_timeout_s,
+                connect_timeout_s=self._connect_timeout_s,
+            )
+        return self._conn
+
+    connection = _connection
+
+    @property
+    def open(self) -> bool:
+        """True if the connection is open (it may still be broken: the next call finds out)."""
+        return self._conn is not None and not self._conn.closed
+
+    def _tx(self, body: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run ``body(conn)`` in one transaction, retried whole on 40001/40P01 (:func:`run_transaction`).
+
+        A store error is counted (``metrics``) and re-raised; after a lost
+        connection, a :class:`StoreError` or an error that closed it, the
+        session is closed, to be reopened by the next call.
+        """
+        try:
+            conn = self._connection()
+            return run_transaction(conn, body, on_retry=None if self._metrics is None else self._metrics.retry)
+        except (psycopg.Error, StoreError) as exc:
+            if self._metrics is not None:
+                self._metrics.error(getattr(exc, "sqlstate", None))
+            if (
+                isinstance(exc, StoreError)
+                or isinstance(exc, psycopg.OperationalError)
+                or (self._conn is not None and self._conn.closed)
+            ):
+                self.close()
+            raise
+
+    def close(self) -> None:
+        """Close the connection (if open); the next call opens a new one. Never raises a store error."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
