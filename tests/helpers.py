@@ -18,7 +18,7 @@ import pytest
 
 from scheduler import store
 from scheduler.clock import Clock, SystemClock
-from scheduler.firing import Firer
+from scheduler.firing import DEFAULT_LIMITS, Firer, FiringLimits
 from scheduler.lease import LeaseTable, SqlCoordinator
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
@@ -116,10 +116,17 @@ class OneNode:
     system clock) is the lease table's, the coordinator's and the firer's:
     the leases' local deadlines count from its ``monotonic()``, and a
     ``ManualClock(store_at=...)`` pins the store clock of every query they
-    send (scheduler/clock.py); ``overrides`` are Settings. ``close()``
-    closes the firer and the coordinator."""
+    send (scheduler/clock.py); ``limits`` are the firer's thresholds;
+    ``overrides`` are Settings. ``close()`` closes the firer and the coordinator."""
 
-    def __init__(self, dsn: str, node_id: str = "t1", clock: Clock | None = None, **overrides) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        node_id: str = "t1",
+        clock: Clock | None = None,
+        limits: FiringLimits = DEFAULT_LIMITS,
+        **overrides,
+    ) -> None:
         self.settings = Settings(dsn=dsn, node_id=node_id, **overrides).validated()
         self.metrics = Metrics()
         self.clock = clock or SystemClock()
@@ -130,7 +137,7 @@ class OneNode:
         grants = self.coord.claim(1024)
         assert len(grants) == 1024
         self.table.grant(grants, sent, self.settings.lease_ttl_s)
-        self.firer = Firer(self.settings, self.table, self.clock, self.metrics)
+        self.firer = Firer(self.settings, self.table, self.clock, self.metrics, limits)
 
     def epoch(self, partition_id: int) -> int:
         return self.table.held()[partition_id].epoch

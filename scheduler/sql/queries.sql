@@ -175,12 +175,12 @@ ORDER BY node_id;
 -- quotas), after the cursor (%(after_due)s[i], %(after_pid)s[i],
 -- %(after_job)s[i]) (a second pass in the same tick continues where the
 -- first stopped; the first passes the NO_CURSOR sentinel of
--- scheduler/firing.py, older than any timer: a cursor that is never NULL
+-- scheduler/firing/state.py, older than any timer: a cursor that is never NULL
 -- keeps the row comparison an index qualifier, so a scan starts at the
 -- cursor instead of walking, and filtering, everything before it). Reads
 -- only: the fence is in fire_runs. Due means next_due_at <= %(now)s (the
 -- store clock's pin; NULL: now()), which is returned as the store's clock.
--- The column ORDER is part of the contract (scheduler/firing.py reads rows
+-- The column ORDER is part of the contract (scheduler/firing/batch.py reads rows
 -- as tuples); job_id comes as text, which is how fire_runs takes it back.
 SELECT j.partition_id, j.job_id::text, j.tenant, j.kind, j.cron_expr, j.cron_dialect,
        j.tz, j.interval_s, j.anchor_at, j.fire_at, j.misfire,
@@ -202,7 +202,7 @@ CROSS JOIN LATERAL (
 ) AS j;
 
 -- name: herd_heads
--- The herd finder (scheduler/firing.py, "Herds"). For each tenant
+-- The herd finder (scheduler/firing/herds.py). For each tenant
 -- %(tenants)s[i]: the instant (next_due_at) of its oldest due timer in the
 -- node's firable partitions after the cursor (%(after_due)s[i],
 -- %(after_pid)s[i], %(after_job)s[i]) (never NULL, as in select_due_jobs),
@@ -324,7 +324,7 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS store_now;
 --            primary key makes a duplicate impossible.
 -- A run's fired_at and a skip's recorded_at are the statement's timestamp,
 -- or the store clock's pin %(now)s when given (tests: exact lateness).
--- Shape of the parameters (scheduler/firing.py, _Batch): a job is four
+-- Shape of the parameters (scheduler/firing/batch.py, Batch): a job is four
 -- scalars, partition, id, revision and plan number, plus the 1-based
 -- position (fpos) of its partition in the sorted fence arrays. What to do
 -- is in the plan arrays, one entry per distinct outcome: next slot, the
@@ -400,8 +400,7 @@ SELECT (SELECT pids FROM fenced) AS fenced,
        (SELECT coalesce(array_agg(lag_s), '{}') FROM inserted) AS lags_s;
 
 -- name: fire_group
--- The fenced firing statement for one herd chunk (scheduler/firing.py,
--- "Herds"): the timers of tenant %(tenant)s due at %(due)s in partitions
+-- The fenced firing statement for one herd chunk (scheduler/firing/herds.py): the timers of tenant %(tenant)s due at %(due)s in partitions
 -- %(pids)s (a slice of the node's firable ones, ascending; after the
 -- cursor (%(lo_pid)s, %(lo_job)s) when given), whose schedule is one of the
 -- plan rows, all

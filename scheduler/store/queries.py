@@ -10,8 +10,9 @@ query files (``bench/sql/queries.sql``: the bench's own queries).
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -78,17 +79,22 @@ def execute(
         return rows
 
 
-def stream(conn: psycopg.Connection[Any], name: str, params: dict[str, Any], size: int) -> Iterator[tuple[Any, ...]]:
-    """Yield the named query's rows as tuples (column order of its SELECT), fetched ``size`` at a time.
+@contextlib.contextmanager
+def stream(
+    conn: psycopg.Connection[Any], name: str, params: dict[str, Any], size: int
+) -> Generator[Iterator[tuple[Any, ...]], None, None]:
+    """A context giving the named query's rows as tuples (column order of its SELECT), fetched ``size`` at a time.
 
+    ``with store.stream(conn, name, params, size) as rows: for row in rows: ...``.
     Uses psycopg's streaming (single-row mode, ``size`` rows per network
     chunk): the caller works on the first rows while the store is still
-    sending. Tuples, not dicts: a dict per row costs more than the rest of
-    the per-row work in a herd. The connection is busy until the iterator is
-    exhausted or closed.
+    sending. The iterator is psycopg's own (no wrapper per row) and tuples,
+    not dicts: a dict per row costs more than the rest of the per-row work in
+    a herd. The connection is busy until the context ends (its cursor is
+    closed then). Raises ``psycopg.Error`` on a store error.
     """
     with conn.cursor(row_factory=tuple_row) as cur:
-        yield from cur.stream(QUERIES[name], params, size=size)
+        yield cur.stream(QUERIES[name], params, size=size)
 
 
 def now(conn: psycopg.Connection[Any], pinned: datetime | None = None) -> datetime:

@@ -131,7 +131,7 @@ both_coordinators = pytest.mark.parametrize("cluster", COORDINATORS, indirect=Tr
 def sleep_until_wall_fraction(fraction: float) -> None:
     """Sleep until the wall clock's fractional second is ``fraction`` (0..1).
 
-    Nodes tick phased onto wall-clock seconds (``firing.TICK_PHASE_S``), so
+    Nodes tick phased onto wall-clock seconds (``scheduler.firing.TICK_PHASE_S``), so
     this places an action just before a tick that has due work.
     """
     now = time.time()

@@ -81,7 +81,7 @@ MID_TICK_FLAGS = [
 work (the 1 s jobs) and fires it; lock and statement timeouts (still below the
 TTL) that outlast the milliseconds between "waiting on the test's lock" and
 the injected failure; a budget (500 runs a tick, ~7x the load) below
-``scheduler.firing.HERD_MIN_JOBS``, so no tenant is probed for a herd and the
+``scheduler.firing.FiringLimits.herd_min_jobs``, so no tenant is probed for a herd and the
 tick's first read of ``jobs`` is the due read these tests hold up."""
 
 LOCK_JOBS_TABLE = "LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE"

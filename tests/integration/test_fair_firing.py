@@ -15,9 +15,9 @@ from datetime import timedelta
 
 from helpers import OneNode
 
-from scheduler import firing, jobs
+from scheduler import jobs
 from scheduler.clock import ManualClock
-from scheduler.firing import Firer
+from scheduler.firing import Firer, FiringLimits
 from scheduler.lease import SqlCoordinator
 from scheduler.partition import partition_of
 
@@ -81,23 +81,22 @@ def test_surplus_is_read_only_after_the_fair_shares_committed(pg_dsn, conn, monk
     _load_due(conn, "big", 300, due_ago_s=30)
     for i in range(5):
         _load_due(conn, f"small{i}", 10, due_ago_s=5)
-    monkeypatch.setattr(firing, "CHUNK_JOBS", 20)
-    # One lane: at SERIALIZABLE (CI's second pass) two lanes' chunks on these
-    # few pages can fail with 40001 (page-grained predicate locks) and take
-    # the retry path, which ends the tick after the first pass.
-    monkeypatch.setattr(firing, "WRITE_LANES", 1)
+    # Chunks of 20; one lane: at SERIALIZABLE (CI's second pass) two lanes'
+    # chunks on these few pages can fail with 40001 (page-grained predicate
+    # locks) and take the retry path, which ends the tick after the first pass.
+    limits = FiringLimits(chunk_jobs=20, write_lanes=1)
     passes = []
     real_stream = Firer._stream
 
-    def stream(self, read, pipeline, firable, quotas, *rest):
-        sent = pipeline.sent
+    def stream(self, tick, quotas, after):
+        sent = tick.pipeline.sent
         passes.append(
             ({t for t, q in quotas.items() if q > 0}, len(sent), sum(item.outcome is not None for item in sent))
         )
-        return real_stream(self, read, pipeline, firable, quotas, *rest)
+        return real_stream(self, tick, quotas, after)
 
     monkeypatch.setattr(Firer, "_stream", stream)
-    firer, coord = _node(pg_dsn, max_rate_per_s=200.0)
+    firer, coord = _node(pg_dsn, limits=limits, max_rate_per_s=200.0)
     try:
         result = firer.tick()
     finally:

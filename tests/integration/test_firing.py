@@ -1,4 +1,4 @@
-"""One node, in process, firing against a real store (scheduler/firing.py).
+"""One node, in process, firing against a real store (scheduler/firing/).
 
 Each test registers jobs through the public API (``scheduler.jobs``), then
 simulates an outage, so the exact nominal times that must fire are
@@ -24,8 +24,9 @@ import psycopg
 import pytest
 from helpers import OneNode, store_now
 
-from scheduler import firing, jobs, store
+from scheduler import jobs, store
 from scheduler.clock import ManualClock
+from scheduler.firing import batch
 from scheduler.planner import scheduled_time
 from scheduler.spec import JobSpec
 
@@ -463,7 +464,7 @@ def test_fence_a_partition_row_naming_no_owner_commits_nothing(conn, node) -> No
 def test_a_job_edited_between_read_and_fire_is_not_advanced(conn, node, pg_dsn, monkeypatch) -> None:
     job_id, anchor = interval_job(conn, 60, slots_before_now=3, name="edited")
     before = job_row(conn, job_id)
-    real_plan_job = firing.plan_job
+    real_plan_job = batch.plan_job
     edits = []
 
     def plan_job(*args, **kwargs):
@@ -476,7 +477,7 @@ def test_a_job_edited_between_read_and_fire_is_not_advanced(conn, node, pg_dsn, 
                 )
         return real_plan_job(*args, **kwargs)
 
-    monkeypatch.setattr(firing, "plan_job", plan_job)
+    monkeypatch.setattr(batch, "plan_job", plan_job)  # the per-timer path's planner
     result = node.firer.tick()
     monkeypatch.undo()
 
@@ -566,7 +567,7 @@ def test_paused_and_deleted_jobs_do_not_fire(conn, node) -> None:
 
 def test_write_lanes_follow_the_share_of_partitions_held(conn, node) -> None:
     """Two firing connections while holding more than half of the partitions, one otherwise
-    (firing.WRITE_LANES), and the work is the same either way."""
+    (FiringLimits.write_lanes), and the work is the same either way."""
 
     def lanes() -> list[str]:
         return sorted(role for role, c in node.firer._sessions.items() if role.startswith("write") and c.open)

@@ -1,14 +1,15 @@
 """Herds: many timers of one tenant due at one instant, fired by ``fire_group``
-(scheduler/firing.py, "Herds"; sql/queries.sql herd_heads, herd_counts,
+(scheduler/firing/herds.py; sql/queries.sql herd_heads, herd_counts,
 herd_schedules, fire_group).
 
-Herds are sized down (``HERD_MIN_JOBS``) so a few dozen timers form one. Each
+Herds are sized down (the firer's ``FiringLimits.herd_min_jobs``) so a few dozen timers form one. Each
 test asserts the exact runs and next slots in the store, and that the herd
 path (``TickResult.herd_fired``) or the per-timer path fired them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import datetime, timedelta
 
@@ -16,8 +17,9 @@ import psycopg
 import pytest
 from helpers import OneNode
 
-from scheduler import firing, jobs, store
-from scheduler.firing import Firer
+from scheduler import jobs, store
+from scheduler.firing import FiringLimits
+from scheduler.firing.herds import HerdFinder
 from scheduler.partition import partition_of
 from scheduler.planner import scheduled_time
 from scheduler.schedule import CronSchedule
@@ -26,20 +28,18 @@ from scheduler.spec import JobSpec
 HOUR = timedelta(hours=1)
 
 
-@pytest.fixture(autouse=True)
-def small_herds(monkeypatch) -> None:
-    monkeypatch.setattr(firing, "HERD_MIN_JOBS", 20)
-    monkeypatch.setattr(firing, "FIRST_PASS_HERD_QUOTA", 20)
+SMALL_HERDS = FiringLimits(herd_min_jobs=20, first_pass_herd_quota=20)
+"""Herds of 20 timers and more, looked for in every pass with a share of 20."""
 
 
-def Node(dsn: str, **overrides) -> OneNode:  # noqa: N802 (reads as the class it builds)
-    """A node's firing half holding all 1,024 leases, named ``herd``."""
-    return OneNode(dsn, node_id="herd", **overrides)
+def Node(dsn: str, limits: FiringLimits = SMALL_HERDS, **overrides) -> OneNode:  # noqa: N802 (reads as the class it builds)
+    """A node's firing half holding all 1,024 leases, named ``herd``, firing with ``limits``."""
+    return OneNode(dsn, node_id="herd", limits=limits, **overrides)
 
 
-def tick_once(dsn: str, **overrides):
-    """One tick of a fresh node with these settings; returns its TickResult."""
-    n = Node(dsn, **overrides)
+def tick_once(dsn: str, limits: FiringLimits = SMALL_HERDS, **overrides):
+    """One tick of a fresh node with these limits and settings; returns its TickResult."""
+    n = Node(dsn, limits, **overrides)
     try:
         return n.firer.tick()
     finally:
@@ -207,7 +207,7 @@ def test_a_pass_continues_a_herd_from_the_per_timer_cursor_inside_a_partition(pg
     size (30), so the big tenant's first 25 timers go per timer and its cursor
     stops inside a partition; its surplus (60) is a herd that must start right
     after that cursor, in the same partition."""
-    monkeypatch.setattr(firing, "HERD_MIN_JOBS", 30)
+    limits = dataclasses.replace(SMALL_HERDS, herd_min_jobs=30)
     due = instant(conn)
     # 40 timers in partition 0, the first partition in order: the cursor (the
     # 25th timer) stops inside it; 160 more in partitions 1-9.
@@ -218,12 +218,12 @@ def test_a_pass_continues_a_herd_from_the_per_timer_cursor_inside_a_partition(pg
     for tenant in ("s1", "s2", "s3"):
         load_herd(conn, tenant, 5, due)
     order = in_order(herd)
-    result = tick_once(pg_dsn, max_rate_per_s=100.0)
+    result = tick_once(pg_dsn, limits, max_rate_per_s=100.0)
     fired = in_order(r["job_id"] for r in runs(conn, "big"))
     assert result.herd_fired > 0
     assert result.fired == len(fired) + 15
     assert fired == order[: len(fired)]  # an exact prefix: nothing skipped, nothing twice
-    assert 25 + firing.HERD_MIN_JOBS <= len(fired) <= 85
+    assert 25 + limits.herd_min_jobs <= len(fired) <= 85
     assert partition_of(order[24]) == partition_of(order[39]) == 0
 
 
@@ -293,7 +293,7 @@ def test_a_timer_edited_after_the_herd_was_planned_is_left_to_its_new_schedule(p
         " created_at = %(c)s, changed_at = %(c)s WHERE job_id = %(j)s",
         {"a": due - HOUR, "d": due, "c": due - 2 * HOUR, "j": edited},
     )
-    real = Firer._herd_plan
+    real = HerdFinder.plan
     edits = []
 
     def herd_plan(self, row, slot):
@@ -304,7 +304,7 @@ def test_a_timer_edited_after_the_herd_was_planned_is_left_to_its_new_schedule(p
                 )
         return real(self, row, slot)
 
-    monkeypatch.setattr(Firer, "_herd_plan", herd_plan)
+    monkeypatch.setattr(HerdFinder, "plan", herd_plan)
     result = node.firer.tick()
 
     assert [e.outcome for e in edits] == ["replaced"]
@@ -326,21 +326,21 @@ def test_a_tick_that_spends_its_budget_on_herds_reports_it_exhausted(pg_dsn, con
     load_herd(conn, "small", 5, due)
     result = tick_once(pg_dsn, max_rate_per_s=100.0)
     assert result.herd_fired == result.fired - 5
-    assert 2 * firing.HERD_MIN_JOBS <= result.herd_fired <= 95
+    assert 2 * SMALL_HERDS.herd_min_jobs <= result.herd_fired <= 95
     assert result.budget_exhausted
 
 
 def test_by_default_a_big_tenants_herd_is_found_in_the_surplus_pass(pg_dsn, conn, monkeypatch) -> None:
-    """With first-pass herds reserved for shares of FIRST_PASS_HERD_QUOTA, the
+    """With first-pass herds reserved for shares of first_pass_herd_quota, the
     big tenant's fair share (50 of 100) goes per timer and its surplus (45) is
     a herd continuing from that cursor: together an exact prefix of its timers."""
-    monkeypatch.setattr(firing, "FIRST_PASS_HERD_QUOTA", 1_000)
+    limits = dataclasses.replace(SMALL_HERDS, first_pass_herd_quota=1_000)
     due = instant(conn)
     herd = load_herd(conn, "big", 300, due)
     load_herd(conn, "small", 5, due)
-    result = tick_once(pg_dsn, max_rate_per_s=100.0)
+    result = tick_once(pg_dsn, limits, max_rate_per_s=100.0)
     fired = in_order(r["job_id"] for r in runs(conn, "big"))
     assert fired == in_order(herd)[: len(fired)]
-    assert 50 + firing.HERD_MIN_JOBS <= len(fired) <= 95
+    assert 50 + limits.herd_min_jobs <= len(fired) <= 95
     assert result.herd_fired == len(fired) - 50
     assert result.fired == len(fired) + 5

@@ -19,9 +19,10 @@ import psycopg
 from click.testing import CliRunner
 from helpers import PINNABLE_QUERIES, record_named_queries
 
-from scheduler import firing, jobs
+from scheduler import jobs
 from scheduler.cli import cli
 from scheduler.clock import ManualClock
+from scheduler.firing import DEFAULT_LIMITS
 from scheduler.lease import Lease, SqlCoordinator
 from scheduler.metrics import Metrics
 from scheduler.node import Node
@@ -47,7 +48,7 @@ def test_a_node_built_from_default_settings_sends_null_as_now_in_every_time_depe
     sent = record_named_queries(monkeypatch)
     # A herd (one tenant's timers at one instant: fire_group) and a lone timer
     # (the per-timer path: fire_runs), both due 10 s ago by the store's clock.
-    jobs.add_jobs(conn, [JobSpec.build(tenant="big", interval_s=86_400) for _ in range(firing.HERD_MIN_JOBS)])
+    jobs.add_jobs(conn, [JobSpec.build(tenant="big", interval_s=86_400) for _ in range(DEFAULT_LIMITS.herd_min_jobs)])
     jobs.add_job(conn, JobSpec.build(tenant="small", interval_s=86_400))
     conn.execute(
         "UPDATE jobs SET anchor_at = x.t - interval '1 day', next_nominal_at = x.t, next_due_at = x.t,"
@@ -68,7 +69,7 @@ def test_a_node_built_from_default_settings_sends_null_as_now_in_every_time_depe
     env = {key: None for key in os.environ if key.startswith("SCHEDULER_")}
     status = CliRunner().invoke(cli, ["status", "--json"], env={**env, "SCHEDULER_DSN": pg_dsn}, catch_exceptions=False)
 
-    assert (result.fired, result.herd_fired) == (firing.HERD_MIN_JOBS + 1, firing.HERD_MIN_JOBS)
+    assert (result.fired, result.herd_fired) == (DEFAULT_LIMITS.herd_min_jobs + 1, DEFAULT_LIMITS.herd_min_jobs)
     assert status.exit_code == 0, status.stderr
     pinnable = [(name, params) for name, params in sent if name in PINNABLE_QUERIES]
     assert {name for name, _ in pinnable} == PINNABLE_QUERIES - ETCD_ONLY

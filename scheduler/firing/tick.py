@@ -1,0 +1,373 @@
+"""The firing loop: once a second, one fenced, set-based tick (docs/design.md §4).
+
+A tick
+------
+1. Take the partitions this node may fire now (:meth:`LeaseTable.firable`:
+   held, not draining, not within the safety margin of the lease deadline).
+   The tick's state (:class:`~scheduler.firing.state.Tick`: firable
+   partitions and their epochs literal, quotas, runs granted, fetched and
+   used, cursors, the write pipeline, the counts) is made once here.
+2. Split the tick's budget (pacing: ``max_rate_per_s × tick_interval_s``)
+   between tenants with :class:`scheduler.fairness.DeficitRoundRobin`
+   (weights and rate caps are rows of ``tenants``), and read due timers of
+   all firable partitions in one query (``select_due_jobs``, streamed as
+   tuples by :func:`scheduler.store.stream`): per tenant, oldest due first
+   ((next_due_at, partition_id, job_id) order), up to its quota; budget left
+   by tenants with little due work goes to the others in a second pass,
+   sent once the first pass's chunks have committed (fair shares first).
+   Herds (:mod:`scheduler.firing.herds`) are taken out of this path first.
+3. Plan each job in Python (:class:`scheduler.firing.batch.RowPlanner`,
+   :func:`scheduler.planner.plan_job`): runs to fire, slots to skip under its
+   misfire policy, its next slot, memoized per schedule and instant.
+4. Commit with ``fire_runs``: one statement that locks the fenced partition
+   rows FOR SHARE (owner and epoch still ours), advances the jobs of fenced
+   partitions whose revision is unchanged, records skips, and inserts the
+   runs (the runs primary key makes a duplicate impossible). Large ticks are
+   split into chunks of ``chunk_jobs`` jobs
+   (:class:`~scheduler.firing.limits.FiringLimits`), each its own
+   transaction, queued on the store's write pipeline
+   (:class:`scheduler.store.Pipeline`) over ``write_lanes`` connections so
+   the store executes chunks while the node plans the next; the pipeline
+   returns each chunk's outcome for the tick to count. The statement is
+   never prepared (:data:`~scheduler.firing.limits.FIRE_RUNS_PREPARE`).
+
+Store time: "due" (``next_due_at <= now``), the ``now`` plans are made for
+and a run's ``fired_at`` are the store's clock, never the node's. Each of
+these statements takes the injected clock's store pin as ``now``
+(scheduler/clock.py, "The pinned store clock"): None in production, an
+instant in tests, which then get one exact answer, lateness included.
+
+Why a stale owner commits nothing: see scheduler/lease.py. Partitions the
+statement did not fence are counted (``scheduler_firing_fence_rejections_total``),
+logged as ``fence_rejected`` and dropped from the lease table.
+
+Failure: chunks are independent transactions. A lost connection or a
+statement error ends the tick: chunks already committed stay committed, the
+failed one is rolled back by the store, and its jobs stay due for the next
+tick. All sessions are then closed and reopened, never reused after an
+error. On a retryable SQLSTATE (40001, 40P01) the chunks that did not commit
+are re-sent at once on a fresh session (:func:`scheduler.store.resend`),
+each retried whole with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+import psycopg
+
+from scheduler import log, store, tzreplan
+from scheduler.clock import Clock
+from scheduler.errors import SchedulerError, ValidationError
+from scheduler.fairness import DeficitRoundRobin
+from scheduler.firing.batch import JOB_ID, NEXT_DUE, PARTITION, TENANT, Batch, RowPlanner, epochs_literal
+from scheduler.firing.herds import Herd, HerdFinder
+from scheduler.firing.limits import DEFAULT_LIMITS, FIRE_RUNS_PREPARE, TICK_PHASE_S, FiringLimits
+from scheduler.firing.outcomes import Outcomes, RateCaps
+from scheduler.firing.state import LAST_UUID, NO_CURSOR, Tick, TickResult
+from scheduler.lease import LeaseTable
+from scheduler.metrics import Metrics
+from scheduler.partition import PARTITION_COUNT
+from scheduler.settings import Settings
+from scheduler.spec import ScheduleCache
+
+
+class Firer:
+    """Runs firing ticks for one node.
+
+    Lifecycle (CONTRIBUTING.md rule 6): :meth:`tick` is one iteration (tests call it);
+    :meth:`run` ticks once per ``tick_interval_s`` until ``stop`` is set;
+    :meth:`wake` makes the loop tick now (after a claim). ``limits``: the
+    thresholds (default :data:`~scheduler.firing.limits.DEFAULT_LIMITS`).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        table: LeaseTable,
+        clock: Clock,
+        metrics: Metrics,
+        limits: FiringLimits = DEFAULT_LIMITS,
+    ) -> None:
+        self._s = settings
+        self._table = table
+        self._clock = clock
+        self._metrics = metrics
+        self._limits = limits
+        self._schedules = ScheduleCache()
+        self._planner = RowPlanner(self._schedules)
+        self._herds = HerdFinder(settings.node_id, self._schedules, clock, limits)
+        self._drr = DeficitRoundRobin()
+        self._caps = RateCaps()
+        self._outcomes = Outcomes(settings.node_id, table, metrics)
+        self._sessions: dict[str, store.StoreSession] = {}
+        self._wake = threading.Event()
+
+    # ------------------------------------------------------------------ store
+
+    def _connection(self, role: str) -> psycopg.Connection:
+        """The ``read`` (due scan) or ``write0``, ``write1`` (firing lanes) connection."""
+        session = self._sessions.get(role)
+        if session is None:
+            session = self._sessions[role] = store.StoreSession(self._s, role="fire")
+        return session.connection()
+
+    def close(self) -> None:
+        """Close the firing connections."""
+        sessions, self._sessions = self._sessions, {}
+        for session in sessions.values():
+            session.close()
+
+    # ------------------------------------------------------------------ tick
+
+    def tick(self) -> TickResult:
+        """Fire what is due now in this node's firable partitions; return the counts.
+
+        Store errors are counted and logged, never raised: the tick is simply
+        lost and its jobs stay due.
+        """
+        started = self._clock.monotonic()
+        result = TickResult()
+        # Numbered, not locked: the lease loop releases a draining partition only
+        # after the tick that may fire it has ended, without ever waiting for it.
+        number, firable = self._table.begin_tick()
+        try:
+            if firable:
+                try:
+                    self._tick(firable, result)
+                except (psycopg.Error, SchedulerError, OSError) as exc:
+                    self._metrics.error(getattr(exc, "sqlstate", None))
+                    log.event(
+                        "tick_failed",
+                        logging.WARNING,
+                        node=self._s.node_id,
+                        error=(str(exc).splitlines() or [type(exc).__name__])[0],
+                    )
+                    self.close()  # reopened next tick; a failed session is never reused
+                except Exception as exc:  # a bug must not stop the firing loop: log it loudly
+                    log.event(
+                        "tick_crashed",
+                        logging.ERROR,
+                        exc_info=True,
+                        node=self._s.node_id,
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
+                    self.close()
+        finally:
+            self._table.end_tick(number)
+        elapsed = self._clock.monotonic() - started
+        self._metrics.tick_duration.observe(elapsed)
+        if elapsed > self._s.tick_interval_s:
+            log.event(
+                "tick_slow",
+                logging.WARNING,
+                node=self._s.node_id,
+                seconds=round(elapsed, 3),
+                fired=result.fired,
+                herd_fired=result.herd_fired,
+            )
+        return result
+
+    def _tick(self, firable: dict[int, int], result: TickResult) -> None:
+        read = self._connection("read")
+        lanes_max = self._limits.write_lanes
+        count = lanes_max if len(firable) > PARTITION_COUNT // 2 else 1
+        lanes = [self._connection(f"write{i}") for i in range(count)]
+        for i in range(count, lanes_max):  # a lane no longer needed is not kept open
+            idle = self._sessions.pop(f"write{i}", None)
+            if idle is not None:
+                idle.close()
+        budget = self._s.tick_budget
+        tenants = {row["tenant"]: row for row in store.execute(read, "tenant_weights")}
+        weights = {tenant: row["weight"] for tenant, row in tenants.items()}
+        limits = self._caps.limits(tenants, len(self._table), self._clock.monotonic(), self._s.tick_interval_s)
+        quotas = self._drr.quotas(budget, weights, limits)
+        tick = Tick(
+            firable=firable,
+            epochs=epochs_literal(firable),
+            read=read,
+            pipeline=store.Pipeline(lanes, prepare=FIRE_RUNS_PREPARE),
+            quotas=quotas,
+            granted=dict(quotas),
+            result=result,
+        )
+        self._planner.start_tick()
+        try:
+            with tick.pipeline:
+                self._pass(tick, quotas, {})
+                fetched = tick.fetched
+                saturated = {t: weights[t] for t, q in quotas.items() if q > 0 and fetched[t] >= q}
+                leftover = budget - sum(fetched.values())
+                if leftover > 0 and saturated:
+                    left_limits = (
+                        None if limits is None else {t: limits[t] - quotas[t] for t in saturated if t in limits}
+                    )
+                    extra = DeficitRoundRobin.redistribute(leftover, saturated, left_limits)
+                    for tenant, quota in extra.items():
+                        tick.granted[tenant] += quota
+                    # Fair shares first: the first pass holds every tenant's
+                    # share, so all of a small tenant's due work. Its chunks
+                    # commit before the surplus is streamed, planned and sent,
+                    # so the big tenants' extra runs never take the CPU from
+                    # them; measured in the 5 M-job herd: small tenants' lag
+                    # p99 1.0-1.24 s -> 0.72-0.85 s (docs/performance.md).
+                    # The surplus's herds (index probes and a small sample)
+                    # are looked up meanwhile, shortening the bubble.
+                    after = dict(tick.last)
+                    herds = self._herds.find(tick, extra, after)
+                    tick.pipeline.wait()
+                    self._pass(tick, extra, after, herds)
+        except psycopg.Error as exc:
+            failed = self._outcomes.collect(tick.pipeline, result)
+            # An error inside the pipeline leaves the session in an aborted
+            # transaction (and psycopg's statement cache unsure): never reuse it.
+            self.close()
+            if not store.is_retryable(exc):
+                raise
+            self._metrics.retry(exc.sqlstate or "")
+            # Chunks that did not commit are re-sent one by one on a fresh
+            # session, each retried whole. Re-sending a chunk that did commit
+            # is harmless: fire_runs' advance is idempotent and its runs
+            # conflict; fire_group finds nothing left at the herd's instant.
+            write = self._connection("write0")
+            for item in failed:
+                row = store.resend(write, item, prepare=FIRE_RUNS_PREPARE, on_retry=self._metrics.retry)
+                self._outcomes.account(item, row, result)
+        else:
+            self._outcomes.collect(tick.pipeline, result)
+        if self._planner.replan:
+            self._replan_slots(result)
+        used, granted = tick.used, tick.granted
+        result.due_read = sum(tick.fetched.values())
+        self._drr.charge(used, quotas)
+        self._caps.charge(used)
+        if any(tick.fetched[t] >= q > 0 for t, q in granted.items()):
+            result.budget_exhausted = True
+        self._metrics.due_backlog.set(sum(granted.values()) if result.budget_exhausted else 0)
+
+    def _pass(
+        self, tick: Tick, quotas: dict[str, int], after: dict[str, tuple], herds: dict[str, Herd] | None = None
+    ) -> None:
+        """One pass over ``quotas`` (after the cursors ``after``): herds through
+        ``fire_group``, every other tenant's fair set per timer.
+
+        A herd is the head of its tenant's fair set; the tenant's timers due
+        after it wait for the next pass or tick, and its cursor moves past
+        the herd's last partition. Tenants are served smallest quota first
+        throughout (the per-timer chunks of small tenants go out before the
+        herds'). ``herds``: this pass's, if already looked up (the surplus
+        pass); otherwise looked up here among shares of at least
+        ``first_pass_herd_quota`` (the first pass).
+        """
+        if herds is None:
+            herds = self._herds.find(tick, quotas, after, self._limits.first_pass_herd_quota)
+        rest = {t: q for t, q in quotas.items() if t not in herds}
+        self._stream(tick, rest, after)
+        fetched, used = tick.fetched, tick.used
+        for tenant in sorted(herds, key=lambda t: (quotas[t], t)):
+            herd = herds[tenant]
+            self._herds.send(tick, herd)
+            before = fetched[tenant]
+            fetched[tenant] += herd.jobs
+            used[tenant] += herd.jobs
+            if herd.cut:  # the quota ran out in the herd: saturated, whatever it fetched
+                fetched[tenant] = max(fetched[tenant], before + quotas[tenant])
+            tick.last[tenant] = (herd.due, herd.pids[-1], LAST_UUID)
+
+    def _stream(self, tick: Tick, quotas: dict[str, int], after: dict[str, tuple]) -> None:
+        """Stream due rows for ``quotas`` (after the cursors ``after``);
+        plan and send a firing statement per chunk.
+
+        Tenants with the smallest quotas come first, so small tenants' runs are
+        in the first statements of the tick. Chunks are queued on the tick's
+        pipeline (BEGIN; fire_runs; COMMIT per chunk, round robin over its
+        lanes): the store executes them while this thread plans the next.
+        """
+        tenants = sorted((t for t, q in quotas.items() if q > 0), key=lambda t: (quotas[t], t))
+        if not tenants:
+            return
+        cursors = [after.get(t, NO_CURSOR) for t in tenants]
+        params = {
+            "tenants": tenants,
+            "quotas": [quotas[t] for t in tenants],
+            "after_due": [c[0] for c in cursors],
+            "after_pid": [c[1] for c in cursors],
+            "after_job": [uuid.UUID(c[2]) for c in cursors],
+            "partition_ids": list(tick.firable),
+            "now": self._clock.store_now_or_none(),
+        }
+        # The per-row loop works on locals: no attribute lookup per timer.
+        fetched, last, granted, used, result = tick.fetched, tick.last, tick.granted, tick.used, tick.result
+        plan_row, chunk_jobs = self._planner.plan_row, self._limits.chunk_jobs
+        batch = Batch()
+        with store.stream(tick.read, "select_due_jobs", params, self._limits.stream_rows) as rows:
+            for row in rows:
+                tenant = row[TENANT]
+                fetched[tenant] += 1
+                last[tenant] = (row[NEXT_DUE], row[PARTITION], row[JOB_ID])
+                plan_row(batch, row, granted, used, result)
+                if len(batch.pids) >= chunk_jobs:
+                    self._send_batch(tick, batch)
+                    batch = Batch()
+        if batch.pids:
+            self._send_batch(tick, batch)
+
+    def _send_batch(self, tick: Tick, batch: Batch) -> None:
+        """Queue one per-timer chunk (``fire_runs``) on the tick's pipeline."""
+        params = batch.params(self._s.node_id, tick.firable, tick.epochs, self._clock.store_now_or_none())
+        tick.pipeline.send("fire_runs", params, batch.partitions, batch)
+
+    def _replan_slots(self, result: TickResult) -> None:
+        """Move this tick's jobs whose stored slot is not a slot under this node's
+        tzdata (set aside by :meth:`RowPlanner.plan_row`) to their true slot; a later
+        tick fires it (scheduler/tzreplan.py). Re-reads them: one compare-and-set
+        transaction on the first write connection."""
+        conn = self._connection("write0")
+        replan = self._planner.replan
+        rows = store.execute(
+            conn,
+            "jobs_by_keys",
+            {"pids": [pid for pid, _ in replan], "jids": [uuid.UUID(j) for _, j in replan]},
+        )
+        items = []
+        for row in rows:
+            if row["kind"] != "cron" or row["next_nominal_at"] is None:
+                continue
+            try:
+                if not tzreplan.is_slot(self._schedules.for_row(row), row["next_nominal_at"]):
+                    items.append(tzreplan.replan_item(row))
+            except ValidationError:
+                continue
+        result.replanned = tzreplan.replan_jobs(conn, items, self._schedules)
+        self._metrics.slots_replanned.inc(result.replanned)
+
+    # ------------------------------------------------------------------ loop
+
+    def wake(self) -> None:
+        """Tick as soon as possible (e.g. right after partitions were claimed)."""
+        self._wake.set()
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick every ``tick_interval_s``, phased onto wall-clock seconds, until ``stop``.
+
+        Whoever sets ``stop`` must also call :meth:`wake` to cut the wait short.
+
+        When a tick leaves due work behind (budget spent), the next one starts
+        one interval after this one started: that is the pacing.
+        """
+        interval = self._s.tick_interval_s
+        while not stop.is_set():
+            started = self._clock.monotonic()
+            result = self.tick()
+            if stop.is_set():
+                break
+            if result.budget_exhausted:
+                delay = interval - (self._clock.monotonic() - started)
+            else:
+                wall = self._clock.wall()
+                delay = interval - ((wall - TICK_PHASE_S) % interval)
+            if delay > 0:
+                self._clock.wait(self._wake, delay)
+                self._wake.clear()
