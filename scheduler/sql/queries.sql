@@ -1,4 +1,5 @@
--- Named queries of the trigger engine. Loaded once by scheduler/store.py.
+-- Named queries of the trigger engine. Loaded once by scheduler/store/queries.py
+-- (the bench's own measurements are in bench/sql/queries.sql).
 -- Rules (docs/design.md §7, the PostgreSQL/CockroachDB common subset):
 --   * store time (now(), statement_timestamp()) is the only clock for leases
 --     and due times; never clock_timestamp();
