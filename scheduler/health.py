@@ -41,6 +41,7 @@ queueing behind it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -136,10 +137,8 @@ class StoreProbe:
             self._session.close()
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
+            with contextlib.suppress(psycopg.Error):
                 conn.close()
-            except psycopg.Error:
-                pass
 
 
 class HealthServer:
