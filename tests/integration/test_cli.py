@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import OneNode, cron_cases, store_now
 
-from scheduler import migrate, audit, jobs, store
+from scheduler import audit, jobs, migrate, store
 from scheduler.cli import cli
 from scheduler.planner import scheduled_time
 from scheduler.schedule import format_instant
