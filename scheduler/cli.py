@@ -1217,8 +1217,8 @@ def etcd_raise_revision(dsn: str, etcd_endpoints: str, as_json: bool) -> None:
     Safe to re-run. Exit status 2 on bad input, 1 if the store or every etcd
     endpoint fails.
     """
-    from scheduler.etcd_coordinator import parse_endpoints
-    from scheduler.etcd_gateway import raise_above_store
+    from scheduler.coordination.etcd_gateway import raise_above_store
+    from scheduler.coordination.etcd_keys import parse_endpoints
 
     endpoints = parse_endpoints(etcd_endpoints)  # ConfigError naming etcd_endpoints
     with open_store(dsn) as conn:

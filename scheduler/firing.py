@@ -63,7 +63,7 @@ these statements takes the injected clock's store pin as ``now``
 (scheduler/clock.py, "The pinned store clock"): None in production, an
 instant in tests, which then get one exact answer, lateness included.
 
-Why a stale owner commits nothing: see scheduler/lease.py. Partitions the
+Why a stale owner commits nothing: see scheduler/coordination/__init__.py. Partitions the
 statement did not fence are counted (``scheduler_firing_fence_rejections_total``),
 logged as ``fence_rejected`` and dropped from the lease table.
 
@@ -90,9 +90,9 @@ from psycopg.rows import tuple_row
 
 from scheduler import log, store, tzreplan
 from scheduler.clock import Clock
+from scheduler.coordination.table import LeaseTable
 from scheduler.errors import SchedulerError, ValidationError
 from scheduler.fairness import DeficitRoundRobin, TokenBucket, node_share_of_cap
-from scheduler.lease import LeaseTable
 from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT
 from scheduler.planner import plan_job

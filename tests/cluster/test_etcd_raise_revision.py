@@ -22,9 +22,9 @@ import pytest
 from harness import run_cli
 from helpers import closed_port
 
+from scheduler.coordination.etcd_gateway import BUMP_KEY, range_prefix
 from scheduler.devtools.etcd_server import ThrowawayEtcd
 from scheduler.errors import EpochRegressionError
-from scheduler.etcd_gateway import BUMP_KEY, range_prefix
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 
@@ -52,7 +52,7 @@ def one_line_error(result, status: int) -> str:
 
 def join_etcd(pg_dsn: str, server: ThrowawayEtcd, prefix: str) -> None:
     """Join (and leave) an etcd coordinator: what a node does at start (EpochRegressionError if refused)."""
-    from scheduler.etcd_coordinator import EtcdCoordinator
+    from scheduler.coordination.etcd import EtcdCoordinator
 
     settings = Settings(
         dsn=pg_dsn, node_id="joiner", coordinator="etcd", etcd_endpoints=server.endpoint, etcd_prefix=prefix

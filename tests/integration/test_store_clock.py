@@ -22,7 +22,7 @@ from helpers import PINNABLE_QUERIES, record_named_queries
 from scheduler import firing, jobs
 from scheduler.cli import cli
 from scheduler.clock import ManualClock
-from scheduler.lease import Lease, SqlCoordinator
+from scheduler.coordination import Lease, SqlCoordinator
 from scheduler.metrics import Metrics
 from scheduler.node import Node
 from scheduler.partition import partition_of

@@ -1,4 +1,4 @@
-"""LeaseLoop (scheduler/lease.py) on a manual clock with a fake coordinator: no store, no sleeping.
+"""LeaseLoop (scheduler/coordination/loop.py) on a manual clock with a fake coordinator: no store, no sleeping.
 
 :class:`FakeCoordinator` implements the coordinator interface in memory
 (who owns each partition at which epoch; claims hand out the lowest free
@@ -20,8 +20,8 @@ from collections.abc import Callable
 import pytest
 
 from scheduler.clock import ManualClock
+from scheduler.coordination import CoordinatorBase, Lease, LeaseLoop, LeaseTable
 from scheduler.errors import StoreError
-from scheduler.lease import Lease, LeaseLoop, LeaseTable
 from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT
 from scheduler.settings import Settings
@@ -34,8 +34,11 @@ MARGIN_S = 1.0
 ME = "n1"
 
 
-class FakeCoordinator:
+class FakeCoordinator(CoordinatorBase):
     """The coordinator interface in memory (only the coordinator is faked, not the store).
+
+    It does not watch membership (:class:`CoordinatorBase`'s defaults:
+    ``watches_membership`` False, ``prune`` and ``preflight`` do nothing).
 
     ``owners`` maps a held partition to ``(node, epoch)``; ``epochs`` is every
     partition's last epoch (0 before its first claim). ``members`` is what
@@ -130,11 +133,16 @@ class FakeCoordinator:
 
 
 class WatchingFakeCoordinator(FakeCoordinator):
-    """A fake that watches membership (as etcd does): it offers ``set_on_change``."""
+    """A fake that watches membership (as etcd does): ``watches_membership`` is True
+    and ``set_on_change`` keeps the callback."""
 
     def __init__(self, clock: ManualClock, node_id: str = ME) -> None:
         super().__init__(clock, node_id)
         self.on_change: Callable[[], None] | None = None
+
+    @property
+    def watches_membership(self) -> bool:
+        return True
 
     def set_on_change(self, callback: Callable[[], None]) -> None:
         self.on_change = callback
