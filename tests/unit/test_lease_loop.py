@@ -148,6 +148,16 @@ class WatchingFakeCoordinator(FakeCoordinator):
         self.on_change = callback
 
 
+class OptionalPartsFakeCoordinator(FakeCoordinator):
+    """A fake that does not watch membership but records the optional calls it gets."""
+
+    def set_on_change(self, callback: Callable[[], None]) -> None:
+        self._record("set_on_change")
+
+    def prune(self) -> None:
+        self._record("prune")
+
+
 class Rig:
     """A lease loop, its table and a fake coordinator on one manual clock at ``T0``."""
 
@@ -442,3 +452,20 @@ def test_wake_runs_a_requested_poll_before_its_interval(requested: bool) -> None
     else:
         assert polls == [T0]  # not before the interval without a request
         assert rig.fake.claim_limits == [512]
+
+
+def test_a_coordinator_that_does_not_watch_is_given_no_callback_and_pruned_every_minute() -> None:
+    rig = Rig(OptionalPartsFakeCoordinator)
+    rig.at(T0)
+    assert rig.fake.calls == [
+        (T0, "join"),
+        (T0, "heartbeat"),
+        (T0, "renew"),
+        (T0, "live_nodes"),
+        (T0, "claim"),
+        (T0, "prune"),
+    ]
+    for instant in (T0 + 30, T0 + 59.5, T0 + 60, T0 + 61, T0 + 120):
+        rig.at(instant)
+    assert [t for t, method in rig.fake.calls if method == "prune"] == [T0, T0 + 60, T0 + 120]
+    assert "set_on_change" not in {method for _, method in rig.fake.calls}
