@@ -158,12 +158,12 @@ class EtcdCoordinator(CoordinatorBase):
         """Call ``callback()`` (from the watch thread) when membership changes or a key is freed."""
         self._mirror.on_change = callback
 
-    def _tx(self, body):
-        """Run ``body(conn)`` in a transaction of the store session (retried on 40001)."""
-        return self._session._tx(body)
-
     def _call(self, fn, *args, what: str):
         return self._link.call(fn, *args, what=what)
+
+    def _delete(self, items: list[tuple[int, int | None]], what: str) -> list[int]:
+        """Delete our keys of ``(partition, epoch or None)`` (:meth:`PartitionKeys.delete`)."""
+        return self._link.call(self._keys.delete, items, self._lease_id, what=what)
 
     # ------------------------------------------------------------------ membership
 
@@ -301,7 +301,7 @@ class EtcdCoordinator(CoordinatorBase):
                 sample=orphans[:8],
                 note="deleting keys this node holds but does not fire",
             )
-            self._call(self._keys.delete, [(pid, None) for pid in orphans], self._lease_id, what="delete orphans")
+            self._delete([(pid, None) for pid in orphans], what="delete orphans")
             for pid in orphans:
                 self._held.pop(pid, None)
         return [
@@ -356,7 +356,7 @@ class EtcdCoordinator(CoordinatorBase):
             except (psycopg.Error, SchedulerError) as exc:
                 # Held in etcd but not fenced in the store: give the keys back.
                 with contextlib.suppress(SchedulerError):
-                    self._call(self._keys.delete, [(pid, revision) for pid in chunk], self._lease_id, what="undo claim")
+                    self._delete([(pid, revision) for pid in chunk], what="undo claim")
                 error = exc
                 break
             regressed = [pid for pid in chunk if pid not in fenced]
@@ -378,14 +378,14 @@ class EtcdCoordinator(CoordinatorBase):
         """Stored epoch ≥ our revision: say so loudly, never fire them, give the keys back."""
         self._epochs.report_regressed(pids, revision)
         with contextlib.suppress(SchedulerError):
-            self._call(self._keys.delete, [(pid, revision) for pid in pids], self._lease_id, what="drop regressed")
+            self._delete([(pid, revision) for pid in pids], what="drop regressed")
 
     # ------------------------------------------------------------------ release
 
     def release(self, leases: list[Lease]) -> list[int]:
         if not leases:
             return []
-        self._tx(
+        self._session._tx(
             lambda conn: store.execute(
                 conn,
                 "release_leases",
@@ -397,7 +397,7 @@ class EtcdCoordinator(CoordinatorBase):
             )
         )
         items = [(lease.partition_id, lease.epoch) for lease in leases]
-        deleted = self._call(self._keys.delete, items, self._lease_id, what="release")
+        deleted = self._delete(items, what="release")
         for lease in leases:  # a stale epoch releases nothing: the lease held stays held
             if self._held.get(lease.partition_id) == lease.epoch:
                 del self._held[lease.partition_id]
