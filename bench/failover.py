@@ -48,9 +48,9 @@ from bench import queries
 from bench.load import copy_jobs, ensure_tenants, reset_store, start_node, wait_until
 from scheduler import store
 from scheduler.audit import verify
+from scheduler.coordination import fair_share
+from scheduler.coordination.etcd_gateway import raise_revision, range_prefix
 from scheduler.devtools.etcd_server import ThrowawayEtcd, scrape_requests
-from scheduler.etcd_gateway import raise_revision, range_prefix
-from scheduler.lease import fair_share
 from scheduler.partition import PARTITION_COUNT, partition_of
 
 STEADY_S = 6.0

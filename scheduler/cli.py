@@ -342,8 +342,8 @@ def db_upgrade(dsn: str, revision: str | None, revision_option: str | None) -> N
     """Migrate the store's schema up to REVISION (default: head). Safe to re-run.
 
     REVISION is an id (`scheduler db current` shows the store's), `head`, or
-    relative (+1); one below the store's revision exits 2 (that is `scheduler
-    db downgrade`). The DSN may be a URI or libpq keywords (host=... dbname=...).
+    +N (N revisions up); one below the store's revision exits 2 (that is
+    `scheduler db downgrade`). The DSN may be a URI or libpq keywords (host=... dbname=...).
     """
     from scheduler.migrate import upgrade
 
@@ -351,8 +351,8 @@ def db_upgrade(dsn: str, revision: str | None, revision_option: str | None) -> N
         raise ValidationError("revision", "give it as REVISION or --revision, not both")
     revision = revision or revision_option or "head"
     _need_dsn(dsn)
-    upgrade(dsn, revision)
-    click.echo(f"schema at {revision}")
+    done = upgrade(dsn, revision)
+    click.echo(f"schema at {done.target_text}")
 
 
 @db.command("downgrade")
@@ -360,7 +360,7 @@ def db_upgrade(dsn: str, revision: str | None, revision_option: str | None) -> N
 @click.argument("revision")
 @click.option("--yes", is_flag=True, help="Confirm a downgrade of a store that holds live jobs.")
 def db_downgrade(dsn: str, revision: str, yes: bool) -> None:
-    """Migrate the schema down to REVISION ('base' drops every table: data is lost).
+    """Migrate the schema down to REVISION: an id, -N (N revisions down) or 'base' (drops every table: data is lost).
 
     A store that holds live (not deleted) jobs is downgraded only with
     --yes; without it the command says how many jobs are at stake and
@@ -380,8 +380,8 @@ def db_downgrade(dsn: str, revision: str, yes: bool) -> None:
         raise ValidationError(
             "yes", f"the store holds {live} live jobs; downgrading to {revision} {loss}: pass --yes to confirm"
         )
-    downgrade(dsn, revision)
-    click.echo(f"schema at {revision}")
+    done = downgrade(dsn, revision)
+    click.echo(f"schema at {done.target_text}")
 
 
 @db.command("current")
@@ -1217,8 +1217,8 @@ def etcd_raise_revision(dsn: str, etcd_endpoints: str, as_json: bool) -> None:
     Safe to re-run. Exit status 2 on bad input, 1 if the store or every etcd
     endpoint fails.
     """
-    from scheduler.etcd_coordinator import parse_endpoints
-    from scheduler.etcd_gateway import raise_above_store
+    from scheduler.coordination.etcd_gateway import raise_above_store
+    from scheduler.coordination.etcd_keys import parse_endpoints
 
     endpoints = parse_endpoints(etcd_endpoints)  # ConfigError naming etcd_endpoints
     with open_store(dsn) as conn:

@@ -152,34 +152,55 @@ class Plan:
     """Where a migration of the store goes (:func:`plan`).
 
     ``current``: the store's revision (None: no schema). ``target``: the
-    revision id the store ends at (None: base), if ``resolved``; a relative
-    or symbolic target other than ``head``/``base``/``-N`` is left to alembic
-    (``resolved`` False). ``drops_jobs``: the migration drops the ``jobs``
-    table (a downgrade below :data:`JOBS_REVISION`; True when unresolved).
+    revision id the store ends at (None: base); every target is resolved
+    before anything runs. ``drops_jobs``: the migration drops the ``jobs``
+    table (a downgrade below :data:`JOBS_REVISION`).
     """
 
     current: str | None
     target: str | None
-    resolved: bool
     drops_jobs: bool
 
     @property
     def noop(self) -> bool:
         """True if the store is already at the target: nothing to migrate."""
-        return self.resolved and self.target == self.current
+        return self.target == self.current
+
+    @property
+    def target_text(self) -> str:
+        """The target as an operator reads it: ``base``, ``<id> (head)`` or ``<id>``."""
+        if self.target is None:
+            return "base"
+        return f"{self.target} (head)" if self.target == head_revision() else self.target
+
+
+_FORMS = {
+    "upgrade": "an upgrade target is a revision id, head or +N (N revisions above the store's)",
+    "downgrade": "a downgrade target is a revision id, base or -N (N revisions below the store's)",
+}
 
 
 def plan(dsn: str, revision: str, direction: str) -> Plan:
     """Check a migration of the store to ``revision`` (``direction`` ``"upgrade"`` or ``"downgrade"``).
 
-    ``revision`` is an id, ``head``, ``base`` or relative (``-2``). Raises
-    ValidationError (field ``revision``) for an unknown revision, a
-    downgrade target above the store's revision, an upgrade target below it,
-    or a store at a revision this version does not know (a newer one);
-    otherwise errors as :func:`current_revision`.
+    ``revision`` is an id; ``head`` or ``+N`` for an upgrade; ``base`` or
+    ``-N`` for a downgrade (N revisions from the store's). Raises
+    ValidationError (field ``revision``) for any other form, an unknown
+    revision, a relative step past either end, a downgrade target above the
+    store's revision, an upgrade target below it, or a store at a revision
+    this version does not know (a newer one); otherwise errors as
+    :func:`current_revision`.
     """
     script = _script()
-    named = _check_revision(script, revision)
+    relative = re.fullmatch(r"([+-])(\d+)", revision)
+    symbolic = {"upgrade": ("head", "heads"), "downgrade": ("base",)}[direction]
+    if (relative and (relative.group(1) == "+") != (direction == "upgrade")) or (
+        not relative
+        and (_RELATIVE.fullmatch(revision) or revision in ("head", "heads", "base"))
+        and revision not in symbolic
+    ):
+        raise ValidationError("revision", _FORMS[direction], revision)
+    named = None if relative or revision in symbolic else _check_revision(script, revision)
     current = current_revision(dsn)
     if current is not None and not _known(script, current):
         raise ValidationError(
@@ -189,15 +210,30 @@ def plan(dsn: str, revision: str, direction: str) -> Plan:
             revision,
         )
     below = _ancestry(script, current) if current is not None else []
-    resolved, target = True, named
-    relative = re.fullmatch(r"-(\d+)", revision)
+    chain = list(reversed(_ancestry(script, head_revision())))  # oldest first
+    target = named
     if revision in ("head", "heads"):
         target = script.get_current_head()
-    elif relative and direction == "downgrade" and int(relative.group(1)) < len(below):
-        target = below[int(relative.group(1))]
-    elif named is None and revision != "base":
-        resolved = False
-    if resolved and direction == "downgrade" and target is not None and target not in below:
+    elif revision == "base":
+        target = None
+    elif relative:
+        steps = int(relative.group(2))
+        if direction == "downgrade":
+            if steps > len(below):
+                raise ValidationError(
+                    "revision", f"only {len(below)} revisions below the store's {current or 'base'}", revision
+                )
+            target = below[steps] if steps < len(below) else None
+        else:
+            at = chain.index(current) if current is not None else -1
+            above = len(chain) - 1 - at
+            if steps > above:
+                noun = "revision" if above == 1 else "revisions"
+                raise ValidationError(
+                    "revision", f"only {above} {noun} above the store's {current or 'base'}", revision
+                )
+            target = chain[at + steps]
+    if direction == "downgrade" and target is not None and target not in below:
         go_up = f"`scheduler db upgrade {revision}` goes up"
         raise ValidationError(
             "revision",
@@ -206,13 +242,7 @@ def plan(dsn: str, revision: str, direction: str) -> Plan:
             else f"must be base: the store has no schema ({go_up})",
             revision,
         )
-    if (
-        resolved
-        and direction == "upgrade"
-        and current is not None
-        and target != current
-        and (target is None or target in below)
-    ):
+    if direction == "upgrade" and current is not None and target != current and (target is None or target in below):
         raise ValidationError(
             "revision",
             f"must be at or above the store's revision {current} (`scheduler db downgrade {revision}` goes down)",
@@ -221,9 +251,9 @@ def plan(dsn: str, revision: str, direction: str) -> Plan:
     drops_jobs = (
         direction == "downgrade"
         and JOBS_REVISION in below
-        and (not resolved or target is None or JOBS_REVISION not in _ancestry(script, target))
+        and (target is None or JOBS_REVISION not in _ancestry(script, target))
     )
-    return Plan(current, target, resolved, drops_jobs)
+    return Plan(current, target, drops_jobs)
 
 
 def _known(script: ScriptDirectory, revision: str) -> bool:
@@ -260,7 +290,7 @@ def upgrade(dsn: str, revision: str = "head") -> Plan:
     store is there already) and return the plan. Errors: see the module doc."""
     checked = plan(dsn, revision, "upgrade")
     if not checked.noop:
-        _run(command.upgrade, dsn, revision)
+        _run(command.upgrade, dsn, checked.target or "base")
     return checked
 
 
@@ -268,7 +298,7 @@ def downgrade(dsn: str, revision: str) -> Plan:
     """Migrate down to ``revision`` (``base`` drops every table) as :func:`upgrade` does."""
     checked = plan(dsn, revision, "downgrade")
     if not checked.noop:
-        _run(command.downgrade, dsn, revision)
+        _run(command.downgrade, dsn, checked.target or "base")
     return checked
 
 

@@ -2,13 +2,13 @@
 
 A node is two loops on two threads, each with its own store connection:
 
-* the lease loop (:class:`scheduler.lease.LeaseLoop`): heartbeat + renewal
+* the lease loop (:class:`scheduler.coordination.loop.LeaseLoop`): heartbeat + renewal
   every ``renew_interval_s``, membership poll + claim/release every
   ``poll_interval_s``;
 * the firing loop (:class:`scheduler.firing.Firer`): one fenced firing
   transaction per ``tick_interval_s``.
 
-They share only the :class:`~scheduler.lease.LeaseTable`. Two optional
+They share only the :class:`~scheduler.coordination.table.LeaseTable`. Two optional
 pieces complete a production node:
 
 * the HTTP endpoint (:mod:`scheduler.health`, ``metrics_port`` set):
@@ -57,10 +57,10 @@ from types import FrameType
 
 from scheduler import log, store, watchdog
 from scheduler.clock import Clock, SystemClock
+from scheduler.coordination import Coordinator, LeaseLoop, LeaseTable, make_coordinator
 from scheduler.errors import ConfigError, StoreSetupError
 from scheduler.firing import Firer
 from scheduler.health import HealthServer, StoreProbe
-from scheduler.lease import Coordinator, LeaseLoop, LeaseTable, make_coordinator
 from scheduler.metrics import Metrics
 from scheduler.retention import RetentionLoop
 from scheduler.settings import Settings
@@ -80,7 +80,7 @@ class Node:
     """One scheduler node process.
 
     ``coordinator`` defaults to the one ``settings.coordinator`` names
-    (:class:`~scheduler.lease.SqlCoordinator` or the etcd one); ``clock`` to the
+    (:class:`~scheduler.coordination.sql.SqlCoordinator` or the etcd one); ``clock`` to the
     system clock; ``watchdog`` to the process's (:func:`scheduler.watchdog.shared`,
     whose clock also times the loops' progress for :meth:`liveness`).
     :meth:`start` launches the loops, :meth:`stop` asks them to end,
@@ -141,7 +141,7 @@ class Node:
 
     def _heartbeat_age(self) -> float:
         """Seconds since the lease loop's last successful heartbeat (monotonic); -1 before one."""
-        last = getattr(self.lease_loop, "last_heartbeat_mono", 0.0)
+        last = self.lease_loop.last_heartbeat_mono
         return self.clock.monotonic() - last if last else -1.0
 
     def _beating(self, loop: str, iteration: Callable) -> Callable:
@@ -247,13 +247,11 @@ class Node:
             raise
         if self._store_pending is not None:
             log.event("store_unavailable", logging.WARNING, component="start", error=self._store_pending)
-        preflight = getattr(self.coordinator, "preflight", None)
-        if preflight is not None:
-            try:
-                preflight()
-            except Exception:
-                self.coordinator.close()
-                raise
+        try:
+            self.coordinator.preflight()
+        except Exception:
+            self.coordinator.close()
+            raise
         if self.health is not None:
             self.health.start()
         log.event(

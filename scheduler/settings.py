@@ -188,7 +188,7 @@ class Settings:
         healthy node heartbeats every ``renew_interval_s``; one that missed its
         beat by two polls is dead or frozen as far as dividing work goes (its
         leases still protect what it holds until they expire). See
-        :meth:`scheduler.lease.SqlCoordinator.live_nodes`.
+        :meth:`scheduler.coordination.sql.SqlCoordinator.live_nodes`.
         """
         return min(self.lease_ttl_s, self.renew_interval_s + 2 * self.poll_interval_s)
 

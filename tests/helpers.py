@@ -18,8 +18,8 @@ import pytest
 
 from scheduler import store
 from scheduler.clock import Clock, SystemClock
+from scheduler.coordination import LeaseTable, SqlCoordinator
 from scheduler.firing import DEFAULT_LIMITS, Firer, FiringLimits
-from scheduler.lease import LeaseTable, SqlCoordinator
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 

@@ -10,7 +10,7 @@ SIGKILL) and removes the directory. The child dies with its parent
 :meth:`request_counts` reads etcd's Prometheus ``/metrics`` (served on the
 client port): gRPC messages received per method, the cheap way to count the
 requests a coordinator costs etcd. Reading keys and raising the revision
-through etcd's JSON gateway are operations tools: :mod:`scheduler.etcd_gateway`.
+through etcd's JSON gateway are operations tools: :mod:`scheduler.coordination.etcd_gateway`.
 """
 
 from __future__ import annotations

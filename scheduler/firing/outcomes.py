@@ -7,9 +7,9 @@ from collections import Counter
 from typing import Any
 
 from scheduler import log, store
+from scheduler.coordination.table import LeaseTable
 from scheduler.fairness import TokenBucket, node_share_of_cap
 from scheduler.firing.state import TickResult
-from scheduler.lease import LeaseTable
 from scheduler.metrics import Metrics
 
 

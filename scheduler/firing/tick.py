@@ -37,7 +37,7 @@ these statements takes the injected clock's store pin as ``now``
 (scheduler/clock.py, "The pinned store clock"): None in production, an
 instant in tests, which then get one exact answer, lateness included.
 
-Why a stale owner commits nothing: see scheduler/lease.py. Partitions the
+Why a stale owner commits nothing: see scheduler/coordination/__init__.py. Partitions the
 statement did not fence are counted (``scheduler_firing_fence_rejections_total``),
 logged as ``fence_rejected`` and dropped from the lease table.
 
@@ -60,6 +60,7 @@ import psycopg
 
 from scheduler import log, store, tzreplan
 from scheduler.clock import Clock
+from scheduler.coordination.table import LeaseTable
 from scheduler.errors import SchedulerError, ValidationError
 from scheduler.fairness import DeficitRoundRobin
 from scheduler.firing.batch import JOB_ID, NEXT_DUE, PARTITION, TENANT, Batch, RowPlanner, epochs_literal
@@ -67,7 +68,6 @@ from scheduler.firing.herds import Herd, HerdFinder
 from scheduler.firing.limits import DEFAULT_LIMITS, FIRE_RUNS_PREPARE, TICK_PHASE_S, FiringLimits
 from scheduler.firing.outcomes import Outcomes, RateCaps
 from scheduler.firing.state import LAST_UUID, NO_CURSOR, Tick, TickResult
-from scheduler.lease import LeaseTable
 from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT
 from scheduler.settings import Settings

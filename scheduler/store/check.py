@@ -31,6 +31,8 @@ SETUP_MESSAGES = (
     ),
     ("database", re.compile(r"database \"[^\"]*\" does not exist", re.IGNORECASE)),
     ("host", re.compile(r"(?:failed to resolve host|could not translate host name) [\"'][^\"']*@")),
+    # libpq refusing a parameter's value (port 99999, sslmode=bogus, ...) before any network traffic
+    ("setting", re.compile(r"invalid (?:port number|integer value|[a-z_]+ value)", re.IGNORECASE)),
 )
 """A failed *connection* carries no SQLSTATE (libpq keeps the server's error
 to itself), so these are recognised by libpq's and the server's (English)
@@ -41,11 +43,12 @@ SETUP_HINTS = {
     "password, e.g. @ as %40)",
     "database": "create the database, then run `scheduler db upgrade`",
     "host": "a host name cannot hold an '@': check the DSN's host (a URI password must percent-encode '@' as %40)",
+    "setting": "a DSN setting has a value libpq refuses: fix the one it names",
 }
 
 
 def setup_problem(exc: BaseException) -> str | None:
-    """``"authentication"``, ``"database"`` or ``"host"`` if ``exc`` (a failed
+    """``"authentication"``, ``"database"``, ``"host"`` or ``"setting"`` if ``exc`` (a failed
     connection or query, or a :class:`StoreError` caused by one) shows a
     misconfigured store that retrying cannot fix; None for anything else
     (a refused connection, a timeout: transient)."""

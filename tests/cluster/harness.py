@@ -62,8 +62,8 @@ from helpers import store_now, wait_for
 from bench.process import NodeProcess
 from scheduler import jobs
 from scheduler.audit import VerifyReport, verify
-from scheduler.etcd_gateway import range_prefix
-from scheduler.lease import fair_share
+from scheduler.coordination import fair_share
+from scheduler.coordination.etcd_gateway import range_prefix
 from scheduler.partition import PARTITION_COUNT
 from scheduler.spec import JobSpec
 from scheduler.status import cluster_status

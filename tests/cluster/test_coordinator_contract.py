@@ -1,10 +1,10 @@
-"""The contract every coordinator keeps (scheduler/lease.py ``Coordinator``), run against each.
+"""The contract every coordinator keeps (scheduler/coordination/protocol.py ``Coordinator``), run against each.
 
-Parametrised over ``sql`` (:class:`~scheduler.lease.SqlCoordinator`) and
-``etcd`` (:class:`~scheduler.etcd_coordinator.EtcdCoordinator` on the
+Parametrised over ``sql`` (:class:`~scheduler.coordination.sql.SqlCoordinator`) and
+``etcd`` (:class:`~scheduler.coordination.etcd.EtcdCoordinator` on the
 session's throwaway etcd, a prefix per test; without etcd the etcd half
 FAILS under ``CI=true`` and is skipped only outside CI: see ``conftest.py``).
-Coordinators are built in process by :func:`~scheduler.lease.make_coordinator`
+Coordinators are built in process by :func:`~scheduler.coordination.make_coordinator`
 on one fresh database, with a scaled-down TTL (3 s) and generous margins:
 
 * **claim races**: several coordinators claim at once (threads released by a
@@ -35,7 +35,7 @@ import psycopg
 import pytest
 from harness import MARGIN_S, fences, wait_for
 
-from scheduler.lease import Coordinator, Lease, fair_share, make_coordinator
+from scheduler.coordination import Coordinator, Lease, fair_share, make_coordinator
 from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT
 from scheduler.settings import Settings

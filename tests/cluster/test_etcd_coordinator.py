@@ -35,9 +35,9 @@ from helpers import PINNABLE_QUERIES, record_named_queries
 
 from scheduler import log
 from scheduler.clock import Clock, ManualClock
+from scheduler.coordination import Lease
 from scheduler.devtools.etcd_server import ThrowawayEtcd
 from scheduler.errors import EpochRegressionError
-from scheduler.lease import Lease
 from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT
 from scheduler.settings import Settings
@@ -48,7 +48,7 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture
 def make(pg_dsn: str, etcd_server: ThrowawayEtcd, etcd_prefix: str) -> Iterator:
     """``make(node_id, clock=None) -> EtcdCoordinator`` on this test's database and prefix; all closed after."""
-    from scheduler.etcd_coordinator import EtcdCoordinator
+    from scheduler.coordination.etcd import EtcdCoordinator
 
     made = []
 
@@ -214,8 +214,8 @@ def test_claim_lists_etcd_past_a_stale_mirror_once_per_ttl_of_the_injected_clock
     clock = ManualClock()
     coordinator = make("lister", clock=clock)
     coordinator.join()
-    with coordinator._mirror_lock:  # a stalled watch: the mirror believes every partition is taken
-        coordinator._owners = {pid: 0 for pid in range(PARTITION_COUNT)}
+    with coordinator._mirror.lock:  # a stalled watch: the mirror believes every partition is taken
+        coordinator._mirror.owners = {pid: 0 for pid in range(PARTITION_COUNT)}
 
     sent = coordinator.requests
     assert coordinator.claim(4) == []  # listed less than a TTL ago (at construction): not again

@@ -27,7 +27,7 @@ from harness import (
     run_cli,
 )
 
-from scheduler.lease import fair_share
+from scheduler.coordination import fair_share
 
 pytestmark = pytest.mark.cluster
 

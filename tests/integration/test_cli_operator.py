@@ -474,7 +474,7 @@ def test_a_failed_system_exits_1(empty_pg_dsn) -> None:
     assert "SuperSecret42" not in line
     with psycopg.connect(empty_pg_dsn, autocommit=True) as c:  # a table in the way of revision 0006
         c.execute("CREATE TABLE jobs (x int)")
-    one_line_error(run(["db", "upgrade"], empty_pg_dsn), 1, "error: migration to head failed")
+    one_line_error(run(["db", "upgrade"], empty_pg_dsn), 1, f"error: migration to {HEAD} failed")
 
 
 def test_an_unmigrated_store_exits_2_with_the_hint(empty_pg_dsn) -> None:
@@ -530,6 +530,20 @@ def _bad_setting(pg_dsn: str, case: str) -> tuple[str, str | tuple[str, str]]:
                 f'role "nobody_here" does not exist; {AUTH_HINT}',
             ),
         ),
+        "port out of range": (
+            f"postgresql://{parts.username or 'postgres'}@{parts.hostname}:99999{parts.path}",
+            (
+                "error: store: cannot connect to the store at ",
+                'invalid port number: "99999"; a DSN setting has a value libpq refuses: fix the one it names',
+            ),
+        ),
+        "bad sslmode": (
+            f"{pg_dsn}?sslmode=bogus",
+            (
+                "error: store: cannot connect to the store at ",
+                'invalid sslmode value: "bogus"; a DSN setting has a value libpq refuses: fix the one it names',
+            ),
+        ),
         "missing database": (
             missing,
             (
@@ -541,7 +555,18 @@ def _bad_setting(pg_dsn: str, case: str) -> tuple[str, str | tuple[str, str]]:
 
 
 @pytest.mark.parametrize(
-    "case", ["at and slash", "question mark", "short piece", "garbage", "mysql", "unknown role", "missing database"]
+    "case",
+    [
+        "at and slash",
+        "question mark",
+        "short piece",
+        "garbage",
+        "mysql",
+        "unknown role",
+        "port out of range",
+        "bad sslmode",
+        "missing database",
+    ],
 )
 def test_a_store_that_cannot_be_used_as_configured_exits_2_for_every_command(pg_dsn, conn, case) -> None:
     dsn, expected = _bad_setting(pg_dsn, case)
@@ -655,8 +680,30 @@ def test_db_upgrade_takes_the_revision_as_an_argument(empty_pg_dsn) -> None:
         "error: revision: give it as REVISION or --revision, not both",
     )
     result = run(["db", "upgrade"], empty_pg_dsn)
-    assert (result.exit_code, result.stdout) == (0, "schema at head\n"), result.stderr
+    assert (result.exit_code, result.stdout) == (0, f"schema at {HEAD} (head)\n"), result.stderr
     assert run(["db", "current"], empty_pg_dsn).stdout == f"{HEAD} (head)\n"
+
+
+def test_db_relative_revisions_are_resolved_before_anything_runs(pg_dsn, conn) -> None:
+    """+N goes up, -N down, each resolved to the revision it reaches (printed);
+    every other relative form is refused, so no warning is ever about a target
+    that was not understood."""
+    add(conn, "acme", "a")
+    previous = f"{int(HEAD) - 1:04d}"
+    for other in ("base+16", f"{previous}+1", "+1"):
+        line = one_line_error(run(["db", "downgrade", "--yes", other], pg_dsn), 2, "error: revision: ")
+        assert line == (
+            "error: revision: a downgrade target is a revision id, base or -N "
+            f"(N revisions below the store's) (got '{other}')"
+        )
+    one_line_error(run(["db", "upgrade", "--", "-1"], pg_dsn), 2, "error: revision: an upgrade target is a revision id")
+    down = run(["db", "downgrade", "--yes", "--", "-2"], pg_dsn)
+    assert (down.exit_code, down.stdout) == (0, f"schema at {int(HEAD) - 2:04d}\n"), down.stderr
+    up = run(["db", "upgrade", "+1"], pg_dsn)
+    assert (up.exit_code, up.stdout) == (0, f"schema at {previous}\n"), up.stderr
+    beyond = one_line_error(run(["db", "upgrade", "+5"], pg_dsn), 2, "error: revision: ")
+    assert beyond == f"error: revision: only 1 revision above the store's {previous} (got '+5')"
+    assert live(conn) == [("acme", "a")]
 
 
 def test_db_downgrade_of_an_empty_store_needs_no_yes(pg_dsn) -> None:
@@ -688,7 +735,7 @@ def test_db_current(pg_dsn, empty_pg_dsn) -> None:
 def test_db_upgrade_with_a_keyword_dsn(empty_pg_dsn, capfd) -> None:
     dsn = keyword_dsn(empty_pg_dsn, password="SuperSecret42")
     result = run(["db", "upgrade"], dsn)
-    assert (result.exit_code, result.stdout) == (0, "schema at head\n"), result.stderr
+    assert (result.exit_code, result.stdout) == (0, f"schema at {HEAD} (head)\n"), result.stderr
     assert run(["db", "current"], dsn).stdout == f"{HEAD} (head)\n"
     assert "SuperSecret42" not in result.stderr + capfd.readouterr().err
     unreachable = keyword_dsn(empty_pg_dsn, password="SuperSecret42", port=str(closed_port()))

@@ -17,8 +17,8 @@ from helpers import OneNode
 
 from scheduler import jobs
 from scheduler.clock import ManualClock
+from scheduler.coordination import SqlCoordinator
 from scheduler.firing import Firer, FiringLimits
-from scheduler.lease import SqlCoordinator
 from scheduler.partition import partition_of
 
 

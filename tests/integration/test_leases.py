@@ -1,4 +1,4 @@
-"""Leases of a live, healthy node are never lost to its own firing (scheduler/lease.py).
+"""Leases of a live, healthy node are never lost to its own firing (scheduler/coordination/loop.py).
 
 In process, against a real store, with scaled-down timings (``TIMINGS``) and
 generous margins:
@@ -30,8 +30,8 @@ from helpers import wait_for
 
 from scheduler import store
 from scheduler.clock import SystemClock
+from scheduler.coordination import LeaseLoop, LeaseTable, SqlCoordinator
 from scheduler.firing import Firer, TickResult
-from scheduler.lease import LeaseLoop, LeaseTable, SqlCoordinator
 from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT
 from scheduler.settings import Settings

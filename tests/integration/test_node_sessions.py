@@ -12,9 +12,9 @@ import threading
 
 from scheduler import store
 from scheduler.clock import SystemClock
+from scheduler.coordination import LeaseTable, SqlCoordinator
 from scheduler.firing import Firer
 from scheduler.health import StoreProbe
-from scheduler.lease import LeaseTable, SqlCoordinator
 from scheduler.metrics import Metrics
 from scheduler.retention import STATEMENT_TIMEOUT_S, RetentionLoop
 from scheduler.settings import Settings
@@ -72,7 +72,7 @@ def test_every_node_component_opens_watched_sessions(pg_dsn):
     try:
         sessions = {
             "firing": firer._connection("read"),
-            "lease": coordinator._connection(),
+            "lease": coordinator._session._connection(),
             "retention": retention._connection(),
         }
         assert probe.check() is None

@@ -113,6 +113,13 @@ def test_a_uri_libpq_would_misparse_is_refused_before_connecting(pg_dsn, userinf
     assert refused(f"postgresql://{userinfo}@{parts.hostname}:{parts.port}{parts.path}", ConfigError) == DSN_RULE
 
 
+def test_a_dsn_setting_libpq_refuses_is_refused_not_retried(pg_dsn):
+    message = refused(f"{pg_dsn}?sslmode=bogus")
+    assert message.endswith(
+        'invalid sslmode value: "bogus"; a DSN setting has a value libpq refuses: fix the one it names'
+    ), message
+
+
 def test_a_dsn_libpq_cannot_parse_is_refused():
     assert refused("garbage", ConfigError) == (
         "dsn: must be a URI (postgresql://user:password@host:5432/dbname) or libpq keywords "

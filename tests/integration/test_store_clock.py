@@ -22,8 +22,8 @@ from helpers import PINNABLE_QUERIES, record_named_queries
 from scheduler import jobs
 from scheduler.cli import cli
 from scheduler.clock import ManualClock
+from scheduler.coordination import Lease, SqlCoordinator
 from scheduler.firing import DEFAULT_LIMITS
-from scheduler.lease import Lease, SqlCoordinator
 from scheduler.metrics import Metrics
 from scheduler.node import Node
 from scheduler.partition import partition_of

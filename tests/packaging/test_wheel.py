@@ -62,7 +62,9 @@ def test_a_wheel_install_migrates_an_empty_database(empty_pg_dsn: str, tmp_path:
         run([scheduler, "db", "current", "--dsn", empty_pg_dsn], elsewhere)
         == f"none (empty database; head is {head_revision()}: run `scheduler db upgrade`)\n"
     )
-    assert run([scheduler, "db", "upgrade", "--dsn", empty_pg_dsn], elsewhere) == "schema at head\n"
+    assert (
+        run([scheduler, "db", "upgrade", "--dsn", empty_pg_dsn], elsewhere) == f"schema at {head_revision()} (head)\n"
+    )
     assert run([scheduler, "db", "current", "--dsn", empty_pg_dsn], elsewhere) == f"{head_revision()} (head)\n"
     with psycopg.connect(empty_pg_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM partitions").fetchone()[0] == 1024

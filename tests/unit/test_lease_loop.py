@@ -1,4 +1,4 @@
-"""LeaseLoop (scheduler/lease.py) on a manual clock with a fake coordinator: no store, no sleeping.
+"""LeaseLoop (scheduler/coordination/loop.py) on a manual clock with a fake coordinator: no store, no sleeping.
 
 :class:`FakeCoordinator` implements the coordinator interface in memory
 (who owns each partition at which epoch; claims hand out the lowest free
@@ -20,8 +20,8 @@ from collections.abc import Callable
 import pytest
 
 from scheduler.clock import ManualClock
+from scheduler.coordination import CoordinatorBase, Lease, LeaseLoop, LeaseTable
 from scheduler.errors import StoreError
-from scheduler.lease import Lease, LeaseLoop, LeaseTable
 from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT
 from scheduler.settings import Settings
@@ -34,8 +34,11 @@ MARGIN_S = 1.0
 ME = "n1"
 
 
-class FakeCoordinator:
+class FakeCoordinator(CoordinatorBase):
     """The coordinator interface in memory (only the coordinator is faked, not the store).
+
+    It does not watch membership (:class:`CoordinatorBase`'s defaults:
+    ``watches_membership`` False, ``prune`` and ``preflight`` do nothing).
 
     ``owners`` maps a held partition to ``(node, epoch)``; ``epochs`` is every
     partition's last epoch (0 before its first claim). ``members`` is what
@@ -130,14 +133,29 @@ class FakeCoordinator:
 
 
 class WatchingFakeCoordinator(FakeCoordinator):
-    """A fake that watches membership (as etcd does): it offers ``set_on_change``."""
+    """A fake that watches membership (as etcd does): ``watches_membership`` is True
+    and ``set_on_change`` keeps the callback."""
 
     def __init__(self, clock: ManualClock, node_id: str = ME) -> None:
         super().__init__(clock, node_id)
         self.on_change: Callable[[], None] | None = None
 
+    @property
+    def watches_membership(self) -> bool:
+        return True
+
     def set_on_change(self, callback: Callable[[], None]) -> None:
         self.on_change = callback
+
+
+class OptionalPartsFakeCoordinator(FakeCoordinator):
+    """A fake that does not watch membership but records the optional calls it gets."""
+
+    def set_on_change(self, callback: Callable[[], None]) -> None:
+        self._record("set_on_change")
+
+    def prune(self) -> None:
+        self._record("prune")
 
 
 class Rig:
@@ -434,3 +452,20 @@ def test_wake_runs_a_requested_poll_before_its_interval(requested: bool) -> None
     else:
         assert polls == [T0]  # not before the interval without a request
         assert rig.fake.claim_limits == [512]
+
+
+def test_a_coordinator_that_does_not_watch_is_given_no_callback_and_pruned_every_minute() -> None:
+    rig = Rig(OptionalPartsFakeCoordinator)
+    rig.at(T0)
+    assert rig.fake.calls == [
+        (T0, "join"),
+        (T0, "heartbeat"),
+        (T0, "renew"),
+        (T0, "live_nodes"),
+        (T0, "claim"),
+        (T0, "prune"),
+    ]
+    for instant in (T0 + 30, T0 + 59.5, T0 + 60, T0 + 61, T0 + 120):
+        rig.at(instant)
+    assert [t for t, method in rig.fake.calls if method == "prune"] == [T0, T0 + 60, T0 + 120]
+    assert "set_on_change" not in {method for _, method in rig.fake.calls}

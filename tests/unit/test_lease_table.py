@@ -1,4 +1,4 @@
-"""LeaseTable (scheduler/lease.py): numbered ticks instead of a lock between firing and releasing.
+"""LeaseTable (scheduler/coordination/table.py): numbered ticks instead of a lock between firing and releasing.
 
 A draining lease is left out of every tick that begins after it was marked,
 and is releasable only once every tick that had begun by then has ended;
@@ -8,7 +8,7 @@ nothing here ever blocks.
 from __future__ import annotations
 
 from scheduler.clock import ManualClock
-from scheduler.lease import Lease, LeaseTable
+from scheduler.coordination import Lease, LeaseTable
 
 TTL_S = 10.0
 

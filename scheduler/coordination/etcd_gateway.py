@@ -1,7 +1,7 @@
 """etcd through its JSON gateway (HTTP on the client port, no gRPC client needed).
 
 Operations tools, not the coordinator's protocol (that is
-:mod:`scheduler.etcd_coordinator`, over gRPC):
+:mod:`scheduler.coordination.etcd`, over gRPC):
 
 * :func:`range_prefix`: every key under a prefix, with etcd's revision
   (tests and benchmarks read the coordinator's keys with it);
@@ -124,7 +124,7 @@ def raise_above_store(conn: psycopg.Connection, endpoints: list[tuple[str, int]]
     """Raise etcd's revision above the store's largest ``owner_epoch`` (read from ``conn``).
 
     ``endpoints``: ``[(host, port)]`` of one etcd cluster
-    (:func:`scheduler.etcd_coordinator.parse_endpoints`), tried in order
+    (:func:`scheduler.coordination.etcd_keys.parse_endpoints`), tried in order
     until one answers. The bump key is deleted afterwards. Safe to run at any
     time and to re-run (a revision only grows). Raises
     :class:`~scheduler.errors.CoordinatorError` if no endpoint answers (the

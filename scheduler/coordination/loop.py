@@ -1,0 +1,228 @@
+"""The lease loop: keeps this node's share of leases (heartbeat, renew, poll, claim, drain, release)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import psycopg
+
+from scheduler import log
+from scheduler.clock import Clock
+from scheduler.coordination.protocol import Coordinator
+from scheduler.coordination.table import Lease, LeaseTable, fair_share
+from scheduler.errors import SchedulerError
+from scheduler.metrics import Metrics
+from scheduler.settings import Settings
+
+PRUNE_INTERVAL_S = 60.0
+"""How often (seconds, the loop's clock) the lease loop asks the coordinator to :meth:`~Coordinator.prune`."""
+
+
+class LeaseLoop:
+    """Keeps this node's share of leases: heartbeat, renew, poll, claim, drain, release.
+
+    Lifecycle: :meth:`run_once` does one iteration (tests call it directly
+    with a manual clock and a fake coordinator: tests/unit/test_lease_loop.py);
+    :meth:`run` loops until ``stop`` is set, then
+    :meth:`leave` releases everything.
+
+    Nothing here ever waits for the firing loop. Over its share, the loop
+    marks the excess draining (:meth:`LeaseTable.set_draining`), keeps
+    renewing it, and releases it on a later iteration once
+    :meth:`LeaseTable.releasable` says the ticks that may have been firing it
+    have ended.
+
+    ``on_claimed`` is called after partitions are claimed, so the firing loop
+    can tick at once instead of waiting for its next second: overdue jobs of a
+    dead node fire one poll after its TTL, not one poll plus one tick.
+
+    A coordinator that *watches* membership and leases (etcd: its
+    :attr:`~Coordinator.watches_membership` is True) gets :meth:`wake` as its
+    ``set_on_change`` callback, so a member joining or leaving, or a partition
+    key deleted (expired or released), triggers a rebalance at once instead of
+    at the next poll. With such a coordinator, whoever sets ``stop`` must also
+    call :meth:`wake`.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        coordinator: Coordinator,
+        table: LeaseTable,
+        clock: Clock,
+        metrics: Metrics,
+        on_claimed=None,
+    ) -> None:
+        self._s = settings
+        self._coord = coordinator
+        self._table = table
+        self._clock = clock
+        self._metrics = metrics
+        self._on_claimed = on_claimed
+        self._next_renew = 0.0
+        self._next_poll = 0.0
+        self._next_prune = 0.0
+        self._joined = False
+        self.last_heartbeat_mono = 0.0
+        """Monotonic time (seconds) of the last successful heartbeat; 0.0 before one."""
+        self._claiming = True
+        self._drain_reason: dict[str, object] = {"reason": "over_share"}
+        self._wake = threading.Event()
+        self._poll_requested = False
+        self._watching = coordinator.watches_membership
+        if self._watching:
+            coordinator.set_on_change(self.wake)
+
+    def wake(self) -> None:
+        """Rebalance as soon as possible (membership or a lease changed); any thread."""
+        self._poll_requested = True
+        self._wake.set()
+
+    def run_once(self) -> None:
+        """Heartbeat and renew if due, poll membership and rebalance if due,
+        then release the draining leases no tick can be firing any more.
+
+        Store failures are logged and counted; they never escape (a lease
+        that cannot be renewed simply stops being firable at its deadline).
+        """
+        now = self._clock.monotonic()
+        try:
+            if not self._joined:
+                self._coord.join()
+                self._joined = True
+                self.last_heartbeat_mono = now
+            if now >= self._next_renew:
+                self._renew(now)
+                self._next_renew = now + self._s.renew_interval_s
+            if now >= self._next_poll or self._poll_requested:
+                self._poll_requested = False
+                self._rebalance()
+                self._next_poll = now + self._s.poll_interval_s
+            releasable = self._table.releasable()
+            if releasable:
+                self._release(releasable, **self._drain_reason)
+            if now >= self._next_prune:
+                self._coord.prune()
+                self._next_prune = now + PRUNE_INTERVAL_S
+        except (psycopg.Error, SchedulerError, OSError) as exc:
+            log.event(
+                "store_unavailable",
+                logging.WARNING,
+                component="lease",
+                error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )
+            # Try again soon; the table's deadlines keep firing safe meanwhile.
+            self._next_renew = now + min(1.0, self._s.renew_interval_s)
+            self._next_poll = now + self._s.poll_interval_s
+        finally:
+            self._metrics.partitions_owned.set(len(self._table))
+
+    def _renew(self, now: float) -> None:
+        """Heartbeat, then renew every held lease (draining ones too), each its own transaction."""
+        beat = self._coord.heartbeat()
+        if beat:
+            self.last_heartbeat_mono = now
+        held = list(self._table.held().values())
+        sent = self._clock.monotonic()
+        renewed = self._coord.renew(held)
+        if not beat:
+            self.last_heartbeat_mono = now
+        self._table.grant(renewed, sent, self._s.lease_ttl_s)
+        kept = {pid for pid, _ in renewed}
+        lost = [lease for lease in held if lease.partition_id not in kept]
+        if lost:
+            self._table.drop(lease.partition_id for lease in lost)
+            self._metrics.lease_events.labels(kind="lost").inc(len(lost))
+            log.event(
+                "lease_lost",
+                logging.WARNING,
+                node=self._s.node_id,
+                partitions=len(lost),
+                sample=[lease.partition_id for lease in lost[:8]],
+            )
+        self._metrics.lease_events.labels(kind="renewed").inc(len(renewed))
+
+    def stop_claiming(self) -> None:
+        """Keep renewing but claim nothing more (the node is stopping).
+
+        Without this, a node that got SIGTERM while a peer's leases expired
+        could claim partitions only to release them a moment later.
+        """
+        self._claiming = False
+
+    def _rebalance(self) -> None:
+        live = self._coord.live_nodes()
+        if self._coord.node_id not in live:
+            live.append(self._coord.node_id)
+        self._metrics.live_nodes.set(len(live))
+        share = fair_share(len(live))
+        held = self._table.held()
+        if len(held) < share and self._claiming:
+            sent = self._clock.monotonic()
+            claimed = self._coord.claim(share - len(held))
+            if claimed:
+                self._table.grant(claimed, sent, self._s.lease_ttl_s)
+                self._metrics.lease_events.labels(kind="claimed").inc(len(claimed))
+                log.event(
+                    "lease_claimed",
+                    node=self._s.node_id,
+                    partitions=len(claimed),
+                    held=len(held) + len(claimed),
+                    share=share,
+                    live_nodes=len(live),
+                )
+                if self._on_claimed is not None:
+                    self._on_claimed()
+        else:
+            # Over the share: drain the excess (highest partition ids); they are
+            # released by run_once once no tick can be firing them. Back under
+            # it (a peer left meanwhile): fire them again.
+            excess = sorted(held)[share:]
+            self._table.set_draining(excess)
+            if excess:
+                self._drain_reason = {"reason": "over_share", "share": share}
+
+    def _release(self, leases: list[Lease], reason: str, **fields: object) -> None:
+        """Release ``leases`` (draining ones no tick is using) and forget them."""
+        pids = [lease.partition_id for lease in leases]
+        released = self._coord.release(leases)
+        self._table.drop(pids)
+        self._metrics.lease_events.labels(kind="released").inc(len(released))
+        log.event("lease_released", node=self._s.node_id, partitions=len(released), reason=reason, **fields)
+
+    def run(self, stop: threading.Event) -> None:
+        """Loop until ``stop`` is set, waking every ≤ ``poll_interval_s`` (or at :meth:`wake`)."""
+        while not stop.is_set():
+            self._wake.clear()
+            self.run_once()
+            wake = min(self._next_renew, self._next_poll) - self._clock.monotonic()
+            self._clock.wait(self._wake if self._watching else stop, max(0.01, wake))
+
+    def leave(self) -> None:
+        """Release all leases and withdraw membership; best effort, never raises.
+
+        Called after the firing loop has stopped. A lease a tick may still be
+        firing (the firing loop did not stop) is not released: it expires.
+        """
+        try:
+            held = self._table.held()
+            if held:
+                self._table.start_draining(held)
+                releasable = self._table.releasable()
+                if releasable:
+                    self._release(releasable, reason="shutdown")
+                if len(releasable) < len(held):
+                    log.event(
+                        "leave_partial",
+                        logging.WARNING,
+                        node=self._s.node_id,
+                        left_to_expire=len(held) - len(releasable),
+                        note="a firing tick was still running; its leases expire after the TTL",
+                    )
+            self._coord.leave()
+            log.event("node_left", node=self._s.node_id)
+        except (psycopg.Error, SchedulerError, OSError) as exc:
+            log.event("leave_failed", logging.WARNING, node=self._s.node_id, error=str(exc))
+        finally:
+            self._metrics.partitions_owned.set(len(self._table))
