@@ -101,7 +101,7 @@ def test_raises_the_revision_past_the_stored_epochs_then_a_node_may_join(
         "after": report["after"],
         "endpoint": etcd_server.endpoint,
     }
-    assert revision(etcd_server) == after_join
+    assert revision(etcd_server) >= report["after"]
 
 
 def test_the_first_endpoint_that_answers_is_used(
