@@ -43,6 +43,13 @@ def epochs_above(conn: psycopg.Connection, server: ThrowawayEtcd, by: int) -> in
     return top
 
 
+def unraised(server: ThrowawayEtcd, before: int) -> bool:
+    """etcd's revision did not jump since ``before``. The server is shared by the
+    session: leases of earlier tests' coordinators expire (deleting their keys)
+    whenever they do, so a few revisions may pass; a raise moves it hundreds."""
+    return before <= revision(server) < before + 50
+
+
 def one_line_error(result, status: int) -> str:
     assert result.returncode == status, (result.returncode, result.stdout, result.stderr)
     lines = result.stderr.splitlines()
@@ -76,15 +83,17 @@ def test_raises_the_revision_past_the_stored_epochs_then_a_node_may_join(
 
     assert result.returncode == 0, result.stderr
     # puts up to top + 1 (the first revision above the top), then the delete of the bump key: top + 2.
-    # The refused coordinator's close may still move etcd's revision after `before` was read.
+    # The etcd server is shared by the session: leases of earlier tests' coordinators
+    # expire (and delete their keys) whenever they do, so other writes may land between
+    # these reads: revisions are bounded below, not pinned.
     said = re.fullmatch(
-        rf"etcd revision (\d+) -> {top + 2}, above the store's largest owner_epoch "
+        rf"etcd revision (\d+) -> (\d+), above the store's largest owner_epoch "
         rf"{top} \(partition 17\): nodes may start with --coordinator etcd\n",
         result.stdout,
     )
     assert said is not None, result.stdout
-    assert before <= int(said.group(1)) < top
-    assert revision(etcd_server) == top + 2
+    assert before <= int(said.group(1)) < top < top + 2 <= int(said.group(2))
+    assert revision(etcd_server) >= top + 2
     assert range_prefix(etcd_server.endpoint, BUMP_KEY)[1] == []
     join_etcd(pg_dsn, etcd_server, etcd_prefix)  # no refusal now
 
@@ -115,8 +124,9 @@ def test_the_first_endpoint_that_answers_is_used(
     )
 
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["endpoint"] == etcd_server.endpoint
-    assert revision(etcd_server) == top + 2
+    report = json.loads(result.stdout)
+    assert report["endpoint"] == etcd_server.endpoint
+    assert report["after"] >= top + 2 and revision(etcd_server) >= top + 2  # a shared etcd: see above
 
 
 @pytest.mark.parametrize(
@@ -135,16 +145,17 @@ def test_bad_endpoints_are_one_line_and_status_2(
     pg_dsn: str, conn: psycopg.Connection, etcd_server: ThrowawayEtcd, endpoints: str, message: str
 ) -> None:
     before = revision(etcd_server)
+    epochs_above(conn, etcd_server, 300)  # a raise would move etcd's revision 300 and more
     result = run_cli("etcd", "raise-revision", "--dsn", pg_dsn, "--etcd-endpoints", endpoints)
     assert one_line_error(result, 2) == message
-    assert revision(etcd_server) == before
+    assert unraised(etcd_server, before)
 
 
 def test_no_store_is_one_line_and_status_2(etcd_server: ThrowawayEtcd) -> None:
     before = revision(etcd_server)
     result = run_cli("etcd", "raise-revision", "--etcd-endpoints", etcd_server.endpoint)
     assert one_line_error(result, 2).startswith("error: dsn: no store configured; pass --dsn or set SCHEDULER_DSN")
-    assert revision(etcd_server) == before
+    assert unraised(etcd_server, before)
 
 
 def test_a_store_never_migrated_is_one_line_and_status_2(empty_pg_dsn: str, etcd_server: ThrowawayEtcd) -> None:
@@ -154,7 +165,7 @@ def test_a_store_never_migrated_is_one_line_and_status_2(empty_pg_dsn: str, etcd
     assert line == (
         "error: store: the schema is missing (no alembic_version table); run `scheduler db upgrade` first"
     ), line
-    assert revision(etcd_server) == before
+    assert unraised(etcd_server, before)
 
 
 def test_no_etcd_answering_is_one_line_and_status_1(pg_dsn: str, conn: psycopg.Connection) -> None:
