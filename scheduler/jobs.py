@@ -47,7 +47,7 @@ from scheduler import store
 from scheduler.errors import ConflictError, NotFoundError, ValidationError, clip
 from scheduler.partition import partition_of
 from scheduler.planner import DEFAULT_MISFIRE, count_slots, scheduled_time
-from scheduler.spec import JobSpec, build_schedule, validate_tenant
+from scheduler.spec import JobSpec, build_schedule, schedule_key, validate_tenant
 
 T = TypeVar("T")
 
@@ -75,15 +75,7 @@ which an edit keeps when these are unchanged)."""
 
 def _row_schedule(row: dict):
     """The schedule of a ``jobs`` (or ``job_revisions``) row."""
-    return build_schedule(
-        row["kind"],
-        row["cron_expr"],
-        row["cron_dialect"],
-        row["tz"],
-        row["interval_s"],
-        row["anchor_at"],
-        row["fire_at"],
-    )
+    return build_schedule(*schedule_key(row))
 
 
 def _retire(conn: psycopg.Connection, rows: list[dict], now: datetime, reason: str | None) -> None:

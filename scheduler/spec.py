@@ -363,6 +363,20 @@ ScheduleKey = tuple[str, str | None, str | None, str | None, int | None, datetim
 arguments of :func:`build_schedule`, the ``jobs`` columns that define a schedule."""
 
 
+def schedule_key(row: dict[str, Any]) -> ScheduleKey:
+    """The :data:`ScheduleKey` of a ``jobs`` (or ``job_revisions``) row: a dict
+    with the ``jobs`` column names."""
+    return (
+        row["kind"],
+        row["cron_expr"],
+        row["cron_dialect"],
+        row["tz"],
+        row["interval_s"],
+        row["anchor_at"],
+        row["fire_at"],
+    )
+
+
 class ScheduleCache:
     """Schedules keyed by their defining columns, with memoized ``next_after``.
 
@@ -377,17 +391,7 @@ class ScheduleCache:
 
     def for_row(self, row: dict[str, Any]) -> _Memo:
         """The schedule of a ``jobs`` row (a dict with the ``jobs`` column names)."""
-        return self.for_key(
-            (
-                row["kind"],
-                row["cron_expr"],
-                row["cron_dialect"],
-                row["tz"],
-                row["interval_s"],
-                row["anchor_at"],
-                row["fire_at"],
-            )
-        )
+        return self.for_key(schedule_key(row))
 
     def for_key(self, key: ScheduleKey) -> _Memo:
         """The schedule for ``(kind, cron_expr, cron_dialect, tz, interval_s, anchor_at, fire_at)``,

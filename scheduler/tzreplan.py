@@ -70,7 +70,7 @@ from scheduler import log, store
 from scheduler.errors import ValidationError
 from scheduler.planner import scheduled_time
 from scheduler.schedule import Schedule
-from scheduler.spec import ScheduleCache, ScheduleKey
+from scheduler.spec import ScheduleCache, ScheduleKey, schedule_key
 
 _EPSILON = timedelta(microseconds=1)
 
@@ -203,15 +203,7 @@ def replan_item(row: dict[str, Any]) -> Replan:
         row["job_id"],
         row["revision"],
         row["next_nominal_at"],
-        (
-            row["kind"],
-            row["cron_expr"],
-            row["cron_dialect"],
-            row["tz"],
-            row["interval_s"],
-            row["anchor_at"],
-            row["fire_at"],
-        ),
+        schedule_key(row),
         row["jitter_s"],
         row["created_at"],
         row["changed_at"],
