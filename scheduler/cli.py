@@ -1113,35 +1113,24 @@ def verify_cmd(dsn: str, since: datetime, until: datetime, exhaustive: bool, lis
         sys.exit(EXIT_FAILED)
 
 
+def _fleet_timing(name: str, help_text: str) -> Callable:
+    """``--<name>``: one of the fleet's lease timings (seconds), defaulting to the node's setting."""
+    return click.option(
+        f"--{name.replace('_', '-')}",
+        type=click.FloatRange(min=0, min_open=True),
+        default=getattr(Settings, name),
+        envvar=f"SCHEDULER_{name.upper()}",
+        show_envvar=True,
+        show_default=True,
+        help=help_text,
+    )
+
+
 @cli.command("status")
 @dsn_option
-@click.option(
-    "--lease-ttl-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=10.0,
-    envvar="SCHEDULER_LEASE_TTL_S",
-    show_envvar=True,
-    show_default=True,
-    help="The fleet's lease TTL: a heartbeat older than this is dead.",
-)
-@click.option(
-    "--renew-interval-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=3.0,
-    envvar="SCHEDULER_RENEW_INTERVAL_S",
-    show_envvar=True,
-    show_default=True,
-    help="The fleet's renew interval (with --poll-interval-s: the responsiveness bound).",
-)
-@click.option(
-    "--poll-interval-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=1.0,
-    envvar="SCHEDULER_POLL_INTERVAL_S",
-    show_envvar=True,
-    show_default=True,
-    help="The fleet's poll interval.",
-)
+@_fleet_timing("lease_ttl_s", "The fleet's lease TTL: a heartbeat older than this is dead.")
+@_fleet_timing("renew_interval_s", "The fleet's renew interval (with --poll-interval-s: the responsiveness bound).")
+@_fleet_timing("poll_interval_s", "The fleet's poll interval.")
 @json_option
 def status_cmd(dsn: str, lease_ttl_s: float, renew_interval_s: float, poll_interval_s: float, as_json: bool) -> None:
     """Show nodes (live, suspect, dead), the partitions they own, and partitions without a live owner.
