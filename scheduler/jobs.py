@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from scheduler import store
+from scheduler.identity import SPEC_COLUMNS, identity_of
 from scheduler.errors import ConflictError, NotFoundError, ValidationError, clip
 from scheduler.partition import partition_of
 from scheduler.planner import DEFAULT_MISFIRE, count_slots, scheduled_time
@@ -145,6 +146,37 @@ def _job_row(spec: JobSpec, job_id: uuid.UUID, now: datetime) -> dict:
     }
 
 
+def register_schedules(conn: psycopg.Connection, rows: list[dict[str, Any]]) -> None:
+    """Give each job row (insert or replace parameters: a dict with the ``jobs``
+    column names of :data:`scheduler.identity.SPEC_COLUMNS`) its ``schedule_key``,
+    registering the specs in ``schedules`` (in the caller's transaction).
+
+    A row whose key another spec holds (a hash collision) gets ``None``: it
+    shares no plan and is fired per timer. Two statements whatever the
+    number of rows: ``register_schedules``, then ``schedules_by_keys`` (read
+    back after the insert, so a key a concurrent transaction registered
+    first is seen once committed). Raises what the store raises.
+    """
+    specs: dict[int, tuple[str, dict[str, Any]]] = {}
+    identities = []
+    for row in rows:
+        identity = identity_of(row)
+        identities.append(identity)
+        specs.setdefault(identity.key, (identity.canonical, row))
+    if not specs:
+        return
+    params: dict[str, list[Any]] = {"schedule_keys": list(specs), "canonicals": [c for c, _ in specs.values()]}
+    for column in SPEC_COLUMNS:
+        params[column + "s"] = [row[column] for _, row in specs.values()]
+    store.execute(conn, "register_schedules", params)
+    stored = {
+        r["schedule_key"]: r["canonical"]
+        for r in store.execute(conn, "schedules_by_keys", {"schedule_keys": list(specs)})
+    }
+    for row, identity in zip(rows, identities, strict=True):
+        row["schedule_key"] = identity.key if stored.get(identity.key) == identity.canonical else None
+
+
 @dataclasses.dataclass(frozen=True)
 class AddResult:
     """``job_id`` and what happened: ``created``, ``exists`` (same spec) or ``replaced``."""
@@ -194,10 +226,13 @@ def add_job(conn: psycopg.Connection, spec: JobSpec, *, replace: bool = False) -
                     params = _job_row(spec, job_id, now)
                     _retire(c, [existing], now, "edited")
                 params["changed_at"] = now
+                register_schedules(c, [params])
                 store.execute(c, "replace_job_spec", params)
                 return AddResult(job_id, "replaced")
         job_id = uuid.uuid4()
-        store.execute(c, "insert_job", _job_row(spec, job_id, now))
+        row = _job_row(spec, job_id, now)
+        register_schedules(c, [row])
+        store.execute(c, "insert_job", row)
         return AddResult(job_id, "created")
 
     return _run_named(conn, body)
@@ -412,6 +447,7 @@ def import_jobs(conn: psycopg.Connection, specs: Iterable[JobSpec]) -> list[tupl
             else:
                 outcomes.append(("conflict", _conflict(spec, row["job_id"])))
         if rows:
+            register_schedules(c, rows)
             with c.cursor() as cur:
                 cur.executemany(store.QUERIES["insert_job"], rows)
         return outcomes
@@ -444,6 +480,7 @@ def add_jobs(conn: psycopg.Connection, specs: Iterable[JobSpec]) -> list[uuid.UU
         now = _store_now(c)
         rows = [_job_row(spec, job_id, now) for spec, job_id in zip(specs, ids, strict=False)]
         store.execute(c, "ensure_tenants", {"tenants": sorted({spec.tenant for spec in specs})})
+        register_schedules(c, rows)
         with c.cursor() as cur:
             cur.executemany(store.QUERIES["insert_job"], rows)
         return ids

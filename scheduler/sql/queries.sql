@@ -573,15 +573,35 @@ SELECT tenant, weight, max_rate FROM tenants;
 
 -- ---------------------------------------------------------------- jobs
 
+-- name: register_schedules
+-- Register the specs timers are about to carry (scheduler/identity.py): one
+-- row per key (%(schedule_keys)s[i], its canonical text and spec), kept if
+-- the key exists already (rows are never updated). The caller then reads
+-- the keys back with schedules_by_keys and gives a job its key only if the
+-- stored canonical text is its own (a collision: no key).
+INSERT INTO schedules (schedule_key, canonical, kind, cron_expr, cron_dialect, tz, interval_s,
+                       anchor_at, fire_at, misfire, catchup_window_s, misfire_grace_s, jitter_s)
+SELECT *
+FROM unnest(%(schedule_keys)b::int8[], %(canonicals)b::text[], %(kinds)b::text[],
+            %(cron_exprs)b::text[], %(cron_dialects)b::text[], %(tzs)b::text[],
+            %(interval_ss)b::int8[], %(anchor_ats)b::timestamptz[], %(fire_ats)b::timestamptz[],
+            %(misfires)b::text[], %(catchup_window_ss)b::int4[], %(misfire_grace_ss)b::int4[],
+            %(jitter_ss)b::int4[])
+ON CONFLICT (schedule_key) DO NOTHING;
+
+-- name: schedules_by_keys
+-- The schedules rows of keys %(schedule_keys)s (primary-key probes).
+SELECT * FROM schedules WHERE schedule_key = ANY(%(schedule_keys)b::int8[]);
+
 -- name: insert_job
 INSERT INTO jobs (partition_id, job_id, tenant, name, kind, cron_expr, cron_dialect, tz,
                   interval_s, anchor_at, fire_at, misfire, catchup_window_s,
                   misfire_grace_s, jitter_s, next_nominal_at, next_due_at,
-                  created_at, changed_at)
+                  created_at, changed_at, schedule_key)
 VALUES (%(partition_id)s, %(job_id)s, %(tenant)s, %(name)s, %(kind)s, %(cron_expr)s,
         %(cron_dialect)s, %(tz)s, %(interval_s)s, %(anchor_at)s, %(fire_at)s, %(misfire)s,
         %(catchup_window_s)s, %(misfire_grace_s)s, %(jitter_s)s, %(next_nominal_at)s,
-        %(next_due_at)s, %(created_at)s, %(created_at)s);
+        %(next_due_at)s, %(created_at)s, %(created_at)s, %(schedule_key)s);
 
 -- name: find_job_by_name
 SELECT * FROM jobs
@@ -598,6 +618,7 @@ SET kind = %(kind)s, cron_expr = %(cron_expr)s, cron_dialect = %(cron_dialect)s,
     interval_s = %(interval_s)s, anchor_at = %(anchor_at)s, fire_at = %(fire_at)s,
     misfire = %(misfire)s, catchup_window_s = %(catchup_window_s)s,
     misfire_grace_s = %(misfire_grace_s)s, jitter_s = %(jitter_s)s,
+    schedule_key = %(schedule_key)s,
     next_nominal_at = CASE WHEN paused THEN NULL ELSE %(next_nominal_at)s::timestamptz END,
     next_due_at = CASE WHEN paused THEN NULL ELSE %(next_due_at)s::timestamptz END,
     revision = revision + 1, changed_at = %(changed_at)s
