@@ -79,10 +79,7 @@ def cron_canonical(expr: str, dialect: str) -> str:
         if name == "weekdays":
             values = {_sunday_zero(v) for v in values}
         parts.append(",".join(repr(v).replace(" ", "") for v in sorted(values, key=repr)))
-    return (
-        f"fixed={int(parsed.is_fixed_time)};and={int(parsed.day_and)};w={parsed.w_day};"
-        f"fields={'|'.join(parts)}"
-    )
+    return f"fixed={int(parsed.is_fixed_time)};and={int(parsed.day_and)};w={parsed.w_day};fields={'|'.join(parts)}"
 
 
 def _instant(value: datetime | None) -> str:

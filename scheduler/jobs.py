@@ -44,8 +44,8 @@ from typing import Any, TypeVar
 import psycopg
 
 from scheduler import store
-from scheduler.identity import SPEC_COLUMNS, identity_of
 from scheduler.errors import ConflictError, NotFoundError, ValidationError, clip
+from scheduler.identity import SPEC_COLUMNS, identity_of
 from scheduler.partition import partition_of
 from scheduler.planner import DEFAULT_MISFIRE, count_slots, scheduled_time
 from scheduler.spec import JobSpec, build_schedule, schedule_key, validate_tenant

@@ -16,10 +16,11 @@ from typing import TypeVar
 import psycopg
 import pytest
 
-from scheduler import store
+from scheduler import jobs, store
 from scheduler.clock import Clock, SystemClock
 from scheduler.coordination import LeaseTable, SqlCoordinator
 from scheduler.firing import DEFAULT_LIMITS, Firer, FiringLimits
+from scheduler.identity import SPEC_COLUMNS
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 
@@ -145,3 +146,31 @@ class OneNode:
     def close(self) -> None:
         self.firer.close()
         self.coord.close()
+
+
+def stamp_schedule_keys(conn: psycopg.Connection) -> int:
+    """Give every live job the schedule key of its columns as they are now; return
+    how many jobs were stamped.
+
+    The engine's write paths (scheduler/jobs.py) keep a job's ``schedule_key``
+    in step with its spec; a test that writes ``jobs`` rows with raw SQL
+    (backdated anchors and slots) calls this afterwards, or its timers carry
+    no key (or a stale one) and the herd path would not (or wrongly) take them.
+    """
+    rows = [
+        dict(row)
+        for row in conn.execute(
+            f"SELECT partition_id, job_id, {', '.join(SPEC_COLUMNS)} FROM jobs WHERE deleted_at IS NULL"
+        ).fetchall()
+    ]
+    if not rows:
+        return 0
+    with conn.transaction():
+        jobs.register_schedules(conn, rows)
+        with conn.cursor() as cur:
+            cur.executemany(
+                "UPDATE jobs SET schedule_key = %(schedule_key)s WHERE partition_id = %(partition_id)s"
+                " AND job_id = %(job_id)s",
+                rows,
+            )
+    return len(rows)

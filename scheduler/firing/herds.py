@@ -1,7 +1,9 @@
 """Herds: thousands of one tenant's timers due at one instant, fired in the store.
 
 At a midnight the timers due in a tick are mostly *herds*: thousands of one
-tenant's timers due at the same instant, sharing a few dozen schedules.
+tenant's timers due at the same instant, holding anything from a few dozen
+to tens of thousands of distinct schedules (the same ``0 0 * * *`` in
+hundreds of zones, its weekday and every-six-hours cousins, a long tail).
 Shipping each timer to the node and back (the per-timer path,
 :mod:`scheduler.firing.batch`) costs more than firing it, so each pass first
 looks at the head of the fair set of every tenant whose quota is at least
@@ -9,24 +11,32 @@ looks at the head of the fair set of every tenant whose quota is at least
 instant, if at least that many of its timers are due then (``herd_heads``:
 index entries only). For such a herd the node counts the instant's timers
 per firable partition in partition order and takes whole partitions while
-they fit in the quota (``herd_counts``), learns the herd's schedules from a
-sample of its timers (``herd_schedules``,
-:attr:`~scheduler.firing.limits.FiringLimits.herd_sample`), plans each
-schedule once, and fires the herd with ``fire_group``: per slice of its
-partitions, one fenced statement in which the store finds the herd's timers
-itself (exact index probes per partition, so a node never reads another
-node's rows), advances each to its schedule's next slot and inserts its run.
+they fit in the quota (``herd_counts``), reads the herd's distinct schedule
+keys with their counts from the due index (``herd_schedule_keys``: index
+entries only; every job carries the key of its spec, see
+:mod:`scheduler.identity`), plans each key once (its spec from the
+``schedules`` table, cached forever: a key's spec never changes; the plan
+memoized per (key, instant) across ticks), and fires the herd with
+``fire_group``: per slice of its partitions, one fenced statement in which
+the store finds the herd's timers itself (exact index probes per
+partition, so a node never reads another node's rows), joins them with the
+plans by key, advances each to its plan's next slot and inserts its run.
 No timer travels; the store does ~14 µs of work per run instead of ~25 µs,
-and the node almost none. A timer is fired this way only if it is
-jitter-free and its schedule's plan is exactly "fire this slot, then the
-next one" (on time, no catch-up, nothing skipped); every other timer of the
-instant stays due, and once too few are left to form a herd the per-timer
-path fires them (a tick later at most). A tenant's timers due after its
-herd's instant wait for the next pass or tick; the herd's partitions come in
-partition order, so within an instant a tenant is served in (partition, job
-id) order by both paths. A timer edited between the plan and the statement
-no longer matches its plan row (or its slot) and is left due for the next
-tick. Measured effect in docs/performance.md.
+and the node almost none.
+
+A timer is fired this way only if it is jitter-free and its key's plan is
+exactly "fire this slot, then the next one" (on time within its misfire
+policy, no catch-up, nothing skipped, a slot under this node's tzdata);
+every other timer of the instant stays due, and the per-timer path fires
+it: a herd whose planned keys cover fewer than ``herd_min_jobs`` timers is
+dropped at once (the per-timer path serves the tenant in this pass), and
+the remainder of a fired herd is too small to form a herd again next tick.
+Keys past ``herd_max_schedules`` (the rarest) are left to the next tick. A
+tenant's timers due after its herd's instant wait for the next pass or
+tick; the herd's partitions come in partition order, so within an instant a
+tenant is served in (partition, job id) order by both paths. A timer edited
+between the plan and the statement no longer has its key or slot and is
+left due for the next tick. Measured effect in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -86,6 +96,8 @@ class HerdFinder:
         self._schedules = schedules
         self._clock = clock
         self._limits = limits
+        self._specs: dict[int, store.Row] = {}
+        self._slots: dict[tuple[int, datetime], bool] = {}
 
     def find(self, tick: Tick, quotas: dict[str, int], after: dict[str, tuple], min_quota: int = 0) -> dict[str, Herd]:
         """This pass's herds, at most one per tenant, planned.
@@ -96,13 +108,13 @@ class HerdFinder:
         whole partitions of it in partition order, from the one after the
         cursor's (if the cursor is inside the instant) while they fit in its
         quota, when that is at least ``herd_min_jobs`` timers. Its plans are
-        those of the schedules found in a sample of its jitter-free timers
-        (``herd_sample``) whose plan is exactly "fire this slot, then the
-        next" (at most ``herd_max_schedules``); a candidate with none is
-        dropped and the per-timer path serves the tenant. Timers the plans do
-        not cover stay due: when too few are left at the instant to form a
-        herd, the per-timer path fires them. Reads ``herd_heads``, then per
-        herd ``herd_counts`` (:meth:`extent`) and ``herd_schedules``.
+        those of its schedule keys (most common first, at most
+        ``herd_max_schedules``) whose plan is exactly "fire this slot, then
+        the next"; a candidate whose planned keys cover fewer than
+        ``herd_min_jobs`` timers is dropped and the per-timer path serves
+        the tenant. Reads ``herd_heads``, then per herd ``herd_counts``
+        (:meth:`extent`), ``herd_schedule_keys`` and, for keys not seen
+        before, ``schedules_by_keys``.
         """
         limits = self._limits
         tenants = sorted(t for t, q in quotas.items() if q >= max(min_quota, limits.herd_min_jobs))
@@ -125,41 +137,54 @@ class HerdFinder:
         herds: dict[str, Herd] = {}
         for head in heads:
             herd = self.extent(tick, head["tenant"], head["due"], quotas[head["tenant"]], after.get(head["tenant"]))
-            if herd is not None:
+            if herd is not None and self._planned(tick, herd):
                 herds[herd.tenant] = herd
-        for tenant, herd in list(herds.items()):
-            rows = store.execute(
-                tick.read,
-                "herd_schedules",
-                {
-                    "tenant": tenant,
-                    "due": herd.due,
-                    "pids": herd.pids,
-                    "per_partition": max(1, -(-limits.herd_sample // max(1, len(herd.pids)))),
-                    "now": self._clock.store_now_or_none(),
-                },
-            )
-            planned = [(row, self.plan(row, herd.due)) for row in rows]
-            plans = [(row, slot) for row, slot in planned if slot is not None][: limits.herd_max_schedules]
-            if not plans:
-                del herds[tenant]
-                continue
-            for row, slot in plans:
-                for name, value in (
-                    ("kinds", row["kind"]),
-                    ("cron_exprs", row["cron_expr"]),
-                    ("cron_dialects", row["cron_dialect"]),
-                    ("tzs", row["tz"]),
-                    ("interval_ss", row["interval_s"]),
-                    ("anchor_ats", row["anchor_at"]),
-                    ("fire_ats", row["fire_at"]),
-                    ("misfires", row["misfire"]),
-                    ("catchup_window_ss", row["catchup_window_s"]),
-                    ("misfire_grace_ss", row["misfire_grace_s"]),
-                    ("next_nominals", slot.next_nominal),
-                ):
-                    herd.plans.setdefault(name, []).append(value)
         return herds
+
+    def _planned(self, tick: Tick, herd: Herd) -> bool:
+        """Fill ``herd.plans`` from its schedule keys; False if they cover fewer
+        than ``herd_min_jobs`` of its timers (then the herd is not fired)."""
+        rows = store.execute(
+            tick.read,
+            "herd_schedule_keys",
+            {
+                "tenant": herd.tenant,
+                "due": herd.due,
+                "pids": herd.pids,
+                "after_pid": herd.after and herd.after[0],
+                "after_job": herd.after and uuid.UUID(herd.after[1]),
+                "max_keys": self._limits.herd_max_schedules,
+                "now": self._clock.store_now_or_none(),
+            },
+        )
+        if not rows:
+            return False
+        self._load_specs(tick, [row["schedule_key"] for row in rows])
+        keys: list[int] = []
+        nexts: list[datetime | None] = []
+        covered = 0
+        now = rows[0]["store_now"]
+        for row in rows:
+            slot = self.plan(row["schedule_key"], herd.due, now)
+            if slot is not None:
+                keys.append(row["schedule_key"])
+                nexts.append(slot.next_nominal)
+                covered += row["n"]
+        if covered < self._limits.herd_min_jobs:
+            return False
+        herd.plans = {"schedule_keys": keys, "next_nominals": nexts}
+        return True
+
+    def _load_specs(self, tick: Tick, keys: list[int]) -> None:
+        """Read the ``schedules`` rows of the keys not cached yet (a key's spec
+        never changes, so a cached row is never stale)."""
+        missing = [key for key in keys if key not in self._specs]
+        if not missing:
+            return
+        if len(self._specs) + len(missing) > self._limits.herd_spec_cache:
+            self._specs.clear()  # rare (the fleet's distinct specs outgrew it): start over
+        for row in store.execute(tick.read, "schedules_by_keys", {"schedule_keys": missing}):
+            self._specs[row["schedule_key"]] = row
 
     def extent(self, tick: Tick, tenant: str, due: datetime, quota: int, cursor: tuple | None) -> Herd | None:
         """The partitions of ``tenant``'s herd at ``due`` that fit in ``quota``.
@@ -203,25 +228,39 @@ class HerdFinder:
             return None
         return Herd(tenant, due, taken, jobs, cut, after=(cursor[1], cursor[2]) if inside else None)
 
-    def plan(self, row: store.Row, due: datetime) -> HerdSlot | None:
-        """The plan of a ``herd_schedules`` row's schedule for the herd at ``due``, or
-        ``None`` if its timers need the per-timer planner (an invalid schedule, a
-        stored slot that is no slot, catch-up, skipped slots, a policy's choice)."""
+    def plan(self, key: int, due: datetime, now: datetime) -> HerdSlot | None:
+        """The plan at store time ``now`` of the timers with schedule key ``key``
+        whose slot is ``due``, or ``None`` if they need the per-timer planner
+        (an unknown key or invalid spec, jitter, a slot that is no slot under
+        this node's tzdata, catch-up, skipped slots, a policy's choice).
+
+        The same function of (spec, slot, now) as the per-timer planner's
+        (:func:`scheduler.planner.plan_job` with ``limit=2``); the schedule's
+        answers and the slot check are memoized per (key, instant).
+        """
+        spec = self._specs.get(key)
+        if spec is None or spec["jitter_s"] != 0:
+            return None
         try:
-            schedule = self._schedules.for_row(row)
+            schedule = self._schedules.for_row(spec)
         except ValidationError:
             return None  # the per-timer path logs it, per job
-        if row["kind"] == "cron" and not tzreplan.is_slot(schedule, due):
-            return None  # stored under other tzdata rules: the per-timer path replans it
-        now = row["store_now"]
+        if spec["kind"] == "cron":
+            is_slot = self._slots.get((key, due))
+            if is_slot is None:
+                if len(self._slots) >= self._limits.herd_spec_cache:
+                    self._slots.clear()
+                is_slot = self._slots[(key, due)] = tzreplan.is_slot(schedule, due)
+            if not is_slot:
+                return None  # stored under other tzdata rules: the per-timer path replans it
         plan = plan_job(
             schedule,
             job_id=_NIL_UUID,
             next_nominal=due,
             now=now,
-            misfire=row["misfire"],
-            catchup_window_s=row["catchup_window_s"],
-            misfire_grace_s=row["misfire_grace_s"],
+            misfire=spec["misfire"],
+            catchup_window_s=spec["catchup_window_s"],
+            misfire_grace_s=spec["misfire_grace_s"],
             jitter_s=0,
             limit=2,
         )

@@ -42,7 +42,7 @@ class FiringLimits:
     see :mod:`scheduler.firing.herds`) when at least this many of them are in one
     pass's fair set; smaller groups go through the per-timer path, whose fixed
     costs are lower. Each herd costs a few index probes per firable partition
-    (``herd_heads``, ``herd_schedules``, ``fire_group``): ~6 ms with 1,024
+    (``herd_heads``, ``herd_schedule_keys``, ``fire_group``): ~6 ms with 1,024
     partitions, what the per-timer path spends on ~300 timers. Tenants with a
     smaller quota are not probed; the others' size is tested by walking at most
     this many index entries first."""
@@ -57,17 +57,19 @@ class FiringLimits:
     for 51 tenants (4 nodes on 2 cores); the per-timer path serves a 2,000-run
     share in a few tens of milliseconds."""
 
-    herd_max_schedules: int = 1_000
-    """Plans sent with a herd's chunks at most (they travel with every chunk);
-    timers of further schedules stay due for the per-timer path."""
+    herd_max_schedules: int = 32_768
+    """Schedule keys planned per herd at most (the most common first); their plans
+    travel with every chunk of the herd (12 bytes a key). Timers of rarer keys
+    stay due and form the next tick's herd, or go per timer. Planning a key
+    the node has not seen costs ~40-60 µs (its zone's first use ~3 ms more),
+    once per (key, instant)."""
+
+    herd_spec_cache: int = 200_000
+    """Schedule specs (and per-instant slot checks) a node keeps for planning
+    herds; past it the cache starts over."""
 
     herd_count_batch: int = 256
     """Partitions counted per ``herd_counts`` query while sizing a herd."""
-
-    herd_sample: int = 4_096
-    """Timers read (spread evenly over the herd's partitions) to learn a herd's
-    schedules. A schedule held by fewer than ~1/1000 of the herd's timers may be
-    missed; its timers then stay due and go through the per-timer path."""
 
 
 DEFAULT_LIMITS = FiringLimits()

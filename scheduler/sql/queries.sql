@@ -171,7 +171,7 @@ ORDER BY node_id;
 
 -- name: select_due_jobs
 -- Due timers of the node's firable partitions, per tenant, oldest due first
--- ((next_due_at, partition_id, job_id) order: jobs_tenant_due_part_idx), at
+-- ((next_due_at, partition_id, job_id) order: jobs_due_schedule_idx), at
 -- most %(quotas)s[i] for tenant %(tenants)s[i] (the fairness allocator's
 -- quotas), after the cursor (%(after_due)s[i], %(after_pid)s[i],
 -- %(after_job)s[i]) (a second pass in the same tick continues where the
@@ -210,7 +210,7 @@ CROSS JOIN LATERAL (
 -- returned only if at least %(min_jobs)s of its timers there are due at
 -- that instant (after the cursor). Due: next_due_at <= %(now)s (the store
 -- clock's pin; NULL: now()). Index entries only (index-only scans of
--- jobs_tenant_due_part_idx while pages are all-visible): per tenant one
+-- jobs_due_schedule_idx while pages are all-visible): per tenant one
 -- ordered probe, then a walk of at most %(min_jobs)s entries at the instant
 -- (small tenants stop there).
 SELECT h.tenant, h.due
@@ -247,7 +247,7 @@ WHERE e.n >= %(min_jobs)s;
 -- A herd's size per partition: the timers of tenant %(tenant)s due at
 -- %(due)s in each of partitions %(pids)s (after (%(after_pid)s,
 -- %(after_job)s) when given), partitions with none left out. One exact
--- probe of jobs_tenant_due_part_idx per partition (a join with the list on
+-- probe of jobs_due_schedule_idx per partition (a join with the list on
 -- purpose: written as `partition_id = ANY(list)` the planner may, from row
 -- estimates, walk the whole instant instead, other nodes' timers included:
 -- 200,000 heap fetches for a 67,000-timer herd, seen at 4 nodes).
@@ -264,33 +264,30 @@ CROSS JOIN LATERAL (
 ) AS c
 WHERE c.n > 0;
 
--- name: herd_schedules
--- The distinct schedules of a herd (the jitter-free timers of tenant
--- %(tenant)s due at %(due)s in partitions %(pids)s), read from a sample: at
--- most %(per_partition)s timers of each partition (exact probes of
--- jobs_tenant_due_part_idx; the LIMIT keeps the lateral a nested loop). A
--- schedule the sample misses is simply not in fire_group's plans: its
--- timers stay due, and once too few of them are left at the instant to
--- form a herd, the per-timer path fires them (as it does jittered timers).
--- Returns the store's clock (%(now)s; NULL: now()), the `now` the plans
--- are made for.
-SELECT s.kind, s.cron_expr, s.cron_dialect, s.tz, s.interval_s, s.anchor_at, s.fire_at,
-       s.misfire, s.catchup_window_s, s.misfire_grace_s, count(*)::int8 AS sampled,
-       coalesce(%(now)s::timestamptz, now()) AS store_now
+-- name: herd_schedule_keys
+-- The schedules of a herd (the timers of tenant %(tenant)s due at %(due)s in
+-- partitions %(pids)s, after (%(after_pid)s, %(after_job)s) when given),
+-- with their timer counts, most common first, at most %(max_keys)s: index
+-- entries only (schedule_key is the last column of jobs_due_schedule_idx;
+-- one exact probe per partition, as in herd_counts). Timers without a key
+-- (a collision, or not yet given one) are left out: they fire per timer.
+-- Returns the store's clock (%(now)s; NULL: now()), the `now` the plans are
+-- made for.
+SELECT d.schedule_key, count(*)::int8 AS n, coalesce(%(now)s::timestamptz, now()) AS store_now
 FROM unnest(%(pids)b::int4[]) AS o (pid)
 CROSS JOIN LATERAL (
-    SELECT d.kind, d.cron_expr, d.cron_dialect, d.tz, d.interval_s, d.anchor_at, d.fire_at,
-           d.misfire, d.catchup_window_s, d.misfire_grace_s
-    FROM jobs AS d
-    WHERE d.tenant = %(tenant)s
-      AND d.next_due_at = %(due)s
-      AND d.partition_id = o.pid
-      AND d.jitter_s = 0
-      AND d.next_nominal_at = d.next_due_at
-    LIMIT %(per_partition)s
-) AS s
-GROUP BY s.kind, s.cron_expr, s.cron_dialect, s.tz, s.interval_s, s.anchor_at, s.fire_at,
-         s.misfire, s.catchup_window_s, s.misfire_grace_s;
+    SELECT x.schedule_key
+    FROM jobs AS x
+    WHERE x.tenant = %(tenant)s
+      AND x.next_due_at = %(due)s
+      AND x.partition_id = o.pid
+      AND x.schedule_key IS NOT NULL
+      AND (%(after_pid)s::int4 IS NULL
+           OR (x.partition_id, x.job_id) > (%(after_pid)s::int4, %(after_job)s::uuid))
+) AS d
+GROUP BY d.schedule_key
+ORDER BY n DESC, d.schedule_key
+LIMIT %(max_keys)s;
 
 -- name: select_schema_version
 -- The store's schema revision(s) as alembic recorded them (the node's start-up
@@ -401,37 +398,38 @@ SELECT (SELECT pids FROM fenced) AS fenced,
        (SELECT coalesce(array_agg(lag_s), '{}') FROM inserted) AS lags_s;
 
 -- name: fire_group
--- The fenced firing statement for one herd chunk (scheduler/firing/herds.py): the timers of tenant %(tenant)s due at %(due)s in partitions
--- %(pids)s (a slice of the node's firable ones, ascending; after the
--- cursor (%(lo_pid)s, %(lo_job)s) when given), whose schedule is one of the
--- plan rows, all
--- planned in the node beforehand: each such timer fires one run at %(due)s
--- (no jitter: its nominal time is its due time) and moves to the plan's
--- next slot. No per-timer data travels: the store finds the timers by
--- exact probes of jobs_tenant_due_part_idx, one per fenced partition of the
--- slice (the fenced list is only known when the statement runs, so the
--- planner cannot trade the probes for a walk of the whole instant), and
--- updates them in place; other nodes' partitions are never read. Same guarantees as fire_runs (docs/design.md §4):
+-- The fenced firing statement for one herd chunk (scheduler/firing/herds.py):
+-- the jitter-free timers of tenant %(tenant)s due at %(due)s in partitions
+-- %(pids)s (a slice of the node's firable ones, ascending; after the cursor
+-- (%(lo_pid)s, %(lo_job)s) when given) whose schedule key is one of the
+-- plans' (%(schedule_keys)s[i], planned in the node beforehand: fire the
+-- slot %(due)s, then move to %(next_nominals)s[i]). A key covers everything
+-- the planner reads of a timer but its id and slot (scheduler/identity.py),
+-- so every timer of a key at this slot has that plan. No per-timer data
+-- travels: the store finds the timers by exact probes of
+-- jobs_due_schedule_idx, one per fenced partition of the slice (the fenced
+-- list is only known when the statement runs, so the planner cannot trade
+-- the probes for a walk of the whole instant), and updates them in place;
+-- other nodes' partitions are never read. Same guarantees as fire_runs
+-- (docs/design.md §4):
 --   fence    locks the chunk's partition rows FOR SHARE where owner and
 --            epoch are still ours (evaluated once; the epoch is a subscript
 --            of %(epochs)s, so no join whose plan follows the partitions
 --            table's statistics: a nested loop over an unnest there cost
 --            15 ms a chunk);
---   advanced moves each matching timer of a fenced partition whose slot is
---            still %(due)s and whose schedule still equals the plan's (the
---            re-check that replaces fire_runs' revision test: an edit since
---            the plan changes one of them, or nulls next_due_at);
+--   advanced moves each timer of a fenced partition whose slot is still
+--            %(due)s and whose key is a plan's (an edit since the plan
+--            changes the key or the slot, or nulls next_due_at; a timer
+--            edited to another planned key at the same slot gets that key's
+--            plan, which is its own) to the plan's next slot;
 --   inserted one run per advanced timer, epoch from %(epochs)s (indexed by
 --            partition id + 1); the runs primary key makes a duplicate
 --            impossible, and re-sending the chunk finds nothing left to advance.
 -- Every run of the statement has the same lateness (fired_at is the
 -- statement's timestamp, or the store clock's pin %(now)s when given;
--- scheduled_at is the instant), returned once as lag_s.
--- Nullable schedule columns compare through coalesce() to values no timer
--- can hold ('' is no valid expression, dialect or zone; intervals are > 0;
--- the API cannot store -infinity), so NULLs match NULLs and the join with
--- the plans can hash. Returns the fenced partitions, the counts and
--- the runs' lateness.
+-- scheduled_at is the instant), returned once as lag_s. The plans are a
+-- MATERIALIZED CTE joined by hash. Returns the fenced partitions, the counts
+-- and the runs' lateness.
 WITH fence AS (
     SELECT p.partition_id
     FROM partitions AS p
@@ -443,12 +441,7 @@ WITH fence AS (
     SELECT coalesce(array_agg(partition_id ORDER BY partition_id), '{}') AS pids FROM fence
 ), plans AS MATERIALIZED (
     SELECT *
-    FROM unnest(%(kinds)b::text[], %(cron_exprs)b::text[], %(cron_dialects)b::text[],
-                %(tzs)b::text[], %(interval_ss)b::int8[], %(anchor_ats)b::timestamptz[],
-                %(fire_ats)b::timestamptz[], %(misfires)b::text[], %(catchup_window_ss)b::int4[],
-                %(misfire_grace_ss)b::int4[], %(next_nominals)b::timestamptz[])
-         AS p (kind, cron_expr, cron_dialect, tz, interval_s, anchor_at, fire_at, misfire,
-               catchup_window_s, misfire_grace_s, next_nominal)
+    FROM unnest(%(schedule_keys)b::int8[], %(next_nominals)b::timestamptz[]) AS p (schedule_key, next_nominal)
 ), advanced AS (
     UPDATE jobs AS j
     SET next_nominal_at = p.next_nominal,
@@ -459,18 +452,9 @@ WITH fence AS (
       AND j.partition_id = ANY(fd.pids)
       AND (%(lo_pid)s::int4 IS NULL
            OR (j.partition_id, j.job_id) > (%(lo_pid)s::int4, %(lo_job)s::uuid))
+      AND j.schedule_key = p.schedule_key
       AND j.next_nominal_at = %(due)s
       AND j.jitter_s = 0
-      AND j.kind = p.kind
-      AND coalesce(j.cron_expr, '') = coalesce(p.cron_expr, '')
-      AND coalesce(j.cron_dialect, '') = coalesce(p.cron_dialect, '')
-      AND coalesce(j.tz, '') = coalesce(p.tz, '')
-      AND coalesce(j.interval_s, 0) = coalesce(p.interval_s, 0)
-      AND coalesce(j.anchor_at, '-infinity') = coalesce(p.anchor_at, '-infinity')
-      AND coalesce(j.fire_at, '-infinity') = coalesce(p.fire_at, '-infinity')
-      AND j.misfire = p.misfire
-      AND j.catchup_window_s = p.catchup_window_s
-      AND j.misfire_grace_s = p.misfire_grace_s
     RETURNING j.partition_id, j.job_id, j.tenant
 ), inserted AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,

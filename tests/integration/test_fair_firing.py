@@ -13,7 +13,7 @@ import uuid
 from collections import Counter
 from datetime import timedelta
 
-from helpers import OneNode
+from helpers import OneNode, stamp_schedule_keys
 
 from scheduler import jobs
 from scheduler.clock import ManualClock
@@ -44,6 +44,7 @@ def _load_due(conn, tenant: str, count: int, due_ago_s: int) -> None:
             " VALUES (%s, %s, %s, 'interval', 3600, %s, %s, %s, %s, %s)",
             [(p, j, t, a, s, s, c - timedelta(hours=2), c - timedelta(hours=2)) for p, j, t, a, s, c in rows],
         )
+    stamp_schedule_keys(conn)
 
 
 def _runs_by_tenant(conn) -> Counter:

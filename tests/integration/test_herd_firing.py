@@ -1,6 +1,6 @@
 """Herds: many timers of one tenant due at one instant, fired by ``fire_group``
 (scheduler/firing/herds.py; sql/queries.sql herd_heads, herd_counts,
-herd_schedules, fire_group).
+herd_schedule_keys, fire_group).
 
 Herds are sized down (the firer's ``FiringLimits.herd_min_jobs``) so a few dozen timers form one. Each
 test asserts the exact runs and next slots in the store, and that the herd
@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from helpers import OneNode
+from helpers import OneNode, stamp_schedule_keys
 
 from scheduler import jobs, store
+from scheduler.clock import ManualClock
 from scheduler.firing import FiringLimits
 from scheduler.firing.herds import HerdFinder
 from scheduler.partition import partition_of
 from scheduler.planner import scheduled_time
 from scheduler.schedule import CronSchedule
 from scheduler.spec import JobSpec
+from scheduler.zones import load_zone
 
 HOUR = timedelta(hours=1)
 
@@ -103,6 +105,7 @@ def load_herd(
             " next_due_at, created_at, changed_at) VALUES (%s, %s, %s, 'interval', %s, %s, %s, %s, %s, %s)",
             rows,
         )
+    stamp_schedule_keys(conn)
     return made
 
 
@@ -237,6 +240,7 @@ def test_a_jittered_timer_at_the_herds_instant_is_fired_per_timer(conn, node) ->
         " created_at = %(c)s, changed_at = %(c)s WHERE job_id = %(j)s",
         {"a": due - HOUR, "d": due, "c": due - 2 * HOUR, "j": jittered},
     )
+    stamp_schedule_keys(conn)
 
     first = node.firer.tick()
     second = node.firer.tick()
@@ -256,6 +260,7 @@ def test_a_herd_needing_catch_up_goes_per_timer(conn, node) -> None:
     anchor = instant(conn, ago_s=3 * 60 + 30)
     load_herd(conn, "big", 30, anchor + timedelta(seconds=60), intervals=(60,))
     conn.execute("UPDATE jobs SET anchor_at = %s", (anchor,))
+    stamp_schedule_keys(conn)
 
     result = node.firer.tick()
 
@@ -293,16 +298,17 @@ def test_a_timer_edited_after_the_herd_was_planned_is_left_to_its_new_schedule(p
         " created_at = %(c)s, changed_at = %(c)s WHERE job_id = %(j)s",
         {"a": due - HOUR, "d": due, "c": due - 2 * HOUR, "j": edited},
     )
+    stamp_schedule_keys(conn)
     real = HerdFinder.plan
     edits = []
 
-    def herd_plan(self, row, slot):
+    def herd_plan(self, key, due, now):
         if not edits:  # someone replaces the job's spec between the plan and the statement
             with store.connect(pg_dsn, application_name="editor") as other:
                 edits.append(
                     jobs.add_job(other, JobSpec.build(tenant="big", name="edited", interval_s=7200), replace=True)
                 )
-        return real(self, row, slot)
+        return real(self, key, due, now)
 
     monkeypatch.setattr(HerdFinder, "plan", herd_plan)
     result = node.firer.tick()
@@ -344,3 +350,160 @@ def test_by_default_a_big_tenants_herd_is_found_in_the_surplus_pass(pg_dsn, conn
     assert 50 + limits.herd_min_jobs <= len(fired) <= 95
     assert result.herd_fired == len(fired) - 50
     assert result.fired == len(fired) + 5
+
+
+# ------------------------------------------------------------- many schedules
+
+AT = datetime(2031, 3, 4, 5, 6, tzinfo=UTC)
+"""A herd instant (a minute boundary) years away from the real clock: the
+store clock is pinned just after it."""
+ZONES = (
+    "UTC",
+    "Europe/Berlin",
+    "America/New_York",
+    "Asia/Kolkata",
+    "Australia/Sydney",
+    "Asia/Kathmandu",
+    "America/St_Johns",
+    "Pacific/Chatham",
+    "Africa/Cairo",
+    "America/Sao_Paulo",
+)
+
+
+def pairs_at(t: datetime) -> list[tuple[str, str]]:
+    """Distinct (expression, zone) pairs of several shapes, all firing at ``t``."""
+    out = []
+    for zone in ZONES:
+        lt = t.astimezone(load_zone(zone))
+        m, h, d, dow = lt.minute, lt.hour, lt.day, (lt.weekday() + 1) % 7
+        out += [
+            (f"{m} {h} * * *", zone),
+            (f"{m} {h} * * {dow}", zone),
+            (f"{m} {h},{(h + 12) % 24} * * *", zone),
+            (f"{m} {h} {d} * *", zone),
+            (f"{m} */1 * * *", zone),
+        ]
+    for expr, zone in out:
+        assert CronSchedule(expr, zone).next_after(t - timedelta(seconds=1)) == t, (expr, zone)
+    return out
+
+
+def load_cron_herd(conn: psycopg.Connection, tenant: str, per_pair: int, t: datetime, **policy) -> dict:
+    """``per_pair`` timers of ``tenant`` per pair of :func:`pairs_at`, registered
+    through the engine's write path, their slot moved to ``t``; {job id: pair}."""
+    made = {}
+    specs = [(pair, JobSpec.build(tenant=tenant, cron=pair[0], tz=pair[1], **policy)) for pair in pairs_at(t)]
+    ids = jobs.add_jobs(conn, [spec for _, spec in specs for _ in range(per_pair)])
+    for job_id, (pair, _) in zip(ids, [item for item in specs for _ in range(per_pair)], strict=True):
+        made[job_id] = pair
+    conn.execute(
+        "UPDATE jobs SET next_nominal_at = %(t)s, next_due_at = %(t)s WHERE job_id = ANY(%(ids)s)",
+        {"t": t, "ids": list(made)},
+    )
+    return made
+
+
+def test_a_herd_of_many_distinct_schedules_fires_exactly_its_runs_on_the_herd_path(pg_dsn, conn) -> None:
+    """50 distinct (expression, zone) pairs, 3 timers each: one herd, every timer
+    fired once at the instant by fire_group and moved to its own schedule's
+    next slot; the per-timer path fires nothing."""
+    made = load_cron_herd(conn, "big", 3, AT)
+    keys = {r["schedule_key"] for r in conn.execute("SELECT schedule_key FROM jobs").fetchall()}
+    assert len(keys) == 50 and None not in keys
+    node = Node(pg_dsn, clock=ManualClock(store_at=AT + timedelta(seconds=2)))
+    try:
+        result = node.firer.tick()
+        again = node.firer.tick()
+    finally:
+        node.close()
+
+    assert (result.fired, result.herd_fired) == (150, 150)
+    assert (again.fired, again.herd_fired) == (0, 0)
+    fired = runs(conn)
+    assert sorted(r["job_id"] for r in fired) == sorted(made)
+    for run in fired:
+        assert (run["nominal_time"], run["scheduled_at"], run["fired_at"]) == (AT, AT, AT + timedelta(seconds=2))
+    for job_id, (expr, zone) in made.items():
+        row = job(conn, job_id)
+        assert row["next_nominal_at"] == row["next_due_at"] == CronSchedule(expr, zone).next_after(AT)
+
+
+def test_spellings_of_one_schedule_share_a_key_and_its_plan(pg_dsn, conn) -> None:
+    """``0 6 * * 2``, ``0 6 * * TUE`` and the seconds dialect's ``0 0 6 * * 2`` are
+    one schedule: one key, one plan, every timer fired by the herd path."""
+    t = datetime(2031, 3, 4, 6, 0, tzinfo=UTC)  # a Tuesday
+    specs = [
+        JobSpec.build(tenant="big", cron="0 6 * * 2"),
+        JobSpec.build(tenant="big", cron="0 6 * * TUE"),
+        JobSpec.build(tenant="big", cron="0 0 6 * * 2", dialect="seconds"),
+    ]
+    ids = jobs.add_jobs(conn, [spec for spec in specs for _ in range(10)])
+    conn.execute("UPDATE jobs SET next_nominal_at = %(t)s, next_due_at = %(t)s", {"t": t})
+    assert len({r["schedule_key"] for r in conn.execute("SELECT schedule_key FROM jobs").fetchall()}) == 1
+    node = Node(pg_dsn, clock=ManualClock(store_at=t + timedelta(seconds=1)))
+    try:
+        result = node.firer.tick()
+    finally:
+        node.close()
+
+    assert (result.fired, result.herd_fired) == (30, 30)
+    for job_id in ids:
+        assert job(conn, job_id)["next_nominal_at"] == t + timedelta(days=7)
+
+
+def test_a_key_whose_policy_refuses_the_lateness_is_left_to_the_per_timer_path(pg_dsn, conn) -> None:
+    """90 s late: timers with ``misfire skip`` (grace 60 s) are skipped by the
+    per-timer planner, timers with the default policy fire on the herd path."""
+    late = load_cron_herd(conn, "big", 1, AT, misfire="skip")
+    on_time = load_cron_herd(conn, "big", 1, AT)
+    node = Node(pg_dsn, clock=ManualClock(store_at=AT + timedelta(seconds=90)))
+    try:
+        first = node.firer.tick()  # the herd: the keys whose plan fires this slot
+        second = node.firer.tick()  # what is left forms no herd: per timer
+    finally:
+        node.close()
+
+    assert (first.fired, first.herd_fired) == (50, 50)
+    assert (second.fired, second.herd_fired, second.skipped_ranges) == (0, 0, 50)
+    assert {r["job_id"] for r in runs(conn)} == set(on_time)
+    skipped = conn.execute("SELECT job_id, first_nominal, reason FROM skips").fetchall()
+    assert sorted((r["job_id"], r["first_nominal"], r["reason"]) for r in skipped) == sorted(
+        (job_id, AT, "grace") for job_id in late
+    )
+
+
+def test_a_timer_whose_key_was_taken_by_another_spec_fires_per_timer(pg_dsn, conn, monkeypatch) -> None:
+    """A hash collision (forced): the second spec's jobs are stored with no key
+    and fire per timer, with their own schedule's next slot."""
+    from scheduler import identity
+
+    real = identity.identity_of
+    monkeypatch.setattr(jobs, "identity_of", lambda row: identity.ScheduleIdentity(42, real(row).canonical))
+    hourly = jobs.add_jobs(conn, [JobSpec.build(tenant="big", cron="0 * * * *") for _ in range(25)])
+    half = jobs.add_jobs(conn, [JobSpec.build(tenant="big", cron="30 * * * *") for _ in range(25)])
+    monkeypatch.undo()
+    keys = {r["job_id"]: r["schedule_key"] for r in conn.execute("SELECT job_id, schedule_key FROM jobs").fetchall()}
+    assert {keys[j] for j in hourly} == {42} and {keys[j] for j in half} == {None}
+    t1, t2 = AT.replace(minute=0), AT.replace(minute=30)
+    conn.execute(
+        "UPDATE jobs SET next_nominal_at = %(t)s, next_due_at = %(t)s WHERE job_id = ANY(%(ids)s)",
+        {"t": t1, "ids": hourly},
+    )
+    conn.execute(
+        "UPDATE jobs SET next_nominal_at = %(t)s, next_due_at = %(t)s WHERE job_id = ANY(%(ids)s)",
+        {"t": t2, "ids": half},
+    )
+    node = Node(pg_dsn, clock=ManualClock(store_at=t2 + timedelta(seconds=1)))
+    try:
+        first = node.firer.tick()  # the herd at t1 (its timers after it wait)
+        second = node.firer.tick()  # t2: keyless timers form no herd
+    finally:
+        node.close()
+
+    assert (first.fired, first.herd_fired) == (25, 25)
+    assert (second.fired, second.herd_fired) == (25, 0)
+    for job_id in hourly:
+        assert job(conn, job_id)["next_nominal_at"] == t1 + HOUR
+    for job_id in half:
+        assert job(conn, job_id)["next_nominal_at"] == t2 + HOUR

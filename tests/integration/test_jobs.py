@@ -625,3 +625,56 @@ def test_import_reports_undecodable_and_unparsable_lines_and_imports_the_rest(co
     ]
     assert len(report.imported) == 2
     assert sorted(r["cron_expr"] for r in jobs.list_jobs(conn, "messy")) == ["0 1 * * *", "0 4 * * *"]
+
+
+# ------------------------------------------------------------- schedule keys
+
+
+def keyed(conn: psycopg.Connection) -> dict[uuid.UUID, dict]:
+    """Every job with its key, the key its columns give now, and the registered canonical text."""
+    from scheduler.identity import SPEC_COLUMNS, identity_of
+
+    rows = conn.execute(
+        f"SELECT j.job_id, j.schedule_key, s.canonical, {', '.join('j.' + c for c in SPEC_COLUMNS)}"
+        " FROM jobs AS j LEFT JOIN schedules AS s ON s.schedule_key = j.schedule_key"
+    ).fetchall()
+    return {r["job_id"]: {**r, "want": identity_of(r)} for r in rows}
+
+
+def test_every_write_path_gives_a_job_the_key_of_its_spec(conn, tmp_path: Path) -> None:
+    """add, add in bulk, import, replace (schedule, policy or nothing changed):
+    each job's key is its current spec's, registered with its canonical text."""
+    single = jobs.add_job(conn, JobSpec.build(tenant="acme", name="a", cron="0 0 * * 7", tz="Europe/Berlin")).job_id
+    bulk = jobs.add_jobs(
+        conn,
+        [
+            JobSpec.build(tenant="acme", cron="0 0 * * SUN", tz="Europe/Berlin"),
+            JobSpec.build(tenant="acme", interval_s=60),
+            JobSpec.build(tenant="acme", at=datetime(2031, 1, 1, tzinfo=UTC)),
+            JobSpec.build(tenant="acme", cron="*/5 * * * *", jitter_s=10),
+        ],
+    )
+    path = tmp_path / "corpus.csv"
+    path.write_text("expr,timezone\n0 0 * * 0,Europe/Berlin\n15 3 * * 1-5,Asia/Kolkata\n")
+    jobs.import_csv(conn, path, "acme")
+    before = keyed(conn)
+    assert len(before) == 7
+    for row in before.values():
+        assert row["schedule_key"] == row["want"].key and row["canonical"] == row["want"].canonical
+    # Sundays at midnight in Berlin, spelled three ways: one key.
+    assert len({before[single]["schedule_key"], before[bulk[0]]["schedule_key"]}) == 1
+    assert len({r["schedule_key"] for r in before.values()}) == 5, sorted(r["canonical"] for r in before.values())
+
+    for change in (
+        {"cron": "0 0 * * 7", "tz": "Europe/Berlin", "misfire": "skip"},  # policy only: the slot is kept
+        {"cron": "0 1 * * 7", "tz": "Europe/Berlin", "misfire": "skip"},  # the schedule
+        {"cron": "0 1 * * 7", "tz": "Asia/Tokyo", "misfire": "skip", "jitter_s": 5},
+    ):
+        jobs.add_job(conn, JobSpec.build(tenant="acme", name="a", **change), replace=True)
+        row = keyed(conn)[single]
+        assert row["schedule_key"] == row["want"].key and row["canonical"] == row["want"].canonical, change
+    jobs.set_paused(conn, single, True)
+    jobs.set_paused(conn, single, False)
+    row = keyed(conn)[single]
+    assert row["schedule_key"] == row["want"].key
+    assert len({r["schedule_key"] for r in keyed(conn).values()}) == 6  # a new one for "a"

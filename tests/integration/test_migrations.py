@@ -62,7 +62,11 @@ def snapshot(dsn: str) -> dict[str, list]:
         ).fetchall()
         columns = conn.execute(
             """
-            SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod) AS type,
+            SELECT c.relname,
+                   -- the column's place among live ones (a dropped and re-added
+                   -- column takes a new attnum, but the same place)
+                   row_number() OVER (PARTITION BY c.relname ORDER BY a.attnum) AS place,
+                   a.attname, format_type(a.atttypid, a.atttypmod) AS type,
                    a.attnotnull, pg_get_expr(d.adbin, d.adrelid) AS default
             FROM pg_attribute a
             JOIN pg_class c ON c.oid = a.attrelid
@@ -70,7 +74,7 @@ def snapshot(dsn: str) -> dict[str, list]:
             LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
             WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND a.attnum > 0
               AND NOT a.attisdropped AND c.relname <> 'alembic_version'
-            ORDER BY 1, 2
+            ORDER BY 1, a.attnum
             """
         ).fetchall()
         constraints = conn.execute(
@@ -278,3 +282,62 @@ def test_downgrading_past_the_leases_table_hands_leases_back_to_the_partition_ro
         {"partition_id": 2, "owner_node": None, "owner_epoch": 4, "until": None},
     ]
     assert leases == 0
+
+
+def test_the_schedule_key_step_gives_existing_jobs_their_keys_in_batches(pg_dsn: str) -> None:
+    """Jobs written before revision 0018 (no key column) get the key of their
+    spec at 0019, in batches (4 rows here); a stored spec that no longer
+    validates keeps no key (it fires per timer), a deleted job is not touched,
+    one schedules row per distinct spec; re-running the step changes nothing."""
+    import importlib.util
+    import uuid
+
+    from alembic.migration import MigrationContext
+    from alembic.operations import Operations
+    from sqlalchemy import create_engine, pool
+
+    from scheduler.identity import SPEC_COLUMNS, identity_of
+    from scheduler.partition import partition_of
+
+    cfg = alembic_config(pg_dsn)
+    command.downgrade(cfg, "0017")
+    exprs = ["0 0 * * 0", "0 0 * * 7", "*/5 * * * *", "30 2 * * 1-5", "0 0 31 2 *"]  # the last never fires
+    with connect(pg_dsn) as conn:
+        conn.execute("INSERT INTO tenants (tenant) VALUES ('acme') ON CONFLICT (tenant) DO NOTHING")
+        for i in range(23):
+            job_id = uuid.uuid4()
+            conn.execute(
+                "INSERT INTO jobs (partition_id, job_id, tenant, kind, cron_expr, cron_dialect, tz, deleted_at)"
+                " VALUES (%s, %s, 'acme', 'cron', %s, 'unix', 'Europe/Berlin', %s)",
+                (partition_of(job_id), job_id, exprs[i % 5], "2030-01-01T00:00:00Z" if i == 22 else None),
+            )
+    command.upgrade(cfg, "0018")
+    spec = importlib.util.spec_from_file_location("fill_schedule_keys", VERSIONS / "0019_fill_schedule_keys.py")
+    assert spec and spec.loader
+    fill = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fill)
+    fill.BATCH = 4
+    engine = create_engine(sqlalchemy_url(pg_dsn), poolclass=pool.NullPool)
+    for _ in range(2):  # the second run finds nothing to do
+        with engine.connect() as connection:
+            with Operations.context(MigrationContext.configure(connection)):
+                fill.upgrade()
+    engine.dispose()
+    command.stamp(cfg, "0019")
+    command.upgrade(cfg, "head")
+
+    with connect(pg_dsn) as conn:
+        rows = conn.execute(f"SELECT schedule_key, deleted_at, {', '.join(SPEC_COLUMNS)} FROM jobs").fetchall()
+        stored = conn.execute("SELECT schedule_key, canonical FROM schedules").fetchall()
+    live = [r for r in rows if r["deleted_at"] is None]
+    assert len(live) == 22
+    for row in live:
+        if row["cron_expr"] == "0 0 31 2 *":
+            assert row["schedule_key"] is None
+        else:
+            assert row["schedule_key"] == identity_of(row).key
+    assert [r["schedule_key"] for r in rows if r["deleted_at"] is not None] == [None]
+    assert {r["schedule_key"]: r["canonical"] for r in stored} == {
+        identity_of(r).key: identity_of(r).canonical for r in live if r["schedule_key"] is not None
+    }
+    assert len(stored) == 3  # 0 0 * * 0 and 0 0 * * 7 are one schedule

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 from click.testing import CliRunner
-from helpers import PINNABLE_QUERIES, record_named_queries
+from helpers import PINNABLE_QUERIES, record_named_queries, stamp_schedule_keys
 
 from scheduler import jobs
 from scheduler.cli import cli
@@ -55,6 +55,7 @@ def test_a_node_built_from_default_settings_sends_null_as_now_in_every_time_depe
         " created_at = x.t - interval '2 days', changed_at = x.t - interval '2 days'"
         " FROM (SELECT date_trunc('second', now()) - interval '10 seconds' AS t) AS x"
     )
+    stamp_schedule_keys(conn)  # the anchor moved: the keys follow it
     node = Node(Settings(dsn=pg_dsn, node_id="n1", retention_s=WEEK.total_seconds()))
     try:
         node.lease_loop.run_once()  # join, heartbeat, live nodes, claim, prune
