@@ -44,7 +44,6 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from datetime import datetime
-from typing import Any
 
 from scheduler import store, tzreplan
 from scheduler.clock import Clock
@@ -63,7 +62,8 @@ class Herd:
     UTC) in the firable partitions ``pids`` (ascending, whole partitions;
     when the pass's cursor is inside the instant, ``after`` = its (partition,
     job id) and only the timers after it), and the ``fire_group`` plan arrays
-    of their schedules (``plans``: parameter name → one entry per schedule).
+    of its schedule keys (``plans``: ``schedule_keys`` and ``next_nominals``,
+    one entry per planned key, dumped once for all its chunks).
     ``cut``: the pass's quota ran out inside the instant (the tenant is
     saturated)."""
 
@@ -73,7 +73,7 @@ class Herd:
     jobs: int
     cut: bool
     after: tuple[int, str] | None = None
-    plans: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+    plans: dict[str, store.FrozenArray] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +172,11 @@ class HerdFinder:
                 covered += row["n"]
         if covered < self._limits.herd_min_jobs:
             return False
-        herd.plans = {"schedule_keys": keys, "next_nominals": nexts}
+        # Dumped once: the plans travel unchanged with every chunk of the herd.
+        herd.plans = {
+            "schedule_keys": store.FrozenArray(keys, "int8"),
+            "next_nominals": store.FrozenArray(nexts, "timestamptz"),
+        }
         return True
 
     def _load_specs(self, tick: Tick, keys: list[int]) -> None:

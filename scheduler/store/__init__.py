@@ -50,7 +50,7 @@ from scheduler.store.dsn import (
     sqlalchemy_url,
 )
 from scheduler.store.pipeline import Pipeline, Sent, resend
-from scheduler.store.queries import QUERIES, Row, execute, execute_rowcount, load_queries, now, stream
+from scheduler.store.queries import QUERIES, FrozenArray, Row, execute, execute_rowcount, load_queries, now, stream
 from scheduler.store.retry import (
     BACKOFF_BASE_S,
     BACKOFF_MAX_S,
@@ -72,6 +72,7 @@ __all__ = [
     "SETUP_MESSAGES",
     "SETUP_SQLSTATES",
     "Pipeline",
+    "FrozenArray",
     "Row",
     "Sent",
     "StoreSession",

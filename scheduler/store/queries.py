@@ -113,3 +113,49 @@ def execute_rowcount(conn: psycopg.Connection[Any], name: str, params: dict[str,
     with conn.cursor() as cur:
         cur.execute(QUERIES[name], params)
         return cur.rowcount
+
+
+class FrozenArray:
+    """A list parameter dumped to PostgreSQL's binary array format once, then
+    sent as those bytes by every statement that takes it.
+
+    For a parameter that travels unchanged with many statements (a herd's
+    plans: up to tens of thousands of entries with each of its ~60 chunks),
+    where psycopg would dump the list again each time (~11 ms for 20,000
+    keys and 20,000 timestamps). ``element`` is the SQL type of the entries
+    (``"int8"``, ``"timestamptz"``, ...; ``None`` entries are NULLs). Bind it
+    with a binary placeholder (``%(x)b``). Raises ``KeyError`` for an
+    unknown type name.
+    """
+
+    __slots__ = ("data", "oid", "size")
+
+    def __init__(self, values: list[Any], element: str) -> None:
+        oid = psycopg.adapters.types[element].array_oid
+        transformer = psycopg.adapt.Transformer()
+        transformer.set_dumper_types([oid], psycopg.pq.Format.BINARY)
+        (data,) = transformer.dump_sequence([values], [psycopg.adapt.PyFormat.BINARY])
+        assert data is not None  # a list is never NULL
+        self.data = bytes(data)
+        self.oid = oid
+        self.size = len(values)
+
+
+class _FrozenArrayDumper(psycopg.adapt.Dumper):
+    """Sends a :class:`FrozenArray`'s bytes with its array type."""
+
+    format = psycopg.pq.Format.BINARY
+
+    def dump(self, obj: Any) -> bytes:
+        return obj.data  # type: ignore[no-any-return]
+
+    def get_key(self, obj: Any, format: psycopg.adapt.PyFormat) -> Any:
+        return (FrozenArray, obj.oid)
+
+    def upgrade(self, obj: Any, format: psycopg.adapt.PyFormat) -> psycopg.adapt.Dumper:
+        dumper = _FrozenArrayDumper(FrozenArray)
+        dumper.oid = obj.oid
+        return dumper
+
+
+psycopg.adapters.register_dumper(FrozenArray, _FrozenArrayDumper)
