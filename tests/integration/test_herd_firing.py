@@ -18,6 +18,7 @@ import pytest
 from helpers import OneNode, stamp_schedule_keys
 
 from scheduler import jobs, store
+from scheduler.audit import verify
 from scheduler.clock import ManualClock
 from scheduler.firing import FiringLimits
 from scheduler.firing.herds import HerdFinder
@@ -398,8 +399,9 @@ def load_cron_herd(conn: psycopg.Connection, tenant: str, per_pair: int, t: date
     for job_id, (pair, _) in zip(ids, [item for item in specs for _ in range(per_pair)], strict=True):
         made[job_id] = pair
     conn.execute(
-        "UPDATE jobs SET next_nominal_at = %(t)s, next_due_at = %(t)s WHERE job_id = ANY(%(ids)s)",
-        {"t": t, "ids": list(made)},
+        "UPDATE jobs SET next_nominal_at = %(t)s, next_due_at = %(t)s, created_at = %(c)s, changed_at = %(c)s"
+        " WHERE job_id = ANY(%(ids)s)",
+        {"t": t, "c": t - timedelta(days=1), "ids": list(made)},
     )
     return made
 
@@ -408,10 +410,11 @@ def test_a_herd_of_many_distinct_schedules_fires_exactly_its_runs_on_the_herd_pa
     """50 distinct (expression, zone) pairs, 3 timers each: one herd, every timer
     fired once at the instant by fire_group and moved to its own schedule's
     next slot; the per-timer path fires nothing."""
-    made = load_cron_herd(conn, "big", 3, AT)
+    t = instant(conn, ago_s=120).replace(second=0)  # a minute boundary 2-3 minutes ago
+    made = load_cron_herd(conn, "big", 3, t)
     keys = {r["schedule_key"] for r in conn.execute("SELECT schedule_key FROM jobs").fetchall()}
     assert len(keys) == 50 and None not in keys
-    node = Node(pg_dsn, clock=ManualClock(store_at=AT + timedelta(seconds=2)))
+    node = Node(pg_dsn, clock=ManualClock(store_at=t + timedelta(seconds=2)))
     try:
         result = node.firer.tick()
         again = node.firer.tick()
@@ -423,10 +426,12 @@ def test_a_herd_of_many_distinct_schedules_fires_exactly_its_runs_on_the_herd_pa
     fired = runs(conn)
     assert sorted(r["job_id"] for r in fired) == sorted(made)
     for run in fired:
-        assert (run["nominal_time"], run["scheduled_at"], run["fired_at"]) == (AT, AT, AT + timedelta(seconds=2))
+        assert (run["nominal_time"], run["scheduled_at"], run["fired_at"]) == (t, t, t + timedelta(seconds=2))
     for job_id, (expr, zone) in made.items():
         row = job(conn, job_id)
-        assert row["next_nominal_at"] == row["next_due_at"] == CronSchedule(expr, zone).next_after(AT)
+        assert row["next_nominal_at"] == row["next_due_at"] == CronSchedule(expr, zone).next_after(t)
+    report = verify(conn, t, t + timedelta(seconds=1))
+    assert (report.expected, report.runs, report.missing, report.duplicates, report.unexpected) == (150, 150, 0, 0, 0)
 
 
 def test_spellings_of_one_schedule_share_a_key_and_its_plan(pg_dsn, conn) -> None:
