@@ -61,7 +61,8 @@ thread); the etcd calls run on a private event loop
 :class:`~scheduler.errors.CoordinatorError`, which the lease loop logs and
 retries; a connection failure moves to the next endpoint.
 
-Rooms: this module (the coordinator's decisions), ``etcd_link`` (event
+Rooms: this module (the coordinator's decisions), ``etcd_member`` (the
+node's lease and membership key), ``etcd_link`` (event
 loop, client, bounded calls), ``etcd_mirror`` (the watch and its mirror),
 ``etcd_partitions`` (the partition-key transactions), ``etcd_keys`` (key
 layout, endpoints, claim order; pure).
@@ -70,12 +71,8 @@ layout, endpoints, claim order; pure).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
-import os
-import socket
-import uuid
 from collections.abc import Callable
 
 import psycopg
@@ -85,6 +82,7 @@ from scheduler.clock import Clock, SystemClock
 from scheduler.coordination.etcd_epochs import EpochFence
 from scheduler.coordination.etcd_keys import ClaimOrder, KeyLayout, first_line, parse_endpoints
 from scheduler.coordination.etcd_link import EtcdLink, aetcd
+from scheduler.coordination.etcd_member import EtcdMember
 from scheduler.coordination.etcd_mirror import EtcdMirror
 from scheduler.coordination.etcd_partitions import MAX_TXN_OPS, PartitionKeys
 from scheduler.coordination.protocol import CoordinatorBase
@@ -118,20 +116,17 @@ class EtcdCoordinator(CoordinatorBase):
         self._settings = settings
         self._clock = clock or SystemClock()
         self.node_id = settings.node_id
-        self.incarnation = uuid.uuid4()
         endpoints = parse_endpoints(settings.etcd_endpoints)
         self._layout = KeyLayout(settings.etcd_prefix)
-        self._ttl_s = max(1, math.ceil(settings.lease_ttl_s))
         # Each etcd request is bounded like a store statement: well below the TTL.
         self._timeout_s = settings.effective_statement_timeout_s
         self._order = ClaimOrder(self.node_id)
         self._held: dict[int, int] = {}  # partition -> epoch (claim revision) this process holds
-        self._lease_id: int | None = None
-        self._granted_ttl_s: int | None = None
-        self._join_revision = 0
         self._epochs_checked = False
         self._session = StoreSession(settings, metrics, self._clock)
         self._link = EtcdLink(endpoints, self._timeout_s, f"etcd-{self.node_id}")
+        self._member = EtcdMember(self._link, self._layout, self.node_id, max(1, math.ceil(settings.lease_ttl_s)))
+        self.incarnation = self._member.incarnation
         self._mirror = EtcdMirror(self._link, self._layout, self.node_id)
         self._keys = PartitionKeys(self._link, self._layout)
         self._epochs = EpochFence(settings, self._clock, self._session, self._link, self._layout)
@@ -158,6 +153,11 @@ class EtcdCoordinator(CoordinatorBase):
         """Call ``callback()`` (from the watch thread) when membership changes or a key is freed."""
         self._mirror.on_change = callback
 
+    @property
+    def _lease_id(self) -> int | None:
+        """The node's etcd lease (None: none now)."""
+        return self._member.lease_id
+
     def _call(self, fn, *args, what: str):
         return self._link.call(fn, *args, what=what)
 
@@ -167,31 +167,8 @@ class EtcdCoordinator(CoordinatorBase):
 
     # ------------------------------------------------------------------ membership
 
-    async def _register(self) -> None:
-        """Grant our lease if we have none and (re)put the membership key on it."""
-        client = await self._link.client()
-        if self._lease_id is None:
-            self._link.requests += 1
-            lease = await client.lease(self._ttl_s)
-            self._lease_id, self._granted_ttl_s = lease.id, lease.ttl
-            if lease.ttl != self._ttl_s:
-                log.event(
-                    "etcd_lease_ttl_adjusted",
-                    logging.WARNING,
-                    node=self.node_id,
-                    requested_ttl_s=self._ttl_s,
-                    granted_ttl_s=lease.ttl,
-                    note="etcd enforces a minimum TTL; local deadlines still use lease_ttl_s",
-                )
-        value = json.dumps(
-            {"incarnation": str(self.incarnation), "host": socket.gethostname(), "pid": os.getpid()}
-        ).encode()
-        self._link.requests += 1
-        put = await client.put(self._layout.member_key(self.node_id), value, lease=self._lease_id)
-        self._join_revision = put.header.revision
-
     async def _join(self) -> None:
-        await self._register()
+        await self._member.register()
         await self._mirror.start(self._timeout_s * 2)
 
     def join(self) -> None:
@@ -240,14 +217,8 @@ class EtcdCoordinator(CoordinatorBase):
         """Revoke the lease: the membership key and any remaining partition keys go at once."""
         if self._lease_id is None:
             return
-        self._call(self._revoke, what="revoke")
-
-    async def _revoke(self) -> None:
-        client = await self._link.client()
-        lease_id, self._lease_id = self._lease_id, None
         self._held.clear()
-        self._link.requests += 1
-        await client.revoke_lease(lease_id)
+        self._call(self._member.revoke, what="revoke")
 
     # ------------------------------------------------------------------ renew
 
@@ -255,27 +226,12 @@ class EtcdCoordinator(CoordinatorBase):
         """Nothing on its own: the keep-alive in :meth:`renew` is the heartbeat; returns False."""
         return False
 
-    async def _keepalive(self) -> set[bytes] | None:
-        """One keep-alive, then the keys on our lease; None if the lease is gone."""
-        if self._lease_id is None:
-            return None
-        client = await self._link.client()
-        self._link.requests += 1
-        reply = await client.refresh_lease(self._lease_id)
-        if reply is None or reply.TTL <= 0:
-            return None
-        self._link.requests += 1
-        info = await client.get_lease_info(self._lease_id, keys=True)
-        if info.TTL <= 0:
-            return None
-        return set(info.keys)
-
     def renew(self, leases: list[Lease]) -> list[tuple[int, int]]:
-        attached = self._call(self._keepalive, what="keep-alive")
+        attached = self._call(self._member.keepalive, what="keep-alive")
         if attached is None:
             lost = len(self._held)
             had_lease = self._lease_id is not None
-            self._lease_id = None
+            self._member.lease_id = None
             self._held.clear()
             if had_lease:
                 log.event(
@@ -285,7 +241,7 @@ class EtcdCoordinator(CoordinatorBase):
                     partitions=lost,
                     note="every key on it is gone; joining again with a new lease",
                 )
-            self._call(self._register, what="re-register")
+            self._call(self._member.register, what="re-register")
             return []
         mine = {pid for pid in map(self._layout.pid, attached) if pid is not None}
         held = {lease.partition_id for lease in leases}
@@ -315,7 +271,7 @@ class EtcdCoordinator(CoordinatorBase):
         if limit <= 0:
             return []
         if self._lease_id is None:
-            self._call(self._register, what="register")
+            self._call(self._member.register, what="register")
         with self._mirror.lock:
             taken = set(self._mirror.owners)
             members = sorted(self._mirror.members)
