@@ -4,7 +4,8 @@ Walks the live jobs without a key in primary-key order, BATCH at a time;
 each batch registers its specs in ``schedules`` and sets the keys with a
 compare-and-set on the revision read (a concurrent edit wins and sets its
 own key), each statement committed on its own, so the step holds no lock
-for long and a re-run continues where it stopped. Jobs whose spec no longer
+for long and a re-run continues where it stopped. Offline (``--sql``) it
+only writes a comment: the keys need an online upgrade. Jobs whose spec no longer
 validates (or whose key collided) keep no key and fire per timer.
 
 Revision ID: 0019
@@ -51,6 +52,14 @@ WHERE partition_id = :partition_id AND job_id = :job_id AND revision = :revision
 
 
 def upgrade() -> None:
+    if op.get_context().as_sql:
+        # Offline (--sql) there is nothing to read: the script says so, and jobs
+        # left without a key are fired per timer until an online upgrade runs.
+        op.execute(
+            "-- 0019: existing jobs get their schedule keys only from an online upgrade "
+            "(scheduler db upgrade); until then they are fired per timer"
+        )
+        return
     with op.get_context().autocommit_block():
         bind = op.get_bind()
         pid, jid = -1, "00000000-0000-0000-0000-000000000000"

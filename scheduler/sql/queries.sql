@@ -573,6 +573,11 @@ FROM unnest(%(schedule_keys)b::int8[], %(canonicals)b::text[], %(kinds)b::text[]
             %(jitter_ss)b::int4[])
 ON CONFLICT (schedule_key) DO NOTHING;
 
+-- name: schedule_zones
+-- The zones the registered schedules use (a node warms their transition
+-- tables at start, scheduler/zones.py warm()).
+SELECT DISTINCT tz FROM schedules WHERE tz IS NOT NULL ORDER BY tz;
+
 -- name: schedules_by_keys
 -- The schedules rows of keys %(schedule_keys)s (primary-key probes).
 SELECT * FROM schedules WHERE schedule_key = ANY(%(schedule_keys)b::int8[]);

@@ -198,3 +198,45 @@ def test_cli_replan_slots_reports_and_dry_runs(pg_dsn, conn) -> None:
     assert jobs.get_job(conn, job_id)["next_nominal_at"] == true
     again = runner.invoke(cli, ["jobs", "replan-slots", "--dsn", pg_dsn])
     assert "nothing to do" in again.output
+
+
+def test_a_started_node_warms_the_zones_of_the_stored_schedules(pg_dsn, conn, caplog) -> None:
+    """After the replan pass, the node computes the transition tables of every
+    zone a registered schedule uses (two here), off the firing thread."""
+    import logging
+
+    from scheduler import zones
+    from scheduler.node import Node
+    from scheduler.settings import Settings
+
+    jobs.add_jobs(
+        conn,
+        [
+            JobSpec.build(tenant="acme", cron="0 9 * * *", tz="America/Havana"),
+            JobSpec.build(tenant="acme", cron="0 9 * * *", tz="Asia/Kathmandu"),
+            JobSpec.build(tenant="acme", cron="0 10 * * *", tz="Asia/Kathmandu"),
+            JobSpec.build(tenant="acme", interval_s=60),
+        ],
+    )
+    zones._year.cache_clear()
+    caplog.set_level(logging.INFO, logger="scheduler")
+    node = Node(Settings(dsn=pg_dsn, node_id="warmer"))
+    node.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not [r for r in caplog.records if getattr(r, "event", None) == "zones_warmed"]:
+            assert time.monotonic() < deadline, "no zones_warmed event"
+            time.sleep(0.1)
+    finally:
+        node.stop()
+        node.join(30)
+    [record] = [r for r in caplog.records if getattr(r, "event", None) == "zones_warmed"]
+    assert record.fields == {"node": "warmer", "zones": 2}
+    year = store_now(conn).year
+    for name in ("America/Havana", "Asia/Kathmandu"):
+        for y in (year, year + 1):
+            zone = zones.load_zone(name)
+            assert zones._year.cache_info().currsize >= 4
+            misses = zones._year.cache_info().misses
+            zones._year(zone, y)
+            assert zones._year.cache_info().misses == misses, (name, y)
