@@ -122,6 +122,8 @@ def herd(
     herd's drain also as a ratio to the first's."""
     from bench.herd import run_herd, run_herds
 
+    if distinct_schedules is not None:
+        _check_distinct_schedules(distinct_schedules, jobs, "--jobs")
     out_dir.mkdir(parents=True, exist_ok=True)
     args = (dsn, jobs, background_jobs, tenants, big_tenant_share, nodes, out_dir)
     if distinct_schedules is None:
@@ -129,7 +131,6 @@ def herd(
         value = dataclasses.asdict(results[0])
         columns = HERD_COLUMNS
     else:
-        _check_distinct_schedules(distinct_schedules, jobs, "--jobs")
         results = run_herds(*args, distinct_schedules, max_rate=max_rate, progress=_progress())
         value = [dataclasses.asdict(r) for r in results]
         columns = ["distinct_schedules", *HERD_COLUMNS]
@@ -361,9 +362,9 @@ def compare(
 
     from bench.compare import COLUMNS, Config, Work, plan, run_compare, table_rows
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     if distinct_schedules:
         _check_distinct_schedules(distinct_schedules, herd_jobs, "--herd-jobs")
+    out_dir.mkdir(parents=True, exist_ok=True)
     herds = [Work("herd", herd_jobs, distinct_schedules=k) for k in distinct_schedules or [None]]
     works = {"herd": herds, "steady": [Work("steady", steady_rate, steady_seconds)]}
     runs = plan(

@@ -304,4 +304,4 @@ def plan_seconds(k: int | None) -> float:
     """A generous estimate of :func:`herd_plan`'s time for ``k`` pairs (seconds), for
     choosing a herd's instant after its loading: the first look at every
     zone's transitions, then the checks per pair."""
-    return 0.0 if k is None or k == BENCH_HERD_K else 5.0 + k / 2_000
+    return 0.0 if k is None or k == BENCH_HERD_K else 3.0 + k / 10_000
