@@ -72,7 +72,6 @@ from bench.load import (
     job_row,
     register_specs,
     reset_store,
-    spec_values,
     start_node,
     wait_until,
 )
@@ -382,8 +381,7 @@ def run_ours(cfg: Config, work: Work, nodes: int) -> Fires:
 
             work_timers = list(timers(work, t0))
             specs = {(e, d, z): cron_spec(e, z, d) for _, e, d, z in work_timers}
-            register_specs(conn, specs.values())
-            values = {spec: spec_values(s) for spec, s in specs.items()}
+            values = dict(zip(specs, register_specs(conn, specs.values()), strict=True))
             copy_jobs(conn, (job_row(tenant, values[e, d, z], t0, created) for tenant, e, d, z in work_timers))
             deadline = _fire_loaded(
                 conn, cfg, t0, last, lambda: queries.execute(conn, "any_due_at", {"nominal": last})[0]["due"]

@@ -52,7 +52,6 @@ from bench.load import (
     job_row,
     register_specs,
     reset_store,
-    spec_values,
     start_node,
     wait_until,
 )
@@ -132,9 +131,7 @@ def _prepare(dsn: str, jobs: int, etcd_endpoint: str | None) -> tuple:
         ]
     now = store.now(conn)
     anchor = now.replace(microsecond=0) + timedelta(seconds=1)
-    spec = interval_spec(1, anchor)
-    register_specs(conn, [spec])
-    values = spec_values(spec)
+    (values,) = register_specs(conn, [interval_spec(1, anchor)])
     copy_jobs(conn, (job_row("failover", values, anchor, now) for _ in range(jobs)))
     return conn, flags
 

@@ -40,7 +40,6 @@ from bench.load import (
     job_row,
     register_specs,
     reset_store,
-    spec_values,
     start_node,
     wait_until,
 )
@@ -156,9 +155,8 @@ def run_herds(
     if background_jobs:
         bar = progress(total=background_jobs, desc="background jobs (COPY)") if progress else None
         nexts = {e: CronSchedule(e).next_after(created) for e in BACKGROUND_EXPRS}
-        specs = {e: cron_spec(e, "UTC") for e in BACKGROUND_EXPRS}
-        register_specs(conn, specs.values())
-        values = {e: spec_values(spec) for e, spec in specs.items()}
+        specs = [cron_spec(e, "UTC") for e in BACKGROUND_EXPRS]
+        values = dict(zip(BACKGROUND_EXPRS, register_specs(conn, specs), strict=True))
         rows = (
             job_row(small[i % len(small)] if small else "big", values[e], nexts[e], created)
             for i in range(background_jobs)
@@ -225,9 +223,7 @@ class _Herd:
         t = self.t = ready.replace(second=0, microsecond=0) + timedelta(minutes=1)
         pairs, pair_of = herd_plan(t, self.jobs, self.k, self.seed)
         self.pairs = len(pairs)
-        specs = [cron_spec(expr, zone) for expr, zone in pairs]
-        register_specs(conn, specs)
-        values = [spec_values(spec) for spec in specs]
+        values = register_specs(conn, [cron_spec(expr, zone) for expr, zone in pairs])
         created = store.now(conn)
         small = self.small
         big_count = int(round(self.jobs * self.big_share)) if small else self.jobs

@@ -8,7 +8,7 @@ columns ``scheduler.jobs.add_job`` would, with COPY, including each job's
 ``schedule_key``: a loader registers every distinct spec it is about to
 COPY first (:func:`register_specs`, the engine's own
 :func:`scheduler.jobs.register_schedules`, committed), then stamps the key
-on every row of that spec (:func:`spec_values`, :func:`job_row`).
+on every row of that spec (:func:`job_row`).
 """
 
 from __future__ import annotations
@@ -101,15 +101,17 @@ def interval_spec(interval_s: int, anchor: datetime) -> dict[str, Any]:
     }
 
 
-def register_specs(conn: psycopg.Connection, specs: Iterable[dict[str, Any]]) -> None:
-    """Register each distinct spec (a :func:`cron_spec` / :func:`interval_spec` dict) in
+def register_specs(conn: psycopg.Connection, specs: Iterable[dict[str, Any]]) -> list[tuple]:
+    r"""Register each distinct spec (a :func:`cron_spec` / :func:`interval_spec` dict) in
     ``schedules`` and set its ``schedule_key`` in place
     (:func:`scheduler.jobs.register_schedules`), in one committed transaction,
-    retried whole on 40001/40P01. Register every spec before COPYing rows
-    that carry its key (:func:`spec_values`, :func:`job_row`). Raises what the store raises.
+    retried whole on 40001/40P01; return each spec's :func:`spec_values`, in
+    order, for the :func:`job_row`\ s of its jobs (COPYed after this).
+    Raises what the store raises.
     """
     rows = list(specs)
     store.run_transaction(conn, lambda c: register_schedules(c, rows))
+    return [spec_values(row) for row in rows]
 
 
 def spec_values(spec: dict[str, Any]) -> tuple:

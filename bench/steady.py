@@ -22,7 +22,6 @@ from bench.load import (
     job_row,
     register_specs,
     reset_store,
-    spec_values,
     start_node,
     wait_until,
 )
@@ -62,9 +61,7 @@ def run_steady(
     base = now.replace(microsecond=0) + timedelta(seconds=period_s)
     jobs = rate * period_s
 
-    specs = [interval_spec(period_s, base + timedelta(seconds=i)) for i in range(period_s)]
-    register_specs(conn, specs)
-    values = [spec_values(spec) for spec in specs]
+    values = register_specs(conn, [interval_spec(period_s, base + timedelta(seconds=i)) for i in range(period_s)])
 
     def rows():
         for i in range(jobs):

@@ -21,7 +21,6 @@ from bench.load import (
     job_row,
     register_specs,
     reset_store,
-    spec_values,
 )
 from bench.pairs import herd_plan, popularity
 from scheduler.audit import verify
@@ -41,9 +40,7 @@ def past_minute(conn: psycopg.Connection) -> datetime:
 def load_herd(conn: psycopg.Connection, t: datetime, created: datetime) -> list[tuple[str, str]]:
     """JOBS timers of tenant ``big`` over PAIRS distinct pairs due at ``t``, as bench herd loads them."""
     pairs, pair_of = herd_plan(t, JOBS, PAIRS)
-    specs = [cron_spec(expr, zone) for expr, zone in pairs]
-    register_specs(conn, specs)
-    values = [spec_values(spec) for spec in specs]
+    values = register_specs(conn, [cron_spec(expr, zone) for expr, zone in pairs])
     ensure_tenants(conn, ["big"])
     assert copy_jobs(conn, (job_row("big", values[pair_of[i]], t, created) for i in range(JOBS))) == JOBS
     return pairs
@@ -80,11 +77,12 @@ def test_interval_and_cron_rows_carry_their_keys(bench_conn) -> None:
     specs = [interval_spec(10, now + timedelta(seconds=i)) for i in range(3)] + [
         cron_spec("* * * * * *", "UTC", "seconds")
     ]
-    register_specs(conn, specs)
+    values = register_specs(conn, specs)
     assert len({s["schedule_key"] for s in specs}) == 4
+    assert [v[-1] for v in values] == [s["schedule_key"] for s in specs]
     cron = cron_spec("0 0 1 1 *", "Europe/Berlin")
     register_specs(conn, [cron])
-    rows = [job_row("steady", spec_values(s), now + timedelta(seconds=30), now) for s in specs]
+    rows = [job_row("steady", v, now + timedelta(seconds=30), now) for v in values]
     rows.append(cron_row("steady", "0 0 1 1 *", "Europe/Berlin", now, now, schedule_key=cron["schedule_key"]))
     copy_jobs(conn, rows)
     stored = conn.execute("SELECT * FROM jobs").fetchall()
