@@ -184,6 +184,9 @@ def run_herds(
                 # hour, ...) must stay out of this one: forget them while nothing is due.
                 tag = {"created": last_created}
                 store.run_transaction(conn, lambda c: queries.execute(c, "delete_jobs_created_at", tag))
+                # Their index entries are cleaned now, before the next herd's
+                # instant is chosen: the VACUUM after its load stays short.
+                conn.execute("VACUUM jobs")
             herd = _Herd(jobs, background_jobs, tenants, nodes, small, big_share, max_rate, k, seed)
             last_created = herd.load(conn, lead_s, progress)
             results.append(herd.fire(conn, procs, out_dir, progress, timeout_s))
