@@ -36,6 +36,39 @@ def _progress():
     return lambda **kw: tqdm(unit="jobs", unit_scale=True, leave=False, **kw)
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise click.BadParameter(f"{text!r}: at least one count, each >= 1")
+    return values
+
+
+def _distinct_schedules(ctx, param, text: str | None) -> list[int] | None:
+    return None if text is None else _int_list(text)
+
+
+def _check_distinct_schedules(ks: list[int], jobs: int, jobs_option: str) -> None:
+    """Each K must leave every pair a timer and be one the pair generator can make."""
+    from bench.pairs import MAX_DISTINCT
+
+    for k in ks:
+        if k > min(jobs, MAX_DISTINCT):
+            raise click.BadParameter(
+                f"{k}: each K must be at most {jobs_option} ({jobs:,}) and {MAX_DISTINCT:,}",
+                param_hint="--distinct-schedules",
+            )
+
+
+DISTINCT_SCHEDULES_HELP = (
+    "K distinct (expression, zone) pairs due at the herd instant, skewed popularity; "
+    "a comma-separated list fires one herd per K in one run (26: the bench's own herd) "
+    "[default: the bench's own herd]."
+)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """Measure the trigger engine. Point --dsn / SCHEDULER_DSN at a DEDICATED database:
@@ -64,21 +97,48 @@ def cli() -> None:
 @click.option(
     "--max-rate", type=click.FloatRange(min=0, min_open=True), default=None, help="Per-node --max-rate-per-s (pacing)."
 )
+@click.option(
+    "--distinct-schedules",
+    "distinct_schedules",
+    default=None,
+    callback=_distinct_schedules,
+    help=DISTINCT_SCHEDULES_HELP,
+)
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the summary here.")
-def herd(dsn, jobs, background_jobs, tenants, big_tenant_share, nodes, max_rate, out_dir, json_path) -> None:
-    """The midnight herd: JOBS due at one minute boundary; reports drain time, lag, RSS."""
-    from bench.herd import run_herd
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Write the summary here (a list of per-herd results with --distinct-schedules).",
+)
+def herd(
+    dsn, jobs, background_jobs, tenants, big_tenant_share, nodes, max_rate, distinct_schedules, out_dir, json_path
+) -> None:
+    """The midnight herd: JOBS due at one minute boundary; reports drain time, lag, RSS.
 
+    With --distinct-schedules K1,K2,...: one herd per K, one after the other in
+    one run (background loaded and nodes started once), side by side, each
+    herd's drain also as a ratio to the first's."""
+    from bench.herd import run_herd, run_herds
+
+    if distinct_schedules is not None:
+        _check_distinct_schedules(distinct_schedules, jobs, "--jobs")
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = run_herd(
-        dsn, jobs, background_jobs, tenants, big_tenant_share, nodes, out_dir, max_rate=max_rate, progress=_progress()
-    )
-    row = dataclasses.asdict(result)
-    click.echo(report.markdown_table([row], HERD_COLUMNS))
+    args = (dsn, jobs, background_jobs, tenants, big_tenant_share, nodes, out_dir)
+    if distinct_schedules is None:
+        results = [run_herd(*args, max_rate=max_rate, progress=_progress())]
+        value = dataclasses.asdict(results[0])
+        columns = HERD_COLUMNS
+    else:
+        results = run_herds(*args, distinct_schedules, max_rate=max_rate, progress=_progress())
+        value = [dataclasses.asdict(r) for r in results]
+        columns = ["distinct_schedules", *HERD_COLUMNS]
+        columns.insert(columns.index("drain_s") + 1, "drain_vs_first")
+    click.echo(report.markdown_table([dataclasses.asdict(r) for r in results], columns))
     if json_path:
-        json_path.write_text(json.dumps(row, indent=2) + "\n")
-    if result.missing or result.duplicates:
+        json_path.write_text(json.dumps(value, indent=2) + "\n")
+    if any(r.missing or r.duplicates for r in results):
         sys.exit(1)
 
 
@@ -212,16 +272,6 @@ def failover(dsn, coordinator, etcd_endpoints, kind, nodes, jobs, trials, poll_i
         sys.exit(1)
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: a comma-separated list of integers") from None
-    if not values or min(values) < 1:
-        raise click.BadParameter(f"{text!r}: at least one count, each >= 1")
-    return values
-
-
 def _name_list(choices):
     def parse(ctx, param, text: str) -> list[str]:
         names = [v.strip() for v in text.split(",") if v.strip()]
@@ -277,6 +327,13 @@ def _name_list(choices):
 @click.option(
     "--pgqueuer-batch", default=100, show_default=True, type=click.IntRange(min=1), help="pgqueuer dequeue batch size."
 )
+@click.option(
+    "--distinct-schedules",
+    "distinct_schedules",
+    default=None,
+    callback=_distinct_schedules,
+    help="Herd of ours and naive: " + DISTINCT_SCHEDULES_HELP + " Peers run the first K's herd only.",
+)
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the rows here.")
 def compare(
@@ -295,6 +352,7 @@ def compare(
     lead_s,
     naive_batch,
     pgqueuer_batch,
+    distinct_schedules,
     out_dir,
     json_path,
 ) -> None:
@@ -304,11 +362,14 @@ def compare(
 
     from bench.compare import COLUMNS, Config, Work, plan, run_compare, table_rows
 
+    if distinct_schedules:
+        _check_distinct_schedules(distinct_schedules, herd_jobs, "--herd-jobs")
     out_dir.mkdir(parents=True, exist_ok=True)
-    works = {"herd": Work("herd", herd_jobs), "steady": Work("steady", steady_rate, steady_seconds)}
+    herds = [Work("herd", herd_jobs, distinct_schedules=k) for k in distinct_schedules or [None]]
+    works = {"herd": herds, "steady": [Work("steady", steady_rate, steady_seconds)]}
     runs = plan(
         systems,
-        [works[w] for w in workloads],
+        [work for w in workloads for work in works[w]],
         _int_list(processes),
         {"pgqueuer": _int_list(pgqueuer_processes), "apscheduler": [1]},
         {
@@ -328,7 +389,10 @@ def compare(
     )
     start = time.monotonic()
     rows = run_compare(cfg, runs)
-    click.echo(report.markdown_table(table_rows(rows), COLUMNS))
+    columns = COLUMNS
+    if distinct_schedules:
+        columns = [*COLUMNS[:2], "distinct_schedules", *COLUMNS[2:]]
+    click.echo(report.markdown_table(table_rows(rows), columns))
     click.echo(f"\n{len(rows)} runs in {time.monotonic() - start:.0f}s", err=True)
     if json_path:
         json_path.write_text(json.dumps(rows, indent=2) + "\n")

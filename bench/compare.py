@@ -11,10 +11,16 @@ Systems, each from a clean state of its own tables on the same PostgreSQL:
 Workloads (:class:`Work`):
 
 * ``herd``: ``jobs`` timers due at one instant T. For ``ours`` and ``naive``
-  they are the corpus-like cron expressions of :func:`bench.herd.herd_expressions`
-  (five zones, all matching T, so T is a minute boundary), one big tenant with
-  90 % of them and 50 small ones; the peers get one deferred job (pgqueuer) or
-  one ``DateTrigger`` schedule (APScheduler) per timer at T.
+  they are the corpus-like cron expressions of :func:`bench.pairs.herd_expressions`
+  (five zones, all matching T, so T is a minute boundary), or with
+  ``distinct_schedules`` K (``compare --distinct-schedules K[,K2...]``) K
+  distinct (expression, zone) pairs with skewed popularity
+  (:func:`bench.pairs.distinct_pairs`: the same generator and seed for both,
+  spelled for each one's own T); one big tenant with 90 % of them and 50
+  small ones. The peers get one deferred job (pgqueuer) or one
+  ``DateTrigger`` schedule (APScheduler) per timer at T: they hold no
+  schedules, so with several K they run the herd once, with the first K's
+  rows (their ratios are against naive × 1 at that K).
 * ``steady``: ``jobs`` timers each due every second for ``seconds`` seconds
   (a seconds-dialect ``* * * * * *`` cron for ``ours`` and ``naive``; one
   deferred job per occurrence for pgqueuer; a 1 s ``IntervalTrigger`` for
@@ -59,10 +65,18 @@ from pathlib import Path
 from psycopg import sql
 
 from bench import naive, peers, queries
-from bench.herd import herd_expressions
-from bench.load import copy_jobs, ensure_tenants, reset_store, start_node, wait_until
+from bench.load import (
+    copy_jobs,
+    cron_spec,
+    ensure_tenants,
+    job_row,
+    register_specs,
+    reset_store,
+    start_node,
+    wait_until,
+)
+from bench.pairs import herd_plan, plan_seconds
 from scheduler import store
-from scheduler.partition import partition_of
 
 SYSTEMS = ("naive", "ours", "pgqueuer", "apscheduler")
 """In run order: the baseline first."""
@@ -113,11 +127,14 @@ WHERE nominal_time >= %(first)s AND nominal_time <= %(last)s
 
 @dataclasses.dataclass(frozen=True)
 class Work:
-    """``jobs`` timers, each due at ``seconds`` nominal instants 1 s apart (herd: 1)."""
+    """``jobs`` timers, each due at ``seconds`` nominal instants 1 s apart (herd: 1);
+    a herd's ``distinct_schedules`` as :func:`bench.pairs.herd_plan` reads it
+    (``None``: the bench's own herd)."""
 
     name: str
     jobs: int
     seconds: int = 1
+    distinct_schedules: int | None = None
 
     @property
     def occurrences(self) -> int:
@@ -210,6 +227,7 @@ def summarize(system: str, work: Work, processes: int, fires: Fires, wall_s: flo
     return {
         "system": system,
         "workload": work.name,
+        "distinct_schedules": work.distinct_schedules,
         "processes": processes,
         "jobs": work.jobs,
         "occurrences": fires.expected,
@@ -231,16 +249,14 @@ def summarize(system: str, work: Work, processes: int, fires: Fires, wall_s: flo
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """Fill ``ratio_vs_naive`` and ``lag_p99_vs_naive`` against naive × 1 of the same workload."""
-    for workload in {r["workload"] for r in rows}:
-        base = next(
-            (r for r in rows if r["workload"] == workload and r["system"] == "naive" and r["processes"] == 1), None
-        )
+    """Fill ``ratio_vs_naive`` and ``lag_p99_vs_naive`` against naive × 1 of the same
+    workload (and the same ``distinct_schedules``)."""
+    for workload in {(r["workload"], r.get("distinct_schedules")) for r in rows}:
+        same = [r for r in rows if (r["workload"], r.get("distinct_schedules")) == workload]
+        base = next((r for r in same if r["system"] == "naive" and r["processes"] == 1), None)
         if base is None:
             continue
-        for row in rows:
-            if row["workload"] != workload:
-                continue
+        for row in same:
             if row["throughput_runs_per_s"] and base["throughput_runs_per_s"]:
                 row["ratio_vs_naive"] = row["throughput_runs_per_s"] / base["throughput_runs_per_s"]
             if row["lag_p99_s"] is not None and base["lag_p99_s"]:
@@ -278,17 +294,25 @@ def tenants() -> list[str]:
 
 def timers(work: Work, t0: datetime) -> Iterator[tuple[str, str, str, str]]:
     """(tenant, cron expression, dialect, zone) of each timer, all first due at ``t0``,
-    in :func:`bench.peers.registration_order`."""
-    exprs = herd_expressions(t0) if work.name == "herd" else [("* * * * * *", "UTC")]
-    dialect = "unix" if work.name == "herd" else "seconds"
+    in :func:`bench.peers.registration_order` (herd: the pairs and popularity of
+    :func:`bench.pairs.herd_plan`). Raises ValueError as ``herd_plan`` does."""
+    if work.name == "herd":
+        pairs, pair_of = herd_plan(t0, work.jobs, work.distinct_schedules)
+        dialect = "unix"
+    else:
+        pairs, pair_of = [("* * * * * *", "UTC")], [0] * work.jobs
+        dialect = "seconds"
     for i in peers.registration_order(work.jobs):
-        expr, zone = exprs[i % len(exprs)]
+        expr, zone = pairs[pair_of[i]]
         yield tenant_of(i, work.jobs), expr, dialect, zone
 
 
 def first_instant(now: datetime, work: Work, load_s: float, lead_s: float) -> datetime:
     """T for ``ours``/``naive``: herd, the next minute boundary (the herd's crons are
-    minute-grained) after loading; steady, the next whole second."""
+    minute-grained) after loading (``load_s``, plus making the herd's pairs);
+    steady, the next whole second."""
+    if work.name == "herd":
+        load_s += plan_seconds(work.distinct_schedules)
     ready = now + timedelta(seconds=load_s + lead_s)
     if work.name == "herd":
         return ready.replace(second=0, microsecond=0) + timedelta(minutes=1)
@@ -355,27 +379,10 @@ def run_ours(cfg: Config, work: Work, nodes: int) -> Fires:
             last = t0 + timedelta(seconds=work.seconds - 1)
             cfg.echo(f"  {work.jobs:,} timers first due at {t0:%H:%M:%S}Z")
 
-            def rows():
-                for tenant, expr, dialect, zone in timers(work, t0):
-                    job_id = uuid.uuid4()
-                    yield (
-                        partition_of(job_id),
-                        job_id,
-                        tenant,
-                        "cron",
-                        expr,
-                        dialect,
-                        zone,
-                        None,
-                        None,
-                        "all",
-                        t0,
-                        t0,
-                        created,
-                        created,
-                    )
-
-            copy_jobs(conn, rows())
+            work_timers = list(timers(work, t0))
+            specs = {(e, d, z): cron_spec(e, z, d) for _, e, d, z in work_timers}
+            values = dict(zip(specs, register_specs(conn, specs.values()), strict=True))
+            copy_jobs(conn, (job_row(tenant, values[e, d, z], t0, created) for tenant, e, d, z in work_timers))
             deadline = _fire_loaded(
                 conn, cfg, t0, last, lambda: queries.execute(conn, "any_due_at", {"nominal": last})[0]["due"]
             )
@@ -556,10 +563,16 @@ def plan(
     peer_processes: dict[str, list[int]],
     peer_jobs: dict[tuple[str, str], int],
 ) -> list[tuple[str, Work, int]]:
-    """The runs in order: per workload, naive × 1 first (the baseline), then the rest."""
+    """The runs in order: per workload, naive × 1 first (the baseline), then the rest.
+
+    Several herd workloads (one per ``distinct_schedules``): the peers run the
+    first only (one-shot timers: the schedules do not matter to them)."""
     runs = []
+    herds = [w for w in workloads if w.name == "herd"]
     for work in workloads:
         for system in sorted(systems, key=SYSTEMS.index):
+            if system not in ("ours", "naive") and work.name == "herd" and work is not herds[0]:
+                continue  # peers hold no schedules: their herd is the same whatever K
             counts = processes if system in ("ours", "naive") else peer_processes[system]
             jobs = peer_jobs.get((system, work.name), work.jobs)
             for n in sorted(counts):

@@ -45,13 +45,22 @@ from datetime import timedelta
 from pathlib import Path
 
 from bench import queries
-from bench.load import copy_jobs, ensure_tenants, reset_store, start_node, wait_until
+from bench.load import (
+    copy_jobs,
+    ensure_tenants,
+    interval_spec,
+    job_row,
+    register_specs,
+    reset_store,
+    start_node,
+    wait_until,
+)
 from scheduler import store
 from scheduler.audit import verify
 from scheduler.coordination import fair_share
 from scheduler.coordination.etcd_gateway import raise_revision, range_prefix
 from scheduler.devtools.etcd_server import ThrowawayEtcd, scrape_requests
-from scheduler.partition import PARTITION_COUNT, partition_of
+from scheduler.partition import PARTITION_COUNT
 
 STEADY_S = 6.0
 AFTER_S = 6.0
@@ -122,28 +131,8 @@ def _prepare(dsn: str, jobs: int, etcd_endpoint: str | None) -> tuple:
         ]
     now = store.now(conn)
     anchor = now.replace(microsecond=0) + timedelta(seconds=1)
-    copy_jobs(
-        conn,
-        (
-            (
-                partition_of(job_id),
-                job_id,
-                "failover",
-                "interval",
-                None,
-                None,
-                None,
-                1,
-                anchor,
-                "all",
-                anchor,
-                anchor,
-                now,
-                now,
-            )
-            for job_id in (uuid.uuid4() for _ in range(jobs))
-        ),
-    )
+    (values,) = register_specs(conn, [interval_spec(1, anchor)])
+    copy_jobs(conn, (job_row("failover", values, anchor, now) for _ in range(jobs)))
     return conn, flags
 
 

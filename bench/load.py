@@ -4,7 +4,11 @@ The bench uses the engine's own pieces for everything that has a meaning
 (partition hash, jitter, schedule math, migrations, the ``scheduler node``
 CLI); only the bulk load bypasses ``scheduler jobs add`` (one job per
 statement would take minutes for millions of jobs) and writes the same
-columns ``scheduler.jobs.add_job`` would, with COPY.
+columns ``scheduler.jobs.add_job`` would, with COPY, including each job's
+``schedule_key``: a loader registers every distinct spec it is about to
+COPY first (:func:`register_specs`, the engine's own
+:func:`scheduler.jobs.register_schedules`, committed), then stamps the key
+on every row of that spec (:func:`job_row`).
 """
 
 from __future__ import annotations
@@ -15,11 +19,14 @@ import uuid
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
 from bench.process import NodeProcess
 from scheduler import store
+from scheduler.identity import SPEC_COLUMNS
+from scheduler.jobs import register_schedules
 from scheduler.migrate import upgrade
 from scheduler.partition import partition_of
 
@@ -27,34 +34,97 @@ JOB_COLUMNS = (
     "partition_id",
     "job_id",
     "tenant",
-    "kind",
-    "cron_expr",
-    "cron_dialect",
-    "tz",
-    "interval_s",
-    "anchor_at",
-    "misfire",
+    *SPEC_COLUMNS,
+    "schedule_key",
     "next_nominal_at",
     "next_due_at",
     "created_at",
     "changed_at",
 )
+"""Columns of a COPYed job row: every column a schedule key covers
+(:data:`scheduler.identity.SPEC_COLUMNS`) is written explicitly, so the key
+registered for a spec (:func:`register_specs`) is the key of the row."""
 JOB_TYPES = (
     "int4",
     "uuid",
     "text",
+    # SPEC_COLUMNS: kind, cron_expr, cron_dialect, tz, interval_s, anchor_at,
+    # fire_at, misfire, catchup_window_s, misfire_grace_s, jitter_s
     "text",
     "text",
     "text",
     "text",
     "int8",
     "timestamptz",
+    "timestamptz",
     "text",
+    "int4",
+    "int4",
+    "int4",
+    "int8",  # schedule_key
     "timestamptz",
     "timestamptz",
     "timestamptz",
     "timestamptz",
 )
+
+POLICY = {"misfire": "all", "catchup_window_s": 86_400, "misfire_grace_s": 60, "jitter_s": 0}
+"""The misfire policy of every bench job: ``all``, and the ``jobs`` column
+defaults for catch-up window, grace and jitter (seconds)."""
+
+
+def cron_spec(expr: str, tz: str, dialect: str = "unix") -> dict[str, Any]:
+    """The :data:`~scheduler.identity.SPEC_COLUMNS` of a bench cron job (policy :data:`POLICY`)."""
+    return {
+        "kind": "cron",
+        "cron_expr": expr,
+        "cron_dialect": dialect,
+        "tz": tz,
+        "interval_s": None,
+        "anchor_at": None,
+        "fire_at": None,
+        **POLICY,
+    }
+
+
+def interval_spec(interval_s: int, anchor: datetime) -> dict[str, Any]:
+    """The :data:`~scheduler.identity.SPEC_COLUMNS` of a bench interval job (policy :data:`POLICY`)."""
+    return {
+        "kind": "interval",
+        "cron_expr": None,
+        "cron_dialect": None,
+        "tz": None,
+        "interval_s": interval_s,
+        "anchor_at": anchor,
+        "fire_at": None,
+        **POLICY,
+    }
+
+
+def register_specs(conn: psycopg.Connection, specs: Iterable[dict[str, Any]]) -> list[tuple]:
+    r"""Register each distinct spec (a :func:`cron_spec` / :func:`interval_spec` dict) in
+    ``schedules`` and set its ``schedule_key`` in place
+    (:func:`scheduler.jobs.register_schedules`), in one committed transaction,
+    retried whole on 40001/40P01; return each spec's :func:`spec_values`, in
+    order, for the :func:`job_row`\ s of its jobs (COPYed after this).
+    Raises what the store raises.
+    """
+    rows = list(specs)
+    store.run_transaction(conn, lambda c: register_schedules(c, rows))
+    return [spec_values(row) for row in rows]
+
+
+def spec_values(spec: dict[str, Any]) -> tuple:
+    """The :data:`~scheduler.identity.SPEC_COLUMNS` values of a registered spec, then its
+    ``schedule_key``: the middle of a :func:`job_row` (computed once per spec)."""
+    return (*(spec[c] for c in SPEC_COLUMNS), spec["schedule_key"])
+
+
+def job_row(tenant: str, values: tuple, nominal: datetime, created: datetime, job_id: uuid.UUID | None = None) -> tuple:
+    """A ``jobs`` row (:data:`JOB_COLUMNS` order) of a job with the spec
+    ``values`` (:func:`spec_values`) whose next slot is ``nominal``."""
+    job_id = job_id or uuid.uuid4()
+    return (partition_of(job_id), job_id, tenant, *values, nominal, nominal, created, created)
 
 
 BENCH_MARKER_TENANT = "bench.reserved"
@@ -65,7 +135,8 @@ tenant was not made by bench, and bench refuses to empty it."""
 def reset_store(dsn: str) -> psycopg.Connection:
     """Migrate, then empty jobs/runs/skips/tenants/nodes and free every lease.
 
-    Epochs are kept (they only ever increase). Returns an autocommit
+    Epochs are kept (they only ever increase), and so are ``schedules``
+    rows (a key always stands for the same spec). Returns an autocommit
     connection. Raises SystemExit with a message, touching nothing, if the
     database holds jobs that bench did not create (a DSN pointing at a real
     store by mistake).
@@ -119,26 +190,18 @@ def copy_jobs(conn: psycopg.Connection, rows: Iterable[tuple], progress=None) ->
 
 
 def cron_row(
-    tenant: str, expr: str, tz: str, nominal: datetime, created: datetime, job_id: uuid.UUID | None = None
+    tenant: str,
+    expr: str,
+    tz: str,
+    nominal: datetime,
+    created: datetime,
+    job_id: uuid.UUID | None = None,
+    *,
+    schedule_key: int | None,
 ) -> tuple:
-    """A ``jobs`` row for a unix-dialect cron job whose next slot is ``nominal``."""
-    job_id = job_id or uuid.uuid4()
-    return (
-        partition_of(job_id),
-        job_id,
-        tenant,
-        "cron",
-        expr,
-        "unix",
-        tz,
-        None,
-        None,
-        "all",
-        nominal,
-        nominal,
-        created,
-        created,
-    )
+    """A ``jobs`` row for a unix-dialect cron job whose next slot is ``nominal``, carrying
+    ``schedule_key`` (that of ``cron_spec(expr, tz)`` as :func:`register_specs` set it)."""
+    return job_row(tenant, spec_values({**cron_spec(expr, tz), "schedule_key": schedule_key}), nominal, created, job_id)
 
 
 def ensure_tenants(conn: psycopg.Connection, tenants: Iterable[str]) -> None:

@@ -11,15 +11,22 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from datetime import timedelta
 from pathlib import Path
 
 from bench import queries
-from bench.load import copy_jobs, ensure_tenants, reset_store, start_node, wait_until
+from bench.load import (
+    copy_jobs,
+    ensure_tenants,
+    interval_spec,
+    job_row,
+    register_specs,
+    reset_store,
+    start_node,
+    wait_until,
+)
 from scheduler import store
 from scheduler.audit import verify
-from scheduler.partition import partition_of
 
 EDGE_S = 5
 
@@ -54,26 +61,12 @@ def run_steady(
     base = now.replace(microsecond=0) + timedelta(seconds=period_s)
     jobs = rate * period_s
 
+    values = register_specs(conn, [interval_spec(period_s, base + timedelta(seconds=i)) for i in range(period_s)])
+
     def rows():
         for i in range(jobs):
-            job_id = uuid.uuid4()
             anchor = base + timedelta(seconds=i % period_s)
-            yield (
-                partition_of(job_id),
-                job_id,
-                names[i % tenants],
-                "interval",
-                None,
-                None,
-                None,
-                period_s,
-                anchor,
-                "all",
-                anchor,
-                anchor,
-                now,
-                now,
-            )
+            yield job_row(names[i % tenants], values[i % period_s], anchor, now)
 
     bar = progress(total=jobs, desc="interval jobs (COPY)") if progress else None
     copy_jobs(conn, rows(), bar.update if bar else None)

@@ -92,3 +92,9 @@ WHERE partition_id = ANY(%(partition_ids)s::int4[]);
 SELECT (xact_commit + xact_rollback)::int8 AS xacts
 FROM pg_stat_database
 WHERE datname = current_database();
+
+-- name: delete_jobs_created_at
+-- Forget the jobs created at one instant: a bench herd once measured, so
+-- that its timers that fire again (every minute, every hour, ...) stay out of
+-- the next herd of the same run. A scan of jobs, run while nothing is due.
+DELETE FROM jobs WHERE created_at = %(created)s;
