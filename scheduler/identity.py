@@ -20,6 +20,10 @@ slot always get the same plan:
   the interval and its anchor; for ``once`` the instant;
 * the misfire policy, catch-up window, grace and jitter.
 
+Interval and one-shot specs share a key only with timers of the same anchor
+or instant (timers created in bulk, one-shots of one moment): ``schedules``
+holds about one row per other such job, a few hundred bytes each.
+
 Zones are not merged with the zones they are links of (``US/Eastern`` and
 ``America/New_York`` have different keys): a later tzdata release may make
 a link a zone of its own, and a key must never stand for two different

@@ -367,4 +367,3 @@ def warm(names: list[str], instant_s: int, years: int = 2) -> int:
             _year(zone, year + offset)
         warmed += 1
     return warmed
-

@@ -574,9 +574,16 @@ FROM unnest(%(schedule_keys)b::int8[], %(canonicals)b::text[], %(kinds)b::text[]
 ON CONFLICT (schedule_key) DO NOTHING;
 
 -- name: schedule_zones
--- The zones the registered schedules use (a node warms their transition
--- tables at start, scheduler/zones.py warm()).
-SELECT DISTINCT tz FROM schedules WHERE tz IS NOT NULL ORDER BY tz;
+-- The zones of the cron schedules registered at or after %(since)s (NULL:
+-- all), and the store's clock: a node warms their transition tables
+-- (scheduler/zones.py warm()) at start and then every few seconds, asking
+-- for what was registered since its last look (minus a margin for
+-- transactions that committed late). schedules_zone_idx keeps it to the new
+-- rows.
+SELECT DISTINCT s.tz
+FROM schedules AS s
+WHERE s.tz IS NOT NULL
+  AND (%(since)s::timestamptz IS NULL OR s.created_at >= %(since)s::timestamptz);
 
 -- name: schedules_by_keys
 -- The schedules rows of keys %(schedule_keys)s (primary-key probes).
