@@ -258,6 +258,7 @@ def verify(
                     copy.set_types(["int4", "uuid", "timestamptz"])
                     for partition_id, job_id, slot, _ in segment_slots(segments, since, until, oracle_slots):
                         copy.write_row((partition_id, job_id, slot))
+        store.execute(conn, "analyze_audit_slots")
         store.execute(conn, "expand_audit_cron_slots")
         store.execute(conn, "analyze_audit_tables")
         store.execute(conn, "create_audit_runs", window)
