@@ -10,10 +10,12 @@ Modules, each importing only those before it (no circle):
   planned (:class:`~scheduler.firing.batch.RowPlanner`) into ``fire_runs``
   column arrays (:class:`~scheduler.firing.batch.Batch`).
 * :mod:`~scheduler.firing.herds`: many timers of one tenant due at one
-  instant, found, planned per schedule and fired in the store by
+  instant, found, planned per schedule key and fired in the store by
   ``fire_group`` (the essay "Herds" is its docstring).
 * :mod:`~scheduler.firing.outcomes`: committed chunks counted (the
   pipeline's outcomes), rejected leases dropped; the rate caps' buckets.
+* :mod:`~scheduler.firing.lookahead`: the schedules of the timers falling
+  due in the next seconds, prepared in the waits between ticks.
 * :mod:`~scheduler.firing.tick`: :class:`Firer`, the tick and its passes
   (the essay "A tick" is its docstring).
 

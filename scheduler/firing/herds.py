@@ -45,6 +45,8 @@ import dataclasses
 import uuid
 from datetime import datetime
 
+import psycopg
+
 from scheduler import store, tzreplan
 from scheduler.clock import Clock
 from scheduler.errors import ValidationError
@@ -159,7 +161,7 @@ class HerdFinder:
         )
         if not rows:
             return False
-        self._load_specs(tick, [row["schedule_key"] for row in rows])
+        self._load_specs(tick.read, [row["schedule_key"] for row in rows])
         keys: list[int] = []
         nexts: list[datetime | None] = []
         covered = 0
@@ -179,7 +181,7 @@ class HerdFinder:
         }
         return True
 
-    def _load_specs(self, tick: Tick, keys: list[int]) -> None:
+    def _load_specs(self, conn: psycopg.Connection, keys: list[int]) -> None:
         """Read the ``schedules`` rows of the keys not cached yet (a key's spec
         never changes, so a cached row is never stale)."""
         missing = [key for key in keys if key not in self._specs]
@@ -187,7 +189,7 @@ class HerdFinder:
             return
         if len(self._specs) + len(missing) > self._limits.herd_spec_cache:
             self._specs.clear()  # rare (the fleet's distinct specs outgrew it): start over
-        for row in store.execute(tick.read, "schedules_by_keys", {"schedule_keys": missing}):
+        for row in store.execute(conn, "schedules_by_keys", {"schedule_keys": missing}):
             self._specs[row["schedule_key"]] = row
 
     def extent(self, tick: Tick, tenant: str, due: datetime, quota: int, cursor: tuple | None) -> Herd | None:
@@ -231,6 +233,17 @@ class HerdFinder:
         if jobs < self._limits.herd_min_jobs:
             return None
         return Herd(tenant, due, taken, jobs, cut, after=(cursor[1], cursor[2]) if inside else None)
+
+    def prepare(self, conn: psycopg.Connection, pairs: list[tuple[int, datetime]]) -> int:
+        """Do ahead of time what planning the (schedule key, due instant) ``pairs``
+        will need (:mod:`scheduler.firing.lookahead`): load the keys' specs,
+        check the slots and walk to the next ones, all memoized; returns how
+        many pairs were prepared. Reads ``schedules_by_keys`` on ``conn`` for
+        keys not seen before."""
+        self._load_specs(conn, sorted({key for key, _ in pairs}))
+        for key, due in pairs:
+            self.plan(key, due, due)
+        return len(pairs)
 
     def plan(self, key: int, due: datetime, now: datetime) -> HerdSlot | None:
         """The plan at store time ``now`` of the timers with schedule key ``key``

@@ -68,6 +68,13 @@ class FiringLimits:
     """Schedule specs (and per-instant slot checks) a node keeps for planning
     herds; past it the cache starts over."""
 
+    lookahead_s: float = 5.0
+    """How far ahead (seconds) the firer prepares the schedules of timers falling
+    due, in the waits between ticks (:mod:`scheduler.firing.lookahead`)."""
+
+    lookahead_max_keys: int = 50_000
+    """(schedule key, instant) pairs read per look-ahead read at most."""
+
     herd_count_batch: int = 256
     """Partitions counted per ``herd_counts`` query while sizing a herd."""
 
@@ -81,6 +88,10 @@ statement on its 5th execution, and PostgreSQL then switches to a generic plan,
 whose per-row cost for this statement was measured at twice the custom plan's
 (the herd's second and later ticks ran at half speed). Planning it costs
 ~1 ms per 5,000-job chunk."""
+
+LOOKAHEAD_MIN_WAIT_S = 0.05
+"""The firer looks ahead only in a wait longer than this, and stops this long
+before the wait ends (so the next tick starts on time)."""
 
 TICK_PHASE_S = 0.02
 """Ticks start this long after each wall-clock second, when second-aligned

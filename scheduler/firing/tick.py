@@ -65,7 +65,14 @@ from scheduler.errors import SchedulerError, ValidationError
 from scheduler.fairness import DeficitRoundRobin
 from scheduler.firing.batch import JOB_ID, NEXT_DUE, PARTITION, TENANT, Batch, RowPlanner, epochs_literal
 from scheduler.firing.herds import Herd, HerdFinder
-from scheduler.firing.limits import DEFAULT_LIMITS, FIRE_RUNS_PREPARE, TICK_PHASE_S, FiringLimits
+from scheduler.firing.limits import (
+    DEFAULT_LIMITS,
+    FIRE_RUNS_PREPARE,
+    LOOKAHEAD_MIN_WAIT_S,
+    TICK_PHASE_S,
+    FiringLimits,
+)
+from scheduler.firing.lookahead import LookAhead
 from scheduler.firing.outcomes import Outcomes, RateCaps
 from scheduler.firing.state import LAST_UUID, NO_CURSOR, Tick, TickResult
 from scheduler.metrics import Metrics
@@ -99,6 +106,8 @@ class Firer:
         self._schedules = ScheduleCache()
         self._planner = RowPlanner(self._schedules)
         self._herds = HerdFinder(settings.node_id, self._schedules, clock, limits)
+        self._lookahead = LookAhead(self._herds, clock, limits)
+        self._tenants: list[str] = []
         self._drr = DeficitRoundRobin()
         self._caps = RateCaps()
         self._outcomes = Outcomes(settings.node_id, table, metrics)
@@ -181,6 +190,7 @@ class Firer:
                 idle.close()
         budget = self._s.tick_budget
         tenants = {row["tenant"]: row for row in store.execute(read, "tenant_weights")}
+        self._tenants = sorted(tenants)
         weights = {tenant: row["weight"] for tenant, row in tenants.items()}
         limits = self._caps.limits(tenants, len(self._table), self._clock.monotonic(), self._s.tick_interval_s)
         quotas = self._drr.quotas(budget, weights, limits)
@@ -368,6 +378,21 @@ class Firer:
             else:
                 wall = self._clock.wall()
                 delay = interval - ((wall - TICK_PHASE_S) % interval)
+            if delay > LOOKAHEAD_MIN_WAIT_S:  # spend the wait on the coming seconds' schedules
+                end = self._clock.monotonic() + delay
+                self.look_ahead(end - LOOKAHEAD_MIN_WAIT_S)
+                delay = end - self._clock.monotonic()
             if delay > 0:
                 self._clock.wait(self._wake, delay)
                 self._wake.clear()
+
+    def look_ahead(self, deadline: float) -> None:
+        """Until the local monotonic ``deadline``: prepare the schedules of the
+        timers falling due soon (:mod:`scheduler.firing.lookahead`). Store
+        errors are logged and the sessions closed (the next tick reopens them)."""
+        firable = self._table.firable()
+        try:
+            self._lookahead.run(self._connection("read"), self._tenants, firable, deadline)
+        except (psycopg.Error, SchedulerError, OSError) as exc:
+            log.event("lookahead_failed", logging.WARNING, node=self._s.node_id, error=store.first_line(exc))
+            self.close()

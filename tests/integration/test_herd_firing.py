@@ -512,3 +512,31 @@ def test_a_timer_whose_key_was_taken_by_another_spec_fires_per_timer(pg_dsn, con
         assert job(conn, job_id)["next_nominal_at"] == t1 + HOUR
     for job_id in half:
         assert job(conn, job_id)["next_nominal_at"] == t2 + HOUR
+
+
+def test_the_wait_before_an_instant_prepares_its_schedules(pg_dsn, conn, monkeypatch) -> None:
+    """Three seconds before a herd of 50 schedules (and a small tenant's timers
+    of the same pairs), the firer's look-ahead prepares every (key, instant);
+    when the instant comes, the tick computes no schedule at all."""
+    made = load_cron_herd(conn, "big", 2, AT)
+    made.update(load_cron_herd(conn, "small", 1, AT))
+    clock = ManualClock(store_at=AT - timedelta(seconds=3))
+    # The big tenant's 100 timers are a herd, the small one's 50 go per timer.
+    node = Node(pg_dsn, FiringLimits(herd_min_jobs=60, first_pass_herd_quota=20), clock=clock)
+    try:
+        before = node.firer.tick()  # nothing due yet; learns the tenants
+        node.firer.look_ahead(clock.monotonic() + 60)
+        assert (before.fired, node.firer._lookahead.prepared) == (0, 50)
+        computed = []
+        real = CronSchedule.next_after
+        monkeypatch.setattr(CronSchedule, "next_after", lambda self, t: computed.append(t) or real(self, t))
+        clock.pin_store(AT + timedelta(seconds=1))
+        result = node.firer.tick()
+    finally:
+        node.close()
+
+    assert (result.fired, result.herd_fired) == (150, 100)
+    assert computed == []
+    assert sorted(r["job_id"] for r in runs(conn)) == sorted(made)
+    for job_id, (expr, zone) in made.items():
+        assert job(conn, job_id)["next_nominal_at"] == CronSchedule(expr, zone).next_after(AT)
