@@ -13,8 +13,10 @@ So when a tick ends early, the firer spends the rest of its wait (never
 past the next tick's start) here: :meth:`LookAhead.run` reads the distinct
 (schedule key, due instant) pairs of the timers due within
 :attr:`~scheduler.firing.limits.FiringLimits.lookahead_s` in the node's
-firable partitions (``lookahead_schedule_keys``: due-index entries only, at
-most ``lookahead_max_keys`` a read, one read per second at most) and has
+firable partitions (``lookahead_schedule_keys``: due-index entries only,
+each read starting where the last one ended, so a timer's entry is read
+once; at most ``lookahead_max_keys`` pairs and one read a second, canceled
+if it would outlast the wait) and has
 the herd finder prepare each (:meth:`HerdFinder.prepare
 <scheduler.firing.herds.HerdFinder.prepare>`: the key's spec, the slot
 check, the next slot, all memoized). When the instant comes, both paths
@@ -45,6 +47,7 @@ class LookAhead:
         self._queue: collections.deque[tuple[int, datetime]] = collections.deque()
         self._seen: set[tuple[int, datetime]] = set()
         self._last_read = float("-inf")
+        self._until: datetime | None = None
         self.prepared = 0
         """Pairs prepared so far (for tests and the curious)."""
 
@@ -54,9 +57,10 @@ class LookAhead:
         is at least a second old. ``tenants``: the tenants to look at (the last
         tick's); ``firable``: the node's firable partitions. Store errors
         propagate (the caller logs them; nothing is changed)."""
-        if not self._queue and tenants and firable and self._clock.monotonic() - self._last_read >= 1.0:
-            self._last_read = self._clock.monotonic()
-            self._read(conn, tenants, firable)
+        now = self._clock.monotonic()
+        if not self._queue and tenants and firable and now < deadline and now - self._last_read >= 1.0:
+            self._last_read = now
+            self._read(conn, tenants, firable, deadline - now)
         batch: list[tuple[int, datetime]] = []
         while self._queue and self._clock.monotonic() < deadline:
             batch.append(self._queue.popleft())
@@ -66,19 +70,30 @@ class LookAhead:
         if batch:
             self.prepared += self._herds.prepare(conn, batch)
 
-    def _read(self, conn: psycopg.Connection, tenants: list[str], firable: dict[int, int]) -> None:
+    def _read(self, conn: psycopg.Connection, tenants: list[str], firable: dict[int, int], budget_s: float) -> None:
+        """Queue the pairs due in (the end of the last read, now + ``lookahead_s``]:
+        each timer's index entry is read once. The read may take at most
+        ``budget_s`` (canceled past it: the wait is the next tick's)."""
         now = store.now(conn, self._clock.store_now_or_none())
-        rows = store.execute(
+        start = now if self._until is None or self._until < now else self._until
+        until = now + timedelta(seconds=self._limits.lookahead_s)
+        if until <= start:
+            return
+        rows = store.execute_within(
             conn,
             "lookahead_schedule_keys",
             {
                 "tenants": tenants,
                 "partition_ids": list(firable),
-                "now": now,
-                "until": now + timedelta(seconds=self._limits.lookahead_s),
+                "after": start,
+                "until": until,
                 "max_keys": self._limits.lookahead_max_keys,
             },
+            budget_s,
         )
+        # A cut read (max_keys) is read again from its last instant next time.
+        cut = len(rows) >= self._limits.lookahead_max_keys
+        self._until = max(r["due"] for r in rows) - timedelta(microseconds=1) if cut else until
         if len(self._seen) > 4 * self._limits.lookahead_max_keys:
             self._seen = {pair for pair in self._seen if pair[1] > now}
         for row in rows:

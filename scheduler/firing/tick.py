@@ -393,6 +393,8 @@ class Firer:
         firable = self._table.firable()
         try:
             self._lookahead.run(self._connection("read"), self._tenants, firable, deadline)
+        except psycopg.errors.QueryCanceled:
+            pass  # the read would have outlasted the wait: the tick comes first
         except (psycopg.Error, SchedulerError, OSError) as exc:
             log.event("lookahead_failed", logging.WARNING, node=self._s.node_id, error=store.first_line(exc))
             self.close()

@@ -246,7 +246,7 @@ WHERE e.n >= %(min_jobs)s;
 -- name: lookahead_schedule_keys
 -- The firer's look-ahead (scheduler/firing/lookahead.py): the distinct
 -- (schedule key, due instant) pairs of the timers of tenants %(tenants)s due
--- in (%(now)s, %(until)s] in the node's firable partitions %(partition_ids)s,
+-- in (%(after)s, %(until)s] in the node's firable partitions %(partition_ids)s,
 -- at most %(max_keys)s. Due-index entries only (schedule_key is the last
 -- column of jobs_due_schedule_idx): one range walk per tenant.
 SELECT DISTINCT d.schedule_key, d.next_due_at AS due
@@ -255,11 +255,12 @@ CROSS JOIN LATERAL (
     SELECT x.schedule_key, x.next_due_at
     FROM jobs AS x
     WHERE x.tenant = t.tenant
-      AND x.next_due_at > %(now)s
+      AND x.next_due_at > %(after)s
       AND x.next_due_at <= %(until)s
       AND x.partition_id = ANY(%(partition_ids)b::int4[])
       AND x.schedule_key IS NOT NULL
 ) AS d
+ORDER BY d.next_due_at
 LIMIT %(max_keys)s;
 
 -- name: herd_counts

@@ -50,7 +50,17 @@ from scheduler.store.dsn import (
     sqlalchemy_url,
 )
 from scheduler.store.pipeline import Pipeline, Sent, resend
-from scheduler.store.queries import QUERIES, FrozenArray, Row, execute, execute_rowcount, load_queries, now, stream
+from scheduler.store.queries import (
+    QUERIES,
+    FrozenArray,
+    Row,
+    execute,
+    execute_rowcount,
+    execute_within,
+    load_queries,
+    now,
+    stream,
+)
 from scheduler.store.retry import (
     BACKOFF_BASE_S,
     BACKOFF_MAX_S,
@@ -83,6 +93,7 @@ __all__ = [
     "dsn_secrets",
     "execute",
     "execute_rowcount",
+    "execute_within",
     "first_line",
     "is_retryable",
     "keepalive_params",

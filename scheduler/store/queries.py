@@ -79,6 +79,19 @@ def execute(
         return rows
 
 
+def execute_within(
+    conn: psycopg.Connection[Any], name: str, params: dict[str, Any] | None, timeout_s: float
+) -> list[Row]:
+    """:func:`execute` in its own transaction whose statements may run at most
+    ``timeout_s`` seconds (``SET LOCAL statement_timeout``, at least 1 ms):
+    for optional work that must not outlast a deadline (the firer's
+    look-ahead before the next tick). Raises ``psycopg.errors.QueryCanceled``
+    past it, as every other store error."""
+    with conn.transaction():
+        conn.execute(f"SET LOCAL statement_timeout = {max(1, int(timeout_s * 1000))}")
+        return execute(conn, name, params)
+
+
 @contextlib.contextmanager
 def stream(
     conn: psycopg.Connection[Any], name: str, params: dict[str, Any], size: int

@@ -540,3 +540,30 @@ def test_the_wait_before_an_instant_prepares_its_schedules(pg_dsn, conn, monkeyp
     assert sorted(r["job_id"] for r in runs(conn)) == sorted(made)
     for job_id, (expr, zone) in made.items():
         assert job(conn, job_id)["next_nominal_at"] == CronSchedule(expr, zone).next_after(AT)
+
+
+def test_the_look_ahead_reads_each_timer_once_and_never_past_its_deadline(pg_dsn, conn, monkeypatch) -> None:
+    """Each read starts where the last one ended (a timer's index entry is read
+    once), at most one read a second, and none once the wait is over."""
+    from helpers import record_named_queries
+
+    load_cron_herd(conn, "big", 1, AT)
+    clock = ManualClock(store_at=AT - timedelta(seconds=3))
+    node = Node(pg_dsn, clock=clock)
+    try:
+        node.firer.tick()
+        sent = record_named_queries(monkeypatch)
+        node.firer.look_ahead(clock.monotonic() - 1)  # the wait is already over: nothing read
+        node.firer.look_ahead(clock.monotonic() + 60)
+        node.firer.look_ahead(clock.monotonic() + 60)  # within the same second: no second read
+        clock.advance(1.0)
+        clock.pin_store(AT - timedelta(seconds=2))
+        node.firer.look_ahead(clock.monotonic() + 60)
+    finally:
+        node.close()
+    reads = [params for name, params in sent if name == "lookahead_schedule_keys"]
+    assert [(p["after"], p["until"]) for p in reads] == [
+        (AT - timedelta(seconds=3), AT + timedelta(seconds=2)),
+        (AT + timedelta(seconds=2), AT + timedelta(seconds=3)),
+    ]
+    assert node.firer._lookahead.prepared == 50
