@@ -406,14 +406,27 @@ def load_cron_herd(conn: psycopg.Connection, tenant: str, per_pair: int, t: date
     return made
 
 
-def test_a_herd_of_many_distinct_schedules_fires_exactly_its_runs_on_the_herd_path(pg_dsn, conn) -> None:
+def test_a_herd_of_many_distinct_schedules_fires_exactly_its_runs_on_the_herd_path(pg_dsn, conn, monkeypatch) -> None:
     """50 distinct (expression, zone) pairs, 3 timers each: one herd, every timer
     fired once at the instant by fire_group and moved to its own schedule's
-    next slot; the per-timer path fires nothing."""
+    next slot; the per-timer path fires nothing. One timer is paused between
+    the plan and the statement: not fired, its due slot recorded as skipped,
+    and the audit of the instant is clean."""
     t = instant(conn, ago_s=120).replace(second=0)  # a minute boundary 2-3 minutes ago
     made = load_cron_herd(conn, "big", 3, t)
     keys = {r["schedule_key"] for r in conn.execute("SELECT schedule_key FROM jobs").fetchall()}
     assert len(keys) == 50 and None not in keys
+    paused = sorted(made)[0]
+    real = HerdFinder.plan
+
+    def plan_then_pause(self, key, due, now):
+        if not getattr(plan_then_pause, "done", False):
+            plan_then_pause.done = True
+            with store.connect(pg_dsn, application_name="operator") as other:
+                jobs.set_paused(other, paused, True)
+        return real(self, key, due, now)
+
+    monkeypatch.setattr(HerdFinder, "plan", plan_then_pause)
     node = Node(pg_dsn, clock=ManualClock(store_at=t + timedelta(seconds=2)))
     try:
         result = node.firer.tick()
@@ -421,17 +434,23 @@ def test_a_herd_of_many_distinct_schedules_fires_exactly_its_runs_on_the_herd_pa
     finally:
         node.close()
 
-    assert (result.fired, result.herd_fired) == (150, 150)
+    assert (result.fired, result.herd_fired) == (149, 149)
     assert (again.fired, again.herd_fired) == (0, 0)
     fired = runs(conn)
-    assert sorted(r["job_id"] for r in fired) == sorted(made)
+    assert sorted(r["job_id"] for r in fired) == sorted(set(made) - {paused})
     for run in fired:
         assert (run["nominal_time"], run["scheduled_at"], run["fired_at"]) == (t, t, t + timedelta(seconds=2))
     for job_id, (expr, zone) in made.items():
         row = job(conn, job_id)
-        assert row["next_nominal_at"] == row["next_due_at"] == CronSchedule(expr, zone).next_after(t)
+        if job_id == paused:
+            assert (row["paused"], row["next_nominal_at"]) == (True, None)
+        else:
+            assert row["next_nominal_at"] == row["next_due_at"] == CronSchedule(expr, zone).next_after(t)
+    skipped = conn.execute("SELECT job_id, first_nominal, reason FROM skips").fetchall()
+    assert [(r["job_id"], r["first_nominal"], r["reason"]) for r in skipped] == [(paused, t, "paused")]
     report = verify(conn, t, t + timedelta(seconds=1))
-    assert (report.expected, report.runs, report.missing, report.duplicates, report.unexpected) == (150, 150, 0, 0, 0)
+    assert (report.expected, report.runs, report.missing, report.duplicates, report.unexpected) == (150, 149, 0, 0, 0)
+    assert (report.skipped, report.skips_invalid) == (1, 0)
 
 
 def test_spellings_of_one_schedule_share_a_key_and_its_plan(pg_dsn, conn) -> None:
