@@ -20,7 +20,9 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from scheduler import log, tzreplan
+import psycopg
+
+from scheduler import log, store, tzreplan
 from scheduler.errors import ValidationError
 from scheduler.firing.state import TickResult
 from scheduler.partition import PARTITION_COUNT
@@ -180,6 +182,27 @@ class RowPlanner:
         """Forget the previous tick's plans (they were made for its ``now``) and replans."""
         self.memo.clear()
         self.replan.clear()
+
+    def replan_slots(self, conn: psycopg.Connection) -> int:
+        """Move this tick's jobs whose stored slot is not a slot under this node's
+        tzdata (set aside by :meth:`plan_row`) to their true slot; a later tick
+        fires it (scheduler/tzreplan.py). Re-reads them (``jobs_by_keys``), then
+        one compare-and-set transaction on ``conn``; returns the jobs moved."""
+        rows = store.execute(
+            conn,
+            "jobs_by_keys",
+            {"pids": [pid for pid, _ in self.replan], "jids": [uuid.UUID(j) for _, j in self.replan]},
+        )
+        items = []
+        for row in rows:
+            if row["kind"] != "cron" or row["next_nominal_at"] is None:
+                continue
+            try:
+                if not tzreplan.is_slot(self.schedules.for_row(row), row["next_nominal_at"]):
+                    items.append(tzreplan.replan_item(row))
+            except ValidationError:
+                continue
+        return tzreplan.replan_jobs(conn, items, self.schedules)
 
     def plan_row(
         self, batch: Batch, row: tuple, granted: dict[str, int], used: Counter[str], result: TickResult

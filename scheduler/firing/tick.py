@@ -58,10 +58,10 @@ import uuid
 
 import psycopg
 
-from scheduler import log, store, tzreplan
+from scheduler import log, store
 from scheduler.clock import Clock
 from scheduler.coordination.table import LeaseTable
-from scheduler.errors import SchedulerError, ValidationError
+from scheduler.errors import SchedulerError
 from scheduler.fairness import DeficitRoundRobin
 from scheduler.firing.batch import JOB_ID, NEXT_DUE, PARTITION, TENANT, Batch, RowPlanner, epochs_literal
 from scheduler.firing.herds import Herd, HerdFinder
@@ -248,7 +248,8 @@ class Firer:
         else:
             self._outcomes.collect(tick.pipeline, result)
         if self._planner.replan:
-            self._replan_slots(result)
+            result.replanned = self._planner.replan_slots(self._connection("write0"))
+            self._metrics.slots_replanned.inc(result.replanned)
         used, granted = tick.used, tick.granted
         result.due_read = sum(tick.fetched.values())
         self._drr.charge(used, quotas)
@@ -328,30 +329,6 @@ class Firer:
         """Queue one per-timer chunk (``fire_runs``) on the tick's pipeline."""
         params = batch.params(self._s.node_id, tick.firable, tick.epochs, self._clock.store_now_or_none())
         tick.pipeline.send("fire_runs", params, batch.partitions, batch)
-
-    def _replan_slots(self, result: TickResult) -> None:
-        """Move this tick's jobs whose stored slot is not a slot under this node's
-        tzdata (set aside by :meth:`RowPlanner.plan_row`) to their true slot; a later
-        tick fires it (scheduler/tzreplan.py). Re-reads them: one compare-and-set
-        transaction on the first write connection."""
-        conn = self._connection("write0")
-        replan = self._planner.replan
-        rows = store.execute(
-            conn,
-            "jobs_by_keys",
-            {"pids": [pid for pid, _ in replan], "jids": [uuid.UUID(j) for _, j in replan]},
-        )
-        items = []
-        for row in rows:
-            if row["kind"] != "cron" or row["next_nominal_at"] is None:
-                continue
-            try:
-                if not tzreplan.is_slot(self._schedules.for_row(row), row["next_nominal_at"]):
-                    items.append(tzreplan.replan_item(row))
-            except ValidationError:
-                continue
-        result.replanned = tzreplan.replan_jobs(conn, items, self._schedules)
-        self._metrics.slots_replanned.inc(result.replanned)
 
     # ------------------------------------------------------------------ loop
 
