@@ -94,8 +94,7 @@ class LookAhead:
         # A cut read (max_keys) is read again from its last instant next time.
         cut = len(rows) >= self._limits.lookahead_max_keys
         self._until = max(r["due"] for r in rows) - timedelta(microseconds=1) if cut else until
-        if len(self._seen) > 4 * self._limits.lookahead_max_keys:
-            self._seen = {pair for pair in self._seen if pair[1] > now}
+        self._seen = {pair for pair in self._seen if pair[1] > now}  # only the coming seconds
         for row in rows:
             pair = (row["schedule_key"], row["due"])
             if pair not in self._seen:
