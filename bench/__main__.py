@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import sys
 from pathlib import Path
 
@@ -36,13 +38,37 @@ def _progress():
     return lambda **kw: tqdm(unit="jobs", unit_scale=True, leave=False, **kw)
 
 
+class AsciiIntRange(click.IntRange):
+    """``click.IntRange`` for whole numbers written in ASCII digits (``int()`` would
+    also read ``٦`` as 6), at most ``max`` (default 10⁹: past it counts overflow
+    the store's and the loaders' integers)."""
+
+    def __init__(self, min: int | None = None, max: int | None = None, **kwargs) -> None:  # noqa: A002 (click's names)
+        super().__init__(min=min, max=10**9 if max is None else max, **kwargs)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not re.fullmatch(r"[+-]?[0-9]+", value.strip()):
+            self.fail(f"{value!r}: a whole number in ASCII digits", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses ``nan`` and ``inf``."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r}: a finite number", param, ctx)
+        return number
+
+
 def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: a comma-separated list of integers") from None
-    if not values or min(values) < 1:
-        raise click.BadParameter(f"{text!r}: at least one count, each >= 1")
+    items = text.split(",")
+    if not all(re.fullmatch(r"[0-9]+", item.strip()) for item in items):
+        raise click.BadParameter(f"{text!r}: a comma-separated list of whole numbers in ASCII digits, none empty")
+    values = [int(item) for item in items]
+    if min(values) < 1:
+        raise click.BadParameter(f"{text!r}: each count must be >= 1")
     return values
 
 
@@ -78,24 +104,32 @@ def cli() -> None:
 @cli.command()
 @click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, required=True)
 @click.option(
-    "--jobs", default=300_000, show_default=True, type=click.IntRange(min=1), help="Jobs due at the herd instant."
+    "--jobs",
+    default=300_000,
+    show_default=True,
+    type=AsciiIntRange(1, 50_000_000),
+    help="Jobs due at the herd instant.",
 )
 @click.option(
-    "--background-jobs", default=0, show_default=True, type=click.IntRange(min=0), help="Jobs not due (months away)."
+    "--background-jobs",
+    default=0,
+    show_default=True,
+    type=AsciiIntRange(0, 100_000_000),
+    help="Jobs not due (months away).",
 )
 @click.option(
-    "--tenants", default=51, show_default=True, type=click.IntRange(min=1), help="One big tenant plus small ones."
+    "--tenants", default=51, show_default=True, type=AsciiIntRange(min=1), help="One big tenant plus small ones."
 )
 @click.option(
     "--big-tenant-share",
     default=0.9,
     show_default=True,
-    type=click.FloatRange(0, 1),
+    type=FiniteFloatRange(0, 1),
     help="Big tenant's share of the herd.",
 )
-@click.option("--nodes", default=1, show_default=True, type=click.IntRange(1, 64), help="Node processes.")
+@click.option("--nodes", default=1, show_default=True, type=AsciiIntRange(1, 64), help="Node processes.")
 @click.option(
-    "--max-rate", type=click.FloatRange(min=0, min_open=True), default=None, help="Per-node --max-rate-per-s (pacing)."
+    "--max-rate", type=FiniteFloatRange(min=0, min_open=True), default=None, help="Per-node --max-rate-per-s (pacing)."
 )
 @click.option(
     "--distinct-schedules",
@@ -160,22 +194,22 @@ STEADY_COLUMNS = [
 
 @cli.command()
 @click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, required=True)
-@click.option("--rate", default=12_000, show_default=True, type=click.IntRange(min=1), help="Runs due per second.")
+@click.option("--rate", default=12_000, show_default=True, type=AsciiIntRange(min=1), help="Runs due per second.")
 @click.option(
     "--seconds",
     default=60,
     show_default=True,
-    type=click.IntRange(min=11),
+    type=AsciiIntRange(min=11),
     help="How long the nodes fire (the first and last 5 s are left out).",
 )
 @click.option(
     "--period-s",
     default=10,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=AsciiIntRange(min=1),
     help="Interval of each job (jobs = rate × period).",
 )
-@click.option("--nodes", default=1, show_default=True, type=click.IntRange(1, 64))
+@click.option("--nodes", default=1, show_default=True, type=AsciiIntRange(1, 64))
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
 def steady(dsn, rate, seconds, period_s, nodes, out_dir, json_path) -> None:
@@ -231,16 +265,16 @@ FAILOVER_COLUMNS = [
     "--nodes",
     default=3,
     show_default=True,
-    type=click.IntRange(2, 64),
+    type=AsciiIntRange(2, 64),
     help="Node processes (one is killed or stopped, so at least 2).",
 )
 @click.option(
-    "--jobs", default=600, show_default=True, type=click.IntRange(min=1), help="Interval jobs firing every second."
+    "--jobs", default=600, show_default=True, type=AsciiIntRange(min=1), help="Interval jobs firing every second."
 )
-@click.option("--trials", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--trials", default=1, show_default=True, type=AsciiIntRange(min=1))
 @click.option(
     "--poll-interval-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=None,
     help="Nodes' --poll-interval-s [default: the node default, 1 s].",
 )
@@ -296,36 +330,36 @@ def _name_list(choices):
 @click.option("--processes", default="1,4", show_default=True, help="Node / worker processes of ours and naive.")
 @click.option("--pgqueuer-processes", default="1", show_default=True, help="pgqueuer worker processes.")
 @click.option(
-    "--herd-jobs", default=100_000, show_default=True, type=click.IntRange(min=1), help="Herd size of ours and naive."
+    "--herd-jobs", default=100_000, show_default=True, type=AsciiIntRange(min=1), help="Herd size of ours and naive."
 )
-@click.option("--herd-jobs-pgqueuer", default=100_000, show_default=True, type=click.IntRange(min=1))
-@click.option("--herd-jobs-apscheduler", default=2_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--herd-jobs-pgqueuer", default=100_000, show_default=True, type=AsciiIntRange(min=1))
+@click.option("--herd-jobs-apscheduler", default=2_000, show_default=True, type=AsciiIntRange(min=1))
 @click.option(
-    "--steady-rate", default=1_000, show_default=True, type=click.IntRange(min=1), help="Timers each due every second."
+    "--steady-rate", default=1_000, show_default=True, type=AsciiIntRange(min=1), help="Timers each due every second."
 )
-@click.option("--steady-rate-apscheduler", type=click.IntRange(min=1), default=None, help="[default: --steady-rate]")
+@click.option("--steady-rate-apscheduler", type=AsciiIntRange(min=1), default=None, help="[default: --steady-rate]")
 @click.option(
-    "--steady-seconds", default=30, show_default=True, type=click.IntRange(min=1), help="Seconds of the steady window."
+    "--steady-seconds", default=30, show_default=True, type=AsciiIntRange(min=1), help="Seconds of the steady window."
 )
 @click.option(
     "--bound-s",
     default=60.0,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     help="Not fired this long after the last nominal instant = lost.",
 )
 @click.option(
-    "--lead-s", default=5.0, show_default=True, type=click.FloatRange(min=0), help="Slack between loading and T."
+    "--lead-s", default=5.0, show_default=True, type=FiniteFloatRange(min=0), help="Slack between loading and T."
 )
 @click.option(
     "--naive-batch",
     default=1_000,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=AsciiIntRange(min=1),
     help="Due rows per naive transaction.",
 )
 @click.option(
-    "--pgqueuer-batch", default=100, show_default=True, type=click.IntRange(min=1), help="pgqueuer dequeue batch size."
+    "--pgqueuer-batch", default=100, show_default=True, type=AsciiIntRange(min=1), help="pgqueuer dequeue batch size."
 )
 @click.option(
     "--distinct-schedules",

@@ -17,6 +17,7 @@ from sqlalchemy import text
 
 from scheduler.errors import ValidationError
 from scheduler.identity import SPEC_COLUMNS, identity_of
+from scheduler.spec import build_schedule
 
 revision = "0019"
 down_revision = "0018"
@@ -71,6 +72,10 @@ def upgrade() -> None:
             identities = {}
             for row in rows:
                 try:
+                    build_schedule(  # the spec must still validate (expression, zone, interval)
+                        row["kind"], row["cron_expr"], row["cron_dialect"], row["tz"],
+                        row["interval_s"], row["anchor_at"], row["fire_at"],
+                    )
                     identities[(row["partition_id"], row["job_id"])] = identity_of(dict(row))
                 except (ValidationError, ValueError, TypeError):
                     continue  # an invalid stored spec: fired (and reported) per timer

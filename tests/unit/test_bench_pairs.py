@@ -136,11 +136,18 @@ def test_bad_counts_are_refused():
     [
         (["herd", "--jobs", "1000", "--distinct-schedules", "26,5000"], "5000: each K must be at most --jobs (1,000)"),
         (["herd", "--distinct-schedules", "40001"], "40001: each K must be at most --jobs (300,000) and 40,000"),
-        (["herd", "--distinct-schedules", "0"], "'0': at least one count, each >= 1"),
+        (["herd", "--distinct-schedules", "0"], "'0': each count must be >= 1"),
+        (["herd", "--distinct-schedules", "26,,500"], "'26,,500': a comma-separated list of whole numbers"),
+        (["herd", "--distinct-schedules", "\u0666"], "a comma-separated list of whole numbers in ASCII digits"),
+        (["herd", "--jobs", "\u0666"], "a whole number in ASCII digits"),
+        (["herd", "--jobs", "99999999999999999999999"], "not in the range 1<=x<=50000000"),
+        (["herd", "--max-rate", "nan"], "'nan': a finite number"),
+        (["herd", "--max-rate", "inf"], "'inf': a finite number"),
+        (["steady", "--rate", "1e3"], "a whole number in ASCII digits"),
         (["compare", "--herd-jobs", "100", "--distinct-schedules", "200"], "200: each K must be at most --herd-jobs"),
     ],
 )
-def test_the_cli_refuses_a_bad_k_before_touching_the_store(args, message):
+def test_the_cli_refuses_bad_counts_and_rates_before_touching_the_store(args, message):
     from click.testing import CliRunner
 
     from bench.__main__ import cli
