@@ -77,7 +77,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from scheduler import log, store
+from scheduler import log
 from scheduler.clock import Clock, SystemClock
 from scheduler.coordination.etcd_epochs import EpochFence
 from scheduler.coordination.etcd_keys import ClaimOrder, KeyLayout, first_line, parse_endpoints
@@ -85,7 +85,7 @@ from scheduler.coordination.etcd_link import EtcdLink, aetcd
 from scheduler.coordination.etcd_member import EtcdMember
 from scheduler.coordination.etcd_mirror import EtcdMirror
 from scheduler.coordination.etcd_partitions import MAX_TXN_OPS, PartitionKeys
-from scheduler.coordination.protocol import CoordinatorBase
+from scheduler.coordination.protocol import CoordinatorBase, release_lease_rows
 from scheduler.coordination.table import Lease
 from scheduler.errors import ConfigError, CoordinatorError, EpochRegressionError, SchedulerError
 from scheduler.metrics import Metrics
@@ -341,17 +341,7 @@ class EtcdCoordinator(CoordinatorBase):
     def release(self, leases: list[Lease]) -> list[int]:
         if not leases:
             return []
-        self._session._tx(
-            lambda conn: store.execute(
-                conn,
-                "release_leases",
-                {
-                    "node_id": self.node_id,
-                    "partition_ids": [lease.partition_id for lease in leases],
-                    "epochs": [lease.epoch for lease in leases],
-                },
-            )
-        )
+        release_lease_rows(self._session, self.node_id, leases)
         items = [(lease.partition_id, lease.epoch) for lease in leases]
         deleted = self._delete(items, what="release")
         for lease in leases:  # a stale epoch releases nothing: the lease held stays held

@@ -44,7 +44,7 @@ class EpochFence:
     def write(self, pids: list[int], revision: int) -> set[int]:
         """``claim_partitions_at_epoch``: fence ``pids`` at ``revision`` where the stored
         epoch is below it; return the partitions fenced (the others regressed)."""
-        rows = self._session._tx(
+        rows = self._session.transaction(
             lambda conn: store.execute(
                 conn,
                 "claim_partitions_at_epoch",
@@ -60,7 +60,7 @@ class EpochFence:
         return {row["partition_id"] for row in rows}
 
     def _stored(self) -> list:
-        return self._session._tx(
+        return self._session.transaction(
             lambda conn: store.execute(conn, "partition_status", {"now": self._clock.store_now_or_none()})
         )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from scheduler import store
 from scheduler.coordination.table import Lease
 
 
@@ -120,3 +121,25 @@ class CoordinatorBase:
 
     def prune(self) -> None:
         """Nothing to forget."""
+
+
+def release_lease_rows(session: store.StoreSession, node_id: str, leases: list[Lease]) -> list[int]:
+    """Free the store's lease rows of ``leases`` that ``node_id`` still holds at
+    their epochs (``release_leases``: keyed on node and epoch, so a stale epoch
+    frees nothing; the fence row keeps its epoch), in one transaction of
+    ``session``; return the partitions freed. Both coordinators release this
+    way (the etcd one then deletes its keys)."""
+    if not leases:
+        return []
+    rows = session.transaction(
+        lambda conn: store.execute(
+            conn,
+            "release_leases",
+            {
+                "node_id": node_id,
+                "partition_ids": [lease.partition_id for lease in leases],
+                "epochs": [lease.epoch for lease in leases],
+            },
+        )
+    )
+    return [row["partition_id"] for row in rows]

@@ -10,7 +10,7 @@ import psycopg
 
 from scheduler import store
 from scheduler.clock import Clock, SystemClock
-from scheduler.coordination.protocol import CoordinatorBase
+from scheduler.coordination.protocol import CoordinatorBase, release_lease_rows
 from scheduler.coordination.table import Lease
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
@@ -39,7 +39,7 @@ class SqlCoordinator(CoordinatorBase):
 
     def _tx(self, body):
         """Run ``body(conn)`` in a transaction of the store session (retried on 40001)."""
-        return self._session._tx(body)
+        return self._session.transaction(body)
 
     def _heartbeat(self, conn: psycopg.Connection) -> None:
         store.execute(
@@ -120,20 +120,7 @@ class SqlCoordinator(CoordinatorBase):
         return [(row["partition_id"], row["owner_epoch"]) for row in rows]
 
     def release(self, leases: list[Lease]) -> list[int]:
-        if not leases:
-            return []
-        rows = self._tx(
-            lambda conn: store.execute(
-                conn,
-                "release_leases",
-                {
-                    "node_id": self.node_id,
-                    "partition_ids": [lease.partition_id for lease in leases],
-                    "epochs": [lease.epoch for lease in leases],
-                },
-            )
-        )
-        return [row["partition_id"] for row in rows]
+        return release_lease_rows(self._session, self.node_id, leases)
 
     def leave(self) -> None:
         self._tx(

@@ -99,7 +99,6 @@ class HerdFinder:
         self._clock = clock
         self._limits = limits
         self._specs: dict[int, store.Row] = {}
-        self._slots: dict[tuple[int, datetime], bool] = {}
 
     def find(self, tick: Tick, quotas: dict[str, int], after: dict[str, tuple], min_quota: int = 0) -> dict[str, Herd]:
         """This pass's herds, at most one per tenant, planned.
@@ -253,7 +252,8 @@ class HerdFinder:
 
         The same function of (spec, slot, now) as the per-timer planner's
         (:func:`scheduler.planner.plan_job` with ``limit=2``); the schedule's
-        answers and the slot check are memoized per (key, instant).
+        answers (the slot check's among them) are memoized per instant by the
+        schedule cache.
         """
         spec = self._specs.get(key)
         if spec is None or spec["jitter_s"] != 0:
@@ -262,14 +262,8 @@ class HerdFinder:
             schedule = self._schedules.for_row(spec)
         except ValidationError:
             return None  # the per-timer path logs it, per job
-        if spec["kind"] == "cron":
-            is_slot = self._slots.get((key, due))
-            if is_slot is None:
-                if len(self._slots) >= self._limits.herd_spec_cache:
-                    self._slots.clear()
-                is_slot = self._slots[(key, due)] = tzreplan.is_slot(schedule, due)
-            if not is_slot:
-                return None  # stored under other tzdata rules: the per-timer path replans it
+        if spec["kind"] == "cron" and not tzreplan.is_slot(schedule, due):
+            return None  # stored under other tzdata rules: the per-timer path replans it
         plan = plan_job(
             schedule,
             job_id=_NIL_UUID,

@@ -65,7 +65,7 @@ class FiringLimits:
     once per (key, instant)."""
 
     herd_spec_cache: int = 200_000
-    """Schedule specs (and per-instant slot checks) a node keeps for planning
+    """Schedule specs (``schedules`` rows) a node keeps for planning
     herds; past it the cache starts over."""
 
     lookahead_s: float = 5.0

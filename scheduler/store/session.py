@@ -216,6 +216,8 @@ class StoreSession:
                 self.close()
             raise
 
+    transaction = _tx
+
     def close(self) -> None:
         """Close the connection (if open); the next call opens a new one. Never raises a store error."""
         conn, self._conn = self._conn, None
