@@ -1,0 +1,6 @@
+"""Delivery: runs reach the code that executes them, at least once (docs/delivery.md).
+
+* :mod:`scheduler.delivery.ssrf` — which addresses a push target may reach;
+* :mod:`scheduler.delivery.lifecycle` — claim, heartbeat, ack, nack (fenced by
+  the attempt's lease token) and the partition owner's settle step;
+"""

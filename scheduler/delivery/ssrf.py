@@ -1,0 +1,140 @@
+"""Which addresses an HTTP target may reach (no SSRF), at save time and at connect time.
+
+A push target's URL must be ``http`` or ``https`` with a host, and every
+address its host resolves to must be *allowed*: a global unicast address
+(:attr:`ipaddress.IPv4Address.is_global`), or one inside a network of the
+operator's allowlist (setting ``push_allow``, e.g. ``10.0.0.0/8,127.0.0.1/32``).
+So by default loopback, private (RFC 1918, ULA), link-local (including the
+cloud metadata address 169.254.169.254), shared (100.64.0.0/10, where
+Alibaba's metadata lives), multicast, reserved and unspecified addresses are
+refused — the OWASP SSRF rule of "deny everything not public". IPv4-mapped
+IPv6 addresses are judged as the IPv4 address they carry.
+
+The check runs twice (docs/delivery.md, "Push"): when a job is saved
+(:func:`check_url`, resolving the host: a name that resolves to a refused
+address is refused, one that does not resolve at all is refused too) and
+when the push client connects (the resolver of
+:mod:`scheduler.delivery.push` filters every answer through
+:meth:`AddressPolicy.allows`), because DNS can change between the two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import socket
+from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
+
+from scheduler.errors import ValidationError
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+MAX_URL_LEN = 2048
+
+
+def _resolve(host: str, port: int) -> list[str]:
+    """Addresses ``host`` resolves to (``getaddrinfo``, TCP); raises OSError."""
+    return sorted({info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
+
+
+@dataclasses.dataclass(frozen=True)
+class AddressPolicy:
+    """The operator's allowlist: networks a push target may reach beyond the public internet.
+
+    ``allow`` is empty by default (only global unicast addresses pass).
+    """
+
+    allow: tuple[IPNetwork, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str | None, field: str = "push_allow") -> AddressPolicy:
+        """From a comma-separated list of CIDR networks or addresses (``None``/empty: nothing extra).
+
+        Raises ValidationError naming ``field`` for an entry that is not a
+        network (``10.0.0.0/8``, ``::1/128``) or an address.
+        """
+        networks: list[IPNetwork] = []
+        for item in (text or "").split(","):
+            item = item.strip()
+            if not item:
+                continue
+            try:
+                networks.append(ipaddress.ip_network(item, strict=False))
+            except ValueError:
+                raise ValidationError(
+                    field, "must be a comma-separated list of networks or addresses (e.g. 10.0.0.0/8)", item
+                ) from None
+        return cls(tuple(networks))
+
+    def allows(self, address: str | IPAddress) -> bool:
+        """True if a connection to ``address`` is allowed (see the module doc)."""
+        try:
+            ip = ipaddress.ip_address(address) if isinstance(address, str) else address
+        except ValueError:
+            return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        if any(ip in network for network in self.allow):
+            return True
+        return ip.is_global and not ip.is_multicast
+
+    def filter(self, addresses: Iterable[str]) -> list[str]:
+        """The allowed ones of ``addresses``, in order."""
+        return [a for a in addresses if self.allows(a)]
+
+
+def split_url(url: str, field: str = "url") -> tuple[str, str, int]:
+    """``(scheme, host, port)`` of a push target URL; raises ValidationError naming ``field``.
+
+    Rules: a string of at most :data:`MAX_URL_LEN` characters, scheme
+    ``http`` or ``https``, a host, no user info (credentials belong in
+    headers, which are never logged), a valid port.
+    """
+    if not isinstance(url, str) or not url or len(url) > MAX_URL_LEN or not url.isprintable() or " " in url:
+        raise ValidationError(field, f"must be an http(s) URL of at most {MAX_URL_LEN} characters", url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ValidationError(field, "must be an http(s) URL with a valid host and port", url) from None
+    if parts.scheme not in ("http", "https"):
+        raise ValidationError(field, "scheme must be http or https", parts.scheme)
+    if not parts.hostname:
+        raise ValidationError(field, "must name a host", url)
+    if parts.username is not None or parts.password is not None:
+        raise ValidationError(field, "must not carry user:password (send credentials as a header)", parts.hostname)
+    return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80)
+
+
+def check_url(
+    url: str,
+    policy: AddressPolicy,
+    *,
+    field: str = "url",
+    resolve: Callable[[str, int], list[str]] = _resolve,
+) -> None:
+    """Refuse a push target URL that is malformed or reaches a refused address (save time).
+
+    Resolves the host (``resolve(host, port)`` → addresses; the system
+    resolver by default): every address must be allowed by ``policy``.
+    Raises ValidationError naming ``field``: the URL rules of
+    :func:`split_url`, a host that does not resolve, or the first refused
+    address (the message names it and the setting that would allow it).
+    """
+    _, host, port = split_url(url, field)
+    try:
+        addresses = resolve(host, port)
+    except (OSError, UnicodeError):
+        raise ValidationError(field, "host does not resolve", host) from None
+    if not addresses:
+        raise ValidationError(field, "host does not resolve", host)
+    for address in addresses:
+        if not policy.allows(address):
+            raise ValidationError(
+                field,
+                "resolves to an address push targets may not reach (loopback, private, link-local, metadata "
+                "or reserved); an operator may allow a network with push_allow",
+                f"{host} -> {address}",
+            )
