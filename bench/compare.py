@@ -65,7 +65,9 @@ from pathlib import Path
 from psycopg import sql
 
 from bench import naive, peers, queries
+from bench.report import percentile
 from bench.load import (
+    TRUNCATE,
     copy_jobs,
     cron_spec,
     ensure_tenants,
@@ -104,7 +106,6 @@ COLUMNS = [
 ]
 
 # Measurement SQL of the bench itself (the engine's own queries are in scheduler/sql).
-OURS_TRUNCATE = "TRUNCATE runs, skips, jobs, tenants, nodes"
 OURS_OWNERS = """
 SELECT owner_node, count(*) AS owned FROM leases
 WHERE owner_node IS NOT NULL AND lease_expires_at > now()
@@ -172,21 +173,6 @@ class Fires:
 
 
 # ---------------------------------------------------------------- statistics
-
-
-def percentile(values: list[float], q: float) -> float:
-    """``percentile_cont`` of sorted ``values`` (may end in ``inf``); ``nan`` if empty."""
-    if not values:
-        return math.nan
-    pos = q * (len(values) - 1)
-    lo = math.floor(pos)
-    frac = pos - lo
-    if frac == 0 or lo + 1 >= len(values):
-        return values[lo]
-    hi = values[lo + 1]
-    if math.isinf(hi):
-        return math.inf
-    return values[lo] + (hi - values[lo]) * frac
 
 
 def tenant_of_key(key: str, jobs: int) -> str:
@@ -394,7 +380,7 @@ def run_ours(cfg: Config, work: Work, nodes: int) -> Fires:
         ]
         return Fires(work.occurrences, _epoch(t0), deadline, records, _exit_note(codes))
     finally:
-        conn.execute(OURS_TRUNCATE)
+        conn.execute(TRUNCATE)
         conn.close()
 
 

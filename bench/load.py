@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -132,8 +132,14 @@ BENCH_MARKER_TENANT = "bench.reserved"
 tenant was not made by bench, and bench refuses to empty it."""
 
 
+TRUNCATE = "TRUNCATE runs, skips, job_delivery, run_requests, jobs, tenant_secrets, tenants, nodes"
+"""Empties every table of jobs, tenants and their runs together (foreign keys
+reference ``tenants``: they must be truncated in one statement)."""
+
+
 def reset_store(dsn: str) -> psycopg.Connection:
-    """Migrate, then empty jobs/runs/skips/tenants/nodes and free every lease.
+    """Migrate, then empty jobs and runs and what belongs to them (:data:`TRUNCATE`), tenants and
+    nodes, and free every lease.
 
     Epochs are kept (they only ever increase), and so are ``schedules``
     rows (a key always stands for the same spec). Returns an autocommit
@@ -153,7 +159,7 @@ def reset_store(dsn: str) -> psycopg.Connection:
             f"bench: refusing to empty {store.redact_dsn(dsn)}: it holds {row['jobs']} jobs that bench did not "
             "create. Point --dsn / SCHEDULER_DSN at a dedicated database."
         )
-    conn.execute("TRUNCATE runs, skips, jobs, tenants, nodes")
+    conn.execute(TRUNCATE)
     conn.execute("UPDATE leases SET owner_node = NULL, lease_expires_at = NULL")
     ensure_tenants(conn, [BENCH_MARKER_TENANT])
     return conn
@@ -208,14 +214,16 @@ def ensure_tenants(conn: psycopg.Connection, tenants: Iterable[str]) -> None:
     store.execute(conn, "ensure_tenants", {"tenants": sorted(set(tenants))})
 
 
-def start_node(dsn: str, node_id: str, log_dir: Path, extra: Iterable[str] = ()) -> NodeProcess:
+def start_node(
+    dsn: str, node_id: str, log_dir: Path, extra: Iterable[str] = (), env: Mapping[str, str] | None = None
+) -> NodeProcess:
     """Start ``scheduler node --node-id NODE_ID EXTRA`` against ``dsn`` (JSON logs to ``log_dir/NODE_ID.log``).
 
     The store and the log format come from ``SCHEDULER_DSN`` and
     ``SCHEDULER_LOG_FORMAT`` in the child's environment (the bench's own,
-    plus those two).
+    plus those two, plus ``env``: more settings, e.g. ``SCHEDULER_PUSH_ALLOW``).
     """
-    env = {**os.environ, "SCHEDULER_DSN": dsn, "SCHEDULER_LOG_FORMAT": "json"}
+    env = {**os.environ, "SCHEDULER_DSN": dsn, "SCHEDULER_LOG_FORMAT": "json", **(env or {})}
     return NodeProcess(node_id, log_dir / f"{node_id}.log", ["node", "--node-id", node_id, *extra], env).start()
 
 

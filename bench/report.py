@@ -1,8 +1,24 @@
-"""Bench output: Markdown tables and PNG plots (matplotlib, the ``bench`` extra)."""
+"""Bench output: percentiles, Markdown tables and PNG plots (matplotlib, the ``bench`` extra)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
+
+def percentile(values: list[float], q: float) -> float:
+    """``percentile_cont`` of sorted ``values`` (may end in ``inf``); ``nan`` if empty."""
+    if not values:
+        return math.nan
+    pos = q * (len(values) - 1)
+    lo = math.floor(pos)
+    frac = pos - lo
+    if frac == 0 or lo + 1 >= len(values):
+        return values[lo]
+    hi = values[lo + 1]
+    if math.isinf(hi):
+        return math.inf
+    return values[lo] + (hi - values[lo]) * frac
 
 
 def markdown_table(rows: list[dict], columns: list[str]) -> str:
