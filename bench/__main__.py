@@ -306,6 +306,109 @@ def failover(dsn, coordinator, etcd_endpoints, kind, nodes, jobs, trials, poll_i
         sys.exit(1)
 
 
+@cli.command()
+@click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, required=True)
+@click.option("--mode", type=click.Choice(["pull", "push"]), default="pull", show_default=True)
+@click.option("--workload", type=click.Choice(["herd", "steady"]), default="herd", show_default=True)
+@click.option("--jobs", default=300_000, show_default=True, type=AsciiIntRange(1, 50_000_000), help="Herd: jobs due.")
+@click.option(
+    "--background-jobs", default=0, show_default=True, type=AsciiIntRange(0, 100_000_000), help="Herd: jobs not due."
+)
+@click.option("--tenants", default=51, show_default=True, type=AsciiIntRange(min=1), help="Herd: big + small ones.")
+@click.option("--big-tenant-share", default=0.9, show_default=True, type=FiniteFloatRange(0, 1))
+@click.option("--rate", default=12_000, show_default=True, type=AsciiIntRange(min=1), help="Steady: runs due per s.")
+@click.option(
+    "--seconds",
+    default=60,
+    show_default=True,
+    type=AsciiIntRange(min=11),
+    help="Steady: how long the nodes fire (the first and last 5 s are left out).",
+)
+@click.option("--period-s", default=10, show_default=True, type=AsciiIntRange(min=1), help="Steady: job interval.")
+@click.option("--nodes", default=1, show_default=True, type=AsciiIntRange(1, 64), help="Node processes.")
+@click.option(
+    "--workers",
+    default=None,
+    type=AsciiIntRange(0, 256),
+    help="Pull: worker processes; 0 = firing only (no worker) [default: 4 for pull, 0 for push].",
+)
+@click.option(
+    "--batch", default=1000, show_default=True, type=AsciiIntRange(1, 1000), help="Pull: runs per claim and ack."
+)
+@click.option(
+    "--lead-s", default=15.0, show_default=True, type=FiniteFloatRange(min=0), help="Herd: slack between load and T."
+)
+@click.option(
+    "--deliver-timeout-s",
+    default=300.0,
+    show_default=True,
+    type=FiniteFloatRange(min=0),
+    help="After firing: wait this long for delivery; runs still on their way then count as lost.",
+)
+@click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
+def deliver(
+    dsn,
+    mode,
+    workload,
+    jobs,
+    background_jobs,
+    tenants,
+    big_tenant_share,
+    rate,
+    seconds,
+    period_s,
+    nodes,
+    workers,
+    batch,
+    lead_s,
+    deliver_timeout_s,
+    out_dir,
+    json_path,
+) -> None:
+    """The herd or steady workload fired by real nodes AND delivered: pulled by WORKERS
+    processes that ack at once, or pushed to a local HTTP receiver. Reports dispatch
+    and ack lag, throughput, attempts, duplicates and lost runs from the runs table;
+    --workers 0 checks firing alone leaves every run pending."""
+    from bench.deliver import COLUMNS, FIRING_ONLY_COLUMNS, Options, run_deliver
+
+    if workers is None:
+        workers = 4 if mode == "pull" else 0
+    if mode == "push" and workers:
+        raise click.BadParameter("push mode delivers from the nodes: no workers", param_hint="--workers")
+    opts = Options(
+        mode=mode,
+        workload=workload,
+        jobs=jobs,
+        background_jobs=background_jobs,
+        tenants=tenants,
+        big_share=big_tenant_share,
+        rate=rate,
+        seconds=seconds,
+        period_s=period_s,
+        nodes=nodes,
+        workers=workers,
+        batch=batch,
+        lead_s=lead_s,
+        deliver_timeout_s=deliver_timeout_s,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = run_deliver(dsn, opts, out_dir, progress=_progress())
+    row = dataclasses.asdict(result)
+    firing_only = mode == "pull" and not workers
+    click.echo(report.markdown_table([row], FIRING_ONLY_COLUMNS if firing_only else COLUMNS))
+    click.echo(f"attempts: {row['attempts']}  states: {row['states']}")
+    if json_path:
+        json_path.write_text(json.dumps(row, indent=2) + "\n")
+    failed = result.missing or result.duplicates or result.without_delivery_state
+    if firing_only:
+        failed = failed or result.pending != result.runs
+    else:
+        failed = failed or result.lost
+    if failed:
+        sys.exit(1)
+
+
 def _name_list(choices):
     def parse(ctx, param, text: str) -> list[str]:
         names = [v.strip() for v in text.split(",") if v.strip()]
@@ -321,18 +424,21 @@ def _name_list(choices):
 @click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, required=True)
 @click.option(
     "--systems",
-    default="naive,ours,pgqueuer,apscheduler",
+    default="naive,ours,ours-e2e,pgqueuer,procrastinate,apscheduler",
     show_default=True,
-    callback=_name_list(("naive", "ours", "pgqueuer", "apscheduler")),
+    callback=_name_list(("naive", "ours", "ours-e2e", "pgqueuer", "procrastinate", "apscheduler")),
     help="Systems to run (naive × 1 is the baseline of the ratios).",
 )
 @click.option("--workloads", default="herd,steady", show_default=True, callback=_name_list(("herd", "steady")))
 @click.option("--processes", default="1,4", show_default=True, help="Node / worker processes of ours and naive.")
+@click.option("--e2e-workers", default="1,4", show_default=True, help="Worker processes of ours-e2e (one node).")
 @click.option("--pgqueuer-processes", default="1", show_default=True, help="pgqueuer worker processes.")
+@click.option("--procrastinate-processes", default="1", show_default=True, help="procrastinate worker processes.")
 @click.option(
     "--herd-jobs", default=100_000, show_default=True, type=AsciiIntRange(min=1), help="Herd size of ours and naive."
 )
 @click.option("--herd-jobs-pgqueuer", default=100_000, show_default=True, type=AsciiIntRange(min=1))
+@click.option("--herd-jobs-procrastinate", default=20_000, show_default=True, type=AsciiIntRange(min=1))
 @click.option("--herd-jobs-apscheduler", default=2_000, show_default=True, type=AsciiIntRange(min=1))
 @click.option(
     "--steady-rate", default=1_000, show_default=True, type=AsciiIntRange(min=1), help="Timers each due every second."
@@ -362,6 +468,13 @@ def _name_list(choices):
     "--pgqueuer-batch", default=100, show_default=True, type=AsciiIntRange(min=1), help="pgqueuer dequeue batch size."
 )
 @click.option(
+    "--procrastinate-concurrency",
+    default=100,
+    show_default=True,
+    type=AsciiIntRange(min=1),
+    help="procrastinate worker concurrency.",
+)
+@click.option(
     "--distinct-schedules",
     "distinct_schedules",
     default=None,
@@ -375,9 +488,12 @@ def compare(
     systems,
     workloads,
     processes,
+    e2e_workers,
     pgqueuer_processes,
+    procrastinate_processes,
     herd_jobs,
     herd_jobs_pgqueuer,
+    herd_jobs_procrastinate,
     herd_jobs_apscheduler,
     steady_rate,
     steady_rate_apscheduler,
@@ -386,12 +502,15 @@ def compare(
     lead_s,
     naive_batch,
     pgqueuer_batch,
+    procrastinate_concurrency,
     distinct_schedules,
     out_dir,
     json_path,
 ) -> None:
-    """The same herd and steady work against ours, the naive SKIP LOCKED loop, pgqueuer and
-    APScheduler 4, one after the other; each as a ratio to the naive loop (1 process)."""
+    """The same herd and steady work against ours, the naive SKIP LOCKED loop, pgqueuer,
+    procrastinate and APScheduler 4, one after the other; each as a ratio to the naive
+    loop (1 process). ours-e2e adds workers to ours: timer due -> handed to a worker,
+    beside the peers' handlers (ratios to ours-e2e)."""
     import time
 
     from bench.compare import COLUMNS, Config, Work, plan, run_compare, table_rows
@@ -405,9 +524,15 @@ def compare(
         systems,
         [work for w in workloads for work in works[w]],
         _int_list(processes),
-        {"pgqueuer": _int_list(pgqueuer_processes), "apscheduler": [1]},
+        {
+            "ours-e2e": _int_list(e2e_workers),
+            "pgqueuer": _int_list(pgqueuer_processes),
+            "procrastinate": _int_list(procrastinate_processes),
+            "apscheduler": [1],
+        },
         {
             ("pgqueuer", "herd"): herd_jobs_pgqueuer,
+            ("procrastinate", "herd"): herd_jobs_procrastinate,
             ("apscheduler", "herd"): herd_jobs_apscheduler,
             ("apscheduler", "steady"): steady_rate_apscheduler or steady_rate,
         },
@@ -419,6 +544,7 @@ def compare(
         lead_s=lead_s,
         naive_batch=naive_batch,
         pgqueuer_batch=pgqueuer_batch,
+        procrastinate_concurrency=procrastinate_concurrency,
         echo=lambda line: click.echo(line, err=True),
     )
     start = time.monotonic()

@@ -6,7 +6,11 @@ Systems, each from a clean state of its own tables on the same PostgreSQL:
   COPYed into its tables as :mod:`bench.herd` does;
 * ``naive``: the design the seed rejects (:mod:`bench.naive`), every worker
   process racing on due rows with ``FOR UPDATE SKIP LOCKED`` (1 and 4);
-* ``pgqueuer`` and ``apscheduler``: the peers (:mod:`bench.peers`).
+* ``ours-e2e``: ``ours`` with one node and worker processes (1 and 4 by
+  default) claiming and acking every run of every tenant's queue
+  (:class:`bench.consumers.WorkerProcess`): the end-to-end figure;
+* ``pgqueuer``, ``procrastinate`` and ``apscheduler``: the peers
+  (:mod:`bench.peers`).
 
 Workloads (:class:`Work`):
 
@@ -29,7 +33,10 @@ Workloads (:class:`Work`):
 Measures, the same for every system: an *occurrence* is a (timer, nominal
 time) of the window; its lateness is fire time − nominal time (``ours`` and
 ``naive``: the run row's ``fired_at``, the store's clock at the firing
-statement; peers: the wall clock on entry to the task, same host). An
+statement; ``ours-e2e``: the run's ``first_claimed_at``, the store's clock at
+the claim that handed it to a worker; peers: the wall clock on entry to the
+task, same host). A row's ``stage`` says which: ``fired`` (ours, naive) or
+``handed`` (to a worker: ours-e2e and the peers, whose handler start is both). An
 occurrence that has not fired by ``bound_s`` after the last nominal instant
 is *lost* and counts as infinitely late in the percentiles, so no system
 improves its p99 by dropping work (a percentile that falls on a lost
@@ -37,6 +44,9 @@ occurrence is reported as ``null``). Throughput is occurrences fired / (last
 fire − first nominal instant). ``ratio_vs_naive`` is a row's throughput over
 that of ``naive`` with one process on the same workload, in the same run;
 ``lag_p99_vs_naive`` the same for the p99 lateness (lower is better).
+``ratio_vs_ours_e2e`` and ``lag_p99_vs_ours_e2e``: the same for the
+``handed`` rows against the first ``ours-e2e`` row of the workload (the
+end-to-end figure: timer due → handed to a worker).
 ``small_tenants_lag_p99_s`` is the p99 over the 50 small tenants' occurrences
 (timer ``i``'s tenant is the same in every system, and every system registers
 the timers in the same shuffled order, so no first-in-first-out order favours
@@ -64,8 +74,7 @@ from pathlib import Path
 
 from psycopg import sql
 
-from bench import naive, peers, queries
-from bench.report import percentile
+from bench import consumers, naive, peers, queries
 from bench.load import (
     TRUNCATE,
     copy_jobs,
@@ -78,10 +87,16 @@ from bench.load import (
     wait_until,
 )
 from bench.pairs import herd_plan, plan_seconds
+from bench.report import percentile
 from scheduler import store
 
-SYSTEMS = ("naive", "ours", "pgqueuer", "apscheduler")
+SYSTEMS = ("naive", "ours", "ours-e2e", "pgqueuer", "procrastinate", "apscheduler")
 """In run order: the baseline first."""
+E2E_SYSTEMS = ("ours-e2e", "pgqueuer", "procrastinate", "apscheduler")
+"""Systems whose figure is *timer due → handed to a worker* (stage ``handed``): the
+peers record when their handler starts; ``ours-e2e`` is the engine with
+worker processes claiming the runs (``first_claimed_at``). ``ours`` and
+``naive`` stop at the fired run (stage ``fired``)."""
 WORKLOADS = ("herd", "steady")
 TENANTS = 51
 BIG_TENANT_SHARE = 0.9
@@ -90,6 +105,7 @@ PARTITIONS = 1024
 COLUMNS = [
     "system",
     "workload",
+    "stage",
     "processes",
     "jobs",
     "occurrences",
@@ -101,6 +117,8 @@ COLUMNS = [
     "lag_max_s",
     "ratio_vs_naive",
     "lag_p99_vs_naive",
+    "ratio_vs_ours_e2e",
+    "lag_p99_vs_ours_e2e",
     "small_tenants_lag_p99_s",
     "note",
 ]
@@ -116,6 +134,17 @@ SELECT tenant || '/' || job_id::text AS key, extract(epoch FROM nominal_time)::f
        extract(epoch FROM fired_at)::float8 AS fired_s
 FROM runs
 WHERE nominal_time >= %(first)s AND nominal_time <= %(last)s
+"""
+OURS_CLAIMS = """
+SELECT tenant || '/' || job_id::text AS key, extract(epoch FROM nominal_time)::float8 AS nominal_s,
+       extract(epoch FROM first_claimed_at)::float8 AS fired_s
+FROM runs
+WHERE nominal_time >= %(first)s AND nominal_time <= %(last)s AND first_claimed_at IS NOT NULL
+"""
+OURS_UNCLAIMED = """
+SELECT EXISTS (
+    SELECT 1 FROM runs WHERE nominal_time >= %(first)s AND nominal_time <= %(last)s AND first_claimed_at IS NULL
+) AS unclaimed
 """
 NAIVE_DUE = "SELECT EXISTS (SELECT 1 FROM jobs WHERE next_fire_at <= %(last)s) AS due"
 NAIVE_FIRES = """
@@ -145,7 +174,8 @@ class Work:
 @dataclasses.dataclass
 class Config:
     """Where and how: the store, logs (``out_dir/compare-logs``), the loss bound and the
-    slack between loading and T (seconds), and the naive loop's / pgqueuer's batch sizes."""
+    slack between loading and T (seconds), the naive loop's / pgqueuer's batch sizes,
+    procrastinate's worker concurrency and the claim batch of ``ours-e2e``'s workers."""
 
     dsn: str
     out_dir: Path
@@ -154,6 +184,8 @@ class Config:
     naive_batch: int = naive.BATCH
     naive_poll_s: float = naive.POLL_S
     pgqueuer_batch: int = peers.PGQUEUER_BATCH
+    procrastinate_concurrency: int = peers.PROCRASTINATE_CONCURRENCY
+    worker_batch: int = consumers.BATCH
     echo: Callable[[str], None] = print
 
     @property
@@ -227,6 +259,9 @@ def summarize(system: str, work: Work, processes: int, fires: Fires, wall_s: flo
         "small_tenants_lag_p99_s": _finite(percentile(_lags(small, small_expected), 0.99)),
         "ratio_vs_naive": None,
         "lag_p99_vs_naive": None,
+        "stage": "handed" if system in E2E_SYSTEMS else "fired",
+        "ratio_vs_ours_e2e": None,
+        "lag_p99_vs_ours_e2e": None,
         "nominal_first": datetime.fromtimestamp(fires.first_nominal, UTC).isoformat(),
         "bound_s": round(fires.deadline - fires.first_nominal - (work.seconds - 1), 3),
         "wall_s": round(wall_s, 1),
@@ -236,17 +271,26 @@ def summarize(system: str, work: Work, processes: int, fires: Fires, wall_s: flo
 
 def add_ratios(rows: list[dict]) -> None:
     """Fill ``ratio_vs_naive`` and ``lag_p99_vs_naive`` against naive × 1 of the same
-    workload (and the same ``distinct_schedules``)."""
+    workload (and the same ``distinct_schedules``); for the rows of stage
+    ``handed``, ``ratio_vs_ours_e2e`` and ``lag_p99_vs_ours_e2e`` against the
+    first ``ours-e2e`` row of the same workload (the end-to-end figure: a
+    peer's throughput ratio below 1 and p99 ratio above 1 mean ours is ahead)."""
     for workload in {(r["workload"], r.get("distinct_schedules")) for r in rows}:
         same = [r for r in rows if (r["workload"], r.get("distinct_schedules")) == workload]
-        base = next((r for r in same if r["system"] == "naive" and r["processes"] == 1), None)
-        if base is None:
-            continue
+        naive_base = next((r for r in same if r["system"] == "naive" and r["processes"] == 1), None)
+        e2e_base = next((r for r in same if r["system"] == "ours-e2e"), None)
         for row in same:
-            if row["throughput_runs_per_s"] and base["throughput_runs_per_s"]:
-                row["ratio_vs_naive"] = row["throughput_runs_per_s"] / base["throughput_runs_per_s"]
-            if row["lag_p99_s"] is not None and base["lag_p99_s"]:
-                row["lag_p99_vs_naive"] = row["lag_p99_s"] / base["lag_p99_s"]
+            if naive_base is not None:
+                _ratio(row, naive_base, "ratio_vs_naive", "lag_p99_vs_naive")
+            if e2e_base is not None and row["stage"] == "handed":
+                _ratio(row, e2e_base, "ratio_vs_ours_e2e", "lag_p99_vs_ours_e2e")
+
+
+def _ratio(row: dict, base: dict, throughput_key: str, lag_key: str) -> None:
+    if row["throughput_runs_per_s"] and base["throughput_runs_per_s"]:
+        row[throughput_key] = row["throughput_runs_per_s"] / base["throughput_runs_per_s"]
+    if row["lag_p99_s"] is not None and base["lag_p99_s"]:
+        row[lag_key] = row["lag_p99_s"] / base["lag_p99_s"]
 
 
 def table_rows(rows: list[dict]) -> list[dict]:
@@ -346,12 +390,17 @@ def _exit_note(codes: dict[str, int | None]) -> str | None:
 # ---------------------------------------------------------------- ours
 
 
-def run_ours(cfg: Config, work: Work, nodes: int) -> Fires:
+def run_ours(cfg: Config, work: Work, nodes: int, workers: int = 0) -> Fires:
+    """Fire ``work`` with ``nodes`` node processes; with ``workers`` > 0 (``ours-e2e``: one
+    node), that many worker processes (:class:`bench.consumers.WorkerProcess`,
+    every tenant's ``default`` queue) claim and ack the runs, and the records are
+    the runs' ``first_claimed_at`` instead of ``fired_at``."""
     conn = reset_store(cfg.dsn)
     try:
         ensure_tenants(conn, tenants())
         created = store.now(conn)
         procs = [start_node(cfg.dsn, f"cmp-{i}", cfg.log_dir) for i in range(nodes)]
+        codes: dict[str, int | None] = {}
         try:
             share = math.ceil(PARTITIONS / nodes)
 
@@ -369,14 +418,29 @@ def run_ours(cfg: Config, work: Work, nodes: int) -> Fires:
             specs = {(e, d, z): cron_spec(e, z, d) for _, e, d, z in work_timers}
             values = dict(zip(specs, register_specs(conn, specs.values()), strict=True))
             copy_jobs(conn, (job_row(tenant, values[e, d, z], t0, created) for tenant, e, d, z in work_timers))
-            deadline = _fire_loaded(
-                conn, cfg, t0, last, lambda: queries.execute(conn, "any_due_at", {"nominal": last})[0]["due"]
-            )
+            span = {"first": t0, "last": last}
+
+            def still_due() -> bool:
+                if queries.execute(conn, "any_due_at", {"nominal": last})[0]["due"]:
+                    return True
+                return bool(workers) and conn.execute(OURS_UNCLAIMED, span).fetchone()["unclaimed"]
+
+            consumer_procs = [
+                consumers.WorkerProcess(
+                    cfg.dsn, f"cmp-worker-{i}", tenants(), cfg.log_dir, queue="default", batch=cfg.worker_batch
+                )
+                for i in range(workers)
+            ]
+            try:
+                deadline = _fire_loaded(conn, cfg, t0, last, still_due)
+            finally:
+                for worker in consumer_procs:
+                    codes[worker.worker_id] = worker.stop()
         finally:
-            codes = {proc.node_id: proc.stop() for proc in procs}
+            codes.update({proc.node_id: proc.stop() for proc in procs})
         records = [
             (r["key"], r["nominal_s"], r["fired_s"])
-            for r in conn.execute(OURS_FIRES, {"first": t0, "last": last}).fetchall()
+            for r in conn.execute(OURS_CLAIMS if workers else OURS_FIRES, {"first": t0, "last": last}).fetchall()
         ]
         return Fires(work.occurrences, _epoch(t0), deadline, records, _exit_note(codes))
     finally:
@@ -420,9 +484,15 @@ def run_naive(cfg: Config, work: Work, processes: int) -> Fires:
 
 # ---------------------------------------------------------------- peers
 
-LOAD_RATE = {"pgqueuer": 20_000.0, "apscheduler": 150.0}
-"""Conservative occurrences (pgqueuer) / schedules (APScheduler) registered per second,
-to choose T so that loading ends before it (measured here: 45k-60k/s and 450-520/s)."""
+LOAD_RATE = {"pgqueuer": 20_000.0, "procrastinate": 5_000.0, "apscheduler": 150.0}
+"""Conservative occurrences (pgqueuer, procrastinate) / schedules (APScheduler) registered
+per second, to choose T so that loading ends before it (measured here: pgqueuer
+45k-60k/s, APScheduler 450-520/s; procrastinate's is a guess to be measured)."""
+PEER_SCHEMAS = {
+    "pgqueuer": peers.PGQUEUER_SCHEMA,
+    "procrastinate": peers.PROCRASTINATE_SCHEMA,
+    "apscheduler": peers.APSCHEDULER_SCHEMA,
+}
 
 
 def run_peer(cfg: Config, system: str, work: Work, processes: int) -> Fires:
@@ -430,7 +500,7 @@ def run_peer(cfg: Config, system: str, work: Work, processes: int) -> Fires:
     dsn = cfg.dsn
     peers.run_step(system, ["setup", system, "--dsn", dsn], log, 120)
     try:
-        registered = work.occurrences if system == "pgqueuer" else work.jobs
+        registered = work.jobs if system == "apscheduler" else work.occurrences
         load_s = registered / LOAD_RATE[system]
         t0 = math.ceil(time.time() + cfg.lead_s + load_s + 3.0)  # + worker start-up
         last = t0 + work.seconds - 1
@@ -451,7 +521,7 @@ def run_peer(cfg: Config, system: str, work: Work, processes: int) -> Fires:
         workers: list[peers.PeerWorker] = []
         note = None
         try:
-            if system == "pgqueuer":  # workers wait on an installed, empty queue
+            if system != "apscheduler":  # workers wait on an installed, empty queue
                 workers = _start_workers(cfg, system, processes, deadline)
                 peers.run_step(system, load_args, log, max(60.0, 10 * load_s))
             else:  # APScheduler: a scheduler only learns of schedules present at start
@@ -473,8 +543,7 @@ def run_peer(cfg: Config, system: str, work: Work, processes: int) -> Fires:
         return Fires(work.occurrences, float(t0), deadline, records, note)
     finally:
         conn = store.connect(dsn, application_name="bench-compare")
-        schema = peers.PGQUEUER_SCHEMA if system == "pgqueuer" else peers.APSCHEDULER_SCHEMA
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(PEER_SCHEMAS[system])))
         conn.close()
 
 
@@ -486,7 +555,7 @@ def _start_workers(cfg: Config, system: str, processes: int, deadline: float) ->
             cfg.log_dir / f"{system}-{i}.tsv",
             deadline,
             cfg.log_dir / f"{system}-{i}.log",
-            cfg.pgqueuer_batch,
+            cfg.procrastinate_concurrency if system == "procrastinate" else cfg.pgqueuer_batch,
         )
         for i in range(processes)
     ]
@@ -517,6 +586,8 @@ def run_one(cfg: Config, system: str, work: Work, processes: int) -> dict:
     try:
         if system == "ours":
             fires = run_ours(cfg, work, processes)
+        elif system == "ours-e2e":
+            fires = run_ours(cfg, work, 1, workers=processes)
         elif system == "naive":
             fires = run_naive(cfg, work, processes)
         else:
@@ -557,7 +628,7 @@ def plan(
     herds = [w for w in workloads if w.name == "herd"]
     for work in workloads:
         for system in sorted(systems, key=SYSTEMS.index):
-            if system not in ("ours", "naive") and work.name == "herd" and work is not herds[0]:
+            if system not in ("ours", "ours-e2e", "naive") and work.name == "herd" and work is not herds[0]:
                 continue  # peers hold no schedules: their herd is the same whatever K
             counts = processes if system in ("ours", "naive") else peer_processes[system]
             jobs = peer_jobs.get((system, work.name), work.jobs)

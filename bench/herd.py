@@ -50,7 +50,16 @@ from scheduler.schedule import CronSchedule
 
 BACKGROUND_EXPRS = ("0 0 1 1 *", "30 3 1 */6 *", "15 4 29 2 *", "0 12 25 12 *")
 
-__all__ = ["BACKGROUND_EXPRS", "HerdResult", "herd_expressions", "run_herd", "run_herds"]
+__all__ = [
+    "BACKGROUND_EXPRS",
+    "Herd",
+    "HerdResult",
+    "herd_expressions",
+    "load_background",
+    "run_herd",
+    "run_herds",
+    "small_tenants",
+]
 
 
 @dataclasses.dataclass
@@ -148,23 +157,7 @@ def run_herds(
         if k is not None and not 1 <= k <= jobs:
             raise ValueError(f"--distinct-schedules {k}: must be 1 to --jobs ({jobs})")
     conn = reset_store(dsn)
-    small = [f"small-{i:03d}" for i in range(max(0, tenants - 1))]
-    ensure_tenants(conn, ["big", *small])
-    created = store.now(conn)
-
-    if background_jobs:
-        bar = progress(total=background_jobs, desc="background jobs (COPY)") if progress else None
-        nexts = {e: CronSchedule(e).next_after(created) for e in BACKGROUND_EXPRS}
-        specs = [cron_spec(e, "UTC") for e in BACKGROUND_EXPRS]
-        values = dict(zip(BACKGROUND_EXPRS, register_specs(conn, specs), strict=True))
-        rows = (
-            job_row(small[i % len(small)] if small else "big", values[e], nexts[e], created)
-            for i in range(background_jobs)
-            for e in (BACKGROUND_EXPRS[i % len(BACKGROUND_EXPRS)],)
-        )
-        copy_jobs(conn, rows, bar.update if bar else None)
-        if bar:
-            bar.close()
+    small = load_background(conn, tenants, background_jobs, progress)
 
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -187,7 +180,7 @@ def run_herds(
                 # Their index entries are cleaned now, before the next herd's
                 # instant is chosen: the VACUUM after its load stays short.
                 conn.execute("VACUUM jobs")
-            herd = _Herd(jobs, background_jobs, tenants, nodes, small, big_share, max_rate, k, seed)
+            herd = Herd(jobs, background_jobs, tenants, nodes, small, big_share, max_rate, k, seed)
             last_created = herd.load(conn, lead_s, progress)
             results.append(herd.fire(conn, procs, out_dir, progress, timeout_s))
     finally:
@@ -200,9 +193,40 @@ def run_herds(
     return results
 
 
+def small_tenants(tenants: int) -> list[str]:
+    """The herd's small tenants' names (``tenants - 1`` of them; the big one is ``big``)."""
+    return [f"small-{i:03d}" for i in range(max(0, tenants - 1))]
+
+
+def load_background(conn, tenants: int, background_jobs: int, progress=None) -> list[str]:
+    """Create the herd's tenants (``big`` and :func:`small_tenants`) and COPY
+    ``background_jobs`` jobs not due for months (:data:`BACKGROUND_EXPRS`,
+    spread over the small tenants, or ``big`` without any). Returns the small
+    tenants' names."""
+    small = small_tenants(tenants)
+    ensure_tenants(conn, ["big", *small])
+    if not background_jobs:
+        return small
+    created = store.now(conn)
+    bar = progress(total=background_jobs, desc="background jobs (COPY)") if progress else None
+    nexts = {e: CronSchedule(e).next_after(created) for e in BACKGROUND_EXPRS}
+    specs = [cron_spec(e, "UTC") for e in BACKGROUND_EXPRS]
+    values = dict(zip(BACKGROUND_EXPRS, register_specs(conn, specs), strict=True))
+    rows = (
+        job_row(small[i % len(small)] if small else "big", values[e], nexts[e], created)
+        for i in range(background_jobs)
+        for e in (BACKGROUND_EXPRS[i % len(BACKGROUND_EXPRS)],)
+    )
+    copy_jobs(conn, rows, bar.update if bar else None)
+    if bar:
+        bar.close()
+    return small
+
+
 @dataclasses.dataclass
-class _Herd:
-    """One herd of a run: its shape; ``t`` and ``pairs`` once loaded."""
+class Herd:
+    """One herd of a run: its shape; ``t`` and ``pairs`` once loaded (:meth:`load`, then
+    :meth:`fire`; ``bench deliver`` drives it the same way)."""
 
     jobs: int
     background_jobs: int
@@ -216,10 +240,11 @@ class _Herd:
     t: datetime | None = None
     pairs: int = 0
 
-    def load(self, conn, lead_s: float, progress) -> datetime:
+    def load(self, conn, lead_s: float, progress, prepare=None) -> datetime:
         """Choose ``t`` (the first minute boundary after loading should be done), register
-        the herd's specs, COPY its timers, VACUUM ANALYZE ``jobs``. Returns the
-        timers' ``created_at`` (a store time no other job has). Raises
+        the herd's specs, COPY its timers, call ``prepare(conn, created)`` if
+        given (e.g. to give them HTTP targets), VACUUM ANALYZE ``jobs``. Returns
+        the timers' ``created_at`` (a store time no other job has). Raises
         RuntimeError if loading took past ``t``."""
         now = store.now(conn)
         ready = now + timedelta(seconds=self.jobs / 40_000 + plan_seconds(self.k) + lead_s)
@@ -241,6 +266,8 @@ class _Herd:
         copy_jobs(conn, herd_rows(), bar.update if bar else None)
         if bar:
             bar.close()
+        if prepare is not None:
+            prepare(conn, created)
         # A real midnight herd hits a table vacuumed long ago; without this the
         # bench would measure autovacuum of a fresh bulk load racing the herd.
         conn.execute("VACUUM ANALYZE jobs")

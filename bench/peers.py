@@ -1,6 +1,6 @@
 """The peers a Python user would pick instead, driven on the same PostgreSQL.
 
-Two libraries, each in its own schema of the bench database, each run in
+Three libraries, each in its own schema of the bench database, each run in
 child processes (``python -m bench.peers SYSTEM setup|load|worker``) so that
 an import error, a crash or a hang of one costs its own row of the comparison,
 never the run:
@@ -23,6 +23,16 @@ never the run:
   task at a time); ``worker`` runs one :class:`~apscheduler.AsyncScheduler`
   (default ``max_concurrent_jobs`` = 100: 1,000 is slower) whose task records
   when it was called.
+
+* **procrastinate** 3 (``procrastinate``, psycopg 3), its tables in the schema
+  :data:`PROCRASTINATE_SCHEMA` (the connections' ``search_path``). Like
+  pgqueuer it holds no timers that repeat by themselves for this work (its
+  periodic tasks are one decorator per schedule in code), so ``load`` defers
+  one job per occurrence with ``schedule_at`` = its nominal instant, in
+  batches (``batch_defer_async``); ``worker`` runs ``run_worker_async``
+  (concurrency ``--batch``, 100 from ``compare``; polling every
+  :data:`PROCRASTINATE_POLL_S`: a scheduled job is announced by NOTIFY when
+  deferred, not when due) whose async task records when it was called.
 
 A worker records ``(key, nominal, fired)`` per call in memory (``fired`` is
 ``time.time()`` on entry to the task, ``nominal`` the instant the occurrence
@@ -51,6 +61,11 @@ from bench.process import stop_child
 
 PGQUEUER_SCHEMA = "bench_pgqueuer"
 APSCHEDULER_SCHEMA = "bench_apscheduler"
+PROCRASTINATE_SCHEMA = "bench_procrastinate"
+PROCRASTINATE_POLL_S = 0.1
+"""procrastinate workers' ``fetch_job_polling_interval`` (its default, 5 s, is how late a
+scheduled job can start: LISTEN/NOTIFY announces a job when deferred, not when due)."""
+PROCRASTINATE_CONCURRENCY = 100
 ENTRYPOINT = "bench_fire"
 ENQUEUE_CHUNK = 10_000
 PGQUEUER_BATCH = 100
@@ -272,11 +287,90 @@ async def apscheduler_worker(dsn: str, records: Path, deadline: float) -> None:
     await _stop_within(engine.dispose(), 5)
 
 
+# ---------------------------------------------------------------- procrastinate
+
+
+def _procrastinate_app(dsn: str):
+    """A procrastinate :class:`~procrastinate.App` on ``dsn`` whose connections use the
+    schema :data:`PROCRASTINATE_SCHEMA` (its tables, functions and types live
+    there), with the task :func:`procrastinate_fire` registered as :data:`ENTRYPOINT`."""
+    import procrastinate
+
+    connector = procrastinate.PsycopgConnector(
+        conninfo=asyncpg_dsn(dsn), kwargs={"options": f"-c search_path={PROCRASTINATE_SCHEMA}"}
+    )
+    app = procrastinate.App(connector=connector)
+    app.task(name=ENTRYPOINT)(procrastinate_fire)
+    return app
+
+
+async def procrastinate_fire(key: str, nominal: float) -> None:
+    """The procrastinate task: record the call (module level, so workers can name it)."""
+    RECORDS.append((key, nominal, time.time()))
+
+
+async def procrastinate_setup(dsn: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{PROCRASTINATE_SCHEMA}" CASCADE')
+        await conn.execute(f'CREATE SCHEMA "{PROCRASTINATE_SCHEMA}"')
+    finally:
+        await conn.close()
+    app = _procrastinate_app(dsn)
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+
+
+async def procrastinate_load(dsn: str, jobs: int, t0: float, seconds: int) -> int:
+    """Defer ``jobs`` jobs scheduled at each nominal instant (``schedule_at``); return the count."""
+    import asyncpg
+
+    app = _procrastinate_app(dsn)
+    count = 0
+    async with app.open_async():
+        task = app.tasks[ENTRYPOINT]
+        order = registration_order(jobs)
+        for nominal in occurrences(t0, seconds):
+            deferrer = task.configure(schedule_at=datetime.fromtimestamp(nominal, UTC))
+            for start in range(0, jobs, ENQUEUE_CHUNK):
+                chunk = order[start : start + ENQUEUE_CHUNK]
+                await deferrer.batch_defer_async(*({"key": str(i), "nominal": nominal} for i in chunk))
+                count += len(chunk)
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:  # as for the engine's jobs: a herd hits a table analysed long ago
+        await conn.execute(f'VACUUM ANALYZE "{PROCRASTINATE_SCHEMA}".procrastinate_jobs')
+    finally:
+        await conn.close()
+    return count
+
+
+async def procrastinate_worker(dsn: str, records: Path, deadline: float, concurrency: int) -> None:
+    recorder = _Recorder(records)
+    recorder.install_signals()
+    app = _procrastinate_app(dsn)
+    async with app.open_async():
+        runner = asyncio.create_task(
+            app.run_worker_async(
+                concurrency=concurrency,
+                fetch_job_polling_interval=PROCRASTINATE_POLL_S,
+                install_signal_handlers=False,
+            )
+        )
+        recorder.ready()
+        await recorder.progress(deadline)
+        recorder.write()
+        runner.cancel()
+        await _stop_within(runner, 10)
+
+
 # ---------------------------------------------------------------- CLI (child processes)
 
 SYSTEMS = {
     "pgqueuer": (pgqueuer_setup, pgqueuer_load),
     "apscheduler": (apscheduler_setup, apscheduler_load),
+    "procrastinate": (procrastinate_setup, procrastinate_load),
 }
 
 
@@ -309,11 +403,19 @@ def load(system: str, dsn: str, jobs: int, t0: float, seconds: int) -> None:
 @click.option("--dsn", envvar="SCHEDULER_DSN", required=True)
 @click.option("--records", type=click.Path(path_type=Path), required=True)
 @click.option("--deadline", type=float, required=True, help="Stop at this instant (epoch s).")
-@click.option("--batch", type=int, default=PGQUEUER_BATCH, show_default=True, help="pgqueuer dequeue batch.")
+@click.option(
+    "--batch",
+    type=int,
+    default=PGQUEUER_BATCH,
+    show_default=True,
+    help="pgqueuer dequeue batch; procrastinate worker concurrency.",
+)
 def worker(system: str, dsn: str, records: Path, deadline: float, batch: int) -> None:
     """Run SYSTEM until SIGTERM or DEADLINE, then write RECORDS."""
     if system == "pgqueuer":
         asyncio.run(pgqueuer_worker(dsn, records, deadline, batch))
+    elif system == "procrastinate":
+        asyncio.run(procrastinate_worker(dsn, records, deadline, batch))
     else:
         asyncio.run(apscheduler_worker(dsn, records, deadline))
     # Library threads (executors, pools) must not keep a measured-out worker alive.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from bench import queries
@@ -48,14 +48,19 @@ class SteadyResult:
     node_rss_mb_max: float | None
 
 
-def run_steady(
-    dsn: str, rate: int, seconds: int, nodes: int, out_dir: Path, period_s: int = 10, tenants: int = 10, progress=None
-) -> SteadyResult:
-    """Load ``rate × period_s`` interval jobs, fire for ``seconds``, measure."""
-    if seconds <= 2 * EDGE_S:
-        raise ValueError(f"--seconds must exceed {2 * EDGE_S}")
-    conn = reset_store(dsn)
-    names = [f"tenant-{i:02d}" for i in range(tenants)]
+def tenant_names(tenants: int) -> list[str]:
+    """The steady workload's tenants: ``tenant-00``, ``tenant-01``, ..."""
+    return [f"tenant-{i:02d}" for i in range(tenants)]
+
+
+def load_steady(conn, rate: int, period_s: int, tenants: int, progress=None, prepare=None) -> tuple[datetime, int]:
+    """Create :func:`tenant_names` and COPY ``rate × period_s`` interval jobs (period
+    ``period_s``, anchors spread evenly from ``base``, the whole second
+    ``period_s`` seconds from now, so ``rate`` runs fall due every second from
+    ``base``) over them, round robin; call ``prepare(conn, created)`` if given
+    (e.g. to give them HTTP targets); VACUUM ANALYZE ``jobs``. Returns
+    ``(base, jobs)``."""
+    names = tenant_names(tenants)
     ensure_tenants(conn, names)
     now = store.now(conn)
     base = now.replace(microsecond=0) + timedelta(seconds=period_s)
@@ -72,7 +77,29 @@ def run_steady(
     copy_jobs(conn, rows(), bar.update if bar else None)
     if bar:
         bar.close()
+    if prepare is not None:
+        prepare(conn, now)
     conn.execute("VACUUM ANALYZE jobs")
+    return base, jobs
+
+
+def steady_window(started: datetime, ended: datetime, base: datetime) -> tuple[datetime, datetime]:
+    """The measured window ``[since, until)`` of nominal times: from the later of the nodes'
+    start and ``base``, and to their end, each cut by :data:`EDGE_S` seconds and
+    truncated to whole seconds (start-up and shutdown are not steady)."""
+    since = max(started, base).replace(microsecond=0) + timedelta(seconds=EDGE_S)
+    until = ended.replace(microsecond=0) - timedelta(seconds=EDGE_S)
+    return since, until
+
+
+def run_steady(
+    dsn: str, rate: int, seconds: int, nodes: int, out_dir: Path, period_s: int = 10, tenants: int = 10, progress=None
+) -> SteadyResult:
+    """Load ``rate × period_s`` interval jobs, fire for ``seconds``, measure."""
+    if seconds <= 2 * EDGE_S:
+        raise ValueError(f"--seconds must exceed {2 * EDGE_S}")
+    conn = reset_store(dsn)
+    base, jobs = load_steady(conn, rate, period_s, tenants, progress)
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = [start_node(dsn, f"steady-{i}", log_dir) for i in range(nodes)]
@@ -89,8 +116,7 @@ def run_steady(
     finally:
         for proc in procs:
             proc.stop()
-    since = max(started, base).replace(microsecond=0) + timedelta(seconds=EDGE_S)
-    until = ended.replace(microsecond=0) - timedelta(seconds=EDGE_S)
+    since, until = steady_window(started, ended, base)
     audit = verify(conn, since, until)
     window_s = (until - since).total_seconds()
     conn.close()

@@ -98,3 +98,39 @@ WHERE datname = current_database();
 -- that its timers that fire again (every minute, every hour, ...) stay out of
 -- the next herd of the same run. A scan of jobs, run while nothing is due.
 DELETE FROM jobs WHERE created_at = %(created)s;
+
+-- name: set_jobs_pushed
+-- bench deliver --mode push: the jobs loaded at one creation time target an
+-- HTTP endpoint instead of a queue (queue NULL; the URL is in job_delivery).
+UPDATE jobs SET queue = NULL WHERE created_at = %(created)s;
+
+-- name: insert_push_targets
+-- bench deliver --mode push: each job loaded at one creation time POSTs to
+-- %(url)s, with the engine's default retry policy (what `jobs add --url`
+-- writes for a job that names no other).
+INSERT INTO job_delivery (partition_id, job_id, url, method, max_attempts, backoff_base_s, backoff_cap_s)
+SELECT j.partition_id, j.job_id, %(url)s, 'POST', %(max_attempts)s, %(backoff_base_s)s, %(backoff_cap_s)s
+FROM jobs AS j
+WHERE j.created_at = %(created)s
+ON CONFLICT (partition_id, job_id) DO NOTHING;
+
+-- name: delivery_rows
+-- bench deliver: one row per run of the nominal times [since, until): its
+-- tenant, delivery state, attempts started, dispatch lag (first claim −
+-- scheduled) and ack lag (finished − scheduled), and when it finished
+-- (epoch s); lags NULL while not claimed / not finished.
+SELECT tenant,
+       state,
+       attempt,
+       extract(epoch FROM (first_claimed_at - scheduled_at))::float8 AS dispatch_s,
+       extract(epoch FROM (finished_at - scheduled_at))::float8 AS ack_s,
+       extract(epoch FROM finished_at)::float8 AS finished_s
+FROM runs
+WHERE nominal_time >= %(since)s AND nominal_time < %(until)s;
+
+-- name: count_unsettled
+-- bench deliver: runs of the nominal times [since, until) still on their way
+-- (pending, leased or failed; fired before delivery existed counts too).
+SELECT count(*) AS unsettled FROM runs
+WHERE nominal_time >= %(since)s AND nominal_time < %(until)s
+  AND (state IS NULL OR state IN ('pending', 'leased', 'failed'));

@@ -1,0 +1,236 @@
+"""The delivery side of ``bench deliver``: pull workers and the push receiver, as child processes.
+
+* **Bench worker** (``python -m bench.consumers worker``): a loop over
+  :func:`scheduler.delivery.lifecycle.claim` and
+  :func:`~scheduler.delivery.lifecycle.ack` in batches, for the runs of a
+  queue of *several* tenants. Each pass claims up to ``--batch`` runs of each
+  tenant in turn (starting at a tenant that differs per worker, so workers do
+  not all probe the same tenant first) and acks each claimed batch in one
+  statement: a no-op handler. A pass that claimed nothing sleeps
+  :data:`POLL_MIN_S` doubling to :data:`POLL_MAX_S`; one that claimed
+  anything starts the next at once. SIGTERM/SIGINT stop it after the current
+  batch is acked. Nothing it counts is used by the bench: the report reads
+  the store (a worker that crashed cannot hide a loss). It stands in for
+  ``scheduler worker`` where that serves one tenant per process and the
+  herd has 51 tenants (see bench/README.md).
+* **Receiver** (``python -m bench.consumers receiver``): an aiohttp server on
+  127.0.0.1 (a free port) answering every request ``204`` after recording its
+  ``Idempotency-Key`` header and arrival time (epoch seconds); it writes
+  ``RECORDS.ready`` holding its port once listening, its request count to
+  ``RECORDS.count`` every 0.25 s, and on SIGTERM/SIGINT the records to
+  ``RECORDS`` (TSV: key, arrival) before it exits.
+
+:class:`WorkerProcess` and :class:`ReceiverProcess` start them from the
+bench (output to a log file; stopped with :func:`bench.process.stop_child`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import click
+
+from bench.process import stop_child
+
+POLL_MIN_S = 0.02
+"""A bench worker's first sleep after a pass that claimed nothing (seconds)."""
+POLL_MAX_S = 0.2
+"""A bench worker's longest sleep between passes over empty queues (seconds)."""
+BATCH = 1000
+"""Runs a bench worker claims (and acks) per statement by default."""
+
+
+# ---------------------------------------------------------------- bench worker
+
+
+def work(dsn: str, worker_id: str, tenants: list[str], queue: str, batch: int, stop: threading.Event) -> int:
+    """Claim and ack the runs of ``queue`` of ``tenants`` until ``stop`` is set (see the module
+    doc); return how many acks the store accepted. Raises what the store raises."""
+    from scheduler import store
+    from scheduler.delivery import lifecycle
+
+    conn = store.connect(dsn, application_name=f"bench-worker-{worker_id}"[:63])
+    start = sum(worker_id.encode()) % len(tenants)
+    order = tenants[start:] + tenants[:start]
+    acked = 0
+    idle = POLL_MIN_S
+    try:
+        while not stop.is_set():
+            got = 0
+            for tenant in order:
+                claimed = lifecycle.claim(conn, tenant=tenant, queue=queue, worker=worker_id, limit=batch)
+                if claimed:
+                    answers = lifecycle.ack(conn, [(c.run_id, c.token) for c in claimed])
+                    acked += sum(1 for a in answers.values() if a == "succeeded")
+                    got += len(claimed)
+            if got:
+                idle = POLL_MIN_S
+            else:
+                stop.wait(idle)
+                idle = min(idle * 2, POLL_MAX_S)
+    finally:
+        conn.close()
+    return acked
+
+
+# ---------------------------------------------------------------- receiver
+
+
+async def receive(records: Path, port: int) -> None:
+    """Serve on 127.0.0.1:``port`` (0: any free port) until SIGTERM/SIGINT (see the module doc)."""
+    from aiohttp import web
+
+    seen: list[tuple[str, float]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        seen.append((request.headers.get("Idempotency-Key", ""), time.time()))
+        await request.read()
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024)
+    await site.start()
+    bound = runner.addresses[0][1]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    records.with_suffix(".ready").write_text(f"{bound}\n")
+    count_path = records.with_suffix(".count")
+    while not stop.is_set():
+        count_path.with_suffix(".tmp").write_text(f"{len(seen)}\n")
+        count_path.with_suffix(".tmp").replace(count_path)
+        try:
+            await asyncio.wait_for(stop.wait(), 0.25)
+        except TimeoutError:
+            pass
+    tmp = records.with_suffix(".tsv.tmp")
+    with open(tmp, "w") as out:
+        for key, arrived in seen:
+            out.write(f"{key}\t{arrived:.6f}\n")
+    tmp.replace(records)
+    await runner.cleanup()
+
+
+# ---------------------------------------------------------------- parent side
+
+
+class WorkerProcess:
+    """A bench worker child process (``python -m bench.consumers worker``), output to ``log_dir/ID.log``."""
+
+    def __init__(self, dsn: str, worker_id: str, tenants: list[str], log_dir: Path, *, queue: str, batch: int) -> None:
+        self.worker_id = worker_id
+        self._log = open(log_dir / f"{worker_id}.log", "ab")
+        args = ["worker", "--dsn", dsn, "--worker-id", worker_id, "--queue", queue, "--batch", str(batch)]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.consumers", *args, *tenants],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL; return the exit status."""
+        return stop_child(self.proc, self._log, timeout_s)
+
+
+class ReceiverProcess:
+    """The receiver child process (``python -m bench.consumers receiver``); :meth:`wait_ready`
+    gives its port, :meth:`stop` its records."""
+
+    def __init__(self, records: Path, log_path: Path) -> None:
+        self.records = records
+        self.log_path = log_path
+        for path in (records, records.with_suffix(".ready"), records.with_suffix(".count")):
+            path.unlink(missing_ok=True)
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.consumers", "receiver", "--records", str(records)],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout_s: float = 30.0) -> int:
+        """The port it listens on, once it does. Raises RuntimeError if it exits, TimeoutError."""
+        ready = self.records.with_suffix(".ready")
+        deadline = time.monotonic() + timeout_s
+        while not ready.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"receiver exited ({self.proc.returncode}); see {self.log_path}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for the receiver to listen")
+            time.sleep(0.05)
+        return int(ready.read_text())
+
+    def count(self) -> int:
+        """Requests received so far (as of its last 0.25 s report)."""
+        try:
+            return int(self.records.with_suffix(".count").read_text() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def stop(self, timeout_s: float = 30.0) -> list[tuple[str, float]]:
+        """SIGTERM, wait (SIGKILL after ``timeout_s``); return its ``(key, arrival)`` records in
+        arrival order. Raises RuntimeError if it wrote none."""
+        stop_child(self.proc, self._log, timeout_s)
+        if not self.records.exists():
+            raise RuntimeError(f"the receiver wrote no records; see {self.log_path}")
+        out = []
+        for line in self.records.read_text().splitlines():
+            key, arrived = line.split("\t")
+            out.append((key, float(arrived)))
+        return out
+
+
+def receiver_duplicates(records: list[tuple[str, float]]) -> int:
+    """Requests beyond the first per ``Idempotency-Key`` (0 when every key came once)."""
+    return sum(n - 1 for n in collections.Counter(key for key, _ in records).values())
+
+
+# ---------------------------------------------------------------- CLI (child processes)
+
+
+@click.group()
+def cli() -> None:
+    """The delivery side of ``python -m bench deliver`` (one child process each)."""
+
+
+@cli.command("worker")
+@click.option("--dsn", envvar="SCHEDULER_DSN", required=True)
+@click.option("--worker-id", required=True)
+@click.option("--queue", default="default", show_default=True)
+@click.option("--batch", type=click.IntRange(1, 1000), default=BATCH, show_default=True)
+@click.argument("tenants", nargs=-1, required=True)
+def worker_cmd(dsn: str, worker_id: str, queue: str, batch: int, tenants: tuple[str, ...]) -> None:
+    """Claim and ack the runs of QUEUE of TENANTS until SIGTERM."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    start = time.monotonic()
+    acked = work(dsn, worker_id, list(tenants), queue, batch, stop)
+    click.echo(f"{worker_id}: acked {acked} runs in {time.monotonic() - start:.1f}s")
+
+
+@cli.command("receiver")
+@click.option("--records", type=click.Path(path_type=Path), required=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True)
+def receiver_cmd(records: Path, port: int) -> None:
+    """Answer every request 204 on 127.0.0.1:PORT, recording Idempotency-Key, until SIGTERM."""
+    asyncio.run(receive(records, port))
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,414 @@
+"""``bench deliver``: the herd and steady workloads fired *and delivered*.
+
+The jobs are loaded and fired exactly as ``bench herd`` / ``bench steady`` do
+(:class:`bench.herd.Herd`, :func:`bench.steady.load_steady`, real ``scheduler
+node`` processes); then each run is handed over:
+
+* ``pull``: ``workers`` worker processes claim the runs of every tenant's
+  ``default`` queue and ack them with no work in between
+  (:class:`bench.consumers.WorkerProcess`); ``workers = 0`` is the *firing
+  only* variant: no worker runs, and the report checks that every fired run
+  has its delivery state (``pending``);
+* ``push``: the jobs are given an HTTP target (``queue`` NULL, a
+  ``job_delivery`` row with ``http://127.0.0.1:PORT/run``) and the nodes,
+  started with ``SCHEDULER_PUSH_ALLOW=127.0.0.1/32``, POST each run to a local
+  receiver process (:class:`bench.consumers.ReceiverProcess`) that records
+  each request's ``Idempotency-Key`` and answers 204.
+
+The runs measured: herd, those of its instant T; steady, those of the
+nominal times of the window :func:`bench.steady.steady_window` keeps. After
+firing, the bench waits (at most ``deliver_timeout_s``) until none of them is
+``pending``, ``leased`` or ``failed`` any more, then stops workers, nodes and
+receiver and reads the **runs table** (:func:`summarize`): every figure of
+the delivery side comes from the store, never from a worker's memory, so a
+worker that crashed cannot hide a loss. The firing side is audited by
+:func:`scheduler.audit.verify` (``missing``, ``duplicates``) as in the other
+workloads.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bench import queries
+from bench.consumers import BATCH, ReceiverProcess, WorkerProcess, receiver_duplicates
+from bench.herd import Herd, load_background
+from bench.load import reset_store, start_node, wait_until
+from bench.pairs import DEFAULT_SEED
+from bench.report import percentile
+from bench.steady import load_steady, steady_window, tenant_names
+from scheduler import store
+from scheduler.audit import verify
+from scheduler.delivery import lifecycle
+
+MODES = ("pull", "push")
+WORKLOADS = ("herd", "steady")
+BIG_TENANT = "big"
+PUSH_ALLOW = "127.0.0.1/32"
+"""The nodes' ``push_allow``: the receiver listens on loopback, refused by default."""
+QUEUE = "default"
+
+COLUMNS = [
+    "mode",
+    "workload",
+    "workers",
+    "runs",
+    "succeeded",
+    "lost",
+    "missing",
+    "duplicates",
+    "redelivered",
+    "receiver_duplicates",
+    "throughput_runs_per_s",
+    "dispatch_p50_s",
+    "dispatch_p99_s",
+    "dispatch_max_s",
+    "small_tenants_dispatch_p99_s",
+    "ack_p50_s",
+    "ack_p99_s",
+    "ack_max_s",
+    "last_ack_s",
+    "fire_lag_p99_s",
+]
+FIRING_ONLY_COLUMNS = ["workload", "runs", "pending", "without_delivery_state", "missing", "duplicates", "drain_s"]
+
+
+@dataclasses.dataclass
+class DeliverResult:
+    """One ``bench deliver`` run (seconds; lags from ``scheduled_at``, see :func:`summarize`).
+
+    Firing side: ``missing``/``duplicates``/``unexpected`` from
+    :func:`scheduler.audit.verify`, ``fire_lag_p99_s`` (``fired_at`` −
+    scheduled) and, for a herd, ``drain_s`` (T to the last ``fired_at``).
+    Delivery side (the runs table after the run): ``runs`` fired, ``states``
+    (state → runs; ``"none"`` for a run without delivery state),
+    ``succeeded``, ``lost`` (fired, not succeeded when the bench gave up
+    waiting), ``attempts`` (attempts started → runs), ``redelivered`` (runs
+    with more than one attempt), dispatch and ack lag percentiles,
+    ``last_ack_s`` (herd: T to the last ack), ``throughput_runs_per_s``
+    (succeeded per second: herd, over T to the last ack; steady, over the
+    window). Push: ``receiver_requests`` and ``receiver_duplicates``
+    (requests beyond the first per ``Idempotency-Key``). Firing only
+    (``workers`` 0): ``pending`` and ``without_delivery_state``.
+    """
+
+    mode: str
+    workload: str
+    jobs: int
+    background_jobs: int
+    rate: int | None
+    seconds: int | None
+    nodes: int
+    workers: int
+    worker_impl: str | None
+    since: str
+    until: str
+    delivered_wait_s: float
+    runs: int
+    states: dict[str, int]
+    succeeded: int
+    lost: int
+    pending: int
+    without_delivery_state: int
+    attempts: dict[str, int]
+    redelivered: int
+    missing: int
+    duplicates: int
+    unexpected: int
+    throughput_runs_per_s: float | None
+    dispatch_p50_s: float | None
+    dispatch_p99_s: float | None
+    dispatch_max_s: float | None
+    small_tenants_dispatch_p50_s: float | None
+    small_tenants_dispatch_p99_s: float | None
+    ack_p50_s: float | None
+    ack_p99_s: float | None
+    ack_max_s: float | None
+    last_ack_s: float | None
+    fire_lag_p99_s: float | None
+    drain_s: float | None
+    receiver_requests: int | None
+    receiver_duplicates: int | None
+    node_rss_mb_max: float | None
+
+
+# ---------------------------------------------------------------- report math
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) or math.isinf(value) else value
+
+
+def _lags(values: Sequence[float | None]) -> list[float]:
+    """Sorted lags, ``inf`` for each run that never got there (so a percentile never
+    improves by losing a run; one that falls on it is reported as None)."""
+    return sorted(math.inf if v is None else v for v in values)
+
+
+def _figures(lags: list[float], prefix: str) -> dict[str, float | None]:
+    return {
+        f"{prefix}_p50_s": _finite(percentile(lags, 0.50)),
+        f"{prefix}_p99_s": _finite(percentile(lags, 0.99)),
+        f"{prefix}_max_s": _finite(lags[-1]) if lags else None,
+    }
+
+
+def summarize(
+    rows: Sequence[dict[str, Any]], *, instant_s: float | None = None, window_s: float | None = None
+) -> dict[str, Any]:
+    """The delivery figures of the measured runs (rows of the ``delivery_rows`` bench query:
+    ``tenant``, ``state``, ``attempt``, ``dispatch_s``, ``ack_s``, ``finished_s``).
+
+    ``dispatch`` lag is ``first_claimed_at − scheduled_at`` (``inf`` if never
+    claimed), ``ack`` lag ``finished_at − scheduled_at`` of a succeeded run
+    (``inf`` otherwise: a dead or unfinished run is never acked); percentiles
+    are ``percentile_cont``'s, None when they fall on an ``inf``. Herd
+    (``instant_s``, T in epoch s): ``small_tenants_*`` over the tenants but
+    ``big``, ``last_ack_s`` = last ``finished_at`` of a succeeded run − T,
+    throughput = succeeded / ``last_ack_s``. Steady (``window_s``): throughput
+    = succeeded / ``window_s``; no small-tenant or last-ack figure. Returns a
+    dict of the :class:`DeliverResult` fields of the delivery side.
+    """
+    states = collections.Counter("none" if r["state"] is None else r["state"] for r in rows)
+    succeeded = [r for r in rows if r["state"] == "succeeded"]
+    attempts = collections.Counter(r["attempt"] or 0 for r in rows)
+    out: dict[str, Any] = {
+        "runs": len(rows),
+        "states": dict(sorted(states.items())),
+        "succeeded": len(succeeded),
+        "lost": len(rows) - len(succeeded),
+        "pending": states.get("pending", 0),
+        "without_delivery_state": states.get("none", 0),
+        "attempts": {str(k): attempts[k] for k in sorted(attempts)},
+        "redelivered": sum(n for k, n in attempts.items() if k > 1),
+    }
+    out.update(_figures(_lags([r["dispatch_s"] for r in rows]), "dispatch"))
+    out.update(_figures(_lags([r["ack_s"] if r["state"] == "succeeded" else None for r in rows]), "ack"))
+    out["small_tenants_dispatch_p50_s"] = out["small_tenants_dispatch_p99_s"] = None
+    out["last_ack_s"] = None
+    out["throughput_runs_per_s"] = None
+    if instant_s is not None:
+        small = _lags([r["dispatch_s"] for r in rows if r["tenant"] != BIG_TENANT])
+        out["small_tenants_dispatch_p50_s"] = _finite(percentile(small, 0.50))
+        out["small_tenants_dispatch_p99_s"] = _finite(percentile(small, 0.99))
+        if succeeded:
+            out["last_ack_s"] = max(r["finished_s"] for r in succeeded) - instant_s
+            if out["last_ack_s"] > 0:
+                out["throughput_runs_per_s"] = len(succeeded) / out["last_ack_s"]
+    elif window_s:
+        out["throughput_runs_per_s"] = len(succeeded) / window_s
+    return out
+
+
+# ---------------------------------------------------------------- the run
+
+
+@dataclasses.dataclass
+class Options:
+    """What to run (see ``python -m bench deliver --help``); seconds unless named."""
+
+    mode: str = "pull"
+    workload: str = "herd"
+    jobs: int = 300_000
+    background_jobs: int = 0
+    tenants: int = 51
+    big_share: float = 0.9
+    rate: int = 12_000
+    seconds: int = 60
+    period_s: int = 10
+    steady_tenants: int = 10
+    nodes: int = 1
+    workers: int = 4
+    batch: int = BATCH
+    lead_s: float = 15.0
+    deliver_timeout_s: float = 300.0
+    fire_timeout_s: float = 600.0
+    seed: int = DEFAULT_SEED
+
+    def check(self) -> None:
+        """Raise ValueError naming the option for a combination that cannot run."""
+        if self.mode not in MODES:
+            raise ValueError(f"--mode {self.mode!r}: choose from {', '.join(MODES)}")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"--workload {self.workload!r}: choose from {', '.join(WORKLOADS)}")
+        if self.mode == "push" and self.workers:
+            raise ValueError("--workers: push mode delivers from the nodes; give --workers 0")
+        if self.workload == "steady" and self.seconds <= 2 * 5:
+            raise ValueError("--seconds must exceed 10 (the first and last 5 s are left out)")
+
+
+class _Consumers:
+    """The receiver (push) or the workers (pull) of one run, started and stopped together."""
+
+    def __init__(self, opts: Options, log_dir: Path) -> None:
+        self.opts = opts
+        self.log_dir = log_dir
+        self.receiver: ReceiverProcess | None = None
+        self.workers: list[WorkerProcess] = []
+        self.records: list[tuple[str, float]] | None = None
+
+    def start_receiver(self) -> str:
+        """Start the receiver; return the URL the jobs target."""
+        self.receiver = ReceiverProcess(self.log_dir / "receiver.tsv", self.log_dir / "receiver.log")
+        return f"http://127.0.0.1:{self.receiver.wait_ready()}/run"
+
+    def start_workers(self, dsn: str, tenants: list[str]) -> None:
+        self.workers = [
+            WorkerProcess(dsn, f"bench-worker-{i}", tenants, self.log_dir, queue=QUEUE, batch=self.opts.batch)
+            for i in range(self.opts.workers)
+        ]
+
+    def stop_workers(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        self.workers = []
+
+    def stop_receiver(self) -> None:
+        if self.receiver is not None:
+            self.records = self.receiver.stop()
+            self.receiver = None
+
+
+def push_targets(url: str) -> Callable[[Any, datetime], None]:
+    """A loader's ``prepare`` hook: the jobs created at ``created`` POST to ``url``
+    (``queue`` NULL, a ``job_delivery`` row with the engine's default retry policy)."""
+
+    def prepare(conn, created: datetime) -> None:
+        params = {
+            "created": created,
+            "url": url,
+            "max_attempts": lifecycle.DEFAULT_MAX_ATTEMPTS,
+            "backoff_base_s": lifecycle.DEFAULT_BACKOFF_BASE_S,
+            "backoff_cap_s": lifecycle.DEFAULT_BACKOFF_CAP_S,
+        }
+
+        def write(c) -> None:
+            queries.execute(c, "insert_push_targets", params)
+            queries.execute(c, "set_jobs_pushed", params)
+
+        store.run_transaction(conn, write)
+
+    return prepare
+
+
+def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> DeliverResult:
+    """Load, fire and deliver ``opts``'s workload, then measure it from the store (see the
+    module doc). Raises ValueError for bad options (before touching the store),
+    TimeoutError if the nodes never own the partitions or the herd never drains."""
+    opts.check()
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    consumers = _Consumers(opts, log_dir)
+    conn = reset_store(dsn)
+    procs = []
+    try:
+        prepare = None
+        env = {}
+        if opts.mode == "push":
+            prepare = push_targets(consumers.start_receiver())
+            env["SCHEDULER_PUSH_ALLOW"] = PUSH_ALLOW
+        if opts.workload == "herd":
+            small = load_background(conn, opts.tenants, opts.background_jobs, progress)
+            tenants = [BIG_TENANT, *small]
+            herd = Herd(
+                opts.jobs, opts.background_jobs, opts.tenants, opts.nodes, small, opts.big_share, None, None, opts.seed
+            )
+        else:
+            base, jobs = load_steady(conn, opts.rate, opts.period_s, opts.steady_tenants, progress, prepare)
+            tenants = tenant_names(opts.steady_tenants)
+        procs = [start_node(dsn, f"deliver-{i}", log_dir, env=env) for i in range(opts.nodes)]
+        wait_until(
+            lambda: queries.execute(conn, "count_owned_partitions")[0]["owned"] == 1024,
+            60,
+            what="nodes to own all 1,024 partitions",
+        )
+        if opts.workload == "herd":
+            herd.load(conn, opts.lead_s, progress, prepare)
+            consumers.start_workers(dsn, tenants)
+            fired = herd.fire(conn, procs, out_dir, progress, opts.fire_timeout_s)
+            since = herd.t
+            until = since + timedelta(seconds=1)
+            window_s = None
+            firing = {
+                "missing": fired.missing,
+                "duplicates": fired.duplicates,
+                "unexpected": fired.unexpected,
+                "fire_lag_p99_s": fired.lag_p99_s,
+                "drain_s": fired.drain_s,
+            }
+        else:
+            consumers.start_workers(dsn, tenants)
+            started = store.now(conn)
+            time.sleep(opts.seconds)
+            ended = store.now(conn)
+            since, until = steady_window(started, ended, base)
+            window_s = (until - since).total_seconds()
+            firing = None
+        span = {"since": since, "until": until}
+        waited = 0.0
+        if opts.mode == "push" or opts.workers:
+            waited = _wait_delivered(conn, span, opts.deliver_timeout_s)
+        rss = [p.peak_rss_mb() for p in procs]
+        consumers.stop_workers()
+        for proc in procs:
+            proc.stop()
+        procs = []
+        consumers.stop_receiver()
+        if firing is None:
+            audit = verify(conn, since, until)
+            firing = {
+                "missing": audit.missing,
+                "duplicates": audit.duplicates,
+                "unexpected": audit.unexpected,
+                "fire_lag_p99_s": audit.lateness_p99_s,
+                "drain_s": None,
+            }
+        rows = queries.execute(conn, "delivery_rows", span)
+        figures = summarize(rows, instant_s=since.timestamp() if window_s is None else None, window_s=window_s)
+    finally:
+        consumers.stop_workers()
+        for proc in procs:
+            proc.stop()
+        consumers.stop_receiver()
+        conn.close()
+    records = consumers.records
+    return DeliverResult(
+        mode=opts.mode,
+        workload=opts.workload,
+        jobs=opts.jobs if opts.workload == "herd" else jobs,
+        background_jobs=opts.background_jobs if opts.workload == "herd" else 0,
+        rate=opts.rate if opts.workload == "steady" else None,
+        seconds=opts.seconds if opts.workload == "steady" else None,
+        nodes=opts.nodes,
+        workers=opts.workers,
+        worker_impl="bench" if opts.workers else None,
+        since=since.isoformat(),
+        until=until.isoformat(),
+        delivered_wait_s=round(waited, 3),
+        receiver_requests=None if records is None else len(records),
+        receiver_duplicates=None if records is None else receiver_duplicates(records),
+        node_rss_mb_max=max((r for r in rss if r is not None), default=None),
+        **firing,
+        **figures,
+    )
+
+
+def _wait_delivered(conn, span: dict[str, datetime], timeout_s: float) -> float:
+    """Wait until no run of ``span`` is pending, leased or failed, or ``timeout_s`` passes
+    (then the rest counts as lost); return the seconds waited."""
+    start = time.monotonic()
+    while queries.execute(conn, "count_unsettled", span)[0]["unsettled"]:
+        if time.monotonic() - start > timeout_s:
+            break
+        time.sleep(0.25)
+    return time.monotonic() - start
+
+
+__all__ = ["COLUMNS", "FIRING_ONLY_COLUMNS", "DeliverResult", "Options", "push_targets", "run_deliver", "summarize"]
