@@ -41,7 +41,7 @@ from bench.process import stop_child
 
 POLL_MIN_S = 0.02
 """A bench worker's first sleep after a pass that claimed nothing (seconds)."""
-POLL_MAX_S = 0.2
+POLL_MAX_S = 0.5
 """A bench worker's longest sleep between passes over empty queues (seconds)."""
 BATCH = 1000
 """Runs a bench worker claims (and acks) per statement by default."""
