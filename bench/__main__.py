@@ -333,6 +333,14 @@ def failover(dsn, coordinator, etcd_endpoints, kind, nodes, jobs, trials, poll_i
     help="Pull: worker processes; 0 = firing only (no worker) [default: 4 for pull, 0 for push].",
 )
 @click.option(
+    "--worker-impl",
+    type=click.Choice(["auto", "scheduler", "bench"]),
+    default="auto",
+    show_default=True,
+    help="Pull: `scheduler worker` processes (one per tenant, --workers for the big one) or the bench's loop "
+    "(--workers processes over every tenant); auto: scheduler if the engine has its worker.",
+)
+@click.option(
     "--batch", default=1000, show_default=True, type=AsciiIntRange(1, 1000), help="Pull: runs per claim and ack."
 )
 @click.option(
@@ -360,6 +368,7 @@ def deliver(
     period_s,
     nodes,
     workers,
+    worker_impl,
     batch,
     lead_s,
     deliver_timeout_s,
@@ -388,6 +397,7 @@ def deliver(
         period_s=period_s,
         nodes=nodes,
         workers=workers,
+        worker_impl=worker_impl,
         batch=batch,
         lead_s=lead_s,
         deliver_timeout_s=deliver_timeout_s,
@@ -432,6 +442,13 @@ def _name_list(choices):
 @click.option("--workloads", default="herd,steady", show_default=True, callback=_name_list(("herd", "steady")))
 @click.option("--processes", default="1,4", show_default=True, help="Node / worker processes of ours and naive.")
 @click.option("--e2e-workers", default="1,4", show_default=True, help="Worker processes of ours-e2e (one node).")
+@click.option(
+    "--e2e-worker-impl",
+    type=click.Choice(["auto", "scheduler", "bench"]),
+    default="auto",
+    show_default=True,
+    help="ours-e2e's workers: as `deliver --worker-impl`.",
+)
 @click.option("--pgqueuer-processes", default="1", show_default=True, help="pgqueuer worker processes.")
 @click.option("--procrastinate-processes", default="1", show_default=True, help="procrastinate worker processes.")
 @click.option(
@@ -489,6 +506,7 @@ def compare(
     workloads,
     processes,
     e2e_workers,
+    e2e_worker_impl,
     pgqueuer_processes,
     procrastinate_processes,
     herd_jobs,
@@ -545,6 +563,7 @@ def compare(
         naive_batch=naive_batch,
         pgqueuer_batch=pgqueuer_batch,
         procrastinate_concurrency=procrastinate_concurrency,
+        worker_impl=e2e_worker_impl,
         echo=lambda line: click.echo(line, err=True),
     )
     start = time.monotonic()

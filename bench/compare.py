@@ -6,9 +6,12 @@ Systems, each from a clean state of its own tables on the same PostgreSQL:
   COPYed into its tables as :mod:`bench.herd` does;
 * ``naive``: the design the seed rejects (:mod:`bench.naive`), every worker
   process racing on due rows with ``FOR UPDATE SKIP LOCKED`` (1 and 4);
-* ``ours-e2e``: ``ours`` with one node and worker processes (1 and 4 by
+* ``ours-e2e``: ``ours`` with one node and ``processes`` workers (1 and 4 by
   default) claiming and acking every run of every tenant's queue
-  (:class:`bench.consumers.WorkerProcess`): the end-to-end figure;
+  (:func:`bench.consumers.start_workers`: the engine's ``scheduler worker``,
+  one process per tenant and ``processes`` for the big one, or the bench's
+  loop, ``processes`` processes over every tenant; ``Config.worker_impl``):
+  the end-to-end figure;
 * ``pgqueuer``, ``procrastinate`` and ``apscheduler``: the peers
   (:mod:`bench.peers`).
 
@@ -175,7 +178,8 @@ class Work:
 class Config:
     """Where and how: the store, logs (``out_dir/compare-logs``), the loss bound and the
     slack between loading and T (seconds), the naive loop's / pgqueuer's batch sizes,
-    procrastinate's worker concurrency and the claim batch of ``ours-e2e``'s workers."""
+    procrastinate's worker concurrency, the claim batch and implementation
+    (:mod:`bench.consumers`) of ``ours-e2e``'s workers."""
 
     dsn: str
     out_dir: Path
@@ -186,6 +190,7 @@ class Config:
     pgqueuer_batch: int = peers.PGQUEUER_BATCH
     procrastinate_concurrency: int = peers.PROCRASTINATE_CONCURRENCY
     worker_batch: int = consumers.BATCH
+    worker_impl: str = "auto"
     echo: Callable[[str], None] = print
 
     @property
@@ -392,8 +397,8 @@ def _exit_note(codes: dict[str, int | None]) -> str | None:
 
 def run_ours(cfg: Config, work: Work, nodes: int, workers: int = 0) -> Fires:
     """Fire ``work`` with ``nodes`` node processes; with ``workers`` > 0 (``ours-e2e``: one
-    node), that many worker processes (:class:`bench.consumers.WorkerProcess`,
-    every tenant's ``default`` queue) claim and ack the runs, and the records are
+    node), that many workers (:func:`bench.consumers.start_workers`, every
+    tenant's ``default`` queue) claim and ack the runs, and the records are
     the runs' ``first_claimed_at`` instead of ``fired_at``."""
     conn = reset_store(cfg.dsn)
     try:
@@ -425,12 +430,9 @@ def run_ours(cfg: Config, work: Work, nodes: int, workers: int = 0) -> Fires:
                     return True
                 return bool(workers) and conn.execute(OURS_UNCLAIMED, span).fetchone()["unclaimed"]
 
-            consumer_procs = [
-                consumers.WorkerProcess(
-                    cfg.dsn, f"cmp-worker-{i}", tenants(), cfg.log_dir, queue="default", batch=cfg.worker_batch
-                )
-                for i in range(workers)
-            ]
+            consumer_procs = consumers.start_workers(
+                cfg.dsn, tenants(), workers, cfg.log_dir, impl=cfg.worker_impl, batch=cfg.worker_batch
+            )
             try:
                 deadline = _fire_loaded(conn, cfg, t0, last, still_due)
             finally:

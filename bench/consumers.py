@@ -1,5 +1,22 @@
 """The delivery side of ``bench deliver``: pull workers and the push receiver, as child processes.
 
+Pull workers come in two implementations (``impl``, :func:`worker_plan`):
+
+* ``scheduler``: the engine's own ``scheduler worker`` processes
+  (:mod:`scheduler.delivery.worker`) with the async no-op handler
+  :func:`noop` (returning acks), ``--concurrency`` and ``--batch``
+  :data:`BATCH`. A ``scheduler worker`` serves one tenant's queue, so the
+  plan gives every tenant one process and the ``big`` tenant (the herd's)
+  ``workers`` of them; without a ``big`` tenant (steady) each tenant gets
+  ``ceil(workers / tenants)``. The herd's 51 tenants therefore take 54
+  processes for ``workers`` 4;
+* ``bench``: ``workers`` processes of the bench's own loop below, each over
+  *every* tenant: the shape "4 worker processes" for 51 tenants, which the
+  engine's worker cannot take until it serves several tenants per process.
+
+``auto`` is ``scheduler`` when the engine has its worker
+(:mod:`scheduler.delivery.worker`), else ``bench``.
+
 * **Bench worker** (``python -m bench.consumers worker``): a loop over
   :func:`scheduler.delivery.lifecycle.claim` and
   :func:`~scheduler.delivery.lifecycle.ack` in batches, for the runs of a
@@ -28,6 +45,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
+import os
 import signal
 import subprocess
 import sys
@@ -44,7 +63,39 @@ POLL_MIN_S = 0.02
 POLL_MAX_S = 0.5
 """A bench worker's longest sleep between passes over empty queues (seconds)."""
 BATCH = 1000
-"""Runs a bench worker claims (and acks) per statement by default."""
+"""Runs a worker claims (and acks) per statement by default (the engine's largest batch)."""
+IMPLS = ("auto", "scheduler", "bench")
+
+
+async def noop(run) -> None:
+    """The ``scheduler worker`` handler of the bench: returns at once, so the run is acked."""
+
+
+def resolve_impl(impl: str) -> str:
+    """``auto`` → ``scheduler`` if :mod:`scheduler.delivery.worker` exists, else ``bench``;
+    others unchanged. Raises ValueError for a name not in :data:`IMPLS`."""
+    if impl not in IMPLS:
+        raise ValueError(f"worker impl {impl!r}: choose from {', '.join(IMPLS)}")
+    if impl != "auto":
+        return impl
+    import importlib.util
+
+    return "scheduler" if importlib.util.find_spec("scheduler.delivery.worker") is not None else "bench"
+
+
+def worker_plan(tenants: list[str], workers: int, impl: str, big: str = "big") -> list[tuple[str, list[str]]]:
+    """The worker processes to start, as ``(worker id, tenants it serves)``, in start order
+    (see the module doc; ``impl`` already resolved). ``[]`` for ``workers`` 0."""
+    if workers <= 0:
+        return []
+    if impl == "bench":
+        return [(f"bench-worker-{i}", list(tenants)) for i in range(workers)]
+    each = workers if big in tenants else math.ceil(workers / len(tenants))
+    plan = []
+    for tenant in tenants:
+        count = workers if tenant == big else (1 if big in tenants else each)
+        plan += [(f"worker-{tenant}-{i}", [tenant]) for i in range(count)]
+    return plan
 
 
 # ---------------------------------------------------------------- bench worker
@@ -126,23 +177,47 @@ async def receive(records: Path, port: int) -> None:
 
 
 class WorkerProcess:
-    """A bench worker child process (``python -m bench.consumers worker``), output to ``log_dir/ID.log``."""
+    """A worker child process, output to ``log_dir/ID.log``: ``impl`` ``bench``, ``python -m
+    bench.consumers worker`` over ``tenants``; ``scheduler``, ``python -m scheduler worker``
+    for ``tenants[0]`` with the handler :func:`noop` (JSON logs; the store from
+    ``SCHEDULER_DSN`` in its environment)."""
 
-    def __init__(self, dsn: str, worker_id: str, tenants: list[str], log_dir: Path, *, queue: str, batch: int) -> None:
+    def __init__(
+        self, dsn: str, worker_id: str, tenants: list[str], log_dir: Path, *, queue: str, batch: int, impl: str
+    ) -> None:
         self.worker_id = worker_id
         self._log = open(log_dir / f"{worker_id}.log", "ab")
-        args = ["worker", "--dsn", dsn, "--worker-id", worker_id, "--queue", queue, "--batch", str(batch)]
+        env = {**os.environ, "SCHEDULER_DSN": dsn, "SCHEDULER_LOG_FORMAT": "json"}
+        if impl == "bench":
+            args = ["bench.consumers", "worker", "--worker-id", worker_id, "--queue", queue, "--batch", str(batch)]
+            args += tenants
+        else:
+            (tenant,) = tenants
+            args = ["scheduler", "worker", "--tenant", tenant, "--queue", queue, "--handler", "bench.consumers:noop"]
+            args += ["--concurrency", str(batch), "--batch", str(batch), "--worker-id", worker_id]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.consumers", *args, *tenants],
+            [sys.executable, "-m", *args],
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            env=env,
             start_new_session=True,
         )
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM, wait, then SIGKILL; return the exit status."""
         return stop_child(self.proc, self._log, timeout_s)
+
+
+def start_workers(
+    dsn: str, tenants: list[str], workers: int, log_dir: Path, *, impl: str, queue: str = "default", batch: int = BATCH
+) -> list[WorkerProcess]:
+    """Start the :func:`worker_plan` of ``impl`` (``auto`` resolved here) for ``tenants``' ``queue``."""
+    impl = resolve_impl(impl)
+    return [
+        WorkerProcess(dsn, worker_id, served, log_dir, queue=queue, batch=batch, impl=impl)
+        for worker_id, served in worker_plan(tenants, workers, impl)
+    ]
 
 
 class ReceiverProcess:

@@ -4,11 +4,13 @@ The jobs are loaded and fired exactly as ``bench herd`` / ``bench steady`` do
 (:class:`bench.herd.Herd`, :func:`bench.steady.load_steady`, real ``scheduler
 node`` processes); then each run is handed over:
 
-* ``pull``: ``workers`` worker processes claim the runs of every tenant's
-  ``default`` queue and ack them with no work in between
-  (:class:`bench.consumers.WorkerProcess`); ``workers = 0`` is the *firing
+* ``pull``: workers claim the runs of every tenant's ``default`` queue and
+  ack them with no work in between (:func:`bench.consumers.start_workers`);
+  ``workers = 0`` is the *firing
   only* variant: no worker runs, and the report checks that every fired run
-  has its delivery state (``pending``);
+  has its delivery state (``pending``). The processes are the engine's own
+  ``scheduler worker`` (one per tenant, ``workers`` for the big one) or the
+  bench's loop over every tenant (``worker_impl``, see :mod:`bench.consumers`);
 * ``push``: the jobs are given an HTTP target (``queue`` NULL, a
   ``job_delivery`` row with ``http://127.0.0.1:PORT/run``) and the nodes,
   started with ``SCHEDULER_PUSH_ALLOW=127.0.0.1/32``, POST each run to a local
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import queries
-from bench.consumers import BATCH, ReceiverProcess, WorkerProcess, receiver_duplicates
+from bench.consumers import BATCH, ReceiverProcess, WorkerProcess, receiver_duplicates, resolve_impl, start_workers
 from bench.herd import Herd, load_background
 from bench.load import reset_store, start_node, wait_until
 from bench.pairs import DEFAULT_SEED
@@ -108,6 +110,7 @@ class DeliverResult:
     nodes: int
     workers: int
     worker_impl: str | None
+    worker_processes: int
     since: str
     until: str
     delivered_wait_s: float
@@ -226,6 +229,7 @@ class Options:
     steady_tenants: int = 10
     nodes: int = 1
     workers: int = 4
+    worker_impl: str = "auto"
     batch: int = BATCH
     lead_s: float = 15.0
     deliver_timeout_s: float = 300.0
@@ -238,6 +242,7 @@ class Options:
             raise ValueError(f"--mode {self.mode!r}: choose from {', '.join(MODES)}")
         if self.workload not in WORKLOADS:
             raise ValueError(f"--workload {self.workload!r}: choose from {', '.join(WORKLOADS)}")
+        resolve_impl(self.worker_impl)
         if self.mode == "push" and self.workers:
             raise ValueError("--workers: push mode delivers from the nodes; give --workers 0")
         if self.workload == "steady" and self.seconds <= 2 * 5:
@@ -260,10 +265,15 @@ class _Consumers:
         return f"http://127.0.0.1:{self.receiver.wait_ready()}/run"
 
     def start_workers(self, dsn: str, tenants: list[str]) -> None:
-        self.workers = [
-            WorkerProcess(dsn, f"bench-worker-{i}", tenants, self.log_dir, queue=QUEUE, batch=self.opts.batch)
-            for i in range(self.opts.workers)
-        ]
+        self.workers = start_workers(
+            dsn,
+            tenants,
+            self.opts.workers,
+            self.log_dir,
+            impl=self.opts.worker_impl,
+            queue=QUEUE,
+            batch=self.opts.batch,
+        )
 
     def stop_workers(self) -> None:
         for worker in self.workers:
@@ -356,6 +366,7 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
         if opts.mode == "push" or opts.workers:
             waited = _wait_delivered(conn, span, opts.deliver_timeout_s)
         rss = [p.peak_rss_mb() for p in procs]
+        worker_processes = len(consumers.workers)
         consumers.stop_workers()
         for proc in procs:
             proc.stop()
@@ -388,7 +399,8 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
         seconds=opts.seconds if opts.workload == "steady" else None,
         nodes=opts.nodes,
         workers=opts.workers,
-        worker_impl="bench" if opts.workers else None,
+        worker_impl=resolve_impl(opts.worker_impl) if opts.workers else None,
+        worker_processes=worker_processes,
         since=since.isoformat(),
         until=until.isoformat(),
         delivered_wait_s=round(waited, 3),

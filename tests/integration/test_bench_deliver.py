@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 from bench.consumers import receiver_duplicates
 from bench.deliver import Options, run_deliver
 from scheduler import store
@@ -23,8 +25,9 @@ def window_runs(result) -> int:
     return RATE * int((until - since).total_seconds())
 
 
-def steady(mode: str, workers: int) -> Options:
+def steady(mode: str, workers: int, impl: str = "auto") -> Options:
     return Options(
+        worker_impl=impl,
         mode=mode,
         workload="steady",
         rate=RATE,
@@ -36,8 +39,9 @@ def steady(mode: str, workers: int) -> Options:
     )
 
 
-def test_pull_steady_every_run_claimed_once_and_acked(pg_dsn: str, tmp_path: Path) -> None:
-    result = run_deliver(pg_dsn, steady("pull", 2), tmp_path)
+@pytest.mark.parametrize("impl", ["scheduler", "bench"])
+def test_pull_steady_every_run_claimed_once_and_acked(pg_dsn: str, tmp_path: Path, impl: str) -> None:
+    result = run_deliver(pg_dsn, steady("pull", 2, impl), tmp_path)
     runs = window_runs(result)
     assert runs >= RATE
     assert (result.runs, result.succeeded, result.lost) == (runs, runs, 0)
@@ -49,11 +53,22 @@ def test_pull_steady_every_run_claimed_once_and_acked(pg_dsn: str, tmp_path: Pat
     assert result.dispatch_p50_s <= result.dispatch_p99_s <= result.dispatch_max_s
     assert result.throughput_runs_per_s == runs / (runs / RATE)
     assert (result.receiver_requests, result.receiver_duplicates) == (None, None)
+    assert (result.worker_impl, result.worker_processes) == (impl, 3 if impl == "scheduler" else 2)
 
 
 def test_pull_herd_every_run_claimed_once_and_acked(pg_dsn: str, tmp_path: Path) -> None:
-    opts = Options(mode="pull", workload="herd", jobs=200, tenants=3, workers=2, lead_s=1.0, deliver_timeout_s=60)
+    opts = Options(
+        mode="pull",
+        workload="herd",
+        jobs=200,
+        tenants=3,
+        workers=2,
+        worker_impl="scheduler",
+        lead_s=1.0,
+        deliver_timeout_s=60,
+    )
     result = run_deliver(pg_dsn, opts, tmp_path)
+    assert (result.worker_impl, result.worker_processes) == ("scheduler", 2 + 2)  # the big tenant's 2, 1 per small
     assert (result.runs, result.succeeded, result.lost) == (200, 200, 0)
     assert (result.missing, result.duplicates, result.unexpected) == (0, 0, 0)
     assert result.attempts == {"1": 200}

@@ -1,9 +1,11 @@
-"""The report math of ``bench deliver`` (bench.deliver.summarize): exact figures of a few runs."""
+"""The report math of ``bench deliver`` (bench.deliver.summarize): exact figures of a few runs;
+which worker processes it starts (bench.consumers.worker_plan)."""
 
 from __future__ import annotations
 
 import pytest
 
+from bench.consumers import resolve_impl, worker_plan
 from bench.deliver import summarize
 from bench.report import percentile
 
@@ -78,3 +80,32 @@ def test_no_runs() -> None:
     out = summarize([], window_s=2.0)
     assert (out["runs"], out["succeeded"], out["lost"], out["attempts"]) == (0, 0, 0, {})
     assert (out["dispatch_p50_s"], out["ack_max_s"], out["throughput_runs_per_s"]) == (None, None, 0.0)
+
+
+def test_worker_plans() -> None:
+    herd = ["big", "small-000", "small-001"]
+    assert worker_plan(herd, 2, "bench") == [("bench-worker-0", herd), ("bench-worker-1", herd)]
+    assert worker_plan(herd, 2, "scheduler") == [
+        ("worker-big-0", ["big"]),
+        ("worker-big-1", ["big"]),
+        ("worker-small-000-0", ["small-000"]),
+        ("worker-small-001-0", ["small-001"]),
+    ]
+    steady = ["tenant-00", "tenant-01", "tenant-02"]
+    assert [w for w, _ in worker_plan(steady, 4, "scheduler")] == [
+        "worker-tenant-00-0",
+        "worker-tenant-00-1",
+        "worker-tenant-01-0",
+        "worker-tenant-01-1",
+        "worker-tenant-02-0",
+        "worker-tenant-02-1",
+    ]
+    assert worker_plan(steady, 0, "scheduler") == worker_plan(herd, 0, "bench") == []
+
+
+def test_worker_impl_names() -> None:
+    assert resolve_impl("bench") == "bench"
+    assert resolve_impl("scheduler") == "scheduler"
+    assert resolve_impl("auto") in ("bench", "scheduler")
+    with pytest.raises(ValueError, match="worker impl 'thread': choose from auto, scheduler, bench"):
+        resolve_impl("thread")
