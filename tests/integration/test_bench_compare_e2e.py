@@ -14,7 +14,9 @@ STEADY = Work("steady", 40, seconds=2)
 
 
 def config(pg_dsn: str, tmp_path: Path) -> Config:
-    cfg = Config(pg_dsn, tmp_path, bound_s=20.0, lead_s=1.0, echo=lambda line: None)
+    # The bench's workers: compare's 51 tenants would take 52 `scheduler worker` processes
+    # (one per tenant); test_bench_deliver.py runs those.
+    cfg = Config(pg_dsn, tmp_path, bound_s=20.0, lead_s=1.0, worker_impl="bench", echo=lambda line: None)
     cfg.log_dir.mkdir(parents=True)
     return cfg
 
