@@ -405,6 +405,10 @@ def run_ours(cfg: Config, work: Work, nodes: int, workers: int = 0) -> Fires:
         ensure_tenants(conn, tenants())
         created = store.now(conn)
         procs = [start_node(cfg.dsn, f"cmp-{i}", cfg.log_dir) for i in range(nodes)]
+        # Workers start with the nodes: idle, polling empty queues, by T.
+        consumer_procs = consumers.start_workers(
+            cfg.dsn, tenants(), workers, cfg.log_dir, impl=cfg.worker_impl, batch=cfg.worker_batch
+        )
         codes: dict[str, int | None] = {}
         try:
             share = math.ceil(PARTITIONS / nodes)
@@ -430,15 +434,9 @@ def run_ours(cfg: Config, work: Work, nodes: int, workers: int = 0) -> Fires:
                     return True
                 return bool(workers) and conn.execute(OURS_UNCLAIMED, span).fetchone()["unclaimed"]
 
-            consumer_procs = consumers.start_workers(
-                cfg.dsn, tenants(), workers, cfg.log_dir, impl=cfg.worker_impl, batch=cfg.worker_batch
-            )
-            try:
-                deadline = _fire_loaded(conn, cfg, t0, last, still_due)
-            finally:
-                for worker in consumer_procs:
-                    codes[worker.worker_id] = worker.stop()
+            deadline = _fire_loaded(conn, cfg, t0, last, still_due)
         finally:
+            codes.update({worker.worker_id: worker.stop() for worker in consumer_procs})
             codes.update({proc.node_id: proc.stop() for proc in procs})
         records = [
             (r["key"], r["nominal_s"], r["fired_s"])

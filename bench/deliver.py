@@ -339,13 +339,28 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
             60,
             what="nodes to own all 1,024 partitions",
         )
+        # Workers start before the herd is loaded: dozens of processes starting
+        # must be idle, polling empty queues, by T.
+        consumers.start_workers(dsn, tenants)
         if opts.workload == "herd":
             herd.load(conn, opts.lead_s, progress, prepare)
-            consumers.start_workers(dsn, tenants)
-            fired = herd.fire(conn, procs, out_dir, progress, opts.fire_timeout_s)
+            herd.drain(conn, progress, opts.fire_timeout_s)
             since = herd.t
             until = since + timedelta(seconds=1)
             window_s = None
+        else:
+            started = store.now(conn)
+            time.sleep(opts.seconds)
+            ended = store.now(conn)
+            since, until = steady_window(started, ended, base)
+            window_s = (until - since).total_seconds()
+        span = {"since": since, "until": until}
+        waited = 0.0
+        if opts.mode == "push" or opts.workers:
+            waited = _wait_delivered(conn, span, opts.deliver_timeout_s)
+        firing = None
+        if opts.workload == "herd":  # audited once delivered: the audit must not slow delivery
+            fired = herd.measure(conn, procs, out_dir)
             firing = {
                 "missing": fired.missing,
                 "duplicates": fired.duplicates,
@@ -353,18 +368,6 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
                 "fire_lag_p99_s": fired.lag_p99_s,
                 "drain_s": fired.drain_s,
             }
-        else:
-            consumers.start_workers(dsn, tenants)
-            started = store.now(conn)
-            time.sleep(opts.seconds)
-            ended = store.now(conn)
-            since, until = steady_window(started, ended, base)
-            window_s = (until - since).total_seconds()
-            firing = None
-        span = {"since": since, "until": until}
-        waited = 0.0
-        if opts.mode == "push" or opts.workers:
-            waited = _wait_delivered(conn, span, opts.deliver_timeout_s)
         rss = [p.peak_rss_mb() for p in procs]
         worker_processes = len(consumers.workers)
         consumers.stop_workers()

@@ -279,6 +279,12 @@ class Herd:
     def fire(self, conn, procs, out_dir: Path, progress, timeout_s: float) -> HerdResult:
         """Sleep to ``t``, wait for the herd to drain, measure and audit it (the nodes
         keep running). Raises TimeoutError if it never drains."""
+        self.drain(conn, progress, timeout_s)
+        return self.measure(conn, procs, out_dir)
+
+    def drain(self, conn, progress, timeout_s: float) -> None:
+        """Sleep to ``t`` and wait until no herd timer is due any more. Raises
+        TimeoutError if that takes over ``timeout_s`` seconds."""
         t = self.t
         jobs = self.jobs
         time.sleep(max(0.0, (t - store.now(conn)).total_seconds()))
@@ -304,6 +310,12 @@ class Herd:
         wait_until(drained, timeout_s, interval_s=0.5, what="the herd to drain")
         if bar:
             bar.close()
+
+    def measure(self, conn, procs, out_dir: Path) -> HerdResult:
+        """The drained herd's figures and audit (``verify`` over ``[t, t + 1 s)``), its plot
+        in ``out_dir``, the nodes' (``procs``, still running) peak RSS."""
+        t = self.t
+        jobs = self.jobs
         rss = [p.peak_rss_mb() for p in procs]
         stats = queries.execute(conn, "herd_stats", {"nominal": t})[0]
         # The audit window [t, t + 1 s) must be over (store clock) before it is
