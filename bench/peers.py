@@ -231,15 +231,20 @@ def _aps_scheduler(dsn: str):
     return engine, AsyncScheduler(SQLAlchemyDataStore(engine, schema=APSCHEDULER_SCHEMA))
 
 
-async def apscheduler_setup(dsn: str) -> None:
+async def _recreate_schema(dsn: str, schema: str) -> None:
+    """Drop ``schema`` (and everything in it) if it exists, and create it empty."""
     import asyncpg
 
     conn = await asyncpg.connect(asyncpg_dsn(dsn))
     try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{APSCHEDULER_SCHEMA}" CASCADE')
-        await conn.execute(f'CREATE SCHEMA "{APSCHEDULER_SCHEMA}"')
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
     finally:
         await conn.close()
+
+
+async def apscheduler_setup(dsn: str) -> None:
+    await _recreate_schema(dsn, APSCHEDULER_SCHEMA)
 
 
 async def apscheduler_load(dsn: str, jobs: int, t0: float, seconds: int) -> int:
@@ -311,14 +316,7 @@ async def procrastinate_fire(key: str, nominal: float) -> None:
 
 
 async def procrastinate_setup(dsn: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(asyncpg_dsn(dsn))
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{PROCRASTINATE_SCHEMA}" CASCADE')
-        await conn.execute(f'CREATE SCHEMA "{PROCRASTINATE_SCHEMA}"')
-    finally:
-        await conn.close()
+    await _recreate_schema(dsn, PROCRASTINATE_SCHEMA)
     app = _procrastinate_app(dsn)
     async with app.open_async():
         await app.schema_manager.apply_schema_async()
