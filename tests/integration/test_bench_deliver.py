@@ -1,14 +1,22 @@
 """``bench deliver`` at small scale: real node processes fire a few hundred runs and every
-one is delivered (pulled by bench worker processes, or pushed to the bench's receiver),
-counted exactly from the runs table; firing alone leaves each run pending."""
+one is delivered (pulled by ``scheduler worker`` processes or the bench's own loop, or
+pushed to the bench's receiver), counted exactly from the runs table; firing alone
+(the CLI with ``--workers 0``) leaves each run pending.
+
+Needs the engine's worker (``scheduler worker``) and push loop: the ``scheduler``
+and push cases fail without them."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from click.testing import CliRunner
 
+from bench.__main__ import cli
 from bench.consumers import receiver_duplicates
 from bench.deliver import Options, run_deliver
 from scheduler import store
@@ -80,13 +88,28 @@ def test_pull_herd_every_run_claimed_once_and_acked(pg_dsn: str, tmp_path: Path)
 
 
 def test_firing_only_leaves_every_run_pending(pg_dsn: str, tmp_path: Path) -> None:
-    result = run_deliver(pg_dsn, steady("pull", 0), tmp_path)
-    runs = window_runs(result)
-    assert (result.runs, result.pending, result.without_delivery_state) == (runs, runs, 0)
-    assert result.states == {"pending": runs}
-    assert (result.succeeded, result.lost, result.missing, result.duplicates) == (0, runs, 0, 0)
-    assert result.attempts == {"0": runs}
-    assert result.dispatch_p50_s is None  # never claimed: infinitely late
+    args = ["deliver", "--dsn", pg_dsn, "--workload", "steady", "--rate", str(RATE), "--period-s", str(PERIOD_S)]
+    args += [
+        "--seconds",
+        str(SECONDS),
+        "--workers",
+        "0",
+        "--out-dir",
+        str(tmp_path),
+        "--json",
+        str(tmp_path / "d.json"),
+    ]
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code == 0, out.output
+    assert "| workload | runs | pending | without_delivery_state |" in out.output
+    result = json.loads((tmp_path / "d.json").read_text())
+    runs = window_runs(SimpleNamespace(**result))
+    assert (result["runs"], result["pending"], result["without_delivery_state"]) == (runs, runs, 0)
+    assert result["states"] == {"pending": runs}
+    assert (result["succeeded"], result["lost"], result["missing"], result["duplicates"]) == (0, runs, 0, 0)
+    assert result["attempts"] == {"0": runs}
+    assert (result["workers"], result["worker_impl"], result["worker_processes"]) == (0, None, 0)
+    assert result["dispatch_p50_s"] is None  # never claimed: infinitely late
 
 
 def test_push_steady_every_run_posted_once_with_its_run_id(pg_dsn: str, tmp_path: Path) -> None:
