@@ -144,11 +144,6 @@ SELECT tenant || '/' || job_id::text AS key, extract(epoch FROM nominal_time)::f
 FROM runs
 WHERE nominal_time >= %(first)s AND nominal_time <= %(last)s AND first_claimed_at IS NOT NULL
 """
-OURS_UNCLAIMED = """
-SELECT EXISTS (
-    SELECT 1 FROM runs WHERE nominal_time >= %(first)s AND nominal_time <= %(last)s AND first_claimed_at IS NULL
-) AS unclaimed
-"""
 NAIVE_DUE = "SELECT EXISTS (SELECT 1 FROM jobs WHERE next_fire_at <= %(last)s) AS due"
 NAIVE_FIRES = """
 SELECT tenant || '/' || job_id::text AS key, extract(epoch FROM nominal_time)::float8 AS nominal_s,
@@ -427,12 +422,12 @@ def run_ours(cfg: Config, work: Work, nodes: int, workers: int = 0) -> Fires:
             specs = {(e, d, z): cron_spec(e, z, d) for _, e, d, z in work_timers}
             values = dict(zip(specs, register_specs(conn, specs.values()), strict=True))
             copy_jobs(conn, (job_row(tenant, values[e, d, z], t0, created) for tenant, e, d, z in work_timers))
-            span = {"first": t0, "last": last}
+            claims = {"since": t0, "until": last + timedelta(seconds=1)}
 
             def still_due() -> bool:
                 if queries.execute(conn, "any_due_at", {"nominal": last})[0]["due"]:
                     return True
-                return bool(workers) and conn.execute(OURS_UNCLAIMED, span).fetchone()["unclaimed"]
+                return bool(workers) and queries.execute(conn, "any_unclaimed", claims)[0]["unclaimed"]
 
             deadline = _fire_loaded(conn, cfg, t0, last, still_due)
         finally:

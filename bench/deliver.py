@@ -5,12 +5,12 @@ The jobs are loaded and fired exactly as ``bench herd`` / ``bench steady`` do
 node`` processes); then each run is handed over:
 
 * ``pull``: workers claim the runs of every tenant's ``default`` queue and
-  ack them with no work in between (:func:`bench.consumers.start_workers`);
-  ``workers = 0`` is the *firing
-  only* variant: no worker runs, and the report checks that every fired run
-  has its delivery state (``pending``). The processes are the engine's own
-  ``scheduler worker`` (one per tenant, ``workers`` for the big one) or the
-  bench's loop over every tenant (``worker_impl``, see :mod:`bench.consumers`);
+  ack them with no work in between (:func:`bench.consumers.start_workers`):
+  the engine's own ``scheduler worker`` processes (one per tenant,
+  ``workers`` for the big one) or the bench's loop over every tenant
+  (``worker_impl``, see :mod:`bench.consumers`). ``workers = 0`` is the
+  *firing only* variant: no worker runs, and the report checks that every
+  fired run has its delivery state (``pending``);
 * ``push``: the jobs are given an HTTP target (``queue`` NULL, a
   ``job_delivery`` row with ``http://127.0.0.1:PORT/run``) and the nodes,
   started with ``SCHEDULER_PUSH_ALLOW=127.0.0.1/32``, POST each run to a local
@@ -281,9 +281,9 @@ class _Consumers:
         self.workers = []
 
     def stop_receiver(self) -> None:
-        if self.receiver is not None:
-            self.records = self.receiver.stop()
-            self.receiver = None
+        receiver, self.receiver = self.receiver, None
+        if receiver is not None:
+            self.records = receiver.stop()
 
 
 def push_targets(url: str) -> Callable[[Any, datetime], None]:
@@ -419,7 +419,7 @@ def _wait_delivered(conn, span: dict[str, datetime], timeout_s: float) -> float:
     """Wait until no run of ``span`` is pending, leased or failed, or ``timeout_s`` passes
     (then the rest counts as lost); return the seconds waited."""
     start = time.monotonic()
-    while queries.execute(conn, "count_unsettled", span)[0]["unsettled"]:
+    while queries.execute(conn, "any_unsettled", span)[0]["unsettled"]:
         if time.monotonic() - start > timeout_s:
             break
         time.sleep(0.25)

@@ -128,9 +128,43 @@ SELECT tenant,
 FROM runs
 WHERE nominal_time >= %(since)s AND nominal_time < %(until)s;
 
--- name: count_unsettled
--- bench deliver: runs of the nominal times [since, until) still on their way
--- (pending, leased or failed; fired before delivery existed counts too).
-SELECT count(*) AS unsettled FROM runs
-WHERE nominal_time >= %(since)s AND nominal_time < %(until)s
-  AND (state IS NULL OR state IN ('pending', 'leased', 'failed'));
+-- name: any_unsettled
+-- bench deliver: whether a run of the nominal times [since, until) is still
+-- on its way (pending, leased or failed). Polled during delivery, so each
+-- probe walks one of the small partial indexes of unfinished runs
+-- (runs_pending_idx, runs_push_idx, runs_inflight_idx: the ORDER BY names
+-- the index) and stops at the first match: a scan of `runs` by nominal time
+-- (no index) would take the store's CPU from the delivery it measures.
+SELECT EXISTS (
+           SELECT 1 FROM runs
+           WHERE state = 'pending' AND queue IS NOT NULL
+             AND nominal_time >= %(since)s AND nominal_time < %(until)s
+           ORDER BY tenant, queue, available_at
+           LIMIT 1
+       )
+       OR EXISTS (
+           SELECT 1 FROM runs
+           WHERE state = 'pending' AND queue IS NULL
+             AND nominal_time >= %(since)s AND nominal_time < %(until)s
+           ORDER BY partition_id, available_at
+           LIMIT 1
+       )
+       OR EXISTS (
+           SELECT 1 FROM runs
+           WHERE state IN ('leased', 'failed')
+             AND nominal_time >= %(since)s AND nominal_time < %(until)s
+           ORDER BY partition_id, leased_until
+           LIMIT 1
+       ) AS unsettled;
+
+-- name: any_unclaimed
+-- bench compare (ours-e2e): whether a queue run of the nominal times
+-- [since, until) was never claimed (pending, first attempt), through the
+-- partial index of pending queue runs (see any_unsettled).
+SELECT EXISTS (
+    SELECT 1 FROM runs
+    WHERE state = 'pending' AND queue IS NOT NULL AND first_claimed_at IS NULL
+      AND nominal_time >= %(since)s AND nominal_time < %(until)s
+    ORDER BY tenant, queue, available_at
+    LIMIT 1
+) AS unclaimed;
