@@ -859,8 +859,9 @@ def runs_list(dsn: str, job_id: str | None, since: datetime | None, limit: int, 
     "--older-than",
     "older_than",
     required=True,
-    help="Age: 7d, 12h, 30m, 45s, 1d12h or plain seconds. Deletes runs whose nominal time is older, "
-    "skip ranges that ended before, and jobs deleted before now minus this.",
+    help="Age: 7d, 12h, 30m, 45s, 1d12h or plain seconds. Deletes finished runs whose nominal time is "
+    "older (never a pending, leased or failed one), skip ranges that ended before, and jobs deleted "
+    "before now minus this.",
 )
 @click.option(
     "--batch-rows",

@@ -1115,6 +1115,9 @@ WHERE fired_at > now() - %(window_s)s * interval '1 second';
 -- %(after_job)s, %(after_time)s) (NULL: from the start). Returns the deleted
 -- keys; the caller continues after the largest. Set-based and ctid-free, so
 -- valid on CockroachDB; retried whole on 40001 (deleting is idempotent).
+-- Never an unfinished run (state pending, leased or failed), whatever its
+-- age: only finished runs (succeeded, dead, canceled) and runs fired before
+-- delivery existed (state NULL) go.
 DELETE FROM runs
 WHERE (partition_id, job_id, nominal_time) IN (
     SELECT partition_id, job_id, nominal_time
@@ -1124,6 +1127,7 @@ WHERE (partition_id, job_id, nominal_time) IN (
            OR (partition_id, job_id, nominal_time)
               > (%(after_pid)s::int4, %(after_job)s::uuid, %(after_time)s::timestamptz))
       AND nominal_time < %(cutoff)s
+      AND (state IS NULL OR state NOT IN ('pending', 'leased', 'failed'))
     ORDER BY partition_id, job_id, nominal_time
     LIMIT %(limit)s)
 RETURNING partition_id, job_id, nominal_time AS key_time;
