@@ -59,6 +59,7 @@ from types import FrameType
 from scheduler import log, store, watchdog
 from scheduler.clock import Clock, SystemClock
 from scheduler.coordination import Coordinator, LeaseLoop, LeaseTable, make_coordinator
+from scheduler.delivery.views import DeliveryGauges
 from scheduler.errors import ConfigError, StoreSetupError
 from scheduler.firing import Firer
 from scheduler.health import HealthServer, StoreProbe
@@ -146,6 +147,11 @@ class Node:
         self._stop_retention = threading.Event()
         self._stop_zones = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.delivery_gauges = DeliveryGauges(
+            lambda: store.node_connect(self.settings, f"scheduler-gauges:{self.node_id}", watchdog=self.watchdog),
+            self.metrics,
+            self.node_id,
+        )
 
     @property
     def node_id(self) -> str:
@@ -302,6 +308,8 @@ class Node:
             thread.start()
         # Not joined at stop: a daemon that dies with the process (the pass is re-runnable).
         threading.Thread(target=self._prepare_zones, name="zones", daemon=True).start()
+        # The delivery gauges (queue depth per tenant, runs in flight): a read every 10 s, likewise.
+        threading.Thread(target=self.delivery_gauges.run, args=(self._stop_zones,), name="gauges", daemon=True).start()
 
     def _prepare_zones(self) -> None:
         """On its own thread and connection: once at start, if the store's slots
