@@ -381,10 +381,10 @@ class DeliveryReport:
     Every run is in exactly one of: ``succeeded``, ``dead``, ``canceled``
     (finished), ``pending``, ``leased``, ``failed`` (unfinished: still being
     delivered), ``lost`` (no delivery state though fired at or after
-    ``delivery_since``) or ``predelivery`` (no delivery state, fired before
+    ``state_since``) or ``predelivery`` (no delivery state, fired before
     it). ``stale`` counts the leased and failed runs among them whose lease
     ended more than the lease TTL + :data:`SETTLE_INTERVAL_S` ago (their
-    owner should have settled them). ``delivery_since``: the earliest
+    owner should have settled them). ``state_since``: the earliest
     ``fired_at`` of a run in the window that carries a state (None: none
     does). ``findings`` lists, for each of :data:`DELIVERY_FINDINGS`, the
     first ``findings_limit`` runs (job id, nominal time, state, attempt,
@@ -401,7 +401,7 @@ class DeliveryReport:
     lost: int = 0
     predelivery: int = 0
     stale: int = 0
-    delivery_since: datetime | None = None
+    state_since: datetime | None = None
     findings_limit: int = LIST_LIMIT
     findings: dict[str, list[dict]] = dataclasses.field(default_factory=dict)
 

@@ -1221,7 +1221,7 @@ SELECT count(*) AS runs,
        count(*) FILTER (WHERE w.state IS NULL AND w.fired_at >= era.since) AS lost,
        count(*) FILTER (WHERE w.state IS NULL AND (era.since IS NULL OR w.fired_at < era.since)) AS predelivery,
        count(*) FILTER (WHERE w.state IN ('leased', 'failed') AND w.leased_until < %(stale_before)s) AS stale,
-       min(era.since) AS delivery_since
+       min(era.since) AS state_since
 FROM w CROSS JOIN era;
 
 -- name: list_delivery_audit
