@@ -20,6 +20,10 @@ pieces complete a production node:
   ``retention_batch_interval_s`` over the partitions this node holds, on a
   third thread with its own connection, so it never stalls firing.
 
+Two daemon threads, not joined at stop, prepare zones (see
+:meth:`Node._prepare_zones`) and read the delivery gauges every 10 s
+(:class:`scheduler.delivery.views.DeliveryGauges`).
+
 Graceful stop (SIGTERM/SIGINT, docs/design.md §6): ``/readyz`` turns 503, the
 firing loop finishes its tick and exits, then the lease loop releases every
 lease and deletes the heartbeat, so peers claim the partitions on their next
