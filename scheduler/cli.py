@@ -948,9 +948,9 @@ def runs_list(
     if as_json:
         _echo_json(rows)
     else:
-        for row in rows:
+        for row in rows:  # one line each: the error's whitespace collapsed, cut to 80 characters
             if row["last_error"] is not None:
-                row["last_error"] = clip(row["last_error"]).strip("'")
+                row["last_error"] = " ".join(row["last_error"].split())[:ECHO_MAX_CHARS]
         _table(rows, ["run_id", "tenant", "nominal_time", "state", "attempt", "fired_at", "lateness_s", "last_error"])
 
 
