@@ -189,7 +189,6 @@ def _redrive(
     nominal_time: datetime | None,
     states: tuple[str, ...],
     limit: int,
-    now: datetime | None,
 ) -> list[datetime]:
     params = {
         "partition_id": partition_of(job_id),
@@ -197,17 +196,15 @@ def _redrive(
         "nominal_time": nominal_time,
         "states": list(states),
         "limit": limit,
-        "now": now,
     }
     rows = store.run_transaction(conn, lambda c: store.execute(c, "redrive_runs", params))
     return sorted(row["nominal_time"] for row in rows)
 
 
-def redrive(conn: psycopg.Connection, text: str, *, now: datetime | None = None) -> str:
+def redrive(conn: psycopg.Connection, text: str) -> str:
     """Move the dead or canceled run ``text`` (a run id) back to ``pending``; return its run id.
 
-    The run becomes ``pending``, available at once (store time; ``now``
-    pins it in tests), with a fresh retry budget: ``attempt`` reset to 0
+    The run becomes ``pending``, available at once (the store's now), with a fresh retry budget: ``attempt`` reset to 0
     and ``first_claimed_at`` cleared (``max_attempts`` and ``max_age_s``
     count from the redrive; its dispatch lag afterwards counts to the first
     claim after the redrive), lease and outcome cleared (``finished_at``,
@@ -217,7 +214,7 @@ def redrive(conn: psycopg.Connection, text: str, *, now: datetime | None = None)
     the state for a run that is not dead or canceled (nothing changed).
     """
     _, job_id, nominal = parse_run_id(text)
-    if _redrive(conn, job_id, nominal, REDRIVABLE_STATES, 1, now):
+    if _redrive(conn, job_id, nominal, REDRIVABLE_STATES, 1):
         return run_id(job_id, nominal)
     rows = store.execute(
         conn, "get_run_state", {"partition_id": partition_of(job_id), "job_id": job_id, "nominal_time": nominal}
@@ -232,9 +229,7 @@ def redrive(conn: psycopg.Connection, text: str, *, now: datetime | None = None)
     )
 
 
-def redrive_job(
-    conn: psycopg.Connection, job_id: uuid.UUID, state: str, limit: int, *, now: datetime | None = None
-) -> list[str]:
+def redrive_job(conn: psycopg.Connection, job_id: uuid.UUID, state: str, limit: int) -> list[str]:
     """Redrive (as :func:`redrive`) the oldest ``limit`` runs of ``job_id`` in ``state``
     (``dead`` or ``canceled``); return their run ids, oldest first (empty if none).
 
@@ -246,7 +241,7 @@ def redrive_job(
         raise ValidationError("state", "must be dead or canceled (the runs a redrive moves back to pending)", state)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValidationError("limit", "must be a whole number >= 1", limit)
-    moved = _redrive(conn, job_id, None, (state,), limit, now)
+    moved = _redrive(conn, job_id, None, (state,), limit)
     if not moved and not store.execute(conn, "get_job", {"partition_id": partition_of(job_id), "job_id": job_id}):
         raise NotFoundError(f"job_id: no job {job_id}")
     return [run_id(job_id, nominal) for nominal in moved]

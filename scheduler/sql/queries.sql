@@ -816,14 +816,14 @@ SELECT r.state FROM runs AS r
 WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s AND r.nominal_time = %(nominal_time)s;
 
 -- name: redrive_runs
--- Back to pending, available now (store time, or the pin %(now)s): one run
+-- Back to pending, available now (store time): one run
 -- (%(nominal_time)s) or the oldest %(limit)s of a job, only those whose state
 -- is in %(states)s (dead, canceled). A redrive is a fresh retry budget:
 -- attempt 0 and first_claimed_at NULL (max_attempts and max_age_s count
 -- from the redrive), lease and outcome cleared; last_error is kept. The
 -- state is re-checked by the UPDATE, so a concurrent change wins.
 UPDATE runs
-SET state = 'pending', attempt = 0, available_at = coalesce(%(now)s::timestamptz, now()),
+SET state = 'pending', attempt = 0, available_at = now(),
     lease_token = NULL, leased_until = NULL, worker = NULL, claimed_at = NULL,
     first_claimed_at = NULL, finished_at = NULL, retryable = NULL
 WHERE (partition_id, job_id, nominal_time) IN (
