@@ -198,6 +198,19 @@ class Metrics:
             buckets=TICK_BUCKETS_S,
             registry=r,
         )
+        self.delivery_settled = Counter(
+            "scheduler_delivery_settled_total",
+            "Runs the partition owner's settle step moved (docs/delivery.md): to pending (a retry after a "
+            "backoff) or dead, by cause (expired: lease expired; failed: a nack or push failure).",
+            ["to", "cause"],
+            registry=r,
+        )
+        self.delivery_settle_duration = Histogram(
+            "scheduler_delivery_settle_duration_seconds",
+            "Wall time of one settle statement.",
+            buckets=TICK_BUCKETS_S,
+            registry=r,
+        )
         self.delivery_dispatch_lag = BulkHistogram(
             "scheduler_dispatch_lag_seconds",
             "Delivery: first claim minus scheduled time of runs handed over (worker claims, push), store clock.",
@@ -208,11 +221,6 @@ class Metrics:
             "scheduler_attempts_total",
             "Delivery attempts ended, by outcome (succeeded, failed, lost, canceled).",
             ["outcome"],
-            registry=r,
-        )
-        self.dead_runs = Counter(
-            "scheduler_delivery_dead_runs_total",
-            "Runs this node's settle step marked dead (attempts or age exhausted, or not retryable).",
             registry=r,
         )
         self.runs_in_flight = Gauge(
@@ -239,6 +247,9 @@ class Metrics:
             self.store_errors.labels(sqlstate_class=sqlstate_class)
         for table in ("runs", "skips", "jobs"):
             self.retention_pruned.labels(table=table)
+        for to in ("pending", "dead"):
+            for cause in ("expired", "failed"):
+                self.delivery_settled.labels(to=to, cause=cause)
         for outcome in ATTEMPT_OUTCOMES:
             self.delivery_attempts.labels(outcome=outcome)
         for state in ("leased", "failed"):

@@ -1,7 +1,7 @@
 """Seeing delivery: run ids, ``jobs describe``, ``runs redrive``, the node's delivery gauges.
 
-* :func:`run_id` / :func:`parse_run_id`: the run id
-  ``<job_id>.<nominal time in integer Unix microseconds>`` (docs/delivery.md);
+* :func:`run_id`: the run id ``<job_id>.<nominal time in integer Unix
+  microseconds>`` of a (job, nominal time) (:class:`~scheduler.delivery.lifecycle.RunKey`);
 * :func:`describe_job`: a job's spec and delivery target (header *names*
   only: values may be secrets), its next fires, its last runs with lateness
   and dispatch lag, and counters (runs per state, skips per reason);
@@ -21,12 +21,14 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import psycopg
 
 from scheduler import log, store
+from scheduler.delivery import lifecycle
+from scheduler.delivery.lifecycle import RunKey
 from scheduler.errors import ConflictError, NotFoundError, ValidationError
 from scheduler.metrics import Metrics
 from scheduler.partition import partition_of
@@ -42,37 +44,21 @@ UNFINISHED_STATES = ("pending", "leased", "failed")
 REDRIVABLE_STATES = ("dead", "canceled")
 """States :func:`redrive` moves back to ``pending``."""
 
-DEFAULT_POLICY = {"max_attempts": 5, "backoff_base_s": 1.0, "backoff_cap_s": 300.0, "max_age_s": None}
+DEFAULT_POLICY = {
+    "max_attempts": lifecycle.DEFAULT_MAX_ATTEMPTS,
+    "backoff_base_s": lifecycle.DEFAULT_BACKOFF_BASE_S,
+    "backoff_cap_s": lifecycle.DEFAULT_BACKOFF_CAP_S,
+    "max_age_s": None,
+}
 """The retry policy of a job without a ``job_delivery`` row (docs/delivery.md, "Retry policy")."""
-
-DEFAULT_TIMEOUT_S = 10.0
-"""Per-attempt timeout of a push target whose row leaves it NULL."""
 
 DESCRIBE_FIRES = 10
 DESCRIBE_RUNS = 10
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICRO = timedelta(microseconds=1)
-
 
 def run_id(job_id: uuid.UUID, nominal_time: datetime) -> str:
-    """``"<job_id>.<nominal_time as integer Unix microseconds>"`` (aware ``nominal_time``)."""
-    return f"{job_id}.{(nominal_time - _EPOCH) // _MICRO}"
-
-
-def parse_run_id(text: str) -> tuple[int, uuid.UUID, datetime]:
-    """``(partition_id, job_id, nominal_time)`` of a run id; ValidationError (field ``run_id``) if malformed."""
-    job, _, micros = str(text).strip().rpartition(".")
-    try:
-        job_id = uuid.UUID(job)
-        if not (micros.isascii() and micros.lstrip("-").isdigit()):
-            raise ValueError(micros)
-        nominal = _EPOCH + int(micros) * _MICRO
-    except (ValueError, OverflowError):
-        raise ValidationError(
-            "run_id", "must be <job id>.<nominal time in Unix microseconds>, e.g. <uuid>.1767225600000000", text
-        ) from None
-    return partition_of(job_id), job_id, nominal
+    """The run id of job ``job_id``'s run at ``nominal_time`` (:attr:`RunKey.run_id`)."""
+    return RunKey.of(job_id, nominal_time).run_id
 
 
 # ---------------------------------------------------------------- describe
@@ -90,7 +76,7 @@ def _delivery(row: dict | None, job: dict) -> dict[str, Any]:
             "url": row["url"],
             "method": row.get("method") or "POST",
             "header_names": list(row.get("header_names") or []),
-            "timeout_s": row.get("timeout_s") or DEFAULT_TIMEOUT_S,
+            "timeout_s": row.get("timeout_s") or lifecycle.DEFAULT_PUSH_TIMEOUT_S,
         }
     has_row = row.get("max_attempts") is not None
     policy = {key: row.get(key) if has_row else value for key, value in DEFAULT_POLICY.items()}
@@ -213,7 +199,8 @@ def redrive(conn: psycopg.Connection, text: str) -> str:
     malformed id, NotFoundError for an unknown run, ConflictError naming
     the state for a run that is not dead or canceled (nothing changed).
     """
-    _, job_id, nominal = parse_run_id(text)
+    key = RunKey.parse(text)
+    job_id, nominal = key.job_id, key.nominal_time
     if _redrive(conn, job_id, nominal, REDRIVABLE_STATES, 1):
         return run_id(job_id, nominal)
     rows = store.execute(

@@ -65,7 +65,6 @@ FAMILIES = {
     "scheduler_retention_batch_duration_seconds": "histogram",
     "scheduler_dispatch_lag_seconds": "histogram",
     "scheduler_attempts": "counter",
-    "scheduler_delivery_dead_runs": "counter",
     "scheduler_delivery_runs_in_flight": "gauge",
     "scheduler_delivery_queue_depth_runs": "gauge",
 }
