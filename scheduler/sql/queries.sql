@@ -1170,7 +1170,9 @@ ORDER BY c.nominal_time, c.job_id;
 -- until now + the job's per-attempt timeout (%(default_timeout_s)s without
 -- one) + %(margin_s)s. Fenced like fire_runs: the partitions rows locked FOR
 -- SHARE where owner and epoch (%(epochs)s[p + 1]) are still ours, so a node
--- that lost a partition claims none of its runs.
+-- that lost a partition claims none of its runs. SKIP LOCKED only spreads
+-- two claimers (an old and a new owner for a moment) over different runs;
+-- the state re-check in the UPDATE is what keeps a run leased once.
 WITH fence AS (
     SELECT p.partition_id
     FROM partitions AS p
