@@ -515,7 +515,7 @@ def _read_payload_file(path: str) -> bytes:
 
     limit = MAX_PAYLOAD_INPUT_BYTES + 1
     if path == "-":
-        data = click.get_binary_stream("stdin").read(limit)
+        data = sys.stdin.buffer.read(limit)
     else:
         try:
             with open(path, "rb") as handle:
