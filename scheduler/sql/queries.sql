@@ -641,6 +641,13 @@ SET url = excluded.url, method = excluded.method, headers = excluded.headers,
 -- An edit back to the default delivery settings: the job keeps no row.
 DELETE FROM job_delivery WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;
 
+-- name: delete_job_deliveries_by_keys
+-- The delivery rows of the jobs (pids[i], jids[i]) retention just pruned
+-- (prune_jobs), in its transaction.
+DELETE FROM job_delivery
+WHERE (partition_id, job_id) IN (
+    SELECT a.pid, a.jid FROM unnest(%(pids)b::int4[], %(jids)b::uuid[]) AS a (pid, jid));
+
 -- name: get_job_delivery
 -- The delivery settings of one job (no row: the defaults).
 SELECT * FROM job_delivery WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;

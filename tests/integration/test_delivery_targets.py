@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from datetime import timedelta
 
 import psycopg
 import pytest
 from click.testing import CliRunner
 
-from scheduler import jobs
+from scheduler import jobs, retention
 from scheduler.cli import cli
 from scheduler.delivery.ssrf import AddressPolicy
 from scheduler.delivery.targets import DeliverySpec
@@ -526,3 +527,20 @@ def test_help_explains_every_delivery_option() -> None:
     ):
         assert f"{option} " in text, option
     assert "SCHEDULER_PUSH_ALLOW" in text
+
+
+# ---------------------------------------------------------------- retention
+
+
+def test_pruning_a_deleted_job_deletes_its_delivery_row(conn) -> None:
+    gone = jobs.add_job(conn, JobSpec.build(tenant="acme", interval_s=60, delivery=DeliverySpec.build(payload="[1]")))
+    live = jobs.add_job(conn, JobSpec.build(tenant="acme", interval_s=60, delivery=DeliverySpec.build(payload="[2]")))
+    jobs.delete_job(conn, gone.job_id)
+    deleted_at = conn.execute("SELECT deleted_at FROM jobs WHERE job_id = %s", (gone.job_id,)).fetchone()["deleted_at"]
+
+    kept = retention.prune(conn, 60, now=deleted_at + timedelta(seconds=59))
+    assert (kept.jobs, delivery_row(conn, gone.job_id)) == (0, {**DEFAULT_ROW, "payload": [1]})
+    report = retention.prune(conn, 60, now=deleted_at + timedelta(seconds=61))
+    assert report.jobs == 1
+    assert delivery_row(conn, gone.job_id) is None
+    assert delivery_row(conn, live.job_id) == {**DEFAULT_ROW, "payload": [2]}
