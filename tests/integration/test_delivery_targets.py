@@ -16,14 +16,17 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 from click.testing import CliRunner
+from helpers import OneNode
 
 from scheduler import jobs, retention
 from scheduler.cli import cli
+from scheduler.delivery import lifecycle
+from scheduler.delivery.lifecycle import RunKey
 from scheduler.delivery.ssrf import AddressPolicy
 from scheduler.delivery.targets import DeliverySpec
 from scheduler.errors import ValidationError
@@ -544,3 +547,59 @@ def test_pruning_a_deleted_job_deletes_its_delivery_row(conn) -> None:
     assert report.jobs == 1
     assert delivery_row(conn, gone.job_id) is None
     assert delivery_row(conn, live.job_id) == {**DEFAULT_ROW, "payload": [2]}
+
+
+# ---------------------------------------------------------------- what a claim hands over
+
+
+@pytest.fixture
+def node(pg_dsn: str):
+    n = OneNode(pg_dsn)
+    yield n
+    n.close()
+
+
+def pending_run(conn: psycopg.Connection, job_id: uuid.UUID, nominal: datetime, queue: str | None) -> RunKey:
+    """A pending run as the firing statement writes it."""
+    key = RunKey.of(job_id, nominal)
+    conn.execute(
+        """
+        INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch,
+                          state, queue, origin, available_at)
+        VALUES (%s, %s, %s, 'acme', %s, %s, 't1', 1, 'pending', %s, 'schedule', %s)
+        """,
+        (key.partition_id, job_id, nominal, nominal, nominal, queue, nominal),
+    )
+    return key
+
+
+def test_a_claim_hands_over_the_saved_target_and_payload(conn, node) -> None:
+    t0 = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
+    queued = jobs.add_job(
+        conn,
+        JobSpec.build(tenant="acme", interval_s=3600, delivery=DeliverySpec.build(queue="mail", payload='{"a": [1]}')),
+    ).job_id
+    pushed = jobs.add_job(
+        conn,
+        JobSpec.build(
+            tenant="acme",
+            interval_s=3600,
+            delivery=DeliverySpec.build(url=PUBLIC, method="PUT", headers=["X-K: v"], timeout_s=3, payload='"hi"'),
+        ),
+    ).job_id
+    pending_run(conn, queued, t0, "mail")
+    push_key = pending_run(conn, pushed, t0, None)
+
+    (claimed,) = lifecycle.claim(
+        conn, tenant="acme", queue="mail", worker="w1", limit=10, now=t0 + timedelta(seconds=1)
+    )
+    assert (claimed.payload, claimed.url, claimed.headers) == ({"a": [1]}, None, None)
+    epochs = {push_key.partition_id: node.epoch(push_key.partition_id)}
+    (push,) = lifecycle.claim_push(conn, node_id="t1", epochs=epochs, limit=10, now=t0 + timedelta(seconds=1))
+    assert (push.url, push.method, push.headers, push.timeout_s, push.payload) == (
+        PUBLIC,
+        "PUT",
+        {"X-K": "v"},
+        3.0,
+        "hi",
+    )
