@@ -332,6 +332,20 @@ def test_payload_at_the_limit_and_compacted_before_measuring() -> None:
     assert parse_payload(deep) == deep
 
 
+def test_arguments_that_were_not_utf8_are_refused_in_one_line() -> None:
+    # Python hands undecodable argv bytes over as lone surrogates (surrogateescape).
+    assert (
+        refused(payload='"caf\udce9"') == "payload: must be valid Unicode (an unpaired surrogate escape, e.g. \\ud800)"
+    )
+    assert (
+        refused(queue="caf\udce9") == "queue: must be 1-100 characters of letters, digits and . _ - (got 'caf\\udce9')"
+    )
+    assert refused(url="https://caf\udce9.example/") == (
+        "url: must be an http(s) URL of at most 2048 characters (got 'https://caf\\udce9.example/')"
+    )
+    assert refused(url=URL, headers=["X-A: caf\udce9"]) == f"header: value of X-A {VALUE_RULE}"
+
+
 def test_payload_accepts_bytes_and_keeps_non_ascii() -> None:
     assert parse_payload('{"name": "Zoë"}'.encode()) == '{"name":"Zoë"}'
 
