@@ -134,7 +134,7 @@ def describe_job(
         job = store.execute(c, "get_job", key)
         if not job:
             raise NotFoundError(f"job_id: no job {job_id}")
-        delivery = store.execute(c, "get_job_delivery", key)
+        delivery = store.execute(c, "describe_job_delivery", key)
         by_state = {row["state"]: row["runs"] for row in store.execute(c, "count_job_runs_by_state", key)}
         skips = store.execute(c, "count_job_skips_by_reason", key)
         recent = store.execute(c, "recent_job_runs", {**key, "limit": runs})

@@ -819,9 +819,9 @@ LIMIT %(limit)s;
 -- scheduler/delivery/views.py: jobs describe, runs redrive, the node's
 -- delivery gauges. Every per-job statement is scoped by (partition_id, job_id).
 
--- name: get_job_delivery
--- A job's delivery row (NULL columns: none, the job has the defaults): the
--- header NAMES only (values may be secrets; never read), the payload.
+-- name: describe_job_delivery
+-- A job's delivery row for jobs describe (no row: the job has the defaults):
+-- the header NAMES only (values may be secrets; never read), the payload.
 SELECT d.url, d.method, d.timeout_s, d.payload, d.max_attempts, d.backoff_base_s,
        d.backoff_cap_s, d.max_age_s,
        ARRAY(SELECT k FROM jsonb_object_keys(coalesce(d.headers, '{}'::jsonb)) AS k ORDER BY k)
