@@ -16,7 +16,6 @@ queries in scheduler/sql/queries.sql, section "delivery views").
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import uuid
@@ -29,6 +28,7 @@ import psycopg
 from scheduler import log, store
 from scheduler.delivery import lifecycle
 from scheduler.delivery.lifecycle import RunKey
+from scheduler.delivery.targets import DeliverySpec
 from scheduler.errors import ConflictError, NotFoundError, ValidationError
 from scheduler.metrics import Metrics
 from scheduler.partition import partition_of
@@ -38,22 +38,13 @@ from scheduler.spec import build_schedule, schedule_key
 RUN_STATES = ("pending", "leased", "failed", "succeeded", "dead", "canceled")
 """Delivery states of a run (``runs.state``; NULL: fired before delivery existed)."""
 
-UNFINISHED_STATES = ("pending", "leased", "failed")
-"""States of a run not yet finished: never deleted by retention."""
-
 REDRIVABLE_STATES = ("dead", "canceled")
 """States :func:`redrive` moves back to ``pending``."""
 
-DEFAULT_POLICY = {
-    "max_attempts": lifecycle.DEFAULT_MAX_ATTEMPTS,
-    "backoff_base_s": lifecycle.DEFAULT_BACKOFF_BASE_S,
-    "backoff_cap_s": lifecycle.DEFAULT_BACKOFF_CAP_S,
-    "max_age_s": None,
-}
-"""The retry policy of a job without a ``job_delivery`` row (docs/delivery.md, "Retry policy")."""
-
 DESCRIBE_FIRES = 10
+"""Fires :func:`describe_job` lists."""
 DESCRIBE_RUNS = 10
+"""Recent runs :func:`describe_job` lists."""
 
 
 def run_id(job_id: uuid.UUID, nominal_time: datetime) -> str:
@@ -64,31 +55,28 @@ def run_id(job_id: uuid.UUID, nominal_time: datetime) -> str:
 # ---------------------------------------------------------------- describe
 
 
-def _delivery(row: dict | None, job: dict) -> dict[str, Any]:
-    """The target, payload size and retry/overlap policy of a job (defaults when it has no delivery row)."""
-    row = row or {}
-    payload = row.get("payload")
+def _delivery(spec: DeliverySpec) -> dict[str, Any]:
+    """A job's target (header names only), payload size and retry/overlap policy, as describe shows them."""
     target: dict[str, Any]
-    if job.get("queue") is not None or not row.get("url"):
-        target = {"queue": job.get("queue") or "default"}
+    if spec.url is None:
+        target = {"queue": spec.queue}
     else:
         target = {
-            "url": row["url"],
-            "method": row.get("method") or "POST",
-            "header_names": list(row.get("header_names") or []),
-            "timeout_s": row.get("timeout_s") or lifecycle.DEFAULT_PUSH_TIMEOUT_S,
+            "url": spec.url,
+            "method": spec.method,
+            "header_names": [name for name, _ in spec.headers],
+            "timeout_s": spec.timeout_s if spec.timeout_s is not None else lifecycle.DEFAULT_PUSH_TIMEOUT_S,
         }
-    has_row = row.get("max_attempts") is not None
-    policy = {key: row.get(key) if has_row else value for key, value in DEFAULT_POLICY.items()}
     return {
         "target": target,
-        "payload_bytes": (
-            None
-            if payload is None
-            else len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
-        ),
-        "retry": policy,
-        "overlap": job.get("overlap") or "allow",
+        "payload_bytes": None if spec.payload is None else len(spec.payload.encode("utf-8")),
+        "retry": {
+            "max_attempts": spec.max_attempts,
+            "backoff_base_s": spec.backoff_base_s,
+            "backoff_cap_s": spec.backoff_cap_s,
+            "max_age_s": spec.max_age_s,
+        },
+        "overlap": spec.overlap,
     }
 
 
@@ -134,13 +122,13 @@ def describe_job(
         job = store.execute(c, "get_job", key)
         if not job:
             raise NotFoundError(f"job_id: no job {job_id}")
-        delivery = store.execute(c, "describe_job_delivery", key)
+        delivery = store.execute(c, "get_job_delivery", key)
         by_state = {row["state"]: row["runs"] for row in store.execute(c, "count_job_runs_by_state", key)}
         skips = store.execute(c, "count_job_skips_by_reason", key)
         recent = store.execute(c, "recent_job_runs", {**key, "limit": runs})
         return {
             "job": job[0],
-            "delivery": delivery[0] if delivery else None,
+            "delivery": DeliverySpec.from_rows(job[0], delivery[0] if delivery else None),
             "by_state": by_state,
             "skips": skips,
             "recent": recent,
@@ -152,7 +140,7 @@ def describe_job(
     counts["predelivery"] = got["by_state"].get(None, 0)
     return {
         "job": job,
-        "delivery": _delivery(got["delivery"], job),
+        "delivery": _delivery(got["delivery"]),
         "next_fires": next_fires(job, fires),
         "recent_runs": [{"run_id": run_id(job_id, row["nominal_time"]), **row} for row in got["recent"]],
         "counters": {

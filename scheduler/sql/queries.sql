@@ -819,16 +819,6 @@ LIMIT %(limit)s;
 -- scheduler/delivery/views.py: jobs describe, runs redrive, the node's
 -- delivery gauges. Every per-job statement is scoped by (partition_id, job_id).
 
--- name: describe_job_delivery
--- A job's delivery row for jobs describe (no row: the job has the defaults):
--- the header NAMES only (values may be secrets; never read), the payload.
-SELECT d.url, d.method, d.timeout_s, d.payload, d.max_attempts, d.backoff_base_s,
-       d.backoff_cap_s, d.max_age_s,
-       ARRAY(SELECT k FROM jsonb_object_keys(coalesce(d.headers, '{}'::jsonb)) AS k ORDER BY k)
-           AS header_names
-FROM job_delivery AS d
-WHERE d.partition_id = %(partition_id)s AND d.job_id = %(job_id)s;
-
 -- name: count_job_runs_by_state
 -- A job's runs per delivery state (NULL: fired before delivery existed).
 SELECT r.state, count(*) AS runs

@@ -380,7 +380,7 @@ def test_describe_reads_per_job_only(conn, monkeypatch) -> None:
     sent = record_named_queries(monkeypatch)
     views.describe_job(conn, job)
     assert sorted(name for name, _ in sent) == sorted(
-        ["get_job", "describe_job_delivery", "count_job_runs_by_state", "count_job_skips_by_reason", "recent_job_runs"]
+        ["get_job", "get_job_delivery", "count_job_runs_by_state", "count_job_skips_by_reason", "recent_job_runs"]
     )
     assert all(params["partition_id"] == partition_of(job) and params["job_id"] == job for _, params in sent)
 
