@@ -76,10 +76,6 @@ class BulkHistogram:
         return []
 
 
-ATTEMPT_OUTCOMES = ("succeeded", "failed", "lost", "canceled")
-"""Values of the ``outcome`` label of ``scheduler_attempts_total``."""
-
-
 class _LabelSnapshot:
     """A gauge family whose whole set of series is replaced at once (:meth:`replace`),
     so a label value that left the set (a tenant no longer among the deepest)
@@ -211,18 +207,6 @@ class Metrics:
             buckets=TICK_BUCKETS_S,
             registry=r,
         )
-        self.delivery_dispatch_lag = BulkHistogram(
-            "scheduler_dispatch_lag_seconds",
-            "Delivery: first claim minus scheduled time of runs handed over (worker claims, push), store clock.",
-            LAG_BUCKETS_S,
-            r,
-        )
-        self.delivery_attempts = Counter(
-            "scheduler_attempts_total",
-            "Delivery attempts ended, by outcome (succeeded, failed, lost, canceled).",
-            ["outcome"],
-            registry=r,
-        )
         self.runs_in_flight = Gauge(
             "scheduler_delivery_runs_in_flight",
             "Runs in flight in the whole store, by state: leased (an attempt runs) or failed (awaiting "
@@ -250,8 +234,6 @@ class Metrics:
         for to in ("pending", "dead"):
             for cause in ("expired", "failed"):
                 self.delivery_settled.labels(to=to, cause=cause)
-        for outcome in ATTEMPT_OUTCOMES:
-            self.delivery_attempts.labels(outcome=outcome)
         for state in ("leased", "failed"):
             self.runs_in_flight.labels(state=state)
 

@@ -63,8 +63,6 @@ FAMILIES = {
     "scheduler_store_errors": "counter",
     "scheduler_retention_pruned_rows": "counter",
     "scheduler_retention_batch_duration_seconds": "histogram",
-    "scheduler_dispatch_lag_seconds": "histogram",
-    "scheduler_attempts": "counter",
     "scheduler_delivery_runs_in_flight": "gauge",
     "scheduler_delivery_queue_depth_runs": "gauge",
 }
