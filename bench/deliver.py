@@ -354,6 +354,14 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
             ended = store.now(conn)
             since, until = steady_window(started, ended, base)
             window_s = (until - since).total_seconds()
+            # Every run of the window is fired before its delivery is awaited
+            # (a run not yet fired is not yet on its way, and would be missed).
+            wait_until(
+                lambda: not queries.execute(conn, "any_due_at", {"nominal": until})[0]["due"],
+                opts.fire_timeout_s,
+                interval_s=0.25,
+                what="the window's runs to be fired",
+            )
         span = {"since": since, "until": until}
         waited = 0.0
         if opts.mode == "push" or opts.workers:
