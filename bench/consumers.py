@@ -209,14 +209,36 @@ class WorkerProcess:
         return stop_child(self.proc, self._log, timeout_s)
 
 
+CONNECTIONS = {"scheduler": 3, "bench": 1}
+"""Store connections one worker process of each implementation holds (the
+engine's worker: one each to claim, heartbeat and ack)."""
+
+
 def start_workers(
     dsn: str, tenants: list[str], workers: int, log_dir: Path, *, impl: str, queue: str = "default", batch: int = BATCH
 ) -> list[WorkerProcess]:
-    """Start the :func:`worker_plan` of ``impl`` (``auto`` resolved here) for ``tenants``' ``queue``."""
+    """Start the :func:`worker_plan` of ``impl`` (``auto`` resolved here) for ``tenants``' ``queue``.
+
+    Raises RuntimeError, starting none, if the server has fewer free
+    connections than the plan's processes need (:data:`CONNECTIONS` each).
+    """
     impl = resolve_impl(impl)
+    plan = worker_plan(tenants, workers, impl)
+    if plan:
+        from bench import queries
+        from scheduler import store
+
+        with store.connect(dsn, application_name="bench-workers") as conn:
+            free = queries.execute(conn, "free_connections")[0]["free"]
+        need = len(plan) * CONNECTIONS[impl]
+        if need > free:
+            raise RuntimeError(
+                f"{len(plan)} {impl} worker processes need about {need} store connections and the server has "
+                f"{free} free: raise PostgreSQL's max_connections, or use fewer workers or the bench's workers"
+            )
     return [
         WorkerProcess(dsn, worker_id, served, log_dir, queue=queue, batch=batch, impl=impl)
-        for worker_id, served in worker_plan(tenants, workers, impl)
+        for worker_id, served in plan
     ]
 
 

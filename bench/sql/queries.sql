@@ -168,3 +168,8 @@ SELECT EXISTS (
     ORDER BY tenant, queue, available_at
     LIMIT 1
 ) AS unclaimed;
+
+-- name: free_connections
+-- Client connections the server still accepts (max_connections less the
+-- backends now open, background processes included: an underestimate).
+SELECT current_setting('max_connections')::int - (SELECT count(*) FROM pg_stat_activity)::int AS free;

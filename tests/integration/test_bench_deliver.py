@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from bench.__main__ import cli
-from bench.consumers import receiver_duplicates
+from bench.consumers import receiver_duplicates, start_workers
 from bench.deliver import Options, run_deliver
 from scheduler import store
 from scheduler.delivery.lifecycle import RunKey
@@ -135,3 +135,16 @@ def test_push_steady_every_run_posted_once_with_its_run_id(pg_dsn: str, tmp_path
     assert received - set(fired) == set()
     assert succeeded - received == set()
     assert len(succeeded) >= runs
+
+
+def test_workers_the_server_cannot_connect_are_not_started(pg_dsn: str, tmp_path: Path) -> None:
+    conn = store.connect(pg_dsn)
+    try:
+        max_connections = int(conn.execute("SHOW max_connections").fetchone()["max_connections"])
+    finally:
+        conn.close()
+    with pytest.raises(RuntimeError, match=f"{max_connections} bench worker processes need about"):
+        start_workers(pg_dsn, ["big"], max_connections, tmp_path, impl="bench")
+    with pytest.raises(RuntimeError, match=r"\d+ scheduler worker processes need about \d+ store connections"):
+        start_workers(pg_dsn, ["big", "small-000"], max_connections // 3, tmp_path, impl="scheduler")
+    assert list(tmp_path.iterdir()) == []  # no worker started (none wrote a log)
