@@ -21,16 +21,19 @@ thread so a slow statement on one never delays the others):
   to ``poll_max_s`` (1 s); a claim that returns anything resets it. No
   LISTEN/NOTIFY (not in the PostgreSQL/CockroachDB common subset).
 * **heartbeat**: every ``lease_s / 3``, ONE
-  :func:`~scheduler.delivery.lifecycle.heartbeat` for every run held (running
-  or awaiting its ack). A run answered ``canceled`` or ``lost`` is
-  *abandoned*: removed from the worker, its handler's result discarded
-  (logged as ``run_abandoned``); an async handler is cancelled
-  (``asyncio.CancelledError`` raised at its ``await``), a thread cannot be
-  stopped in Python, so a sync handler runs on and should check
-  ``run.abandoned`` (a :class:`threading.Event`) between steps if it can. A
-  run whose lease the worker could not extend (store unreachable) is
-  abandoned the same way once its lease would have expired by the worker's
-  monotonic clock; the store then settles it like any expired lease.
+  :func:`~scheduler.delivery.lifecycle.heartbeat` call for every run held
+  (running or awaiting its ack; a call per 1,000 runs). A run answered
+  ``canceled`` or ``lost`` is *abandoned*: removed from the worker, its
+  handler's result discarded (logged as ``run_abandoned``); an async handler
+  is cancelled (``asyncio.CancelledError`` raised at its ``await``); a thread
+  cannot be stopped in Python, so a sync handler runs on and should check
+  ``run.abandoned`` (a :class:`threading.Event`) between steps if it can.
+  The store's answer decides, never the worker's clock: while the store is
+  unreachable the worker keeps its runs and their results; a lease that
+  expired meanwhile is settled by the partition owner, and the token then
+  refuses this worker's late heartbeat or ack (``lost``). An ack that reaches
+  the store after the lease expired but before anyone settled or re-claimed
+  the run still counts (the token still holds it).
 * **ack/nack**: results are batched: flushed every ``flush_interval_s``
   (25 ms) or as soon as ``batch`` are waiting, one
   :func:`~scheduler.delivery.lifecycle.ack` and one
@@ -40,8 +43,8 @@ thread so a slow statement on one never delays the others):
 * **store errors** (connection refused or lost, statement timeout, retries
   exhausted) never end the worker: the connection is reopened on the next
   call, after a backoff (0.1 s doubling to 2 s); unflushed acks and nacks are
-  kept and sent again (an ack answered ``lost`` after such a retry may have
-  committed the first time: the run is then ``succeeded`` all the same).
+  kept and sent again (an ack re-sent with the same token answers
+  ``succeeded`` again if the first one had committed).
 
 **Stopping** (:meth:`Worker.stop`, or SIGTERM/SIGINT in
 :meth:`Worker.run_until_signalled`): no more claims; in-flight handlers get
@@ -106,7 +109,7 @@ DEFAULT_CONCURRENCY = 10
 MIN_LEASE_S = 1.0
 MAX_LEASE_S = 3600.0
 MAX_CONCURRENCY = 10_000
-MAX_BATCH = 10_000
+MAX_BATCH = lifecycle.MAX_BATCH
 ERROR_MAX_CHARS = 2000
 """A nack's error text (exception type and message) is cut to this many characters."""
 STOP_ERROR = "worker stopped: handler still running at the stop deadline"
@@ -167,8 +170,11 @@ def load_handler(spec: str) -> Callable[[Run], Any]:
     """
     module_name, sep, attr = spec.partition(":") if isinstance(spec, str) else ("", "", "")
     names = attr.split(".")
-    if not sep or not module_name or not all(part.isidentifier() for part in module_name.split(".")) or not all(
-        part.isidentifier() for part in names
+    if (
+        not sep
+        or not module_name
+        or not all(part.isidentifier() for part in module_name.split("."))
+        or not all(part.isidentifier() for part in names)
     ):
         raise ValidationError("handler", "must be package.module:function (a Python import path)", spec)
     if "" not in sys.path and os.getcwd() not in sys.path:
@@ -190,7 +196,8 @@ def load_handler(spec: str) -> Callable[[Run], Any]:
 
 
 def _is_async(handler: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None))
+    call = type(handler).__call__ if not inspect.isroutine(handler) else None
+    return inspect.iscoroutinefunction(handler) or (call is not None and inspect.iscoroutinefunction(call))
 
 
 def default_worker_id() -> str:
@@ -204,7 +211,6 @@ class _InFlight:
 
     claimed: lifecycle.Claimed
     run: Run
-    deadline: float  # worker monotonic time by which the lease expires unless extended
     running: bool = True
     task: asyncio.Task | None = None
     result: str | None = None  # "ack" | "nack" once queued
@@ -279,7 +285,9 @@ class _Threads:
 
     def __init__(self, n: int) -> None:
         self._queue: queue_mod.SimpleQueue[Callable[[], None] | None] = queue_mod.SimpleQueue()
-        self._threads = [threading.Thread(target=self._serve, name=f"worker-handler-{i}", daemon=True) for i in range(n)]
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"worker-handler-{i}", daemon=True) for i in range(n)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -302,7 +310,8 @@ class Worker:
     ``concurrency``: handlers running at once (1–10,000); ``lease_s``: each
     attempt's lease (1–3,600 s; heartbeats every third of it); ``batch``:
     most runs claimed, and acks/nacks sent, per statement (default
-    ``max(concurrency, 100)``, 1–10,000); ``stop_timeout_s``: the grace of
+    ``min(max(concurrency, 100), 1000)``, 1–1,000; heartbeats go in chunks
+    of 1,000); ``stop_timeout_s``: the grace of
     in-flight handlers after a stop (≥ 0). ``worker_id`` is written to
     ``runs.worker`` (default :func:`default_worker_id`); ``metrics`` a
     :class:`~scheduler.metrics.WorkerMetrics` (default: a new one).
@@ -333,7 +342,7 @@ class Worker:
         if handler is None or not callable(handler):
             raise ValidationError("handler", "must be callable (a function taking a Run)")
         _check_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
-        batch = max(concurrency, 100) if batch is None else batch
+        batch = min(max(concurrency, 100), MAX_BATCH) if batch is None else batch
         _check_int("batch", batch, 1, MAX_BATCH)
         _check_seconds("lease_s", lease_s, MIN_LEASE_S, MAX_LEASE_S)
         _check_seconds("stop_timeout_s", stop_timeout_s, 0.0, 86_400.0)
@@ -502,7 +511,6 @@ class Worker:
                 await self._sleep(1.0, self._wake)
                 continue
             limit = min(free, self.batch)
-            sent = time.monotonic()
             try:
                 claimed = await self._claim_lane.call(
                     lifecycle.claim,
@@ -520,7 +528,7 @@ class Worker:
             if claimed:
                 self._record_claims(claimed)
                 for c in claimed:
-                    self._start(c, sent + self.lease_s)
+                    self._start(c)
                 idle_s = self._poll_min_s
                 if len(claimed) < limit:
                     await self._sleep(self._poll_min_s, self._stop_event)
@@ -529,14 +537,12 @@ class Worker:
                 idle_s = min(self._poll_max_s, idle_s * 2)
 
     def _record_claims(self, claimed: list[lifecycle.Claimed]) -> None:
-        lags = [
-            (c.leased_until - c.scheduled_at).total_seconds() - self.lease_s for c in claimed if c.attempt == 1
-        ]
+        lags = [(c.claimed_at - c.scheduled_at).total_seconds() for c in claimed if c.attempt == 1]
         if lags:
             self.metrics.dispatch_lag.observe_many(lags)
         self.metrics.claimed.inc(len(claimed))
 
-    def _start(self, c: lifecycle.Claimed, deadline: float) -> None:
+    def _start(self, c: lifecycle.Claimed) -> None:
         run = Run(
             run_id=c.run_id,
             job_id=c.key.job_id,
@@ -549,7 +555,7 @@ class Worker:
             payload=c.payload,
             origin=c.origin,
         )
-        f = _InFlight(claimed=c, run=run, deadline=deadline)
+        f = _InFlight(claimed=c, run=run)
         self._inflight[c.run_id] = f
         self._running += 1
         self.metrics.inflight.set(len(self._inflight))
@@ -696,15 +702,14 @@ class Worker:
         while True:
             await asyncio.sleep(wait)
             wait = interval
-            now = time.monotonic()
-            for f in [f for f in self._inflight.values() if f.deadline <= now and not f.flushing]:
-                self._abandon(f, "lost", "lease expired without a heartbeat (store unreachable)")
             held = list(self._inflight.values())
             if not held:
                 continue
-            sent = time.monotonic()
             try:
-                answers = await self._hb_lane.call(lifecycle.heartbeat, [f.lease for f in held], self.lease_s)
+                answers: dict[str, str] = {}
+                for i in range(0, len(held), MAX_BATCH):
+                    chunk = [f.lease for f in held[i : i + MAX_BATCH]]
+                    answers.update(await self._hb_lane.call(lifecycle.heartbeat, chunk, self.lease_s))
             except STORE_ERRORS as exc:
                 wait = min(backoff, interval)
                 backoff = self._store_failed("heartbeat", exc, backoff)
@@ -715,8 +720,8 @@ class Worker:
                 if f.flushing:
                     continue  # its ack/nack's answer settles it
                 if answer == "leased":
-                    f.deadline = max(f.deadline, sent + self.lease_s)
-                elif answer == "canceled":
+                    continue
+                if answer == "canceled":
                     self._abandon(f, "canceled", "the run was canceled")
                 else:
                     self._abandon(f, "lost", f"heartbeat answered {answer!r}: another attempt holds the run")
@@ -729,9 +734,8 @@ def _nack_of(f: _InFlight, error: BaseException) -> lifecycle.Nack:
     if isinstance(after, bool) or not isinstance(after, (int, float)) or not math.isfinite(after) or after < 0:
         after = None
     text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    return lifecycle.Nack(
-        f.run_id, f.claimed.token, log.redact(text)[:ERROR_MAX_CHARS], retryable, None if after is None else float(after)
-    )
+    error_text = log.redact(text)[:ERROR_MAX_CHARS]
+    return lifecycle.Nack(f.run_id, f.claimed.token, error_text, retryable, None if after is None else float(after))
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
@@ -740,5 +744,6 @@ def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
 
 
 def _check_seconds(name: str, value: Any, lo: float, hi: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not lo <= value <= hi:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or not lo <= value <= hi:
         raise ValidationError(name, f"must be a number of seconds from {lo:g} to {hi:g}", value)
