@@ -17,7 +17,9 @@ thread so a slow statement on one never delays the others):
 
 * **claim**: while fewer than ``concurrency`` handlers run, one
   :func:`~scheduler.delivery.lifecycle.claim` of up to ``min(free slots,
-  batch)`` runs. An empty claim backs off from ``poll_min_s`` (50 ms) doubling
+  batch)`` runs (with fewer than half the slots free, after waiting
+  ``flush_interval_s`` for more to free up: under load, a few large claims
+  rather than many of one run each). An empty claim backs off from ``poll_min_s`` (50 ms) doubling
   to ``poll_max_s`` (1 s); a claim that returns anything resets it. No
   LISTEN/NOTIFY (not in the PostgreSQL/CockroachDB common subset).
 * **heartbeat**: every ``lease_s / 3``, ONE
@@ -27,7 +29,7 @@ thread so a slow statement on one never delays the others):
   handler's result discarded (logged as ``run_abandoned``); an async handler
   is cancelled (``asyncio.CancelledError`` raised at its ``await``); a thread
   cannot be stopped in Python, so a sync handler runs on and should check
-  ``run.abandoned`` (a :class:`threading.Event`) between steps if it can.
+  ``run.abandoned.is_set()`` between steps if it can.
   The store's answer decides, never the worker's clock: while the store is
   unreachable the worker keeps its runs and their results; a lease that
   expired meanwhile is settled by the partition owner, and the token then
@@ -89,7 +91,7 @@ import psycopg
 from scheduler import log, store
 from scheduler.delivery import lifecycle
 from scheduler.errors import StoreError, ValidationError, clip
-from scheduler.metrics import WorkerMetrics
+from scheduler.metrics import WORKER_OUTCOMES, WorkerMetrics
 from scheduler.spec import validate_tenant
 
 POLL_MIN_S = 0.05
@@ -132,6 +134,26 @@ class RetryAfter(Exception):
         self.retry_after_s = retry_after_s
 
 
+class Abandoned:
+    """Set (once) when the worker gives an attempt up; :meth:`is_set` is safe from any thread.
+
+    Cheaper than a :class:`threading.Event` (one per run at thousands of runs
+    a second); there is nothing to wait on: a handler polls it.
+    """
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        """True once the attempt was given up (its result will be discarded)."""
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+
+
 @dataclass(frozen=True)
 class Run:
     """One attempt of a run, as a handler gets it.
@@ -156,7 +178,7 @@ class Run:
     attempt: int
     payload: Any
     origin: str
-    abandoned: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+    abandoned: Abandoned = field(default_factory=lambda: Abandoned(), compare=False, repr=False)
 
 
 def load_handler(spec: str) -> Callable[[Run], Any]:
@@ -205,26 +227,22 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"[:200]
 
 
-@dataclass(eq=False)
 class _InFlight:
     """A claimed attempt held by the worker until its ack/nack commits or it is abandoned."""
 
-    claimed: lifecycle.Claimed
-    run: Run
-    running: bool = True
-    task: asyncio.Task | None = None
-    result: str | None = None  # "ack" | "nack" once queued
-    nack: lifecycle.Nack | None = None
-    outcome: str | None = None  # final outcome once known (succeeded|failed|lost|canceled)
-    flushing: bool = False  # its ack/nack is being sent: that answer, not a heartbeat's, decides
+    __slots__ = ("claimed", "run", "run_id", "lease", "running", "task", "result", "nack", "outcome", "flushing")
 
-    @property
-    def run_id(self) -> str:
-        return self.claimed.run_id
-
-    @property
-    def lease(self) -> tuple[str, uuid.UUID]:
-        return (self.claimed.run_id, self.claimed.token)
+    def __init__(self, claimed: lifecycle.Claimed, run: Run) -> None:
+        self.claimed = claimed
+        self.run = run
+        self.run_id = run.run_id
+        self.lease: tuple[lifecycle.RunKey, uuid.UUID] = (claimed.key, claimed.token)
+        self.running = True
+        self.task: asyncio.Task | None = None
+        self.result: str | None = None  # "ack" | "nack" once queued
+        self.nack: lifecycle.Nack | None = None
+        self.outcome: str | None = None  # final outcome once known (succeeded|failed|lost|canceled)
+        self.flushing = False  # its ack/nack is being sent: that answer, not a heartbeat's, decides
 
 
 class _Lane:
@@ -351,6 +369,7 @@ class Worker:
         self.lease_s, self.stop_timeout_s = float(lease_s), float(stop_timeout_s)
         self.worker_id = worker_id or default_worker_id()
         self.metrics = metrics if metrics is not None else WorkerMetrics()
+        self._outcomes = {o: self.metrics.attempts.labels(outcome=o) for o in WORKER_OUTCOMES}
         self._poll_min_s, self._poll_max_s, self._flush_interval_s = poll_min_s, poll_max_s, flush_interval_s
         self._async = _is_async(handler)
         self._inflight: dict[str, _InFlight] = {}
@@ -504,12 +523,20 @@ class Worker:
         assert self._stop_event is not None
         idle_s = self._poll_min_s
         backoff = STORE_BACKOFF_MIN_S
+        coalesced = False
         while not self._stop_event.is_set():
             free = self.concurrency - self._running
             if free <= 0 or len(self._acks) + len(self._nacks) >= 4 * self.batch:
                 self._wake.clear()
                 await self._sleep(1.0, self._wake)
                 continue
+            if 0 < self._running and free < self.concurrency // 2 and not coalesced:
+                # Under load slots come back one by one: wait a moment for more, so a
+                # claim takes many runs in one statement rather than one each.
+                coalesced = True
+                await self._sleep(self._flush_interval_s, self._stop_event)
+                continue
+            coalesced = False
             limit = min(free, self.batch)
             try:
                 claimed = await self._claim_lane.call(
@@ -529,6 +556,7 @@ class Worker:
                 self._record_claims(claimed)
                 for c in claimed:
                     self._start(c)
+                self.metrics.inflight.set(len(self._inflight))
                 idle_s = self._poll_min_s
                 if len(claimed) < limit:
                     await self._sleep(self._poll_min_s, self._stop_event)
@@ -544,7 +572,7 @@ class Worker:
 
     def _start(self, c: lifecycle.Claimed) -> None:
         run = Run(
-            run_id=c.run_id,
+            run_id=c.key.run_id,
             job_id=c.key.job_id,
             job_name=c.job_name,
             tenant=c.tenant,
@@ -555,10 +583,9 @@ class Worker:
             payload=c.payload,
             origin=c.origin,
         )
-        f = _InFlight(claimed=c, run=run)
-        self._inflight[c.run_id] = f
+        f = _InFlight(c, run)
+        self._inflight[f.run_id] = f
         self._running += 1
-        self.metrics.inflight.set(len(self._inflight))
         if self._async:
             f.task = asyncio.get_running_loop().create_task(self._run_async(f))
         else:
@@ -664,16 +691,18 @@ class Worker:
             outcome = answer if answer in ("succeeded", "failed", "canceled") else "lost"
             if outcome != done:
                 log.event(f"{kind}_refused", worker=self.worker_id, run_id=f.run_id, answer=answer)
-            self._settle(f, outcome)
+            self._settle(f, outcome, gauge=False)
+        self.metrics.inflight.set(len(self._inflight))
         self._wake.set()
 
-    def _settle(self, f: _InFlight, outcome: str) -> None:
+    def _settle(self, f: _InFlight, outcome: str, gauge: bool = True) -> None:
         """The attempt is over for this worker: count it by ``outcome``, stop heartbeating it."""
         f.outcome = outcome
         if self._inflight.get(f.run_id) is f:
             del self._inflight[f.run_id]
-        self.metrics.attempts.labels(outcome=outcome).inc()
-        self.metrics.inflight.set(len(self._inflight))
+        self._outcomes[outcome].inc()
+        if gauge:
+            self.metrics.inflight.set(len(self._inflight))
 
     def _abandon(self, f: _InFlight, outcome: str, why: str) -> None:
         if self._inflight.get(f.run_id) is not f:

@@ -61,6 +61,12 @@ HANDLERS = textwrap.dedent(
         (DIR / f"started.{run.run_id}.{run.attempt}").write_text(str(os.getpid()))
         time.sleep(float(os.environ.get("WORKER_TEST_SLEEP_S", "600")))
 
+    def record(run):
+        # One file per (run, attempt), created exclusively: a second delivery of the same
+        # attempt would raise (and nack) instead of passing unseen.
+        with open(DIR / f"done.{run.run_id}.{run.attempt}", "x") as f:
+            f.write(repr(run.payload))
+
     NOT_CALLABLE = 42
     """
 )
@@ -519,3 +525,35 @@ def test_worker_options_are_validated_before_anything_runs(pg_dsn) -> None:
         Worker(pg_dsn, "acme", handler=print, concurrency=0)
     with pytest.raises(ValidationError, match="^tenant: "):
         Worker(pg_dsn, "", handler=print)
+
+
+def test_end_to_end_a_node_fires_a_job_and_a_worker_runs_its_handler(conn, pg_dsn, handlers_dir) -> None:
+    """The README's flow: a job every second, `scheduler node`, `scheduler worker --handler handlers:record`."""
+    job_id = jobs.add_job(conn, JobSpec.build(tenant="acme", cron="* * * * * *", dialect="seconds")).job_id
+    node = subprocess.Popen(
+        [sys.executable, "-m", "scheduler", "node", "--dsn", pg_dsn, "--node-id", "e2e"],
+        env=child_env(handlers_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    proc = spawn(pg_dsn, handlers_dir, "handlers:record")
+    try:
+        wait_for(
+            "3 runs succeeded",
+            lambda: conn.execute("SELECT count(*) AS n FROM runs WHERE state = 'succeeded'").fetchone()["n"],
+            lambda n: n >= 3,
+            timeout_s=60,
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, output_of(proc)
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(30) == 0
+    finally:
+        reap(proc)
+        reap(node)
+    runs = conn.execute("SELECT * FROM runs WHERE job_id = %s ORDER BY nominal_time", (job_id,)).fetchall()
+    succeeded = [r for r in runs if r["state"] == "succeeded"]
+    assert len(succeeded) >= 3
+    assert all(r["attempt"] == 1 and r["queue"] == "default" for r in succeeded)
+    # Runs fired after the worker stopped wait, pending, for the next worker; nothing else.
+    assert {r["state"] for r in runs} <= {"succeeded", "pending"}
+    done = sorted(p.name for p in handlers_dir.glob("done.*"))
+    assert done == sorted(f"done.{RunKey.of(job_id, r['nominal_time']).run_id}.1" for r in succeeded)
