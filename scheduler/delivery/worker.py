@@ -403,7 +403,12 @@ class Worker:
         return self._stop_requested.is_set()
 
     def run(self) -> None:
-        """Serve until :meth:`stop`, then drain as the module doc says and return (never raises a store error)."""
+        """Serve until :meth:`stop`, then drain as the module doc says and return.
+
+        Store errors are retried, never raised. A worker loop that fails
+        otherwise (a bug) stops the worker gracefully, and its exception is
+        raised once the drain is over.
+        """
         asyncio.run(self._main())
 
     def run_until_signalled(self) -> None:
@@ -451,11 +456,22 @@ class Worker:
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         flusher = asyncio.create_task(self._flush_loop())
         claimer = asyncio.create_task(self._claim_loop())
+        loops = (claimer, flusher, heartbeat)
+        failure: BaseException | None = None
+        stop_wait = asyncio.create_task(self._stop_event.wait())
         try:
-            await self._stop_event.wait()
+            # A loop that ends before a stop has failed (a bug, not a store error: those are
+            # retried): stop gracefully rather than hold runs without claiming or acking.
+            await asyncio.wait({stop_wait, *loops}, return_when=asyncio.FIRST_COMPLETED)
+            for task in loops:
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    failure = task.exception()
+                    log.event("worker_loop_failed", logging.ERROR, worker=self.worker_id, error=repr(failure))
+                    self._on_stop()
+                    break
             deadline = time.monotonic() + self.stop_timeout_s
             log.event("worker_stopping", worker=self.worker_id, in_flight=self._running, grace_s=self.stop_timeout_s)
-            await claimer
+            await asyncio.wait({claimer})
             while self._running and time.monotonic() < deadline and not self._hurry:
                 self._wake.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -485,9 +501,9 @@ class Worker:
         finally:
             self._done.set()
             self._flush_now.set()
-            for task in (claimer, flusher, heartbeat):
+            for task in (stop_wait, *loops):
                 task.cancel()
-            for task in (claimer, flusher, heartbeat):
+            for task in (stop_wait, *loops):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             for f in list(self._inflight.values()):
@@ -499,6 +515,8 @@ class Worker:
                 lane.close()
             self.metrics.inflight.set(0)
             log.event("worker_stopped", worker=self.worker_id, clean=self.stopped_cleanly)
+        if failure is not None:
+            raise failure
 
     async def _sleep(self, seconds: float, until: asyncio.Event) -> None:
         """Sleep ``seconds`` or until ``until`` is set."""
@@ -613,7 +631,7 @@ class Worker:
                 self._finished(f, None)
                 return
             raise
-        except Exception as exc:  # noqa: BLE001 (every failure of the handler nacks)
+        except BaseException as exc:  # noqa: BLE001 (every failure of the handler nacks)
             error = exc
         self._finished(f, error)
 

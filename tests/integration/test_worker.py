@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -395,6 +397,31 @@ def test_a_worker_survives_its_connections_being_killed(conn, start) -> None:
     assert w.worker.metrics.value("scheduler_worker_store_errors_total", {"operation": "claim"}) == 1
 
 
+def test_a_failing_worker_loop_stops_the_worker_and_raises_after_the_drain(conn, pg_dsn, monkeypatch) -> None:
+    key = pending_now(conn, add_job(conn))
+
+    def broken_ack(conn, leases, **kwargs):
+        raise RuntimeError("a bug in the ack path")
+
+    monkeypatch.setattr(lifecycle, "ack", broken_ack)
+    w = Worker(pg_dsn, "acme", handler=lambda run: None, lease_s=LEASE_S, stop_timeout_s=1.0)
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            w.run()
+        except BaseException as exc:  # noqa: BLE001
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert [str(e) for e in failed] == ["a bug in the ack path"]
+    # The ack never reached the store: the lease runs out and the owner settles it.
+    assert state_of(conn, key) == ("leased", 1)
+
+
 # ---------------------------------------------------------------- processes killed, paused, stopped
 
 
@@ -557,3 +584,27 @@ def test_end_to_end_a_node_fires_a_job_and_a_worker_runs_its_handler(conn, pg_ds
     assert {r["state"] for r in runs} <= {"succeeded", "pending"}
     done = sorted(p.name for p in handlers_dir.glob("done.*"))
     assert done == sorted(f"done.{RunKey.of(job_id, r['nominal_time']).run_id}.1" for r in succeeded)
+
+
+def test_metrics_port_serves_the_workers_metrics(conn, pg_dsn, handlers_dir) -> None:
+    key = pending_now(conn, add_job(conn))
+    proc = spawn(pg_dsn, handlers_dir, "handlers:record", "--metrics-port", "0")
+    try:
+        wait_for("succeeded", lambda: state_of(conn, key), lambda s: s == ("succeeded", 1), timeout_s=30)
+        port = wait_for("the metrics port", lambda: re.search(r"metrics_listening .*port=(\d+)", output_of(proc)))
+        url = f"http://127.0.0.1:{port.group(1)}/metrics"
+
+        def scrape() -> str:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.read().decode()
+
+        text = wait_for(
+            "the ack counted", scrape, lambda t: 'scheduler_worker_attempts_total{outcome="succeeded"} 1.0' in t
+        )
+        assert 'scheduler_worker_attempts_total{outcome="failed"} 0.0' in text
+        assert "scheduler_worker_dispatch_lag_seconds_count 1.0" in text
+        assert "scheduler_worker_inflight_runs 0.0" in text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, output_of(proc)
+    finally:
+        reap(proc)
