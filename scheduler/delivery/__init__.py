@@ -2,6 +2,8 @@
 
 * :mod:`scheduler.delivery.worker` — pull workers: claim a tenant's queue, run a
   handler per run, heartbeat, ack/nack in batches (``scheduler worker``);
+* :mod:`scheduler.delivery.targets` — a job's target, payload, retry and overlap
+  policy (validated at save, stored with the job);
 * :mod:`scheduler.delivery.ssrf` — which addresses a push target may reach;
 * :mod:`scheduler.delivery.lifecycle` — claim, heartbeat, ack, nack (fenced by
   the attempt's lease token) and the partition owner's settle step;

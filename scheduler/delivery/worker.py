@@ -90,6 +90,7 @@ import psycopg
 
 from scheduler import log, store
 from scheduler.delivery import lifecycle
+from scheduler.delivery.targets import validate_queue
 from scheduler.errors import StoreError, ValidationError, clip
 from scheduler.metrics import WORKER_OUTCOMES, WorkerMetrics
 from scheduler.spec import validate_tenant
@@ -355,8 +356,7 @@ class Worker:
         flush_interval_s: float = FLUSH_INTERVAL_S,
     ) -> None:
         validate_tenant(tenant)
-        if not isinstance(queue, str) or not queue or len(queue) > 200:
-            raise ValidationError("queue", "must be a queue name of 1-200 characters", queue)
+        validate_queue(queue)
         if handler is None or not callable(handler):
             raise ValidationError("handler", "must be callable (a function taking a Run)")
         _check_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
