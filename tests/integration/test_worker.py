@@ -556,7 +556,13 @@ def test_worker_options_are_validated_before_anything_runs(pg_dsn) -> None:
 
 def test_end_to_end_a_node_fires_a_job_and_a_worker_runs_its_handler(conn, pg_dsn, handlers_dir) -> None:
     """The README's flow: a job every second, `scheduler node`, `scheduler worker --handler handlers:record`."""
-    job_id = jobs.add_job(conn, JobSpec.build(tenant="acme", cron="* * * * * *", dialect="seconds")).job_id
+    added = subprocess.run(
+        [sys.executable, "-m", "scheduler", "jobs", "add", "--dsn", pg_dsn, "--tenant", "acme", "--name", "report",
+         "--cron", "* * * * * *", "--dialect", "seconds", "--payload", '{"to": "ops"}'],
+        env=child_env(handlers_dir), capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    job_id = conn.execute("SELECT job_id FROM jobs WHERE name = 'report'").fetchone()["job_id"]
+    assert str(job_id) in added.stdout
     node = subprocess.Popen(
         [sys.executable, "-m", "scheduler", "node", "--dsn", pg_dsn, "--node-id", "e2e"],
         env=child_env(handlers_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -584,6 +590,7 @@ def test_end_to_end_a_node_fires_a_job_and_a_worker_runs_its_handler(conn, pg_ds
     assert {r["state"] for r in runs} <= {"succeeded", "pending"}
     done = sorted(p.name for p in handlers_dir.glob("done.*"))
     assert done == sorted(f"done.{RunKey.of(job_id, r['nominal_time']).run_id}.1" for r in succeeded)
+    assert {(handlers_dir / name).read_text() for name in done} == {"{'to': 'ops'}"}
 
 
 def test_metrics_port_serves_the_workers_metrics(conn, pg_dsn, handlers_dir) -> None:
