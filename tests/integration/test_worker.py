@@ -195,6 +195,21 @@ def started(handlers_dir: Path, key: RunKey, attempt: int) -> bool:
     return (handlers_dir / f"started.{key.run_id}.{attempt}").exists()
 
 
+def holding(conn: psycopg.Connection, pg_dsn: str, handlers_dir: Path) -> tuple[RunKey, subprocess.Popen, dict]:
+    """A pending run, and a worker process whose handler (``slow``) holds it: the run's key,
+    the process and the run's row (leased, attempt 1)."""
+    key = pending_now(conn, add_job(conn))
+    proc = spawn(pg_dsn, handlers_dir, "handlers:slow")
+    try:
+        wait_for("handler started", lambda: started(handlers_dir, key, 1), timeout_s=30)
+    except BaseException:
+        reap(proc)
+        raise
+    held = row(conn, key)
+    assert (held["state"], held["attempt"]) == ("leased", 1)
+    return key, proc, held
+
+
 # ---------------------------------------------------------------- a handler runs
 
 
@@ -428,12 +443,8 @@ def test_a_failing_worker_loop_stops_the_worker_and_raises_after_the_drain(conn,
 def test_a_worker_killed_mid_run_is_redelivered_as_attempt_2_after_its_lease(
     conn, node, start, pg_dsn, handlers_dir
 ) -> None:
-    key = pending_now(conn, add_job(conn))
-    proc = spawn(pg_dsn, handlers_dir, "handlers:slow")
+    key, proc, first = holding(conn, pg_dsn, handlers_dir)
     try:
-        wait_for("handler started", lambda: started(handlers_dir, key, 1), timeout_s=30)
-        first = row(conn, key)
-        assert (first["state"], first["attempt"]) == ("leased", 1)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
@@ -456,11 +467,8 @@ def test_a_worker_killed_mid_run_is_redelivered_as_attempt_2_after_its_lease(
 def test_a_paused_workers_late_ack_is_refused_after_another_worker_reclaimed(
     conn, node, start, pg_dsn, handlers_dir
 ) -> None:
-    key = pending_now(conn, add_job(conn))
-    proc = spawn(pg_dsn, handlers_dir, "handlers:slow")
+    key, proc, stale = holding(conn, pg_dsn, handlers_dir)
     try:
-        wait_for("handler started", lambda: started(handlers_dir, key, 1), timeout_s=30)
-        stale = row(conn, key)
         proc.send_signal(signal.SIGSTOP)  # a long GC pause, a frozen VM
         settle_until(conn, node, key, "pending")
         release = threading.Event()
