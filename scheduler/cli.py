@@ -1204,7 +1204,9 @@ def node_cmd(ctx: click.Context, **values: Any) -> None:
 
 @cli.command("worker")
 @dsn_option
-@click.option("--tenant", required=True, help="Tenant whose queue to serve.")
+@click.option(
+    "--tenant", required=True, envvar="SCHEDULER_TENANT", show_envvar=True, help="Tenant whose queue to serve."
+)
 @click.option("--queue", default="default", show_default=True, help="Queue of the tenant to serve.")
 @click.option(
     "--handler",
