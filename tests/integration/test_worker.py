@@ -498,12 +498,23 @@ def test_a_paused_workers_late_ack_is_refused_after_another_worker_reclaimed(
         reap(proc)
 
 
-def test_sigterm_nacks_a_run_still_running_at_the_stop_deadline_and_exits_0(conn, node, pg_dsn, handlers_dir) -> None:
+@pytest.mark.parametrize(
+    ("stop_timeout_s", "signals"),
+    [("1", [signal.SIGTERM]), ("600", [signal.SIGTERM, signal.SIGINT])],
+    ids=["grace-over", "second-signal-cuts-the-grace"],
+)
+def test_sigterm_nacks_a_run_still_running_at_the_stop_deadline_and_exits_0(
+    conn, node, pg_dsn, handlers_dir, stop_timeout_s, signals
+) -> None:
     key = pending_now(conn, add_job(conn))
-    proc = spawn(pg_dsn, handlers_dir, "handlers:sleepy", "--stop-timeout-s", "1")
+    proc = spawn(pg_dsn, handlers_dir, "handlers:sleepy", "--stop-timeout-s", stop_timeout_s)
     try:
         wait_for("handler started", lambda: started(handlers_dir, key, 1), timeout_s=30)
-        proc.send_signal(signal.SIGTERM)
+        for sig in signals:
+            proc.send_signal(sig)
+            wait_for(
+                "the signal handled", lambda sig=sig: output_of(proc).count("signal_received") > signals.index(sig)
+            )
         assert proc.wait(30) == 0, output_of(proc)
     finally:
         reap(proc)
