@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import sys
 import uuid
@@ -1280,7 +1281,10 @@ def worker_cmd(
         stop_timeout_s=stop_timeout_s,
         worker_id=worker_id,
     )
-    open_store(dsn).close()
+    try:
+        open_store(dsn).close()  # misconfigured (bad DSN, password, database, schema): exit 2 now
+    except StoreError as exc:  # merely unreachable: the worker retries, as a node does
+        logmod.event("worker_store_unreachable", logging.WARNING, error=str(exc))
     health = None
     if metrics_port is not None:
 

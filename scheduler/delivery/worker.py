@@ -566,8 +566,9 @@ class Worker:
                     lease_s=self.lease_s,
                 )
             except STORE_ERRORS as exc:
-                await self._sleep(backoff, self._stop_event)
+                wait = backoff
                 backoff = self._store_failed("claim", exc, backoff)
+                await self._sleep(wait, self._stop_event)
                 continue
             backoff = STORE_BACKOFF_MIN_S
             if claimed:

@@ -32,7 +32,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from click.testing import CliRunner
-from helpers import OneNode, store_now, wait_for
+from helpers import OneNode, closed_port, store_now, wait_for
 
 from scheduler import jobs
 from scheduler.cli import cli
@@ -561,6 +561,13 @@ def test_a_handler_that_cannot_be_used_is_one_line_exit_2(pg_dsn, handlers_dir, 
     assert proc.stderr.count("\n") == 1
 
 
+def test_a_worker_against_a_store_without_the_schema_exits_2(empty_pg_dsn) -> None:
+    result = CliRunner().invoke(cli, ["worker", "--dsn", empty_pg_dsn, "--tenant", "acme", "--handler", "json:dumps"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: store: the schema is missing")
+    assert result.stderr.endswith("run `scheduler db upgrade` first\n")
+
+
 def test_worker_options_are_validated_before_anything_runs(pg_dsn) -> None:
     result = CliRunner().invoke(
         cli, ["worker", "--dsn", pg_dsn, "--tenant", "acme", "--handler", "json:dumps", "--lease-s", "0.5"]
@@ -634,3 +641,20 @@ def test_metrics_port_serves_the_workers_metrics(conn, pg_dsn, handlers_dir) -> 
         assert proc.wait(30) == 0, output_of(proc)
     finally:
         reap(proc)
+
+
+def test_a_worker_whose_store_is_unreachable_keeps_retrying_and_stops_cleanly(handlers_dir) -> None:
+    dsn = f"postgresql://postgres@127.0.0.1:{closed_port()}/scheduler"
+    proc = spawn(dsn, handlers_dir, "handlers:record")
+    try:
+        wait_for(
+            "two failed claims",
+            lambda: len(re.findall(r"worker_store_error .*operation=claim", output_of(proc))),
+            lambda n: n >= 2,
+        )
+        assert proc.poll() is None, output_of(proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, output_of(proc)
+    finally:
+        reap(proc)
+    assert "worker_store_unreachable" in output_of(proc)
