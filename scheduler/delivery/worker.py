@@ -19,9 +19,10 @@ thread so a slow statement on one never delays the others):
   :func:`~scheduler.delivery.lifecycle.claim` of up to ``min(free slots,
   batch)`` runs (with fewer than half the slots free, after waiting
   ``flush_interval_s`` for more to free up: under load, a few large claims
-  rather than many of one run each). An empty claim backs off from ``poll_min_s`` (50 ms) doubling
-  to ``poll_max_s`` (1 s); a claim that returns anything resets it. No
-  LISTEN/NOTIFY (not in the PostgreSQL/CockroachDB common subset).
+  rather than many of one run each). An empty claim backs off from
+  ``poll_min_s`` (50 ms) doubling to ``poll_max_s`` (1 s); a claim that
+  returns anything resets it. No LISTEN/NOTIFY (not in the
+  PostgreSQL/CockroachDB common subset).
 * **heartbeat**: every ``lease_s / 3``, ONE
   :func:`~scheduler.delivery.lifecycle.heartbeat` call for every run held
   (running or awaiting its ack; a call per 1,000 runs). A run answered
@@ -56,7 +57,8 @@ stopped: handler still running at the stop deadline``) and its async handler
 cancelled; the remaining acks and nacks are flushed (for at most
 ``FINAL_FLUSH_S`` more) and :meth:`Worker.run` returns. So no run stays leased
 by a stopped worker without a heartbeat: it is either finished, nacked, or (the
-store unreachable) left to expire with its lease.
+store unreachable) left to expire with its lease. A second signal ends the
+grace at once.
 
 Delivery is at least once: a handler can run again for the same run id
 (after a worker crash, a lost lease, a nack at the stop deadline while a
