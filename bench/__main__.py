@@ -334,11 +334,11 @@ def failover(dsn, coordinator, etcd_endpoints, kind, nodes, jobs, trials, poll_i
 )
 @click.option(
     "--worker-impl",
-    type=click.Choice(["auto", "scheduler", "bench"]),
-    default="auto",
+    type=click.Choice(["scheduler", "bench"]),
+    default="scheduler",
     show_default=True,
     help="Pull: `scheduler worker` processes (one per tenant, --workers for the big one) or the bench's loop "
-    "(--workers processes over every tenant); auto: scheduler if the engine has its worker.",
+    "(--workers processes over every tenant).",
 )
 @click.option(
     "--batch", default=1000, show_default=True, type=AsciiIntRange(1, 1000), help="Pull: runs per claim and ack."
@@ -444,8 +444,8 @@ def _name_list(choices):
 @click.option("--e2e-workers", default="1,4", show_default=True, help="Worker processes of ours-e2e (one node).")
 @click.option(
     "--e2e-worker-impl",
-    type=click.Choice(["auto", "scheduler", "bench"]),
-    default="auto",
+    type=click.Choice(["scheduler", "bench"]),
+    default="scheduler",
     show_default=True,
     help="ours-e2e's workers: as `deliver --worker-impl`.",
 )

@@ -185,7 +185,7 @@ class Config:
     pgqueuer_batch: int = peers.PGQUEUER_BATCH
     procrastinate_concurrency: int = peers.PROCRASTINATE_CONCURRENCY
     worker_batch: int = consumers.BATCH
-    worker_impl: str = "auto"
+    worker_impl: str = "scheduler"
     echo: Callable[[str], None] = print
 
     @property

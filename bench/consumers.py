@@ -14,8 +14,7 @@ Pull workers come in two implementations (``impl``, :func:`worker_plan`):
   *every* tenant: the shape "4 worker processes" for 51 tenants, which the
   engine's worker cannot take until it serves several tenants per process.
 
-``auto`` is ``scheduler`` when the engine has its worker
-(:mod:`scheduler.delivery.worker`), else ``bench``.
+``scheduler`` is the default. Below, the processes this module runs itself:
 
 * **Bench worker** (``python -m bench.consumers worker``): a loop over
   :func:`scheduler.delivery.lifecycle.claim` and
@@ -64,23 +63,18 @@ POLL_MAX_S = 0.5
 """A bench worker's longest sleep between passes over empty queues (seconds)."""
 BATCH = 1000
 """Runs a worker claims (and acks) per statement by default (the engine's largest batch)."""
-IMPLS = ("auto", "scheduler", "bench")
+IMPLS = ("scheduler", "bench")
 
 
 async def noop(run) -> None:
     """The ``scheduler worker`` handler of the bench: returns at once, so the run is acked."""
 
 
-def resolve_impl(impl: str) -> str:
-    """``auto`` → ``scheduler`` if :mod:`scheduler.delivery.worker` exists, else ``bench``;
-    others unchanged. Raises ValueError for a name not in :data:`IMPLS`."""
+def check_impl(impl: str) -> str:
+    """``impl`` if it is one of :data:`IMPLS`; raises ValueError otherwise."""
     if impl not in IMPLS:
         raise ValueError(f"worker impl {impl!r}: choose from {', '.join(IMPLS)}")
-    if impl != "auto":
-        return impl
-    import importlib.util
-
-    return "scheduler" if importlib.util.find_spec("scheduler.delivery.worker") is not None else "bench"
+    return impl
 
 
 def worker_plan(tenants: list[str], workers: int, impl: str, big: str = "big") -> list[tuple[str, list[str]]]:
@@ -217,13 +211,12 @@ engine's worker: one each to claim, heartbeat and ack)."""
 def start_workers(
     dsn: str, tenants: list[str], workers: int, log_dir: Path, *, impl: str, queue: str = "default", batch: int = BATCH
 ) -> list[WorkerProcess]:
-    """Start the :func:`worker_plan` of ``impl`` (``auto`` resolved here) for ``tenants``' ``queue``.
+    """Start the :func:`worker_plan` of ``impl`` (one of :data:`IMPLS`) for ``tenants``' ``queue``.
 
     Raises RuntimeError, starting none, if the server has fewer free
     connections than the plan's processes need (:data:`CONNECTIONS` each).
     """
-    impl = resolve_impl(impl)
-    plan = worker_plan(tenants, workers, impl)
+    plan = worker_plan(tenants, workers, check_impl(impl))
     if plan:
         from bench import queries
         from scheduler import store

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import queries
-from bench.consumers import BATCH, ReceiverProcess, WorkerProcess, receiver_duplicates, resolve_impl, start_workers
+from bench.consumers import BATCH, ReceiverProcess, WorkerProcess, check_impl, receiver_duplicates, start_workers
 from bench.herd import Herd, load_background
 from bench.load import reset_store, start_node, wait_until
 from bench.pairs import DEFAULT_SEED
@@ -229,7 +229,7 @@ class Options:
     steady_tenants: int = 10
     nodes: int = 1
     workers: int = 4
-    worker_impl: str = "auto"
+    worker_impl: str = "scheduler"
     batch: int = BATCH
     lead_s: float = 15.0
     deliver_timeout_s: float = 300.0
@@ -242,7 +242,7 @@ class Options:
             raise ValueError(f"--mode {self.mode!r}: choose from {', '.join(MODES)}")
         if self.workload not in WORKLOADS:
             raise ValueError(f"--workload {self.workload!r}: choose from {', '.join(WORKLOADS)}")
-        resolve_impl(self.worker_impl)
+        check_impl(self.worker_impl)
         if self.mode == "push" and self.workers:
             raise ValueError("--workers: push mode delivers from the nodes; give --workers 0")
         if self.workload == "steady" and self.seconds <= 2 * 5:
@@ -410,7 +410,7 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
         seconds=opts.seconds if opts.workload == "steady" else None,
         nodes=opts.nodes,
         workers=opts.workers,
-        worker_impl=resolve_impl(opts.worker_impl) if opts.workers else None,
+        worker_impl=opts.worker_impl if opts.workers else None,
         worker_processes=worker_processes,
         since=since.isoformat(),
         until=until.isoformat(),

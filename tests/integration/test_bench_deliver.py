@@ -3,8 +3,7 @@ one is delivered (pulled by ``scheduler worker`` processes or the bench's own lo
 pushed to the bench's receiver), counted exactly from the runs table; firing alone
 (the CLI with ``--workers 0``) leaves each run pending.
 
-Needs the engine's worker (``scheduler worker``) and push loop: the ``scheduler``
-and push cases fail without them."""
+The push case needs the engine's push loop (the node's, with setting push_allow)."""
 
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ def window_runs(result) -> int:
     return RATE * int((until - since).total_seconds())
 
 
-def steady(mode: str, workers: int, impl: str = "auto") -> Options:
+def steady(mode: str, workers: int, impl: str = "scheduler") -> Options:
     return Options(
         worker_impl=impl,
         mode=mode,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.consumers import resolve_impl, worker_plan
+from bench.consumers import check_impl, worker_plan
 from bench.deliver import summarize
 from bench.report import percentile
 
@@ -104,8 +104,7 @@ def test_worker_plans() -> None:
 
 
 def test_worker_impl_names() -> None:
-    assert resolve_impl("bench") == "bench"
-    assert resolve_impl("scheduler") == "scheduler"
-    assert resolve_impl("auto") in ("bench", "scheduler")
-    with pytest.raises(ValueError, match="worker impl 'thread': choose from auto, scheduler, bench"):
-        resolve_impl("thread")
+    assert check_impl("bench") == "bench"
+    assert check_impl("scheduler") == "scheduler"
+    with pytest.raises(ValueError, match="worker impl 'thread': choose from scheduler, bench"):
+        check_impl("thread")
