@@ -349,6 +349,9 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
             until = since + timedelta(seconds=1)
             window_s = None
         else:
+            # The window is measured from the first due second on: a node that
+            # owned its partitions before then must not shorten it.
+            time.sleep(max(0.0, (base - store.now(conn)).total_seconds()))
             started = store.now(conn)
             time.sleep(opts.seconds)
             ended = store.now(conn)
