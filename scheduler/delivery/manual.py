@@ -21,7 +21,7 @@ docs/delivery.md, "Overlap policy" and "Run now and backfill".
   second backfill writes nothing.
 * **Release** (:func:`release_buffered`, a step of
   :class:`~scheduler.delivery.loop.SettleLoop`): a ``buffer_one`` run that
-  waits (pending, ``available_at`` = infinity, so no claim can take it)
+  waits (pending, ``available_at`` NULL, so no claim can take it)
   becomes available once its job has no other unfinished run.
 
 Every function runs its own transaction(s), retried whole on 40001/40P01

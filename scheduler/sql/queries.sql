@@ -347,8 +347,8 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS store_now;
 --            (docs/delivery.md, "Overlap policy"), each with k, its place
 --            among its plan's fires, and busy, the job's unfinished runs
 --            (0, 1 or 2+: runs_overlap_idx, read only for these jobs, so
---            allow jobs pay nothing); fate: run, buffer (pending, available
---            'infinity' until the owner's release step), replaced (replace:
+--            allow jobs pay nothing); fate: run, buffer (pending, available_at
+--            NULL, so no claim takes it, until the owner's release step), replaced (replace:
 --            a catch-up fire followed by a later one in the same plan, born
 --            canceled) or skip;
 --   replaced cancels the unfinished runs of replace jobs that fire (their
@@ -468,7 +468,7 @@ WITH fence AS (
     SELECT gd.partition_id, gd.job_id, gd.nominal, gd.tenant, gd.scheduled,
            coalesce(%(now)s::timestamptz, statement_timestamp()), %(node_id)s, gd.epoch,
            CASE gd.fate WHEN 'replaced' THEN 'canceled' ELSE 'pending' END, gd.queue, 'schedule',
-           CASE gd.fate WHEN 'buffer' THEN 'infinity'::timestamptz
+           CASE gd.fate WHEN 'buffer' THEN NULL
                 ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) END,
            gd.overlap,
            CASE gd.fate WHEN 'replaced' THEN coalesce(%(now)s::timestamptz, statement_timestamp()) END,
@@ -609,7 +609,7 @@ WITH fence AS (
     SELECT gd.partition_id, gd.job_id, %(due)s, gd.tenant, %(due)s,
            coalesce(%(now)s::timestamptz, statement_timestamp()), %(node_id)s, gd.epoch,
            'pending', gd.queue, 'schedule',
-           CASE gd.fate WHEN 'buffer' THEN 'infinity'::timestamptz
+           CASE gd.fate WHEN 'buffer' THEN NULL
                 ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) END,
            gd.overlap
     FROM guarded AS gd
@@ -1041,13 +1041,17 @@ WHERE v.has_slots AND v.kind = 'cron' AND v.jitter_s = 0
 -- history (audit_from), and not jittered past the window (a slot scheduled
 -- after until is not expected yet, so its run, if auditing the past found it
 -- fired, is not audited either). expected_at is the scheduled time the audit
--- computed for the slot (NULL: the run is unexpected).
+-- computed for the slot (NULL: the run is unexpected). Only the schedule's
+-- own runs (origin schedule, or NULL: fired before delivery existed): a
+-- manual run (jobs trigger) is at no slot, a backfilled one is late by
+-- design; both still count as a slot's run in audit_unfired.
 CREATE TEMPORARY TABLE audit_runs ON COMMIT DROP AS
 SELECT r.partition_id, r.job_id, r.nominal_time, r.scheduled_at, r.fired_at, e.scheduled_at AS expected_at
 FROM runs AS r
 LEFT JOIN audit_expected AS e
   ON e.partition_id = r.partition_id AND e.job_id = r.job_id AND e.nominal_time = r.nominal_time
 WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s
+  AND coalesce(r.origin, 'schedule') = 'schedule'
   AND r.scheduled_at <= %(until)s
   AND NOT EXISTS (SELECT 1 FROM audit_cut AS c
                   WHERE c.partition_id = r.partition_id AND c.job_id = r.job_id
@@ -1063,18 +1067,28 @@ WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s
 -- and for once a run at until_nominal (the collapsed run carries the latest
 -- missed slot); edited, paused, deleted: recorded at a rewrite of the job
 -- (a job_revisions.valid_until) and no slot in the range after it; any other
--- reason is invalid; so is any skip whose range holds a run of its job (a
--- slot cannot be both fired and skipped). A skip recorded while the job's
--- history is unknown is only checked for its reason and its runs.
+-- reason is invalid; overlap (docs/delivery.md) needs a run of the job
+-- under an overlap policy (runs.overlap set) unfinished at recorded_at
+-- (fired by then, not finished before); so is any skip whose range holds a
+-- run the schedule fired (a slot cannot be both fired and skipped; a
+-- backfilled or manual run may fill a skipped slot). A skip recorded while
+-- the job's history is unknown is only checked for its reason and its runs.
 CREATE TEMPORARY TABLE audit_skips ON COMMIT DROP AS
 SELECT s.partition_id, s.job_id, s.first_nominal, s.until_nominal, s.reason, s.recorded_at,
        CASE
-         WHEN s.reason NOT IN ('catchup_window', 'grace', 'once', 'edited', 'paused', 'deleted')
+         WHEN s.reason NOT IN ('catchup_window', 'grace', 'once', 'edited', 'paused', 'deleted', 'overlap')
            THEN 'unknown reason'
          WHEN EXISTS (SELECT 1 FROM runs AS r
                       WHERE r.partition_id = s.partition_id AND r.job_id = s.job_id
-                        AND r.nominal_time >= s.first_nominal AND r.nominal_time < s.until_nominal)
+                        AND r.nominal_time >= s.first_nominal AND r.nominal_time < s.until_nominal
+                        AND coalesce(r.origin, 'schedule') = 'schedule')
            THEN 'a run exists in the range (the slot fired and was skipped)'
+         WHEN s.reason = 'overlap' THEN
+           CASE WHEN NOT EXISTS (SELECT 1 FROM runs AS r
+                                 WHERE r.partition_id = s.partition_id AND r.job_id = s.job_id
+                                   AND r.overlap IS NOT NULL AND r.fired_at <= s.recorded_at
+                                   AND (r.finished_at IS NULL OR r.finished_at >= s.recorded_at))
+             THEN 'no unfinished run of the job under an overlap policy at recorded_at' END
          WHEN s.reason IN ('edited', 'paused', 'deleted') THEN
            CASE
              WHEN NOT EXISTS (SELECT 1 FROM job_revisions AS jr
@@ -1529,7 +1543,7 @@ SELECT * FROM settled;
 
 -- name: release_buffered_runs
 -- The partition owner's release step (buffer_one), fenced like settle_runs:
--- up to %(limit)s waiting runs (pending, available_at 'infinity') of the
+-- up to %(limit)s waiting runs (pending, available_at NULL) of the
 -- fenced partitions among %(pids)s whose job has no other unfinished run
 -- but later waiting ones become available now. The re-check of state and
 -- available_at makes a repeated or raced release change nothing. Returns
@@ -1546,13 +1560,13 @@ WITH fence AS (
     FROM runs AS w
     WHERE w.partition_id IN (SELECT partition_id FROM fence)
       AND w.overlap IS NOT NULL AND w.state = 'pending'
-      AND w.available_at = 'infinity'::timestamptz
+      AND w.available_at IS NULL
       AND NOT EXISTS (
           SELECT 1 FROM runs AS o
           WHERE o.partition_id = w.partition_id AND o.job_id = w.job_id
             AND o.overlap IS NOT NULL AND o.state IN ('pending', 'leased', 'failed')
             AND o.nominal_time <> w.nominal_time
-            AND NOT (o.state = 'pending' AND o.available_at = 'infinity'::timestamptz
+            AND NOT (o.state = 'pending' AND o.available_at IS NULL
                      AND o.nominal_time > w.nominal_time))
     ORDER BY w.nominal_time
     LIMIT %(limit)s
@@ -1561,7 +1575,7 @@ UPDATE runs AS r
 SET available_at = coalesce(%(now)s::timestamptz, statement_timestamp())
 FROM waiting AS w
 WHERE r.partition_id = w.partition_id AND r.job_id = w.job_id AND r.nominal_time = w.nominal_time
-  AND r.state = 'pending' AND r.available_at = 'infinity'::timestamptz
+  AND r.state = 'pending' AND r.available_at IS NULL
 RETURNING r.partition_id, r.job_id, r.nominal_time;
 
 -- name: insert_run_request
@@ -1589,7 +1603,7 @@ WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s AND request_id = %
 --   fired    a manual run (origin manual) at nominal time now, scheduled at
 --            now, with the overlap policy of the job applied as in fire_runs
 --            unless the request forces it (force: delivered at once);
---            buffered runs wait (available_at 'infinity'); replace cancels
+--            buffered runs wait (available_at NULL); replace cancels
 --            the job's unfinished runs;
 --   skipped  the policy forbids it (forbid with an unfinished run,
 --            buffer_one with a waiting one).
@@ -1646,7 +1660,7 @@ WITH fence AS (
                       fired_at, node_id, epoch, state, queue, origin, available_at, overlap)
     SELECT dc.partition_id, dc.job_id, dc.nominal, dc.tenant, dc.nominal, dc.nominal, %(node_id)s, dc.epoch,
            'pending', dc.queue, 'manual',
-           CASE dc.fate WHEN 'buffer' THEN 'infinity'::timestamptz ELSE dc.nominal END,
+           CASE dc.fate WHEN 'buffer' THEN NULL ELSE dc.nominal END,
            nullif(dc.overlap, 'allow')
     FROM decided AS dc
     WHERE dc.fate IN ('run', 'buffer')
