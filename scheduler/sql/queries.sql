@@ -1503,7 +1503,7 @@ WITH fence AS (
     LIMIT %(limit)s
 ), decided AS (
     SELECT due.*,
-           greatest(coalesce(due.wish, '-infinity'::timestamptz),
+           greatest(coalesce(due.wish, coalesce(%(now)s::timestamptz, statement_timestamp())),
                     coalesce(%(now)s::timestamptz, statement_timestamp())
                     + due.backoff_s * interval '1 second') AS retry_at
     FROM due
