@@ -8,15 +8,18 @@ step pins the store clock, so runs and skips have exact values.
 
 from __future__ import annotations
 
+import os
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 from helpers import OneNode
 
 from scheduler import jobs
 from scheduler.audit import verify
+from scheduler.cli import cli as main_cli
 from scheduler.clock import ManualClock
 from scheduler.coordination import LeaseTable
 from scheduler.delivery import lifecycle, manual
@@ -384,3 +387,42 @@ def test_backfill_over_its_bound_or_into_the_future_writes_nothing(conn, node, c
         T0 + M,
         T0 + 2 * M,
     )
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def cli(args: list[str], dsn: str):
+    env = {key: None for key in os.environ if key.startswith("SCHEDULER_")} | {"SCHEDULER_DSN": dsn}
+    return CliRunner().invoke(main_cli, args, env=env, catch_exceptions=False)
+
+
+def test_cli_trigger_is_queued_without_an_owner_then_reports_the_run(pg_dsn, conn, node, clock) -> None:
+    job_id = overlap_job(conn, "allow")
+    queued = cli(["jobs", "trigger", str(job_id), "--request-id", "r1", "--wait-s", "0"], pg_dsn)
+    assert queued.exit_code == 0, queued.stderr
+    assert queued.stdout.startswith("queued: no node carried it out within 0s")
+    at(clock, T0 + 30 * S)
+    node.firer.tick()
+    again = cli(["jobs", "trigger", str(job_id), "--request-id", "r1", "--wait-s", "0"], pg_dsn)
+    run_id = RunKey.of(job_id, T0 + 30 * S).run_id
+    assert again.stdout == f"request r1 was made before: its outcome\nfired run {run_id}\n"
+    fresh = cli(["jobs", "trigger", str(uuid.uuid4())], pg_dsn)
+    assert (fresh.exit_code, fresh.stderr.startswith("error: job_id: no job")) == (2, True), fresh.stderr
+
+
+def test_cli_backfill_lists_refuses_over_its_bound_and_creates(pg_dsn, conn) -> None:
+    job_id = overlap_job(conn, "allow")
+    base = ["jobs", "backfill", str(job_id), "--since", "2025-03-04T05:06:00Z", "--until", "2025-03-04T05:09:00Z"]
+    refused = cli([*base, "--max-runs", "2"], pg_dsn)
+    assert refused.exit_code == 2
+    assert refused.stderr.splitlines() == [
+        "error: max_runs: the range holds more than 2 slots: narrow --since/--until or raise --max-runs (got 2)"
+    ]
+    dry = cli([*base, "--dry-run"], pg_dsn)
+    ids = [RunKey.of(job_id, T0 + k * M).run_id for k in range(3)]
+    assert dry.stdout.splitlines() == [f"2025-03-04T05:0{6 + k}:00Z  {run_id}" for k, run_id in enumerate(ids)]
+    assert runs(conn, job_id) == []
+    assert cli(base, pg_dsn).stderr == "3 slots in the range; created 3 runs\n"
+    assert cli(base, pg_dsn).stderr == "3 slots in the range; created 0 runs\n"
+    assert [r[0] for r in runs(conn, job_id)] == [T0, T0 + M, T0 + 2 * M]
