@@ -24,6 +24,7 @@ from scheduler.clock import ManualClock
 from scheduler.coordination import LeaseTable
 from scheduler.delivery import lifecycle, manual
 from scheduler.delivery.lifecycle import RunKey
+from scheduler.delivery.loop import SettleLoop
 from scheduler.errors import NotFoundError, ValidationError
 from scheduler.firing import Firer
 from scheduler.metrics import Metrics
@@ -157,8 +158,15 @@ def test_buffer_one_keeps_one_waiting_run_unclaimable_until_the_first_is_acked(c
     at(clock, T0 + 2 * M)
     assert node.firer.tick().skipped_ranges == 1  # one waits already: skipped
     assert lifecycle.ack(conn, [(first.run_id, first.token)], now=T0 + 2 * M + S) == {first.run_id: "succeeded"}
-    assert manual.release_buffered(conn, "t1", epochs, T0 + 2 * M + 2 * S) == 1
-    assert manual.release_buffered(conn, "t1", epochs, T0 + 2 * M + 3 * S) == 0
+    # The node's delivery thread releases it (its SettleLoop step, as scheduler/node.py registers it).
+    loop = SettleLoop(node.settings, node.table, clock, node.metrics, steps=[manual.release_buffered])
+    try:
+        at(clock, T0 + 2 * M + 2 * S)
+        assert loop.run_once() == 1
+        at(clock, T0 + 2 * M + 3 * S)
+        assert loop.run_once() == 0
+    finally:
+        loop.close()
     (second,) = claim(conn, T0 + 2 * M + 3 * S)
     assert second.nominal_time == T0 + M
     at(clock, T0 + 3 * M)
