@@ -351,8 +351,11 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS store_now;
 --            NULL, so no claim takes it, until the owner's release step), replaced (replace:
 --            a catch-up fire followed by a later one in the same plan, born
 --            canceled) or skip;
---   replaced cancels the unfinished runs of replace jobs that fire (their
---            token stops working: heartbeat and ack answer canceled);
+--   doomed / replaced  the unfinished runs of replace jobs that fire, found
+--            by a probe per job (a LATERAL over runs_overlap_idx, so the walk
+--            starts from the job, never from the index's whole extent),
+--            canceled (their token stops working: heartbeat and ack answer
+--            canceled);
 --   overlap_ins / overlap_skipped  the guarded runs (runs.overlap = the
 --            policy), and one skip range per job for the skipped fires
 --            (reason overlap; a suffix of its plan's fires, so the range
@@ -448,18 +451,28 @@ WITH fence AS (
               LIMIT 2) AS x
     ) AS b
     WHERE ad.overlap <> 'allow'
+), doomed AS MATERIALIZED (
+    SELECT x.partition_id, x.job_id, x.nominal_time, gd.nominal AS by_nominal
+    FROM guarded AS gd
+    CROSS JOIN LATERAL (
+        SELECT u.partition_id, u.job_id, u.nominal_time
+        FROM runs AS u
+        WHERE u.partition_id = gd.partition_id AND u.job_id = gd.job_id
+          AND u.overlap IS NOT NULL AND u.state IN ('pending', 'leased', 'failed')
+        OFFSET 0  -- a fence: the probe stays per job (not flattened into a walk of the index)
+    ) AS x
+    WHERE gd.overlap = 'replace' AND gd.fate = 'run'
 ), replaced AS (
     UPDATE runs AS u
     SET state = 'canceled',
         finished_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
         leased_until = NULL,
-        last_error = 'replaced by run ' || gd.job_id::text || '.'
-                     || (floor(extract(epoch FROM date_trunc('second', gd.nominal)))::int8 * 1000000
-                         + mod(extract(microseconds FROM gd.nominal)::int8, 1000000))::text
-    FROM guarded AS gd
-    WHERE gd.overlap = 'replace' AND gd.fate = 'run'
-      AND u.partition_id = gd.partition_id AND u.job_id = gd.job_id
-      AND u.overlap IS NOT NULL AND u.state IN ('pending', 'leased', 'failed')
+        last_error = 'replaced by run ' || d.job_id::text || '.'
+                     || (floor(extract(epoch FROM date_trunc('second', d.by_nominal)))::int8 * 1000000
+                         + mod(extract(microseconds FROM d.by_nominal)::int8, 1000000))::text
+    FROM doomed AS d
+    WHERE u.partition_id = d.partition_id AND u.job_id = d.job_id AND u.nominal_time = d.nominal_time
+      AND u.state IN ('pending', 'leased', 'failed')
     RETURNING 1
 ), overlap_ins AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
@@ -531,8 +544,8 @@ SELECT (SELECT pids FROM fenced) AS fenced,
 --            born pending for delivery, like fire_runs' runs; only timers
 --            whose overlap policy is allow;
 --   guarded  the other timers, as in fire_runs (one fire each, k = 1): busy
---            from runs_overlap_idx, fate run, buffer or skip; replaced,
---            overlap_ins and overlap_skipped as in fire_runs.
+--            from runs_overlap_idx, fate run, buffer or skip; doomed,
+--            replaced, overlap_ins and overlap_skipped as in fire_runs.
 -- Every run of the statement has the same lateness (fired_at is the
 -- statement's timestamp, or the store clock's pin %(now)s when given;
 -- scheduled_at is the instant), returned once as lag_s. The plans are a
@@ -590,18 +603,28 @@ WITH fence AS (
               LIMIT 2) AS x
     ) AS b
     WHERE ad.overlap <> 'allow'
+), doomed AS MATERIALIZED (
+    SELECT x.partition_id, x.job_id, x.nominal_time
+    FROM guarded AS gd
+    CROSS JOIN LATERAL (
+        SELECT u.partition_id, u.job_id, u.nominal_time
+        FROM runs AS u
+        WHERE u.partition_id = gd.partition_id AND u.job_id = gd.job_id
+          AND u.overlap IS NOT NULL AND u.state IN ('pending', 'leased', 'failed')
+        OFFSET 0  -- a fence: the probe stays per job (not flattened into a walk of the index)
+    ) AS x
+    WHERE gd.overlap = 'replace'
 ), replaced AS (
     UPDATE runs AS u
     SET state = 'canceled',
         finished_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
         leased_until = NULL,
-        last_error = 'replaced by run ' || gd.job_id::text || '.'
+        last_error = 'replaced by run ' || d.job_id::text || '.'
                      || (floor(extract(epoch FROM date_trunc('second', %(due)s::timestamptz)))::int8 * 1000000
                          + mod(extract(microseconds FROM %(due)s::timestamptz)::int8, 1000000))::text
-    FROM guarded AS gd
-    WHERE gd.overlap = 'replace'
-      AND u.partition_id = gd.partition_id AND u.job_id = gd.job_id
-      AND u.overlap IS NOT NULL AND u.state IN ('pending', 'leased', 'failed')
+    FROM doomed AS d
+    WHERE u.partition_id = d.partition_id AND u.job_id = d.job_id AND u.nominal_time = d.nominal_time
+      AND u.state IN ('pending', 'leased', 'failed')
     RETURNING 1
 ), overlap_ins AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
@@ -1641,19 +1664,29 @@ WITH fence AS (
                 AND u.overlap IS NOT NULL AND u.state IN ('pending', 'leased', 'failed')
               LIMIT 2) AS x
     ) AS b
+), doomed AS MATERIALIZED (
+    SELECT x.partition_id, x.job_id, x.nominal_time, dc.nominal AS by_nominal
+    FROM decided AS dc
+    CROSS JOIN LATERAL (
+        SELECT u.partition_id, u.job_id, u.nominal_time
+        FROM runs AS u
+        WHERE u.partition_id = dc.partition_id AND u.job_id = dc.job_id
+          AND u.overlap IS NOT NULL AND u.state IN ('pending', 'leased', 'failed')
+          AND u.nominal_time <> dc.nominal
+        OFFSET 0  -- a fence: the probe stays per job (not flattened into a walk of the index)
+    ) AS x
+    WHERE dc.overlap = 'replace' AND dc.fate = 'run'
 ), replaced AS (
     UPDATE runs AS u
     SET state = 'canceled',
-        finished_at = dc.nominal,
+        finished_at = d.by_nominal,
         leased_until = NULL,
-        last_error = 'replaced by run ' || dc.job_id::text || '.'
-                     || (floor(extract(epoch FROM date_trunc('second', dc.nominal)))::int8 * 1000000
-                         + mod(extract(microseconds FROM dc.nominal)::int8, 1000000))::text
-    FROM decided AS dc
-    WHERE dc.overlap = 'replace' AND dc.fate = 'run'
-      AND u.partition_id = dc.partition_id AND u.job_id = dc.job_id
-      AND u.overlap IS NOT NULL AND u.state IN ('pending', 'leased', 'failed')
-      AND u.nominal_time <> dc.nominal
+        last_error = 'replaced by run ' || d.job_id::text || '.'
+                     || (floor(extract(epoch FROM date_trunc('second', d.by_nominal)))::int8 * 1000000
+                         + mod(extract(microseconds FROM d.by_nominal)::int8, 1000000))::text
+    FROM doomed AS d
+    WHERE u.partition_id = d.partition_id AND u.job_id = d.job_id AND u.nominal_time = d.nominal_time
+      AND u.state IN ('pending', 'leased', 'failed')
     RETURNING 1
 ), inserted AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
