@@ -40,7 +40,7 @@ from typing import Any
 
 import psycopg
 
-from scheduler import store
+from scheduler import jobs, store
 from scheduler.errors import NotFoundError, ValidationError
 from scheduler.firing.batch import epochs_literal
 from scheduler.partition import partition_of
@@ -109,12 +109,11 @@ class BackfillResult:
 
 
 def _live_job(conn: psycopg.Connection, job_id: uuid.UUID) -> dict[str, Any]:
-    rows = store.execute(conn, "get_job", {"partition_id": partition_of(job_id), "job_id": job_id})
-    if not rows:
-        raise NotFoundError(f"job_id: no job {job_id}")
-    if rows[0]["deleted_at"] is not None:
+    """The ``jobs`` row of ``job_id``; NotFoundError if unknown or deleted."""
+    job = jobs.get_job(conn, job_id)
+    if job["deleted_at"] is not None:
         raise NotFoundError(f"job_id: job {job_id} is deleted")
-    return rows[0]
+    return job
 
 
 def _request(row: dict[str, Any], created: bool) -> RunRequest:
