@@ -40,7 +40,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from scheduler.errors import ConfigError
+from scheduler.delivery.ssrf import AddressPolicy
+from scheduler.errors import ConfigError, ValidationError
 
 LEASE_TTL_S = 10.0
 """Lease time-to-live (docs/design.md §2)."""
@@ -124,6 +125,7 @@ class Settings:
     coordinator: str = "sql"
     etcd_endpoints: str = ""
     etcd_prefix: str = ETCD_PREFIX
+    push_allow: str = ""
 
     @property
     def effective_lock_timeout_s(self) -> float:
@@ -191,6 +193,13 @@ class Settings:
         :meth:`scheduler.coordination.sql.SqlCoordinator.live_nodes`.
         """
         return min(self.lease_ttl_s, self.renew_interval_s + 2 * self.poll_interval_s)
+
+    @property
+    def push_policy(self) -> AddressPolicy:
+        """The SSRF allowlist of push targets (``push_allow``: comma-separated networks
+        beyond the public internet, e.g. ``10.0.0.0/8``; see :mod:`scheduler.delivery.ssrf`).
+        Raises ValidationError for an entry that is not a network."""
+        return AddressPolicy.parse(self.push_allow)
 
     @property
     def tick_budget(self) -> int:
@@ -294,6 +303,10 @@ class Settings:
                 f"tcp_user_timeout_s ({self.effective_tcp_user_timeout_s}) must be below lease_ttl_s "
                 f"({self.lease_ttl_s}) so a dead connection is given up before the lease expires"
             )
+        try:
+            AddressPolicy.parse(self.push_allow)
+        except ValidationError as exc:
+            raise ConfigError(str(exc)) from None
         if len(self.node_id) > 200:
             raise ConfigError("node_id must be at most 200 characters")
 

@@ -775,14 +775,54 @@ WHERE s.tz IS NOT NULL
 SELECT * FROM schedules WHERE schedule_key = ANY(%(schedule_keys)b::int8[]);
 
 -- name: insert_job
+-- A new job; queue (NULL: an HTTP target, see job_delivery) and overlap are
+-- its delivery columns (alembic revision 0023).
 INSERT INTO jobs (partition_id, job_id, tenant, name, kind, cron_expr, cron_dialect, tz,
                   interval_s, anchor_at, fire_at, misfire, catchup_window_s,
                   misfire_grace_s, jitter_s, next_nominal_at, next_due_at,
-                  created_at, changed_at, schedule_key)
+                  created_at, changed_at, schedule_key, queue, overlap)
 VALUES (%(partition_id)s, %(job_id)s, %(tenant)s, %(name)s, %(kind)s, %(cron_expr)s,
         %(cron_dialect)s, %(tz)s, %(interval_s)s, %(anchor_at)s, %(fire_at)s, %(misfire)s,
         %(catchup_window_s)s, %(misfire_grace_s)s, %(jitter_s)s, %(next_nominal_at)s,
-        %(next_due_at)s, %(created_at)s, %(created_at)s, %(schedule_key)s);
+        %(next_due_at)s, %(created_at)s, %(created_at)s, %(schedule_key)s, %(queue)s,
+        %(overlap)s);
+
+-- name: upsert_job_delivery
+-- The delivery settings of a job that names anything but the defaults
+-- (scheduler/delivery/targets.py, DeliverySpec.delivery_row): written in
+-- the transaction that writes the job; headers and payload are JSON texts.
+INSERT INTO job_delivery (partition_id, job_id, url, method, headers, timeout_s, payload,
+                          max_attempts, backoff_base_s, backoff_cap_s, max_age_s)
+VALUES (%(partition_id)s, %(job_id)s, %(url)s, %(method)s, %(headers)s::jsonb, %(timeout_s)s,
+        %(payload)s::jsonb, %(max_attempts)s, %(backoff_base_s)s, %(backoff_cap_s)s,
+        %(max_age_s)s)
+ON CONFLICT (partition_id, job_id) DO UPDATE
+SET url = excluded.url, method = excluded.method, headers = excluded.headers,
+    timeout_s = excluded.timeout_s, payload = excluded.payload,
+    max_attempts = excluded.max_attempts, backoff_base_s = excluded.backoff_base_s,
+    backoff_cap_s = excluded.backoff_cap_s, max_age_s = excluded.max_age_s;
+
+-- name: delete_job_delivery
+-- An edit back to the default delivery settings: the job keeps no row.
+DELETE FROM job_delivery WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;
+
+-- name: delete_job_deliveries_by_keys
+-- The delivery rows of the jobs (pids[i], jids[i]) retention just pruned
+-- (prune_jobs), in its transaction.
+DELETE FROM job_delivery
+WHERE (partition_id, job_id) IN (
+    SELECT a.pid, a.jid FROM unnest(%(pids)b::int4[], %(jids)b::uuid[]) AS a (pid, jid));
+
+-- name: get_job_delivery
+-- The delivery settings of one job (no row: the defaults).
+SELECT * FROM job_delivery WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;
+
+-- name: job_deliveries_by_keys
+-- The delivery rows of the jobs (pids[i], jids[i]) that have one (jobs
+-- import compares them with the file's lines: one read per batch).
+SELECT d.*
+FROM unnest(%(pids)b::int4[], %(jids)b::uuid[]) AS a (pid, jid)
+JOIN job_delivery AS d ON d.partition_id = a.pid AND d.job_id = a.jid;
 
 -- name: find_job_by_name
 SELECT * FROM jobs
@@ -792,14 +832,15 @@ FOR UPDATE;
 -- name: replace_job_spec
 -- Edit a job in place (jobs add --replace): new spec and next slot (the
 -- caller keeps the pending slot when the schedule is unchanged, see
--- scheduler/jobs.py), revision bumped so an in-flight firing of the old
--- spec does not advance it.
+-- scheduler/jobs.py), delivery columns (queue, overlap; the caller writes
+-- or deletes the job_delivery row in the same transaction), revision bumped
+-- so an in-flight firing of the old spec does not advance it.
 UPDATE jobs
 SET kind = %(kind)s, cron_expr = %(cron_expr)s, cron_dialect = %(cron_dialect)s, tz = %(tz)s,
     interval_s = %(interval_s)s, anchor_at = %(anchor_at)s, fire_at = %(fire_at)s,
     misfire = %(misfire)s, catchup_window_s = %(catchup_window_s)s,
     misfire_grace_s = %(misfire_grace_s)s, jitter_s = %(jitter_s)s,
-    schedule_key = %(schedule_key)s,
+    schedule_key = %(schedule_key)s, queue = %(queue)s, overlap = %(overlap)s,
     next_nominal_at = CASE WHEN paused THEN NULL ELSE %(next_nominal_at)s::timestamptz END,
     next_due_at = CASE WHEN paused THEN NULL ELSE %(next_due_at)s::timestamptz END,
     revision = revision + 1, changed_at = %(changed_at)s
@@ -850,10 +891,13 @@ SELECT * FROM jobs WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s
 SELECT * FROM jobs WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s FOR UPDATE;
 
 -- name: list_jobs
-SELECT * FROM jobs
-WHERE deleted_at IS NULL
-  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
-ORDER BY tenant, created_at, job_id
+-- Live jobs with their push target's url and method (NULL for a queue).
+SELECT j.*, d.url, d.method
+FROM jobs AS j
+LEFT JOIN job_delivery AS d ON d.partition_id = j.partition_id AND d.job_id = j.job_id
+WHERE j.deleted_at IS NULL
+  AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s::text)
+ORDER BY j.tenant, j.created_at, j.job_id
 LIMIT %(limit)s;
 
 -- name: set_job_paused
@@ -915,14 +959,102 @@ WHERE tenant = %(tenant)s
 SELECT tenant FROM tenants WHERE tenant = %(tenant)s;
 
 -- name: list_runs
+-- Runs, newest nominal time first, each filter optional (NULL: any): one
+-- job's (a primary-key range), since a nominal time, in one delivery state,
+-- of one tenant. Without a job it reads runs by nominal time: an operator's
+-- command, bounded by %(limit)s rows returned, not by rows read.
 SELECT r.partition_id, r.job_id, r.nominal_time, r.tenant, r.scheduled_at, r.fired_at,
-       r.node_id, r.epoch,
+       r.node_id, r.epoch, r.state, r.queue, r.origin, r.attempt, r.available_at,
+       r.leased_until, r.worker, r.first_claimed_at, r.finished_at, r.last_error,
        extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s
 FROM runs AS r
 WHERE (%(job_id)s::uuid IS NULL OR (r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s::uuid))
   AND (%(since)s::timestamptz IS NULL OR r.nominal_time >= %(since)s::timestamptz)
+  AND (%(state)s::text IS NULL OR r.state = %(state)s::text)
+  AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
 ORDER BY r.nominal_time DESC, r.job_id
 LIMIT %(limit)s;
+
+-- ---------------------------------------------------------------- delivery views
+-- scheduler/delivery/views.py: jobs describe, runs redrive, the node's
+-- delivery gauges. Every per-job statement is scoped by (partition_id, job_id).
+
+-- name: count_job_runs_by_state
+-- A job's runs per delivery state (NULL: fired before delivery existed).
+SELECT r.state, count(*) AS runs
+FROM runs AS r
+WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s
+GROUP BY r.state;
+
+-- name: count_job_skips_by_reason
+-- A job's skip ranges per reason: ranges, the slots they counted, and the
+-- ranges too long to count (slots NULL).
+SELECT s.reason, count(*) AS ranges, coalesce(sum(s.slots), 0)::int8 AS slots,
+       (count(*) - count(s.slots))::int8 AS uncounted
+FROM skips AS s
+WHERE s.partition_id = %(partition_id)s AND s.job_id = %(job_id)s
+GROUP BY s.reason
+ORDER BY s.reason;
+
+-- name: recent_job_runs
+-- A job's last %(limit)s runs, newest nominal time first, with lateness
+-- (fired − scheduled) and dispatch lag (first claim − scheduled; NULL until
+-- claimed), in seconds.
+SELECT r.nominal_time, r.scheduled_at, r.fired_at, r.state, r.origin, r.attempt,
+       r.first_claimed_at, r.finished_at, r.last_error,
+       extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s,
+       extract(epoch FROM (r.first_claimed_at - r.scheduled_at))::float8 AS dispatch_lag_s
+FROM runs AS r
+WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s
+ORDER BY r.nominal_time DESC
+LIMIT %(limit)s;
+
+-- name: get_run_state
+-- One run's delivery state (explains a redrive that changed nothing).
+SELECT r.state FROM runs AS r
+WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s AND r.nominal_time = %(nominal_time)s;
+
+-- name: redrive_runs
+-- Back to pending, available now (store time): one run
+-- (%(nominal_time)s) or the oldest %(limit)s of a job, only those whose state
+-- is in %(states)s (dead, canceled). A redrive is a fresh retry budget:
+-- attempt 0 and first_claimed_at NULL (max_attempts and max_age_s count
+-- from the redrive), lease and outcome cleared; last_error is kept. The
+-- state is re-checked by the UPDATE, so a concurrent change wins.
+UPDATE runs
+SET state = 'pending', attempt = 0, available_at = now(),
+    lease_token = NULL, leased_until = NULL, worker = NULL, claimed_at = NULL,
+    first_claimed_at = NULL, finished_at = NULL, retryable = NULL
+WHERE (partition_id, job_id, nominal_time) IN (
+    SELECT r.partition_id, r.job_id, r.nominal_time
+    FROM runs AS r
+    WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s
+      AND (%(nominal_time)s::timestamptz IS NULL OR r.nominal_time = %(nominal_time)s::timestamptz)
+      AND r.state = ANY(%(states)s::text[])
+    ORDER BY r.nominal_time
+    LIMIT %(limit)s)
+  AND state = ANY(%(states)s::text[])
+RETURNING nominal_time;
+
+-- name: delivery_depths
+-- The node's delivery gauges, one read of the partial indexes: pending runs
+-- per tenant (pull runs by runs_pending_idx, push runs by runs_push_idx), and
+-- runs in flight per state (runs_inflight_idx). kind: 'pending' (per tenant)
+-- or the state ('leased', 'failed'; tenant NULL).
+SELECT 'pending' AS kind, r.tenant, count(*) AS runs
+FROM runs AS r
+WHERE r.state = 'pending' AND r.queue IS NOT NULL
+GROUP BY r.tenant
+UNION ALL
+SELECT 'pending' AS kind, r.tenant, count(*) AS runs
+FROM runs AS r
+WHERE r.state = 'pending' AND r.queue IS NULL
+GROUP BY r.tenant
+UNION ALL
+SELECT r.state AS kind, NULL AS tenant, count(*) AS runs
+FROM runs AS r
+WHERE r.state IN ('leased', 'failed')
+GROUP BY r.state;
 
 -- ---------------------------------------------------------------- audit
 
@@ -1277,6 +1409,51 @@ SELECT job_id, nominal_time, only_in FROM (
 ORDER BY job_id, nominal_time
 LIMIT %(limit)s;
 
+-- name: summarize_delivery_audit
+-- verify --delivery (scheduler/audit.py, verify_delivery): the runs with
+-- nominal time in [since, until) by delivery state. The delivery era starts,
+-- as far as the window shows, at the earliest fired_at of a run carrying a
+-- state: a run without one fired then or later is lost (the firing statement
+-- writes the state with the run), one fired before predates delivery.
+-- stale: leased or failed runs whose lease ended before %(stale_before)s
+-- (their partition's owner should have settled them).
+WITH w AS (
+    SELECT r.state, r.fired_at, r.leased_until
+    FROM runs AS r
+    WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s
+), era AS (
+    SELECT min(w.fired_at) AS since FROM w WHERE w.state IS NOT NULL
+)
+SELECT count(*) AS runs,
+       count(*) FILTER (WHERE w.state = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE w.state = 'dead') AS dead,
+       count(*) FILTER (WHERE w.state = 'canceled') AS canceled,
+       count(*) FILTER (WHERE w.state = 'pending') AS pending,
+       count(*) FILTER (WHERE w.state = 'leased') AS leased,
+       count(*) FILTER (WHERE w.state = 'failed') AS failed,
+       count(*) FILTER (WHERE w.state IS NULL AND w.fired_at >= era.since) AS lost,
+       count(*) FILTER (WHERE w.state IS NULL AND (era.since IS NULL OR w.fired_at < era.since)) AS predelivery,
+       count(*) FILTER (WHERE w.state IN ('leased', 'failed') AND w.leased_until < %(stale_before)s) AS stale,
+       min(era.since) AS state_since
+FROM w CROSS JOIN era;
+
+-- name: list_delivery_audit
+-- The first %(limit)s runs of one finding of summarize_delivery_audit
+-- (%(kind)s: lost, dead, canceled or stale), by job id then nominal time.
+WITH era AS (
+    SELECT min(r.fired_at) AS since
+    FROM runs AS r
+    WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s AND r.state IS NOT NULL
+)
+SELECT r.job_id, r.nominal_time, r.state, r.attempt, r.fired_at, r.leased_until, r.worker, r.last_error
+FROM runs AS r CROSS JOIN era
+WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s
+  AND ((%(kind)s = 'lost' AND r.state IS NULL AND r.fired_at >= era.since)
+       OR (%(kind)s IN ('dead', 'canceled') AND r.state = %(kind)s)
+       OR (%(kind)s = 'stale' AND r.state IN ('leased', 'failed') AND r.leased_until < %(stale_before)s))
+ORDER BY r.job_id, r.nominal_time
+LIMIT %(limit)s;
+
 -- name: recent_lag
 -- Runs fired in the last %(window_s)s seconds and their lateness p99 (live views).
 SELECT count(*) AS runs,
@@ -1344,7 +1521,9 @@ ORDER BY c.nominal_time, c.job_id;
 -- until now + the job's per-attempt timeout (%(default_timeout_s)s without
 -- one) + %(margin_s)s. Fenced like fire_runs: the partitions rows locked FOR
 -- SHARE where owner and epoch (%(epochs)s[p + 1]) are still ours, so a node
--- that lost a partition claims none of its runs.
+-- that lost a partition claims none of its runs. SKIP LOCKED only spreads
+-- two claimers (an old and a new owner for a moment) over different runs;
+-- the state re-check in the UPDATE is what keeps a run leased once.
 WITH fence AS (
     SELECT p.partition_id
     FROM partitions AS p
@@ -1744,6 +1923,9 @@ RETURNING nominal_time;
 -- %(after_job)s, %(after_time)s) (NULL: from the start). Returns the deleted
 -- keys; the caller continues after the largest. Set-based and ctid-free, so
 -- valid on CockroachDB; retried whole on 40001 (deleting is idempotent).
+-- Never an unfinished run (state pending, leased or failed), whatever its
+-- age: only finished runs (succeeded, dead, canceled) and runs fired before
+-- delivery existed (state NULL) go.
 DELETE FROM runs
 WHERE (partition_id, job_id, nominal_time) IN (
     SELECT partition_id, job_id, nominal_time
@@ -1753,6 +1935,7 @@ WHERE (partition_id, job_id, nominal_time) IN (
            OR (partition_id, job_id, nominal_time)
               > (%(after_pid)s::int4, %(after_job)s::uuid, %(after_time)s::timestamptz))
       AND nominal_time < %(cutoff)s
+      AND (state IS NULL OR state NOT IN ('pending', 'leased', 'failed'))
     ORDER BY partition_id, job_id, nominal_time
     LIMIT %(limit)s)
 RETURNING partition_id, job_id, nominal_time AS key_time;

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from helpers import OneNode
 
 from scheduler import jobs
-from scheduler.audit import verify
+from scheduler.audit import verify, verify_delivery
 from scheduler.cli import cli as main_cli
 from scheduler.clock import ManualClock
 from scheduler.coordination import LeaseTable
@@ -105,8 +105,11 @@ def claim(conn: psycopg.Connection, now: datetime) -> list[lifecycle.Claimed]:
 
 
 def audit_ok(conn: psycopg.Connection, until: datetime) -> dict:
+    """verify and verify --delivery of [T0 - 30 s, until) pass; returns verify's report."""
     report = verify(conn, since=T0 - 30 * S, until=until)
     assert report.ok, report.findings
+    delivery = verify_delivery(conn, T0 - 30 * S, until, lease_ttl_s=30.0, now=until)
+    assert (delivery.ok, delivery.lost, delivery.predelivery) == (True, 0, 0), delivery.findings
     return report
 
 
