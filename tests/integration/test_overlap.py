@@ -9,13 +9,14 @@ step pins the store clock, so runs and skips have exact values.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 from click.testing import CliRunner
-from helpers import OneNode
+from helpers import OneNode, wait_for
 
 from scheduler import jobs
 from scheduler.audit import verify, verify_delivery
@@ -437,3 +438,24 @@ def test_cli_backfill_lists_refuses_over_its_bound_and_creates(pg_dsn, conn) -> 
     assert cli(base, pg_dsn).stderr == "3 slots in the range; created 3 runs\n"
     assert cli(base, pg_dsn).stderr == "3 slots in the range; created 0 runs\n"
     assert [r[0] for r in runs(conn, job_id)] == [T0, T0 + M, T0 + 2 * M]
+
+
+def test_cli_trigger_waits_for_the_owner_and_prints_the_run(pg_dsn, conn, node, clock) -> None:
+    job_id = overlap_job(conn, "allow")
+    at(clock, T0 + 30 * S)
+    ticks = []
+
+    def owner() -> None:  # the owner's tick comes while the CLI waits (generous margin: 10 s)
+        wait_for(
+            "the trigger's request", lambda: conn.execute("SELECT count(*) AS n FROM run_requests").fetchone()["n"]
+        )
+        ticks.append(node.firer.tick().requests)
+
+    thread = threading.Thread(target=owner)
+    thread.start()
+    try:
+        result = cli(["jobs", "trigger", str(job_id), "--request-id", "w", "--wait-s", "10"], pg_dsn)
+    finally:
+        thread.join(15)
+    assert ticks == [1]
+    assert result.stdout == f"fired run {RunKey.of(job_id, T0 + 30 * S).run_id}\n"
