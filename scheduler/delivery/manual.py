@@ -92,6 +92,7 @@ class RunRequest:
         """The manual run's id, when the request fired one."""
         if self.nominal_time is None:
             return None
+        # Imported here: lifecycle imports the firing package, whose tick imports this module.
         from scheduler.delivery.lifecycle import RunKey
 
         return RunKey.of(self.job_id, self.nominal_time).run_id
