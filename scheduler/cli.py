@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import sys
 import uuid
@@ -1442,6 +1443,107 @@ def node_cmd(ctx: click.Context, **values: Any) -> None:
     settings = settings.validated()
     logmod.configure(settings.log_format, settings.log_level)
     Node(settings).run_until_signalled()
+
+
+# ---------------------------------------------------------------- worker
+
+
+@cli.command("worker")
+@dsn_option
+@click.option(
+    "--tenant", required=True, envvar="SCHEDULER_TENANT", show_envvar=True, help="Tenant whose queue to serve."
+)
+@click.option("--queue", default="default", show_default=True, help="Queue of the tenant to serve.")
+@click.option(
+    "--handler",
+    "handler_path",
+    required=True,
+    help="package.module:function called with each run (sync or async def); the current directory is importable.",
+)
+@click.option(
+    "--concurrency", default=10, show_default=True, type=WholeNumber("concurrency", 1, 10_000), help="Handlers at once."
+)
+@click.option(
+    "--lease-s",
+    default=30.0,
+    show_default=True,
+    type=Decimal("lease_s", "must be a number of seconds from 1 to 3600 in ASCII digits"),
+    help="Lease of each attempt; heartbeats extend it every third of it.",
+)
+@click.option(
+    "--batch",
+    default=None,
+    type=WholeNumber("batch", 1, 1000),
+    help="Most runs per claim and per ack/nack statement  [default: concurrency, at least 100, at most 1000].",
+)
+@click.option(
+    "--stop-timeout-s",
+    default=25.0,
+    show_default=True,
+    type=Decimal("stop_timeout_s", "must be a number of seconds from 0 to 86400 in ASCII digits"),
+    help="After SIGTERM/SIGINT, in-flight handlers get this long; runs still running then are nacked.",
+)
+@click.option("--worker-id", default=None, help="Written to runs.worker  [default: hostname:pid].")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Interface of /metrics.")
+@click.option(
+    "--metrics-port",
+    default=None,
+    type=WholeNumber("metrics_port", 0, 65535),
+    help="Serve /metrics, /healthz and /readyz on this port (0: any free port)  [default: off].",
+)
+def worker_cmd(
+    dsn: str,
+    tenant: str,
+    queue: str,
+    handler_path: str,
+    concurrency: int,
+    lease_s: float,
+    batch: int | None,
+    stop_timeout_s: float,
+    worker_id: str | None,
+    metrics_host: str,
+    metrics_port: int | None,
+) -> None:
+    """Run a pull worker: claim runs of a tenant's queue, call the handler with each, ack or nack.
+
+    Returning acks the run; raising nacks it (retried after a backoff, or
+    dead when attempts run out; raise scheduler.delivery.worker.DoNotRetry to
+    make it dead at once). On SIGTERM/SIGINT: stop claiming, let in-flight
+    handlers finish within --stop-timeout-s, nack the rest, exit 0.
+    """
+    from scheduler.delivery.worker import Worker, load_handler
+    from scheduler.health import HealthServer
+
+    handler = load_handler(handler_path)
+    worker = Worker(
+        dsn,
+        tenant,
+        queue,
+        handler,
+        concurrency=concurrency,
+        lease_s=lease_s,
+        batch=batch,
+        stop_timeout_s=stop_timeout_s,
+        worker_id=worker_id,
+    )
+    try:
+        open_store(dsn).close()  # misconfigured (bad DSN, password, database, schema): exit 2 now
+    except StoreError as exc:  # merely unreachable: the worker retries, as a node does
+        logmod.event("worker_store_unreachable", logging.WARNING, error=str(exc))
+    health = None
+    if metrics_port is not None:
+
+        def readiness() -> tuple[bool, list[str], dict]:
+            reasons = ["stopping: the worker is draining after a stop signal"] if worker.stopping else []
+            return not reasons, reasons, {}
+
+        health = HealthServer(metrics_host, metrics_port, worker.metrics, readiness)  # type: ignore[arg-type]
+        health.start()
+    try:
+        worker.run_until_signalled()
+    finally:
+        if health is not None:
+            health.stop()
 
 
 # ---------------------------------------------------------------- config

@@ -1,5 +1,7 @@
 """Delivery: runs reach the code that executes them, at least once (docs/delivery.md).
 
+* :mod:`scheduler.delivery.worker` — pull workers: claim a tenant's queue, run a
+  handler per run, heartbeat, ack/nack in batches (``scheduler worker``);
 * :mod:`scheduler.delivery.targets` — a job's target, payload, retry and overlap
   policy (validated at save, stored with the job);
 * :mod:`scheduler.delivery.ssrf` — which addresses a push target may reach;
