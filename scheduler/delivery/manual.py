@@ -5,7 +5,7 @@ docs/delivery.md, "Overlap policy" and "Run now and backfill".
 * **Run now** (:func:`request_run`, ``scheduler jobs trigger``): the CLI
   writes a ``run_requests`` row (deduplicated by (job, request id)); the
   job's *partition owner* carries it out in its firing thread, right after a
-  tick's chunks (:func:`fire_requests`, ``fire_run_requests``: fenced by its
+  tick's chunks (:func:`scheduler.delivery.owner.fire_requests`, ``fire_run_requests``: fenced by its
   epoch like ``fire_runs``, and serialized with the node's firing
   statements, so a manual run and a scheduled one of a ``forbid`` job can
   never both see "no unfinished run"). The run is ``origin='manual'`` at
@@ -19,7 +19,7 @@ docs/delivery.md, "Overlap policy" and "Run now and backfill".
   of the job's current schedule in ``[since, until)`` that has none, in one
   transaction; a slot that has a run keeps it (the primary key), so a
   second backfill writes nothing.
-* **Release** (:func:`release_buffered`, a step of
+* **Release** (:func:`scheduler.delivery.owner.release_buffered`, a step of
   :class:`~scheduler.delivery.loop.SettleLoop`): a ``buffer_one`` run that
   waits (pending, ``available_at`` NULL, so no claim can take it)
   becomes available once its job has no other unfinished run.
@@ -42,7 +42,6 @@ import psycopg
 
 from scheduler import jobs, store
 from scheduler.errors import NotFoundError, ValidationError
-from scheduler.firing.batch import epochs_literal
 from scheduler.partition import partition_of
 from scheduler.planner import scheduled_time
 from scheduler.schedule import iter_fires
@@ -62,12 +61,6 @@ DEFAULT_BACKFILL_MAX_RUNS = 1000
 
 MAX_BACKFILL_RUNS = 100_000
 """Largest ``max_runs`` accepted (one transaction writes them all)."""
-
-RELEASE_BATCH = 1000
-"""Buffered runs one release pass makes available at most."""
-
-REQUEST_BATCH = 1000
-"""Run requests (jobs) one owner pass carries out at most."""
 
 BACKFILL_NODE = "backfill"
 """``runs.node_id`` of backfilled runs (written by the CLI, not by a node; epoch 0)."""
@@ -187,49 +180,6 @@ def wait_request(
             break
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
     return latest
-
-
-def fire_requests(
-    conn: psycopg.Connection,
-    node_id: str,
-    epochs: dict[int, int],
-    now: datetime | None = None,
-    epochs_text: str | None = None,
-) -> list[dict[str, Any]]:
-    """The owner's run-now step (``fire_run_requests``): carry out the oldest
-    open request of each job of the partitions in ``epochs`` (partition id →
-    epoch held), fenced. Returns the requests done (partition_id, job_id,
-    request_id, outcome, nominal_time). ``epochs_text``: ``epochs`` already
-    as :func:`~scheduler.firing.batch.epochs_literal` made it (the tick has it)."""
-    if not epochs:
-        return []
-    params = {
-        "node_id": node_id,
-        "pids": sorted(epochs),
-        "epochs": epochs_text or epochs_literal(epochs),
-        "limit": REQUEST_BATCH,
-        "now": now,
-    }
-    return store.run_transaction(conn, lambda c: store.execute(c, "fire_run_requests", params))
-
-
-def release_buffered(
-    conn: psycopg.Connection, node_id: str, epochs: dict[int, int], now: datetime | None = None
-) -> int:
-    """The owner's release step (``release_buffered_runs``; a
-    :class:`~scheduler.delivery.loop.SettleLoop` step): waiting ``buffer_one``
-    runs of the partitions in ``epochs`` whose job has no other unfinished run
-    become available now. Fenced by the epochs. Returns the runs released."""
-    if not epochs:
-        return 0
-    params = {
-        "node_id": node_id,
-        "pids": sorted(epochs),
-        "epochs": epochs_literal(epochs),
-        "limit": RELEASE_BATCH,
-        "now": now,
-    }
-    return len(store.run_transaction(conn, lambda c: store.execute(c, "release_buffered_runs", params)))
 
 
 def backfill(

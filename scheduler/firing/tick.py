@@ -32,7 +32,7 @@ A tick
    never prepared (:data:`~scheduler.firing.limits.FIRE_RUNS_PREPARE`).
 
 5. Carry out the run-now requests of the firable partitions
-   (:func:`scheduler.delivery.manual.fire_requests`: one fenced statement,
+   (:func:`scheduler.delivery.owner.fire_requests`: one fenced statement,
    after the chunks, so serialized with this node's firing of the same
    jobs under any overlap policy).
 
@@ -66,7 +66,7 @@ import psycopg
 from scheduler import log, store
 from scheduler.clock import Clock
 from scheduler.coordination.table import LeaseTable
-from scheduler.delivery import manual
+from scheduler.delivery import owner
 from scheduler.errors import SchedulerError
 from scheduler.fairness import DeficitRoundRobin
 from scheduler.firing.batch import JOB_ID, NEXT_DUE, PARTITION, TENANT, Batch, RowPlanner, epochs_literal
@@ -259,7 +259,7 @@ class Firer:
         # Run-now requests, after the chunks: serialized with this node's firing
         # statements, so a manual and a scheduled run of a forbid job never both
         # find "no unfinished run" (scheduler/delivery/manual.py).
-        done = manual.fire_requests(
+        done = owner.fire_requests(
             self._connection("write0"), self._s.node_id, tick.firable, self._clock.store_now_or_none(), tick.epochs
         )
         result.requests = len(done)

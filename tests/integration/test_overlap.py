@@ -23,7 +23,7 @@ from scheduler.audit import verify, verify_delivery
 from scheduler.cli import cli as main_cli
 from scheduler.clock import ManualClock
 from scheduler.coordination import LeaseTable
-from scheduler.delivery import lifecycle, manual
+from scheduler.delivery import lifecycle, manual, owner
 from scheduler.delivery.lifecycle import RunKey
 from scheduler.delivery.loop import SettleLoop
 from scheduler.errors import NotFoundError, ValidationError
@@ -158,12 +158,12 @@ def test_buffer_one_keeps_one_waiting_run_unclaimable_until_the_first_is_acked(c
     node.firer.tick()
     assert claim(conn, T0 + M + S) == []  # waiting: available_at NULL
     epochs = {first.key.partition_id: node.epoch(first.key.partition_id)}
-    assert manual.release_buffered(conn, "t1", epochs, T0 + M + S) == 0  # the first is still leased
+    assert owner.release_buffered(conn, "t1", epochs, T0 + M + S) == 0  # the first is still leased
     at(clock, T0 + 2 * M)
     assert node.firer.tick().skipped_ranges == 1  # one waits already: skipped
     assert lifecycle.ack(conn, [(first.run_id, first.token)], now=T0 + 2 * M + S) == {first.run_id: "succeeded"}
     # The node's delivery thread releases it (its SettleLoop step, as scheduler/node.py registers it).
-    loop = SettleLoop(node.settings, node.table, clock, node.metrics, steps=[manual.release_buffered])
+    loop = SettleLoop(node.settings, node.table, clock, node.metrics, steps=[owner.release_buffered])
     try:
         at(clock, T0 + 2 * M + 2 * S)
         assert loop.run_once() == 1
@@ -264,8 +264,8 @@ def test_buffer_one_holds_across_a_failover_and_only_the_new_owner_releases(pg_d
         at(clock, T0 + 2 * M)
         assert new.firer.tick().skipped_ranges == 1  # one waits: skipped by the new owner
         lifecycle.ack(conn, [(first.run_id, first.token)], now=T0 + 2 * M + S)
-        assert manual.release_buffered(conn, "t1", old_epochs, T0 + 2 * M + 2 * S) == 0  # stale: fenced
-        assert manual.release_buffered(conn, "t2", new.epochs, T0 + 2 * M + 2 * S) == 1
+        assert owner.release_buffered(conn, "t1", old_epochs, T0 + 2 * M + 2 * S) == 0  # stale: fenced
+        assert owner.release_buffered(conn, "t2", new.epochs, T0 + 2 * M + 2 * S) == 1
     finally:
         new.close()
     assert runs(conn, job_id) == [
