@@ -117,7 +117,7 @@ class Metrics:
         )
         self.slots_skipped = Counter(
             "scheduler_firing_slots_skipped_total",
-            "Misfire decisions recorded as skipped (one per skip range).",
+            "Misfire and overlap decisions recorded as skipped (one per skip range).",
             registry=r,
         )
         self.dispatch_lag = BulkHistogram(

@@ -7,6 +7,8 @@
 * :mod:`scheduler.delivery.ssrf` — which addresses a push target may reach;
 * :mod:`scheduler.delivery.lifecycle` — claim, heartbeat, ack, nack (fenced by
   the attempt's lease token) and the partition owner's settle step;
+* :mod:`scheduler.delivery.manual` — run now, backfill, and the release of a
+  waiting ``buffer_one`` run (overlap policies: docs/delivery.md);
 * :mod:`scheduler.delivery.views` — seeing it: run ids, ``jobs describe``,
   ``runs redrive``, the node's delivery gauges;
 """

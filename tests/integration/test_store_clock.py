@@ -48,6 +48,10 @@ which a node never sends; the pin is theirs to pass (tests/integration/test_deli
 UNSENT_HERE = {"claim_push"}
 """Sent by a node's push loop, which has nothing to push in this test."""
 
+CLI_ONLY = {"insert_run_request", "insert_backfill_runs"}
+"""Pinnable queries of `jobs trigger` and `jobs backfill` (scheduler/delivery/manual.py),
+which a node never sends (tests/integration/test_overlap.py pins them)."""
+
 
 def test_a_node_built_from_default_settings_sends_null_as_now_in_every_time_dependent_query(
     pg_dsn: str, conn: psycopg.Connection, monkeypatch
@@ -82,7 +86,7 @@ def test_a_node_built_from_default_settings_sends_null_as_now_in_every_time_depe
     assert (result.fired, result.herd_fired) == (DEFAULT_LIMITS.herd_min_jobs + 1, DEFAULT_LIMITS.herd_min_jobs)
     assert status.exit_code == 0, status.stderr
     pinnable = [(name, params) for name, params in sent if name in PINNABLE_QUERIES]
-    assert {name for name, _ in pinnable} == PINNABLE_QUERIES - ETCD_ONLY - WORKER_ONLY - UNSENT_HERE
+    assert {name for name, _ in pinnable} == PINNABLE_QUERIES - ETCD_ONLY - WORKER_ONLY - UNSENT_HERE - CLI_ONLY
     assert [(name, params["now"]) for name, params in pinnable if params["now"] is not None] == []
 
 
