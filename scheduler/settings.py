@@ -40,7 +40,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from scheduler.errors import ConfigError
+from scheduler.delivery.ssrf import AddressPolicy
+from scheduler.errors import ConfigError, ValidationError
 
 LEASE_TTL_S = 10.0
 """Lease time-to-live (docs/design.md §2)."""
@@ -80,6 +81,12 @@ ETCD_PREFIX = "/scheduler/"
 """Key prefix of one fleet's membership and partition keys in etcd."""
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+PUSH_CONCURRENCY = 64
+"""Push attempts one node runs at once (docs/delivery.md, "Push")."""
+PUSH_PER_HOST = 8
+"""Push attempts one node runs at once against one target host."""
+MAX_PUSH_CONCURRENCY = 10_000
+"""Largest ``push_concurrency`` / ``push_per_host`` accepted."""
 SOURCES = ("flag", "env", "file", "default")
 """Where an effective setting came from, highest precedence first."""
 
@@ -124,6 +131,9 @@ class Settings:
     coordinator: str = "sql"
     etcd_endpoints: str = ""
     etcd_prefix: str = ETCD_PREFIX
+    push_allow: str = ""
+    push_concurrency: int = PUSH_CONCURRENCY
+    push_per_host: int = PUSH_PER_HOST
 
     @property
     def effective_lock_timeout_s(self) -> float:
@@ -196,6 +206,14 @@ class Settings:
     def tick_budget(self) -> int:
         """Runs one tick may fire: ``max_rate_per_s × tick_interval_s`` (≥ 1)."""
         return max(1, int(self.max_rate_per_s * self.tick_interval_s))
+
+    def push_policy(self) -> AddressPolicy:
+        """The SSRF allowlist ``push_allow`` parsed (:meth:`scheduler.delivery.ssrf.AddressPolicy.parse`);
+        raises ConfigError naming ``push_allow`` for an entry that is not a network or address."""
+        try:
+            return AddressPolicy.parse(self.push_allow, "push_allow")
+        except ValidationError as exc:
+            raise ConfigError(str(exc)) from None
 
     def validated(self) -> Settings:
         """Return self with ``node_id`` filled in; raise ConfigError if invalid."""
@@ -294,6 +312,11 @@ class Settings:
                 f"tcp_user_timeout_s ({self.effective_tcp_user_timeout_s}) must be below lease_ttl_s "
                 f"({self.lease_ttl_s}) so a dead connection is given up before the lease expires"
             )
+        for name in ("push_concurrency", "push_per_host"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_PUSH_CONCURRENCY):
+                raise ConfigError(f"{name} must be a whole number from 1 to {MAX_PUSH_CONCURRENCY} (got {value!r})")
+        self.push_policy()
         if len(self.node_id) > 200:
             raise ConfigError("node_id must be at most 200 characters")
 
