@@ -339,7 +339,9 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS store_now;
 --            returns its tenant, fencing epoch and its plan's fires/skip;
 --   skipped  records misfire decisions of advanced jobs;
 --   inserted writes one run per (job, nominal time) of advanced jobs; the
---            primary key makes a duplicate impossible.
+--            primary key makes a duplicate impossible. The run is born with
+--            its delivery state (docs/delivery.md): pending, available from
+--            its fired_at, to the job's queue (NULL: pushed to its URL).
 -- A run's fired_at and a skip's recorded_at are the statement's timestamp,
 -- or the store clock's pin %(now)s when given (tests: exact lateness).
 -- Shape of the parameters (scheduler/firing/batch.py, Batch): a job is four
@@ -381,7 +383,7 @@ WITH fence AS (
       AND ((%(p_next_nominal)b::timestamptz[])[a.plan] IS NULL
            OR (%(p_next_nominal)b::timestamptz[])[a.plan] > j.next_nominal_at)
       AND (fd.pids[a.fpos] = a.pid OR a.pid = ANY(fd.pids))
-    RETURNING j.partition_id, j.job_id, j.tenant,
+    RETURNING j.partition_id, j.job_id, j.tenant, j.queue,
               (%(fence_epochs)b::int8[])[a.fpos] AS epoch,
               (%(p_fire_lo)b::int4[])[a.plan] AS fire_lo,
               (%(p_fire_hi)b::int4[])[a.plan] AS fire_hi,
@@ -398,15 +400,16 @@ WITH fence AS (
     ON CONFLICT (partition_id, job_id, first_nominal) DO NOTHING
     RETURNING 1
 ), fires AS (
-    SELECT ad.partition_id, ad.job_id, ad.tenant, ad.epoch,
+    SELECT ad.partition_id, ad.job_id, ad.tenant, ad.queue, ad.epoch,
            generate_series(ad.fire_lo, ad.fire_hi) AS i
     FROM advanced AS ad
 ), inserted AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
-                      fired_at, node_id, epoch)
+                      fired_at, node_id, epoch, state, queue, origin, available_at)
     SELECT r.partition_id, r.job_id, (%(f_nominal)b::timestamptz[])[r.i], r.tenant,
            (%(f_scheduled)b::timestamptz[])[r.i],
-           coalesce(%(now)s::timestamptz, statement_timestamp()), %(node_id)s, r.epoch
+           coalesce(%(now)s::timestamptz, statement_timestamp()), %(node_id)s, r.epoch,
+           'pending', r.queue, 'schedule', coalesce(%(now)s::timestamptz, statement_timestamp())
     FROM fires AS r
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
     RETURNING extract(epoch FROM (fired_at - scheduled_at))::float8 AS lag_s
@@ -444,7 +447,8 @@ SELECT (SELECT pids FROM fenced) AS fenced,
 --            plan, which is its own) to the plan's next slot;
 --   inserted one run per advanced timer, epoch from %(epochs)s (indexed by
 --            partition id + 1); the runs primary key makes a duplicate
---            impossible, and re-sending the chunk finds nothing left to advance.
+--            impossible, and re-sending the chunk finds nothing left to advance;
+--            born pending for delivery, like fire_runs' runs.
 -- Every run of the statement has the same lateness (fired_at is the
 -- statement's timestamp, or the store clock's pin %(now)s when given;
 -- scheduled_at is the instant), returned once as lag_s. The plans are a
@@ -475,13 +479,14 @@ WITH fence AS (
       AND j.schedule_key = p.schedule_key
       AND j.next_nominal_at = %(due)s
       AND j.jitter_s = 0
-    RETURNING j.partition_id, j.job_id, j.tenant
+    RETURNING j.partition_id, j.job_id, j.tenant, j.queue
 ), inserted AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
-                      fired_at, node_id, epoch)
+                      fired_at, node_id, epoch, state, queue, origin, available_at)
     SELECT ad.partition_id, ad.job_id, %(due)s, ad.tenant, %(due)s,
            coalesce(%(now)s::timestamptz, statement_timestamp()),
-           %(node_id)s, (%(epochs)s::int8[])[ad.partition_id + 1]
+           %(node_id)s, (%(epochs)s::int8[])[ad.partition_id + 1],
+           'pending', ad.queue, 'schedule', coalesce(%(now)s::timestamptz, statement_timestamp())
     FROM advanced AS ad
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
     RETURNING 1
@@ -1156,6 +1161,280 @@ SELECT count(*) AS runs,
            ORDER BY extract(epoch FROM (fired_at - scheduled_at))::float8) AS p99_s
 FROM runs
 WHERE fired_at > now() - %(window_s)s * interval '1 second';
+
+-- ---------------------------------------------------------------- delivery
+-- The run lifecycle of docs/delivery.md. Every statement here names the
+-- runs it changes by primary key and checks the state it expects, so a
+-- statement that loses a race changes nothing: the lease token (claim,
+-- heartbeat, ack, nack) or the partition owner's epoch (claim_push,
+-- settle_runs) is the fence, never SKIP LOCKED. Times are the statement's
+-- timestamp, or the store clock's pin %(now)s when given (tests).
+
+-- name: claim_runs
+-- A worker's claim: up to %(limit)s pending runs of queue %(queue)s of tenant
+-- %(tenant)s available now, oldest available first (runs_pending_idx), each
+-- leased to %(worker)s for %(lease_s)s seconds with a new random token and
+-- attempt + 1. SKIP LOCKED spreads concurrent claimers over different runs;
+-- the re-check of state in the UPDATE makes a run leased by a concurrent
+-- claim (READ COMMITTED re-evaluation) drop out. Returns the runs with what
+-- the handler needs: the job's name and the job_delivery row's payload.
+WITH picked AS (
+    SELECT r.partition_id, r.job_id, r.nominal_time
+    FROM runs AS r
+    WHERE r.tenant = %(tenant)s
+      AND r.queue = %(queue)s
+      AND r.state = 'pending'
+      AND r.queue IS NOT NULL
+      AND r.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+    ORDER BY r.available_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE runs AS r
+    SET state = 'leased',
+        attempt = r.attempt + 1,
+        lease_token = gen_random_uuid(),
+        leased_until = coalesce(%(now)s::timestamptz, statement_timestamp())
+                       + %(lease_s)s::float8 * interval '1 second',
+        worker = %(worker)s,
+        claimed_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
+        first_claimed_at = coalesce(r.first_claimed_at, coalesce(%(now)s::timestamptz, statement_timestamp())),
+        retryable = NULL
+    FROM picked AS p
+    WHERE r.partition_id = p.partition_id
+      AND r.job_id = p.job_id
+      AND r.nominal_time = p.nominal_time
+      AND r.state = 'pending'
+    RETURNING r.partition_id, r.job_id, r.nominal_time, r.tenant, r.queue, r.origin, r.scheduled_at,
+              r.attempt, r.lease_token, r.leased_until, r.claimed_at
+)
+SELECT c.*, j.name AS job_name, d.payload, d.url, d.method, d.headers, d.timeout_s
+FROM claimed AS c
+LEFT JOIN jobs AS j ON j.partition_id = c.partition_id AND j.job_id = c.job_id
+LEFT JOIN job_delivery AS d ON d.partition_id = c.partition_id AND d.job_id = c.job_id
+ORDER BY c.nominal_time, c.job_id;
+
+-- name: claim_push
+-- The partition owner's claim of pushed runs (HTTP targets): up to
+-- %(limit)s pending runs with no queue of the fenced partitions among
+-- %(pids)s, available now (runs_push_idx), leased to the node %(node_id)s
+-- until now + the job's per-attempt timeout (%(default_timeout_s)s without
+-- one) + %(margin_s)s. Fenced like fire_runs: the partitions rows locked FOR
+-- SHARE where owner and epoch (%(epochs)s[p + 1]) are still ours, so a node
+-- that lost a partition claims none of its runs.
+WITH fence AS (
+    SELECT p.partition_id
+    FROM partitions AS p
+    WHERE p.partition_id = ANY(%(pids)s::int4[])
+      AND p.owner_node = %(node_id)s
+      AND p.owner_epoch = (%(epochs)s::int8[])[p.partition_id + 1]
+    FOR SHARE OF p
+), picked AS (
+    SELECT r.partition_id, r.job_id, r.nominal_time
+    FROM runs AS r
+    WHERE r.partition_id IN (SELECT partition_id FROM fence)
+      AND r.state = 'pending'
+      AND r.queue IS NULL
+      AND r.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+    ORDER BY r.available_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE runs AS r
+    SET state = 'leased',
+        attempt = r.attempt + 1,
+        lease_token = gen_random_uuid(),
+        leased_until = coalesce(%(now)s::timestamptz, statement_timestamp())
+                       + (coalesce(d.timeout_s, %(default_timeout_s)s::float8) + %(margin_s)s::float8)
+                         * interval '1 second',
+        worker = %(node_id)s,
+        claimed_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
+        first_claimed_at = coalesce(r.first_claimed_at, coalesce(%(now)s::timestamptz, statement_timestamp())),
+        retryable = NULL
+    FROM picked AS p
+    LEFT JOIN job_delivery AS d ON d.partition_id = p.partition_id AND d.job_id = p.job_id
+    WHERE r.partition_id = p.partition_id
+      AND r.job_id = p.job_id
+      AND r.nominal_time = p.nominal_time
+      AND r.state = 'pending'
+    RETURNING r.partition_id, r.job_id, r.nominal_time, r.tenant, r.queue, r.origin, r.scheduled_at,
+              r.attempt, r.lease_token, r.leased_until, r.claimed_at
+)
+SELECT c.*, j.name AS job_name, d.payload, d.url, d.method, d.headers, d.timeout_s
+FROM claimed AS c
+LEFT JOIN jobs AS j ON j.partition_id = c.partition_id AND j.job_id = c.job_id
+LEFT JOIN job_delivery AS d ON d.partition_id = c.partition_id AND d.job_id = c.job_id
+ORDER BY c.nominal_time, c.job_id;
+
+-- name: heartbeat_runs
+-- Extend the leases of runs (pids[i], jids[i], nominals[i]) whose current
+-- token is tokens[i] and which are still leased, to now + %(lease_s)s.
+-- Answers every pair, in input order: 'leased' (extended), 'canceled' (the
+-- run was canceled while this token held it: stop working on it) or 'lost'
+-- (another token holds it, it finished, or it is unknown). The answer of a
+-- run this statement did not extend comes from the statement's snapshot.
+WITH a AS (
+    SELECT *
+    FROM unnest(%(pids)s::int4[], %(jids)s::uuid[], %(nominals)s::timestamptz[], %(tokens)s::uuid[])
+         WITH ORDINALITY AS a (pid, jid, nominal, token, i)
+), extended AS (
+    UPDATE runs AS r
+    SET leased_until = coalesce(%(now)s::timestamptz, statement_timestamp())
+                       + %(lease_s)s::float8 * interval '1 second'
+    FROM a
+    WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
+      AND r.lease_token = a.token
+      AND r.state = 'leased'
+    RETURNING r.partition_id, r.job_id, r.nominal_time
+)
+SELECT a.i,
+       CASE WHEN e.job_id IS NOT NULL THEN 'leased'
+            WHEN r.state = 'canceled' AND r.lease_token = a.token THEN 'canceled'
+            ELSE 'lost' END AS answer
+FROM a
+LEFT JOIN extended AS e ON e.partition_id = a.pid AND e.job_id = a.jid AND e.nominal_time = a.nominal
+LEFT JOIN runs AS r ON r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
+ORDER BY a.i;
+
+-- name: ack_runs
+-- Record attempts that succeeded: runs (pids[i], jids[i], nominals[i]) whose
+-- current token is tokens[i] and which are still leased become succeeded.
+-- Answers every pair in input order: 'succeeded' (now, or already by this
+-- very token: an ack re-sent after a lost reply), 'canceled' or 'lost'
+-- (refused: see heartbeat_runs).
+WITH a AS (
+    SELECT *
+    FROM unnest(%(pids)s::int4[], %(jids)s::uuid[], %(nominals)s::timestamptz[], %(tokens)s::uuid[])
+         WITH ORDINALITY AS a (pid, jid, nominal, token, i)
+), done AS (
+    UPDATE runs AS r
+    SET state = 'succeeded',
+        finished_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
+        leased_until = NULL
+    FROM a
+    WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
+      AND r.lease_token = a.token
+      AND r.state = 'leased'
+    RETURNING r.partition_id, r.job_id, r.nominal_time
+)
+SELECT a.i,
+       CASE WHEN d.job_id IS NOT NULL THEN 'succeeded'
+            WHEN r.lease_token = a.token AND r.state IN ('succeeded', 'canceled') THEN r.state
+            ELSE 'lost' END AS answer
+FROM a
+LEFT JOIN done AS d ON d.partition_id = a.pid AND d.job_id = a.jid AND d.nominal_time = a.nominal
+LEFT JOIN runs AS r ON r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
+ORDER BY a.i;
+
+-- name: nack_runs
+-- Record attempts that failed: runs (pids[i], jids[i], nominals[i]) whose
+-- current token is tokens[i] and which are still leased become failed, with
+-- retryables[i], the error errors[i] and the earliest retry now +
+-- retry_after_s[i] (NULL: no wish). The partition owner's settle_runs then
+-- decides: pending after a backoff, or dead. Answers as ack_runs
+-- ('failed', or already 'failed' by this token).
+WITH a AS (
+    SELECT *
+    FROM unnest(%(pids)s::int4[], %(jids)s::uuid[], %(nominals)s::timestamptz[], %(tokens)s::uuid[],
+                %(retryables)s::bool[], %(errors)s::text[], %(retry_after_s)s::float8[])
+         WITH ORDINALITY AS a (pid, jid, nominal, token, retryable, error, retry_after_s, i)
+), failed AS (
+    UPDATE runs AS r
+    SET state = 'failed',
+        retryable = a.retryable,
+        last_error = a.error,
+        available_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+                       + coalesce(a.retry_after_s, 0) * interval '1 second',
+        leased_until = coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM a
+    WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
+      AND r.lease_token = a.token
+      AND r.state = 'leased'
+    RETURNING r.partition_id, r.job_id, r.nominal_time
+)
+SELECT a.i,
+       CASE WHEN f.job_id IS NOT NULL THEN 'failed'
+            WHEN r.lease_token = a.token AND r.state IN ('failed', 'canceled') THEN r.state
+            ELSE 'lost' END AS answer
+FROM a
+LEFT JOIN failed AS f ON f.partition_id = a.pid AND f.job_id = a.jid AND f.nominal_time = a.nominal
+LEFT JOIN runs AS r ON r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
+ORDER BY a.i;
+
+-- name: settle_runs
+-- The partition owner's settle step, fenced like fire_runs (the partitions
+-- rows locked FOR SHARE where owner %(node_id)s and epoch %(epochs)s[p + 1]
+-- are still ours): up to %(limit)s runs of the fenced partitions among
+-- %(pids)s that are leased with an expired lease, or failed
+-- (runs_inflight_idx, oldest first), each moved
+--   to dead      when the failure is not retryable, its attempts reached the
+--                job's max_attempts, or its retry would start later than
+--                max_age_s after its first claim;
+--   to pending   otherwise, available after a backoff with full jitter:
+--                random() × min(cap, base × 2^(attempt − 1)) seconds, and
+--                never before the failure's own wish (available_at of a
+--                failed run: Retry-After, a nack's retry_after_s).
+-- The job's policy comes from its job_delivery row, else the defaults
+-- %(max_attempts)s, %(backoff_base_s)s, %(backoff_cap_s)s. An expired lease
+-- leaves last_error 'lease expired'. Returns one row per settled run: its
+-- new state, attempt and whether its lease had expired (for metrics).
+WITH fence AS (
+    SELECT p.partition_id
+    FROM partitions AS p
+    WHERE p.partition_id = ANY(%(pids)s::int4[])
+      AND p.owner_node = %(node_id)s
+      AND p.owner_epoch = (%(epochs)s::int8[])[p.partition_id + 1]
+    FOR SHARE OF p
+), due AS (
+    SELECT r.partition_id, r.job_id, r.nominal_time, r.state AS was, r.attempt, r.lease_token,
+           r.first_claimed_at, r.retryable,
+           CASE WHEN r.state = 'failed' THEN r.available_at END AS wish,
+           coalesce(d.max_attempts, %(max_attempts)s) AS max_attempts,
+           d.max_age_s,
+           random() * least(coalesce(d.backoff_cap_s, %(backoff_cap_s)s::float8),
+                            coalesce(d.backoff_base_s, %(backoff_base_s)s::float8)
+                            * power(2::float8, greatest(r.attempt - 1, 0))) AS backoff_s
+    FROM runs AS r
+    LEFT JOIN job_delivery AS d ON d.partition_id = r.partition_id AND d.job_id = r.job_id
+    WHERE r.partition_id IN (SELECT partition_id FROM fence)
+      AND r.state IN ('leased', 'failed')
+      AND r.leased_until <= coalesce(%(now)s::timestamptz, statement_timestamp())
+    ORDER BY r.leased_until
+    LIMIT %(limit)s
+), decided AS (
+    SELECT due.*,
+           greatest(coalesce(due.wish, '-infinity'::timestamptz),
+                    coalesce(%(now)s::timestamptz, statement_timestamp())
+                    + due.backoff_s * interval '1 second') AS retry_at
+    FROM due
+), settled AS (
+    UPDATE runs AS r
+    SET state = CASE WHEN dd.retryable IS FALSE
+                       OR dd.attempt >= dd.max_attempts
+                       OR (dd.max_age_s IS NOT NULL
+                           AND dd.retry_at > coalesce(dd.first_claimed_at, dd.retry_at)
+                                             + dd.max_age_s * interval '1 second')
+                     THEN 'dead' ELSE 'pending' END,
+        available_at = dd.retry_at,
+        leased_until = NULL,
+        finished_at = CASE WHEN dd.retryable IS FALSE
+                             OR dd.attempt >= dd.max_attempts
+                             OR (dd.max_age_s IS NOT NULL
+                                 AND dd.retry_at > coalesce(dd.first_claimed_at, dd.retry_at)
+                                                   + dd.max_age_s * interval '1 second')
+                           THEN coalesce(%(now)s::timestamptz, statement_timestamp()) END,
+        last_error = CASE WHEN dd.was = 'leased' THEN 'lease expired' ELSE r.last_error END,
+        retryable = NULL
+    FROM decided AS dd
+    WHERE r.partition_id = dd.partition_id
+      AND r.job_id = dd.job_id
+      AND r.nominal_time = dd.nominal_time
+      AND r.state = dd.was
+      AND r.lease_token IS NOT DISTINCT FROM dd.lease_token
+      AND r.leased_until <= coalesce(%(now)s::timestamptz, statement_timestamp())
+    RETURNING r.partition_id, r.job_id, r.nominal_time, r.state, r.attempt, dd.was
+)
+SELECT * FROM settled;
 
 -- ---------------------------------------------------------------- retention
 

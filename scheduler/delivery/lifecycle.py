@@ -1,0 +1,381 @@
+"""The run lifecycle: claim, heartbeat, ack, nack, and the partition owner's settle step.
+
+States and transitions are docs/delivery.md's::
+
+    pending ─claim─▶ leased ─ack─▶ succeeded
+                       │ └─nack─▶ failed ─settle─▶ pending (backoff) | dead
+                       └─lease expired─settle─▶ pending (backoff) | dead
+
+Two fences, never ``SKIP LOCKED`` (which only spreads claimers):
+
+* the **lease token** of an attempt, drawn by each claim: :func:`heartbeat`,
+  :func:`ack` and :func:`nack` change a run only while it is leased with the
+  token presented, and answer ``"lost"`` otherwise (a worker that paused
+  past its lease cannot ack a run another worker now holds);
+* the **partition owner's epoch**: :func:`claim_push` and :func:`settle` lock
+  the partitions rows ``FOR SHARE`` where owner and epoch are still the
+  caller's, as the firing statement does, so a node that lost a partition
+  changes none of its runs.
+
+Every function takes a connection, runs one transaction (retried whole on
+40001/40P01 by :func:`scheduler.store.run_transaction`; each statement is
+safe to repeat: a retry finds the work done, or answers it from the same
+token) and raises what the store raises. Batches are lists: a worker acks
+hundreds of runs in one statement (a transaction per ack would not reach
+12,000 runs/s on two cores). ``now`` (aware) is the store clock's pin in
+tests; production passes None (the statement's timestamp).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from scheduler import store
+from scheduler.errors import ValidationError
+from scheduler.firing.batch import epochs_literal
+from scheduler.partition import partition_of
+
+DEFAULT_LEASE_S = 30.0
+"""Lease of a worker's attempt unless it asks for another (seconds); heartbeats extend it."""
+
+MAX_LEASE_S = 3600.0
+"""Longest lease a claim or heartbeat may ask for (seconds)."""
+
+MAX_BATCH = 1000
+"""Most runs one claim, heartbeat, ack or nack call handles."""
+
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_BACKOFF_BASE_S = 1.0
+DEFAULT_BACKOFF_CAP_S = 300.0
+"""Retry policy of a job without a ``job_delivery`` row (docs/delivery.md, "Retry policy")."""
+
+DEFAULT_PUSH_TIMEOUT_S = 10.0
+"""Per-attempt deadline of a push to a job that names none (seconds)."""
+
+PUSH_LEASE_MARGIN_S = 5.0
+"""A pushed attempt's lease outlasts its deadline by this much (seconds): the
+node records the outcome before the lease can expire under it."""
+
+MAX_ERROR_LEN = 2000
+"""Longest ``last_error`` kept (characters); longer errors are cut."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class RunKey:
+    """A run's primary key: (partition, job, nominal time). Its text form is the run id."""
+
+    partition_id: int
+    job_id: uuid.UUID
+    nominal_time: datetime
+
+    @property
+    def run_id(self) -> str:
+        """``<job_id>.<nominal time in integer Unix microseconds>``: stable, never re-rolled."""
+        delta = self.nominal_time - _EPOCH
+        micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+        return f"{self.job_id}.{micros}"
+
+    @classmethod
+    def of(cls, job_id: uuid.UUID, nominal_time: datetime) -> RunKey:
+        """The key of job ``job_id``'s run at ``nominal_time`` (aware)."""
+        return cls(partition_of(job_id), job_id, nominal_time)
+
+    @classmethod
+    def parse(cls, text: str, field: str = "run_id") -> RunKey:
+        """The key a run id names; raises ValidationError naming ``field`` if malformed."""
+        rule = "must be <job id>.<nominal time in Unix microseconds> (as listed by `scheduler runs list`)"
+        if not isinstance(text, str) or len(text) > 80:
+            raise ValidationError(field, rule, text)
+        job, _, micros = text.partition(".")
+        if not (micros.isascii() and micros.isdigit()) or len(micros) > 17:
+            raise ValidationError(field, rule, text)
+        try:
+            job_id = uuid.UUID(job)
+        except ValueError:
+            raise ValidationError(field, rule, text) from None
+        try:
+            nominal = _EPOCH + timedelta(microseconds=int(micros))
+        except OverflowError:
+            raise ValidationError(field, rule, text) from None
+        return cls.of(job_id, nominal)
+
+
+@dataclasses.dataclass(frozen=True)
+class Claimed:
+    """One attempt handed over: the run, its lease, and what the attempt delivers.
+
+    ``payload`` is the job's decoded JSON (None without one); ``url``,
+    ``method``, ``headers`` (name → value) and ``timeout_s`` are the job's
+    HTTP target (None for queue runs). Times are aware datetimes.
+    """
+
+    key: RunKey
+    tenant: str
+    queue: str | None
+    job_name: str | None
+    origin: str | None
+    scheduled_at: datetime
+    attempt: int
+    token: uuid.UUID
+    leased_until: datetime
+    claimed_at: datetime
+    payload: Any = None
+    url: str | None = None
+    method: str | None = None
+    headers: dict[str, str] | None = None
+    timeout_s: float | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.key.run_id
+
+    @property
+    def job_id(self) -> uuid.UUID:
+        return self.key.job_id
+
+    @property
+    def nominal_time(self) -> datetime:
+        return self.key.nominal_time
+
+
+@dataclasses.dataclass(frozen=True)
+class Nack:
+    """A failed attempt: ``retryable`` False sends the run to dead; ``retry_after_s``
+    (seconds, ≥ 0) is the earliest the retry may start (e.g. an HTTP ``Retry-After``)."""
+
+    run_id: str
+    token: uuid.UUID
+    error: str | None = None
+    retryable: bool = True
+    retry_after_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SettleResult:
+    """What one :func:`settle` call did: leases found expired, runs sent back to
+    pending (``retried``), runs marked dead; ``runs``: (key, new state, attempt, was)."""
+
+    expired: int = 0
+    retried: int = 0
+    dead: int = 0
+    runs: tuple[tuple[RunKey, str, int, str], ...] = ()
+
+
+def _check_lease(lease_s: float) -> float:
+    if not isinstance(lease_s, (int, float)) or not 0 < lease_s <= MAX_LEASE_S:
+        raise ValidationError("lease_s", f"must be a number of seconds > 0 and <= {MAX_LEASE_S:g}", lease_s)
+    return float(lease_s)
+
+
+def _check_limit(limit: int) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_BATCH:
+        raise ValidationError("limit", f"must be a whole number from 1 to {MAX_BATCH}", limit)
+    return limit
+
+
+def _claimed(row: dict[str, Any]) -> Claimed:
+    headers = row.get("headers")
+    if isinstance(headers, list):  # stored as [[name, value], ...]
+        headers = {str(name): str(value) for name, value in headers}
+    return Claimed(
+        key=RunKey(row["partition_id"], row["job_id"], row["nominal_time"]),
+        tenant=row["tenant"],
+        queue=row["queue"],
+        job_name=row["job_name"],
+        origin=row["origin"],
+        scheduled_at=row["scheduled_at"],
+        attempt=row["attempt"],
+        token=row["lease_token"],
+        leased_until=row["leased_until"],
+        claimed_at=row["claimed_at"],
+        payload=row["payload"],
+        url=row["url"],
+        method=row["method"],
+        headers=headers,
+        timeout_s=row["timeout_s"],
+    )
+
+
+def claim(
+    conn: psycopg.Connection,
+    *,
+    tenant: str,
+    queue: str,
+    worker: str,
+    limit: int,
+    lease_s: float = DEFAULT_LEASE_S,
+    now: datetime | None = None,
+) -> list[Claimed]:
+    """Lease up to ``limit`` (1..:data:`MAX_BATCH`) pending runs of ``tenant``'s
+    ``queue`` available now, oldest available first, to ``worker`` for
+    ``lease_s`` seconds (``claim_runs`` in sql/queries.sql). Each gets
+    attempt + 1 and a new token. Returns them ordered by (nominal time, job
+    id); ``[]`` when none is available. Raises ValidationError for a bad
+    ``limit``/``lease_s``."""
+    params = {
+        "tenant": tenant,
+        "queue": queue,
+        "worker": worker,
+        "limit": _check_limit(limit),
+        "lease_s": _check_lease(lease_s),
+        "now": now,
+    }
+    rows = store.run_transaction(conn, lambda c: store.execute(c, "claim_runs", params))
+    return [_claimed(row) for row in rows]
+
+
+def claim_push(
+    conn: psycopg.Connection,
+    *,
+    node_id: str,
+    epochs: dict[int, int],
+    limit: int,
+    now: datetime | None = None,
+) -> list[Claimed]:
+    """Lease up to ``limit`` pending pushed runs (HTTP targets) of the partitions
+    in ``epochs`` (partition id → the fencing epoch this node holds) to the node
+    (``claim_push``): fenced, so partitions whose epoch moved yield none. The
+    lease lasts the job's timeout plus :data:`PUSH_LEASE_MARGIN_S`. ``[]``
+    when ``epochs`` is empty or nothing is due."""
+    if not epochs:
+        return []
+    params = {
+        "node_id": node_id,
+        "pids": sorted(epochs),
+        "epochs": epochs_literal(epochs),
+        "limit": _check_limit(limit),
+        "default_timeout_s": DEFAULT_PUSH_TIMEOUT_S,
+        "margin_s": PUSH_LEASE_MARGIN_S,
+        "now": now,
+    }
+    rows = store.run_transaction(conn, lambda c: store.execute(c, "claim_push", params))
+    return [_claimed(row) for row in rows]
+
+
+def _key_arrays(pairs: Sequence[tuple[str | RunKey, uuid.UUID]]) -> dict[str, list[Any]]:
+    keys = [p if isinstance(p, RunKey) else RunKey.parse(p) for p, _ in pairs]
+    return {
+        "pids": [k.partition_id for k in keys],
+        "jids": [k.job_id for k in keys],
+        "nominals": [k.nominal_time for k in keys],
+        "tokens": [token if isinstance(token, uuid.UUID) else _token(token) for _, token in pairs],
+    }
+
+
+def _token(value: Any) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise ValidationError("token", "must be the lease token (a UUID) the claim returned", value) from None
+
+
+def _answers(
+    conn: psycopg.Connection, name: str, pairs: Sequence[tuple[str | RunKey, Any]], params: dict[str, Any]
+) -> dict[str, str]:
+    if not pairs:
+        return {}
+    if len(pairs) > MAX_BATCH:
+        raise ValidationError("runs", f"at most {MAX_BATCH} runs per call", len(pairs))
+    arrays = _key_arrays(pairs)
+    ids = [p.run_id if isinstance(p, RunKey) else RunKey.parse(p).run_id for p, _ in pairs]
+    rows = store.run_transaction(conn, lambda c: store.execute(c, name, {**arrays, **params}))
+    return {ids[row["i"] - 1]: row["answer"] for row in rows}
+
+
+def heartbeat(
+    conn: psycopg.Connection,
+    leases: Sequence[tuple[str | RunKey, uuid.UUID]],
+    lease_s: float = DEFAULT_LEASE_S,
+    *,
+    now: datetime | None = None,
+) -> dict[str, str]:
+    """Extend the leases of ``(run id or key, token)`` pairs to now + ``lease_s``.
+
+    Returns run id → ``"leased"`` (extended), ``"canceled"`` (the run was
+    canceled, e.g. by the overlap policy ``replace``: stop working on it) or
+    ``"lost"`` (the token is stale, the run finished, or it does not exist).
+    Raises ValidationError for a malformed run id or token, or more than
+    :data:`MAX_BATCH` pairs.
+    """
+    return _answers(conn, "heartbeat_runs", leases, {"lease_s": _check_lease(lease_s), "now": now})
+
+
+def ack(
+    conn: psycopg.Connection, leases: Sequence[tuple[str | RunKey, uuid.UUID]], *, now: datetime | None = None
+) -> dict[str, str]:
+    """Record the attempts of ``(run id or key, token)`` pairs as succeeded.
+
+    Returns run id → ``"succeeded"`` (also for an ack re-sent with the
+    token that already succeeded), or ``"canceled"`` / ``"lost"``: refused,
+    nothing changed (see :func:`heartbeat`). Raises as :func:`heartbeat`.
+    """
+    return _answers(conn, "ack_runs", leases, {"now": now})
+
+
+def nack(conn: psycopg.Connection, fails: Sequence[Nack], *, now: datetime | None = None) -> dict[str, str]:
+    """Record failed attempts; the partition owner's :func:`settle` then retries
+    them after a backoff or marks them dead (within about a second).
+
+    Returns run id → ``"failed"`` or ``"canceled"`` / ``"lost"`` (refused).
+    ``error`` is kept as ``last_error`` (cut to :data:`MAX_ERROR_LEN`
+    characters). Raises ValidationError for a negative or non-finite
+    ``retry_after_s`` and as :func:`heartbeat`.
+    """
+    for fail in fails:
+        if fail.retry_after_s is not None and not (
+            isinstance(fail.retry_after_s, (int, float)) and 0 <= fail.retry_after_s <= 86_400 * 30
+        ):
+            raise ValidationError("retry_after_s", "must be a number of seconds from 0 to 30 days", fail.retry_after_s)
+    params = {
+        "retryables": [f.retryable for f in fails],
+        "errors": [None if f.error is None else f.error[:MAX_ERROR_LEN] for f in fails],
+        "retry_after_s": [f.retry_after_s for f in fails],
+        "now": now,
+    }
+    return _answers(conn, "nack_runs", [(f.run_id, f.token) for f in fails], params)
+
+
+def settle(
+    conn: psycopg.Connection,
+    *,
+    node_id: str,
+    epochs: dict[int, int],
+    limit: int = MAX_BATCH,
+    now: datetime | None = None,
+) -> SettleResult:
+    """The partition owner's step (``settle_runs``): expired leases and failed
+    attempts of the partitions in ``epochs`` (partition id → epoch held),
+    oldest first, at most ``limit``, go back to pending after a backoff with
+    full jitter, or to dead (docs/delivery.md, "Retry policy"). Fenced: a
+    partition whose epoch moved is left alone. Call it until it returns
+    fewer than ``limit`` runs to drain a backlog."""
+    if not epochs:
+        return SettleResult()
+    params = {
+        "node_id": node_id,
+        "pids": sorted(epochs),
+        "epochs": epochs_literal(epochs),
+        "limit": _check_limit(limit),
+        "max_attempts": DEFAULT_MAX_ATTEMPTS,
+        "backoff_base_s": DEFAULT_BACKOFF_BASE_S,
+        "backoff_cap_s": DEFAULT_BACKOFF_CAP_S,
+        "now": now,
+    }
+    rows = store.run_transaction(conn, lambda c: store.execute(c, "settle_runs", params))
+    runs = tuple(
+        (RunKey(r["partition_id"], r["job_id"], r["nominal_time"]), r["state"], r["attempt"], r["was"]) for r in rows
+    )
+    return SettleResult(
+        expired=sum(1 for r in runs if r[3] == "leased"),
+        retried=sum(1 for r in runs if r[1] == "pending"),
+        dead=sum(1 for r in runs if r[1] == "dead"),
+        runs=runs,
+    )

@@ -1,0 +1,269 @@
+"""The run lifecycle against a real store (scheduler/delivery/lifecycle.py, docs/delivery.md).
+
+Runs are fired by the real firing path where the firing matters (a run is
+born with its delivery state), else written as pending rows of a real job.
+Every step passes a pinned store time (``now``), so leases, backoffs and
+expiries have exact values.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from helpers import OneNode
+
+from scheduler import jobs
+from scheduler.delivery import lifecycle
+from scheduler.delivery.lifecycle import Nack, RunKey
+from scheduler.errors import ValidationError
+from scheduler.spec import JobSpec
+
+T0 = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
+S = timedelta(seconds=1)
+
+
+@pytest.fixture
+def node(pg_dsn: str):
+    n = OneNode(pg_dsn)
+    yield n
+    n.close()
+
+
+def add_job(conn: psycopg.Connection, tenant: str = "acme", name: str | None = None) -> uuid.UUID:
+    return jobs.add_job(conn, JobSpec.build(tenant=tenant, name=name, interval_s=3600)).job_id
+
+
+def pending_run(
+    conn: psycopg.Connection, job_id: uuid.UUID, nominal: datetime, queue: str | None = "default"
+) -> RunKey:
+    """A run of ``job_id`` at ``nominal`` as the firing statement writes it (pending since ``nominal``)."""
+    key = RunKey.of(job_id, nominal)
+    tenant = conn.execute("SELECT tenant FROM jobs WHERE job_id = %s", (job_id,)).fetchone()["tenant"]
+    conn.execute(
+        """
+        INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch,
+                          state, queue, origin, available_at)
+        VALUES (%s, %s, %s, %s, %s, %s, 't1', 1, 'pending', %s, 'schedule', %s)
+        """,
+        (key.partition_id, job_id, nominal, tenant, nominal, nominal, queue, nominal),
+    )
+    return key
+
+
+def run_row(conn: psycopg.Connection, key: RunKey) -> dict:
+    return conn.execute(
+        "SELECT * FROM runs WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
+        (key.partition_id, key.job_id, key.nominal_time),
+    ).fetchone()
+
+
+def test_a_fired_run_is_born_pending_in_its_jobs_queue(conn, node) -> None:
+    job_id = add_job(conn)
+    conn.execute(
+        "UPDATE jobs SET next_nominal_at = anchor_at - interval '1 hour', next_due_at = anchor_at - interval '1 hour'"
+        " WHERE job_id = %s",
+        (job_id,),
+    )
+    node.firer.tick()
+    runs = conn.execute("SELECT * FROM runs WHERE job_id = %s ORDER BY nominal_time", (job_id,)).fetchall()
+    assert len(runs) == 2  # the slots an hour before the anchor and at it
+    for run in runs:
+        assert (run["state"], run["queue"], run["origin"], run["attempt"]) == ("pending", "default", "schedule", 0)
+        assert run["available_at"] == run["fired_at"]
+        assert run["lease_token"] is None and run["leased_until"] is None
+
+
+def test_claim_leases_each_run_once_and_ack_needs_its_token(conn) -> None:
+    job_id = add_job(conn)
+    first = pending_run(conn, job_id, T0)
+    second = pending_run(conn, job_id, T0 + S)
+    pending_run(conn, job_id, T0 + 10 * S)  # not available yet at T0 + 1 s
+    claimed = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=10, lease_s=30, now=T0 + S)
+    assert [c.key for c in claimed] == [first, second]
+    assert [c.attempt for c in claimed] == [1, 1]
+    assert all(c.leased_until == T0 + 31 * S for c in claimed)
+    assert lifecycle.claim(conn, tenant="acme", queue="default", worker="w2", limit=10, now=T0 + S) == []
+    assert lifecycle.claim(conn, tenant="other", queue="default", worker="w2", limit=10, now=T0 + 20 * S) == []
+    stranger = uuid.uuid4()
+    answers = lifecycle.ack(conn, [(first.run_id, claimed[0].token), (second.run_id, stranger)], now=T0 + 2 * S)
+    assert answers == {first.run_id: "succeeded", second.run_id: "lost"}
+    row = run_row(conn, first)
+    assert (row["state"], row["finished_at"], row["worker"]) == ("succeeded", T0 + 2 * S, "w1")
+    assert run_row(conn, second)["state"] == "leased"
+    # An ack re-sent with the token that succeeded answers the same, and changes nothing.
+    assert lifecycle.ack(conn, [(first.run_id, claimed[0].token)], now=T0 + 3 * S) == {first.run_id: "succeeded"}
+    assert run_row(conn, first)["finished_at"] == T0 + 2 * S
+
+
+def test_a_stale_token_is_refused_after_the_lease_expired_and_another_worker_claimed(conn, node) -> None:
+    job_id = add_job(conn)
+    key = pending_run(conn, job_id, T0)
+    (first,) = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=1, lease_s=5, now=T0)
+    epochs = {key.partition_id: node.epoch(key.partition_id)}
+    assert lifecycle.settle(conn, node_id="t1", epochs=epochs, now=T0 + 4 * S).runs == ()  # lease still valid
+    result = lifecycle.settle(conn, node_id="t1", epochs=epochs, now=T0 + 5 * S)
+    assert (result.expired, result.retried, result.dead) == (1, 1, 0)
+    row = run_row(conn, key)
+    assert (row["state"], row["attempt"], row["last_error"]) == ("pending", 1, "lease expired")
+    # Backoff after attempt 1: uniform in [0, 1 s].
+    assert T0 + 5 * S <= row["available_at"] <= T0 + 6 * S
+    (second,) = lifecycle.claim(conn, tenant="acme", queue="default", worker="w2", limit=1, now=T0 + 7 * S)
+    assert second.attempt == 2 and second.token != first.token
+    assert lifecycle.heartbeat(conn, [(key.run_id, first.token)], now=T0 + 7 * S) == {key.run_id: "lost"}
+    assert lifecycle.ack(conn, [(key.run_id, first.token)], now=T0 + 8 * S) == {key.run_id: "lost"}
+    assert lifecycle.nack(conn, [Nack(key.run_id, first.token, "late")], now=T0 + 8 * S) == {key.run_id: "lost"}
+    assert run_row(conn, key)["state"] == "leased"
+    assert lifecycle.ack(conn, [(key.run_id, second.token)], now=T0 + 9 * S) == {key.run_id: "succeeded"}
+    row = run_row(conn, key)
+    assert (row["state"], row["attempt"], row["worker"], row["first_claimed_at"]) == ("succeeded", 2, "w2", T0)
+
+
+def test_heartbeat_extends_the_lease_so_settle_leaves_it(conn, node) -> None:
+    job_id = add_job(conn)
+    key = pending_run(conn, job_id, T0)
+    (claimed,) = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=1, lease_s=5, now=T0)
+    assert lifecycle.heartbeat(conn, [(key, claimed.token)], lease_s=5, now=T0 + 4 * S) == {key.run_id: "leased"}
+    assert run_row(conn, key)["leased_until"] == T0 + 9 * S
+    epochs = {key.partition_id: node.epoch(key.partition_id)}
+    assert lifecycle.settle(conn, node_id="t1", epochs=epochs, now=T0 + 8 * S).runs == ()
+    conn.execute(
+        "UPDATE runs SET state = 'canceled' WHERE job_id = %s AND nominal_time = %s", (job_id, key.nominal_time)
+    )
+    assert lifecycle.heartbeat(conn, [(key, claimed.token)], now=T0 + 8 * S) == {key.run_id: "canceled"}
+    assert lifecycle.ack(conn, [(key, claimed.token)], now=T0 + 8 * S) == {key.run_id: "canceled"}
+    assert run_row(conn, key)["state"] == "canceled"
+
+
+def test_nack_then_settle_retries_with_backoff_until_max_attempts_then_dead(conn, node) -> None:
+    job_id = add_job(conn)
+    key = pending_run(conn, job_id, T0)
+    epochs = {key.partition_id: node.epoch(key.partition_id)}
+    now = T0
+    for attempt in range(1, lifecycle.DEFAULT_MAX_ATTEMPTS + 1):
+        (claimed,) = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=1, now=now)
+        assert claimed.attempt == attempt
+        answer = lifecycle.nack(conn, [Nack(key.run_id, claimed.token, f"boom {attempt}")], now=now + S)
+        assert answer == {key.run_id: "failed"}
+        assert run_row(conn, key)["state"] == "failed"
+        result = lifecycle.settle(conn, node_id="t1", epochs=epochs, now=now + S)
+        row = run_row(conn, key)
+        assert row["last_error"] == f"boom {attempt}"
+        if attempt < lifecycle.DEFAULT_MAX_ATTEMPTS:
+            assert (result.retried, result.dead, row["state"]) == (1, 0, "pending")
+            bound = min(lifecycle.DEFAULT_BACKOFF_CAP_S, lifecycle.DEFAULT_BACKOFF_BASE_S * 2 ** (attempt - 1))
+            assert now + S <= row["available_at"] <= now + S + timedelta(seconds=bound)
+            now = row["available_at"]
+        else:
+            assert (result.retried, result.dead, row["state"]) == (0, 1, "dead")
+            assert row["finished_at"] == now + S
+    assert lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=1, now=now + 3600 * S) == []
+
+
+def test_a_not_retryable_failure_is_dead_at_once_and_retry_after_is_honoured(conn, node) -> None:
+    job_id = add_job(conn)
+    fatal = pending_run(conn, job_id, T0)
+    later = pending_run(conn, job_id, T0 + S)
+    epochs = {fatal.partition_id: node.epoch(fatal.partition_id)}
+    a, b = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=2, now=T0 + S)
+    lifecycle.nack(
+        conn,
+        [Nack(fatal.run_id, a.token, "404", retryable=False), Nack(later.run_id, b.token, "429", retry_after_s=120)],
+        now=T0 + 2 * S,
+    )
+    lifecycle.settle(conn, node_id="t1", epochs=epochs, now=T0 + 2 * S)
+    assert (run_row(conn, fatal)["state"], run_row(conn, fatal)["attempt"]) == ("dead", 1)
+    row = run_row(conn, later)
+    assert row["state"] == "pending"
+    assert row["available_at"] == T0 + 122 * S  # the wish (Retry-After) outweighs a backoff of at most 1 s
+
+
+def test_max_age_ends_retries_counted_from_the_first_claim(conn, node) -> None:
+    job_id = add_job(conn)
+    key = pending_run(conn, job_id, T0)
+    conn.execute(
+        "INSERT INTO job_delivery (partition_id, job_id, max_attempts, backoff_base_s, backoff_cap_s, max_age_s)"
+        " VALUES (%s, %s, 100, 1, 1, 60)",
+        (key.partition_id, job_id),
+    )
+    epochs = {key.partition_id: node.epoch(key.partition_id)}
+    (claimed,) = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=1, now=T0)
+    lifecycle.nack(conn, [Nack(key.run_id, claimed.token, "x")], now=T0 + 30 * S)
+    assert lifecycle.settle(conn, node_id="t1", epochs=epochs, now=T0 + 30 * S).retried == 1
+    (claimed,) = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=1, now=T0 + 40 * S)
+    lifecycle.nack(conn, [Nack(key.run_id, claimed.token, "x")], now=T0 + 60 * S)
+    assert lifecycle.settle(conn, node_id="t1", epochs=epochs, now=T0 + 60 * S).dead == 1
+    assert run_row(conn, key)["state"] == "dead"
+
+
+def test_settle_and_claim_push_are_fenced_by_the_owners_epoch(conn, node) -> None:
+    job_id = add_job(conn)
+    expired = pending_run(conn, job_id, T0)
+    pushed = pending_run(conn, job_id, T0 + S, queue=None)
+    lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=1, lease_s=1, now=T0)
+    stale = {expired.partition_id: node.epoch(expired.partition_id) - 1}
+    assert lifecycle.settle(conn, node_id="t1", epochs=stale, now=T0 + 60 * S).runs == ()
+    assert lifecycle.claim_push(conn, node_id="t1", epochs=stale, limit=10, now=T0 + 60 * S) == []
+    assert (
+        lifecycle.claim_push(
+            conn,
+            node_id="t2",
+            epochs={expired.partition_id: stale[expired.partition_id] + 1},
+            limit=10,
+            now=T0 + 60 * S,
+        )
+        == []
+    )
+    assert run_row(conn, expired)["state"] == "leased"
+    assert run_row(conn, pushed)["state"] == "pending"
+    good = {expired.partition_id: node.epoch(expired.partition_id)}
+    (push,) = lifecycle.claim_push(conn, node_id="t1", epochs=good, limit=10, now=T0 + 60 * S)
+    assert (push.key, push.attempt, push.queue) == (pushed, 1, None)
+    assert push.leased_until == T0 + 60 * S + timedelta(
+        seconds=lifecycle.DEFAULT_PUSH_TIMEOUT_S + lifecycle.PUSH_LEASE_MARGIN_S
+    )
+    assert lifecycle.settle(conn, node_id="t1", epochs=good, now=T0 + 60 * S).expired == 1
+
+
+def test_the_claim_returns_the_jobs_name_and_payload(conn) -> None:
+    job_id = add_job(conn, name="nightly")
+    key = pending_run(conn, job_id, T0)
+    conn.execute(
+        "INSERT INTO job_delivery (partition_id, job_id, payload, max_attempts, backoff_base_s, backoff_cap_s)"
+        " VALUES (%s, %s, %s, 3, 1, 60)",
+        (key.partition_id, job_id, psycopg.types.json.Jsonb({"report": "daily", "n": [1, 2]})),
+    )
+    (claimed,) = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=5, now=T0)
+    assert (claimed.job_name, claimed.payload, claimed.run_id) == (
+        "nightly",
+        {"report": "daily", "n": [1, 2]},
+        key.run_id,
+    )
+    assert (claimed.tenant, claimed.queue, claimed.origin, claimed.scheduled_at) == ("acme", "default", "schedule", T0)
+
+
+def test_run_ids_round_trip_and_malformed_ones_name_the_field() -> None:
+    job_id = uuid.UUID("6c9f0f0e-8d3b-4f7e-9a43-1f0b0c1d2e3f")
+    key = RunKey.of(job_id, datetime(2026, 1, 1, tzinfo=UTC))
+    assert key.run_id == "6c9f0f0e-8d3b-4f7e-9a43-1f0b0c1d2e3f.1767225600000000"
+    assert RunKey.parse(key.run_id) == key
+    for bad in ("", "x.1", f"{job_id}", f"{job_id}.-5", f"{job_id}.1e3", f"{job_id}.９", f"{job_id}." + "9" * 30):
+        with pytest.raises(ValidationError, match=r"^run_id: must be <job id>\.<nominal time"):
+            RunKey.parse(bad)
+
+
+def test_batches_and_leases_out_of_bounds_are_refused(conn) -> None:
+    for kwargs, field in (
+        ({"limit": 0}, "limit"),
+        ({"limit": 1001}, "limit"),
+        ({"lease_s": 0}, "lease_s"),
+        ({"lease_s": float("nan")}, "lease_s"),
+        ({"limit": True}, "limit"),
+    ):
+        args = {"tenant": "acme", "queue": "default", "worker": "w", "limit": 1, **kwargs}
+        with pytest.raises(ValidationError, match=f"^{field}: "):
+            lifecycle.claim(conn, **args)
+    with pytest.raises(ValidationError, match="^token: "):
+        lifecycle.ack(conn, [(RunKey.of(uuid.uuid4(), T0).run_id, "not-a-token")])
