@@ -464,7 +464,6 @@ def tenants_list(dsn: str, as_json: bool) -> None:
         _table(rows, ["tenant", "weight", "max_rate", "jobs", "created_at"])
 
 
-
 @tenants.group("secret", cls=OneLineErrors)
 def tenants_secret() -> None:
     """Signing secrets of the tenant's pushed requests (header Scheduler-Signature)."""

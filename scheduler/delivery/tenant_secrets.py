@@ -65,7 +65,9 @@ def _require_tenant(conn: psycopg.Connection, tenant: str, lock: bool = False) -
         raise NotFoundError(f"tenant: no tenant {clip(tenant)}")
 
 
-def _insert(conn: psycopg.Connection, tenant: str, secret: str, now: datetime | None, only_if_none: bool) -> dict | None:
+def _insert(
+    conn: psycopg.Connection, tenant: str, secret: str, now: datetime | None, only_if_none: bool
+) -> dict | None:
     """Insert ``secret`` as the tenant's next id; the row (id, created_at) or None (only_if_none and one exists).
 
     A concurrent insert of the same id (ON CONFLICT DO NOTHING returns no
@@ -120,7 +122,9 @@ def list_secrets(conn: psycopg.Connection, tenant: str, now: datetime | None = N
     return store.run_transaction(conn, body)
 
 
-def valid_secrets(conn: psycopg.Connection, tenants: Iterable[str], now: datetime | None = None) -> dict[str, list[str]]:
+def valid_secrets(
+    conn: psycopg.Connection, tenants: Iterable[str], now: datetime | None = None
+) -> dict[str, list[str]]:
     """``{tenant: [secret, ...]}`` of the secrets valid at ``now`` (None: store now), newest first.
 
     Tenants without a valid secret are absent. Runs in the caller's
@@ -132,7 +136,9 @@ def valid_secrets(conn: psycopg.Connection, tenants: Iterable[str], now: datetim
     return out
 
 
-def signing_secrets(conn: psycopg.Connection, tenants: Iterable[str], now: datetime | None = None) -> dict[str, list[str]]:
+def signing_secrets(
+    conn: psycopg.Connection, tenants: Iterable[str], now: datetime | None = None
+) -> dict[str, list[str]]:
     """The push loop's read: :func:`valid_secrets` of ``tenants``, creating a first secret for
     each tenant that has none valid (see the module doc). Every tenant given is in the answer.
 
