@@ -18,7 +18,11 @@ pieces complete a production node:
 * the retention loop (:class:`scheduler.retention.RetentionLoop`,
   ``retention_s`` set): one bounded DELETE batch at most every
   ``retention_batch_interval_s`` over the partitions this node holds, on a
-  third thread with its own connection, so it never stalls firing.
+  third thread with its own connection, so it never stalls firing;
+* the push loop (:class:`scheduler.delivery.push.PushLoop`): delivers the
+  runs of HTTP targets of the partitions this node may fire, on its own
+  thread, connection and asyncio loop (docs/delivery.md, "Push"); at stop
+  it sends nothing new and records its outcomes before the leases go.
 
 Graceful stop (SIGTERM/SIGINT, docs/design.md §6): ``/readyz`` turns 503, the
 firing loop finishes its tick and exits, then the lease loop releases every
@@ -59,6 +63,7 @@ from types import FrameType
 from scheduler import log, store, watchdog
 from scheduler.clock import Clock, SystemClock
 from scheduler.coordination import Coordinator, LeaseLoop, LeaseTable, make_coordinator
+from scheduler.delivery.push import PushLoop
 from scheduler.errors import ConfigError, StoreSetupError
 from scheduler.firing import Firer
 from scheduler.health import HealthServer, StoreProbe
@@ -122,6 +127,7 @@ class Node:
             if self.settings.retention_s is not None
             else None
         )
+        self.push = PushLoop(self.settings, self.table.firable, self.clock, self.metrics)
         self.probe = StoreProbe(
             self.settings.dsn, application_name=f"scheduler-probe:{self.node_id}"[:63], settings=self.settings
         )
@@ -145,6 +151,7 @@ class Node:
         self._stop_leases = threading.Event()
         self._stop_retention = threading.Event()
         self._stop_zones = threading.Event()
+        self._stop_push = threading.Event()
         self._threads: list[threading.Thread] = []
 
     @property
@@ -298,6 +305,9 @@ class Node:
                     target=self.retention.run, args=(self._stop_retention,), name="retention-loop", daemon=True
                 )
             )
+        self._threads.append(
+            threading.Thread(target=self.push.run, args=(self._stop_push,), name="push-loop", daemon=True)
+        )
         for thread in self._threads:
             thread.start()
         # Not joined at stop: a daemon that dies with the process (the pass is re-runnable).
@@ -380,6 +390,7 @@ class Node:
         self.lease_loop.stop_claiming()  # keep renewing until leave(), but take nothing new
         self._stop_retention.set()
         self._stop_zones.set()
+        self._stop_push.set()
         self.firer.wake()
 
     def join(self, timeout_s: float | None = None) -> None:
@@ -396,6 +407,7 @@ class Node:
         self.coordinator.close()
         if self.retention is not None:
             self.retention.close()
+        self.push.close()
         if self.health is not None:
             self.health.stop()
         self.probe.close()

@@ -418,9 +418,46 @@ class PushLoop:
                 self._session.close()
                 self._clock.wait(stop, 1.0)
 
+    def run_once(self) -> list[Outcome]:
+        """One claim (up to ``push_concurrency`` runs), every attempt to its end, the outcomes
+        recorded; returns them in the order they finished (tests drive the loop with this).
+        A store failure is logged, and its outcomes are left unrecorded."""
+        return asyncio.run(self._once())
+
     def close(self) -> None:
         """Close the store connection."""
         self._session.close()
+
+    def _pusher(self) -> Pusher:
+        return Pusher(
+            self._policy,
+            concurrency=self._s.push_concurrency,
+            per_host=self._s.push_per_host,
+            clock=self._clock,
+            resolver=self._resolver,
+        )
+
+    def _reset(self) -> None:
+        self._wake = asyncio.Event()
+        self._inflight.clear()
+        self._tasks.clear()
+
+    async def _once(self) -> list[Outcome]:
+        self._reset()
+        self._outcomes = []
+        async with self._pusher() as pusher:
+            await self._claim(pusher, min(self._s.push_concurrency, lifecycle.MAX_BATCH))
+            while self._tasks:
+                assert self._wake is not None
+                self._wake.clear()
+                await self._refresh_waiting()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), POLL_INTERVAL_S)
+                except TimeoutError:
+                    pass
+        done = list(self._outcomes)
+        await self._record()
+        return done
 
     # ------------------------------------------------------------ loop
 
@@ -439,20 +476,13 @@ class PushLoop:
             return None
 
     async def _main(self, stop: threading.Event) -> None:
-        self._wake = asyncio.Event()
-        self._inflight.clear()
-        self._tasks.clear()
+        self._reset()
         next_claim = 0.0
         more = False
         stop_deadline: float | None = None
-        async with Pusher(
-            self._policy,
-            concurrency=self._s.push_concurrency,
-            per_host=self._s.push_per_host,
-            clock=self._clock,
-            resolver=self._resolver,
-        ) as pusher:
+        async with self._pusher() as pusher:
             while True:
+                assert self._wake is not None
                 self._wake.clear()
                 await self._record()
                 if stop.is_set():

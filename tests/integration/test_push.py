@@ -1,0 +1,549 @@
+"""Push to HTTP targets against a real store and a real receiver (scheduler/delivery/push.py).
+
+The receiver is a threaded ``http.server`` on 127.0.0.1 answering from a
+script; the node's push loop is driven by :meth:`PushLoop.run_once` (one
+claim, every attempt to its end, outcomes recorded) with the store clock
+pinned, and the owner's settle step is called directly at pinned instants,
+so every time in the store is exact. Runs are written as the firing
+statement writes them (pending, no queue) for a job with a ``job_delivery``
+row written directly.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import psycopg
+import pytest
+from helpers import OneNode
+
+from scheduler import jobs
+from scheduler.clock import ManualClock
+from scheduler.delivery import lifecycle, signing, tenant_secrets
+from scheduler.delivery.lifecycle import RunKey
+from scheduler.delivery.push import PushLoop
+from scheduler.errors import NotFoundError, ValidationError
+from scheduler.metrics import Metrics
+from scheduler.settings import Settings
+from scheduler.spec import JobSpec
+
+T0 = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
+S = timedelta(seconds=1)
+
+
+class Receiver:
+    """An HTTP endpoint on 127.0.0.1 that records every request and answers from a script.
+
+    ``script`` items are ``(status, headers, delay_s)``; when it is empty the
+    answer is 200. ``requests`` holds ``{method, path, headers (lower-case
+    names), body}`` in arrival order; ``peak`` the most requests handled at once.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.requests: list[dict] = []
+        self.script: list[tuple[int, dict[str, str], float]] = []
+        self.peak = 0
+        self._active = 0
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _handle(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with receiver._lock:
+                    receiver.requests.append(
+                        {
+                            "method": self.command,
+                            "path": self.path,
+                            "headers": {k.lower(): v for k, v in self.headers.items()},
+                            "body": body,
+                        }
+                    )
+                    status, headers, delay_s = receiver.script.pop(0) if receiver.script else (200, {}, 0.0)
+                    receiver._active += 1
+                    receiver.peak = max(receiver.peak, receiver._active)
+                try:
+                    time.sleep(delay_s)
+                    self.send_response(status)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"ok")
+                except OSError:  # the client gave up (timeout)
+                    pass
+                finally:
+                    with receiver._lock:
+                        receiver._active -= 1
+
+            do_POST = do_PUT = _handle
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    def url(self, path: str = "/hook", host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.port}{path}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class StaticResolver:
+    """aiohttp resolver answering from a table (``name → [addresses]``); the push loop's policy filters it."""
+
+    def __init__(self, table: dict[str, list[str]]) -> None:
+        self.table = table
+
+    async def resolve(self, host: str, port: int = 0, family: int = 0) -> list[dict]:
+        if host not in self.table:
+            raise OSError(f"{host} does not resolve")
+        return [
+            {"hostname": host, "host": a, "port": port, "family": 10 if ":" in a else 2, "proto": 0, "flags": 0}
+            for a in self.table[host]
+        ]
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def node(pg_dsn: str):
+    n = OneNode(pg_dsn)
+    yield n
+    n.close()
+
+
+@pytest.fixture
+def epochs(node: OneNode) -> dict[int, int]:
+    return {pid: node.epoch(pid) for pid in range(1024)}
+
+
+def make_loop(
+    pg_dsn: str, epochs: dict[int, int], clock: ManualClock, resolver=None, metrics=None, **overrides
+) -> PushLoop:
+    """The node's push loop acting for ``epochs``; ``push_allow`` 127.0.0.1/32 unless overridden."""
+    settings = Settings(dsn=pg_dsn, node_id="t1", **{"push_allow": "127.0.0.1/32", **overrides}).validated()
+    return PushLoop(settings, lambda: epochs, clock, metrics, resolver=resolver)
+
+
+def http_job(
+    conn: psycopg.Connection,
+    url: str,
+    *,
+    name: str | None = "nightly",
+    payload: object = None,
+    headers: dict[str, str] | None = None,
+    method: str = "POST",
+    timeout_s: float | None = None,
+    max_attempts: int = 5,
+    backoff_base_s: float = 1.0,
+    backoff_cap_s: float = 300.0,
+    tenant: str = "acme",
+) -> uuid.UUID:
+    """A job with an HTTP target (``job_delivery`` written directly, bypassing the save-time URL check)."""
+    job_id = jobs.add_job(conn, JobSpec.build(tenant=tenant, name=name, interval_s=3600)).job_id
+    conn.execute("UPDATE jobs SET queue = NULL WHERE job_id = %s", (job_id,))
+    conn.execute(
+        """
+        INSERT INTO job_delivery (partition_id, job_id, url, method, headers, timeout_s, payload,
+                                  max_attempts, backoff_base_s, backoff_cap_s)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+        """,
+        (
+            RunKey.of(job_id, T0).partition_id,
+            job_id,
+            url,
+            method,
+            None if headers is None else json.dumps(headers),
+            timeout_s,
+            None if payload is None else json.dumps(payload),
+            max_attempts,
+            backoff_base_s,
+            backoff_cap_s,
+        ),
+    )
+    return job_id
+
+
+def pending_push_run(conn: psycopg.Connection, job_id: uuid.UUID, nominal: datetime) -> RunKey:
+    """A pushed run of ``job_id`` as the firing statement writes it (pending since ``nominal``, no queue)."""
+    key = RunKey.of(job_id, nominal)
+    tenant = conn.execute("SELECT tenant FROM jobs WHERE job_id = %s", (job_id,)).fetchone()["tenant"]
+    conn.execute(
+        """
+        INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch,
+                          state, queue, origin, available_at)
+        VALUES (%s, %s, %s, %s, %s, %s, 't1', 1, 'pending', NULL, 'schedule', %s)
+        """,
+        (key.partition_id, job_id, nominal, tenant, nominal + 2 * S, nominal + 2 * S, nominal + 2 * S),
+    )
+    return key
+
+
+def run_row(conn: psycopg.Connection, key: RunKey) -> dict:
+    return conn.execute(
+        "SELECT * FROM runs WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
+        (key.partition_id, key.job_id, key.nominal_time),
+    ).fetchone()
+
+
+def settle(conn: psycopg.Connection, epochs: dict[int, int], clock: ManualClock) -> lifecycle.SettleResult:
+    return lifecycle.settle(conn, node_id="t1", epochs=epochs, now=clock.store_now_or_none())
+
+
+def test_a_2xx_is_acked_with_the_headers_and_a_signature_verify_accepts(pg_dsn, conn, receiver, epochs) -> None:
+    job_id = http_job(
+        conn, receiver.url(), payload={"k": 1, "name": "été"}, headers={"X-Token": "abc", "Idempotency-Key": "x"}
+    )
+    _, secret, _ = tenant_secrets.rotate(conn, "acme", 0, now=T0 - 10 * S)
+    key = pending_push_run(conn, job_id, T0)
+    clock = ManualClock(store_at=T0 + 3 * S)
+    metrics = Metrics()
+    loop = make_loop(pg_dsn, epochs, clock, metrics=metrics)
+    try:
+        (outcome,) = loop.run_once()
+    finally:
+        loop.close()
+    assert (outcome.outcome, outcome.status) == ("succeeded", 200)
+    (request,) = receiver.requests
+    assert (request["method"], request["path"]) == ("POST", "/hook")
+    assert request["body"] == '{"k":1,"name":"été"}'.encode()
+    headers = request["headers"]
+    assert headers["content-type"] == "application/json"
+    assert headers["idempotency-key"] == key.run_id  # ours win over the job's own
+    assert headers["x-token"] == "abc"
+    assert headers["scheduler-job-id"] == str(job_id)
+    assert headers["scheduler-job-name"] == "nightly"
+    assert headers["scheduler-nominal-time"] == "2031-03-04T05:06:07Z"
+    assert headers["scheduler-scheduled-time"] == "2031-03-04T05:06:09Z"
+    assert headers["scheduler-attempt"] == "1"
+    t = signing.verify(headers["scheduler-signature"], request["body"], [secret], now=clock.wall())
+    assert t == int(clock.wall())
+    assert headers["scheduler-signature"].count("v1=") == 1
+    with pytest.raises(signing.SignatureError):
+        signing.verify(headers["scheduler-signature"], request["body"] + b" ", [secret], now=clock.wall())
+    with pytest.raises(signing.SignatureError):  # a replay 301 s later
+        signing.verify(headers["scheduler-signature"], request["body"], [secret], now=clock.wall() + 301)
+    row = run_row(conn, key)
+    assert (row["state"], row["attempt"], row["worker"], row["finished_at"]) == ("succeeded", 1, "t1", T0 + 3 * S)
+    assert metrics.value("scheduler_push_attempts_total", {"outcome": "succeeded"}) == 1
+    assert metrics.value("scheduler_push_latency_seconds_count", {"outcome": "succeeded"}) == 1
+
+
+def test_no_payload_is_a_json_null_body_and_put_is_the_jobs_method(pg_dsn, conn, receiver, epochs) -> None:
+    job_id = http_job(conn, receiver.url("/p?x=1"), name=None, method="PUT")
+    key = pending_push_run(conn, job_id, T0)
+    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 3 * S))
+    try:
+        loop.run_once()
+    finally:
+        loop.close()
+    (request,) = receiver.requests
+    assert (request["method"], request["path"], request["body"]) == ("PUT", "/p?x=1", b"null")
+    assert "scheduler-job-name" not in request["headers"]
+    assert run_row(conn, key)["state"] == "succeeded"
+
+
+def test_a_500_is_retried_with_backoff_then_dead_after_max_attempts(pg_dsn, conn, receiver, epochs) -> None:
+    job_id = http_job(conn, receiver.url(), max_attempts=3, backoff_base_s=1.0, backoff_cap_s=1.5)
+    key = pending_push_run(conn, job_id, T0)
+    receiver.script = [(500, {}, 0.0)] * 3
+    clock = ManualClock(store_at=T0 + 3 * S)
+    loop = make_loop(pg_dsn, epochs, clock)
+    try:
+        for attempt, cap in ((1, 1.0), (2, 1.5)):
+            (outcome,) = loop.run_once()
+            assert (outcome.outcome, outcome.status) == ("retry", 500)
+            row = run_row(conn, key)
+            assert (row["state"], row["attempt"], row["last_error"]) == (
+                "failed",
+                attempt,
+                "HTTP 500 Internal Server Error",
+            )
+            now = clock.store_now_or_none()
+            assert settle(conn, epochs, clock).retried == 1
+            row = run_row(conn, key)
+            assert row["state"] == "pending"
+            assert now <= row["available_at"] <= now + timedelta(seconds=cap)  # min(cap, base * 2^(attempt - 1))
+            if row["available_at"] > now:  # not before its backoff
+                assert loop.run_once() == []
+            clock.advance((row["available_at"] - now).total_seconds())
+        (outcome,) = loop.run_once()
+        assert outcome.outcome == "retry"
+        assert settle(conn, epochs, clock).dead == 1
+    finally:
+        loop.close()
+    row = run_row(conn, key)
+    assert (row["state"], row["attempt"], row["last_error"]) == ("dead", 3, "HTTP 500 Internal Server Error")
+    assert row["finished_at"] == clock.store_now_or_none()
+    assert [r["headers"]["scheduler-attempt"] for r in receiver.requests] == ["1", "2", "3"]
+    assert {r["headers"]["idempotency-key"] for r in receiver.requests} == {key.run_id}
+
+
+def test_a_429_with_retry_after_is_not_retried_before_it(pg_dsn, conn, receiver, epochs) -> None:
+    job_id = http_job(conn, receiver.url(), backoff_base_s=1.0, backoff_cap_s=1.0)
+    key = pending_push_run(conn, job_id, T0)
+    receiver.script = [(429, {"Retry-After": "7"}, 0.0)]
+    clock = ManualClock(store_at=T0 + 3 * S)
+    loop = make_loop(pg_dsn, epochs, clock)
+    try:
+        (outcome,) = loop.run_once()
+        assert (outcome.outcome, outcome.retry_after_s) == ("retry", 7.0)
+        assert run_row(conn, key)["available_at"] == T0 + 10 * S
+        assert settle(conn, epochs, clock).retried == 1
+        row = run_row(conn, key)
+        # The backoff (at most 1 s) is shorter: the receiver's wish decides.
+        assert (row["state"], row["available_at"]) == ("pending", T0 + 10 * S)
+        clock.advance(6.999)
+        assert loop.run_once() == []
+        clock.advance(0.001)
+        (outcome,) = loop.run_once()
+        assert outcome.outcome == "succeeded"
+    finally:
+        loop.close()
+    row = run_row(conn, key)
+    assert (row["state"], row["attempt"], row["finished_at"]) == ("succeeded", 2, T0 + 10 * S)
+    assert len(receiver.requests) == 2
+
+
+def test_an_http_date_retry_after_counts_from_the_clock(pg_dsn, conn, receiver, epochs) -> None:
+    job_id = http_job(conn, receiver.url(), backoff_base_s=1.0, backoff_cap_s=1.0)
+    key = pending_push_run(conn, job_id, T0)
+    clock = ManualClock(wall_s=1_900_000_000.0, store_at=T0 + 3 * S)
+    receiver.script = [(503, {"Retry-After": email.utils.formatdate(1_900_000_020, usegmt=True)}, 0.0)]
+    loop = make_loop(pg_dsn, epochs, clock)
+    try:
+        (outcome,) = loop.run_once()
+    finally:
+        loop.close()
+    assert (outcome.outcome, outcome.retry_after_s) == ("retry", 20.0)
+    assert run_row(conn, key)["available_at"] == T0 + 23 * S
+
+
+def test_a_404_is_dead_after_one_attempt(pg_dsn, conn, receiver, epochs) -> None:
+    job_id = http_job(conn, receiver.url())
+    key = pending_push_run(conn, job_id, T0)
+    receiver.script = [(404, {"Retry-After": "5"}, 0.0)]
+    clock = ManualClock(store_at=T0 + 3 * S)
+    metrics = Metrics()
+    loop = make_loop(pg_dsn, epochs, clock, metrics=metrics)
+    try:
+        (outcome,) = loop.run_once()
+        assert (outcome.outcome, outcome.retry_after_s) == ("failed", None)
+        assert settle(conn, epochs, clock).dead == 1
+        clock.advance(3600)
+        assert loop.run_once() == []
+    finally:
+        loop.close()
+    row = run_row(conn, key)
+    assert (row["state"], row["attempt"], row["last_error"]) == ("dead", 1, "HTTP 404 Not Found")
+    assert row["finished_at"] == T0 + 3 * S
+    assert len(receiver.requests) == 1
+    assert metrics.value("scheduler_push_attempts_total", {"outcome": "failed"}) == 1
+    assert metrics.value("scheduler_push_attempts_total", {"outcome": "retry"}) == 0
+
+
+def test_a_redirect_is_not_followed(pg_dsn, conn, receiver, epochs) -> None:
+    job_id = http_job(conn, receiver.url())
+    key = pending_push_run(conn, job_id, T0)
+    receiver.script = [(302, {"Location": receiver.url("/elsewhere")}, 0.0)]
+    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 3 * S))
+    try:
+        (outcome,) = loop.run_once()
+    finally:
+        loop.close()
+    assert (outcome.outcome, outcome.status) == ("failed", 302)
+    assert [r["path"] for r in receiver.requests] == ["/hook"]
+    assert run_row(conn, key)["retryable"] is False
+
+
+def test_a_timeout_is_retried(pg_dsn, conn, receiver, epochs) -> None:
+    job_id = http_job(conn, receiver.url(), timeout_s=0.5)
+    key = pending_push_run(conn, job_id, T0)
+    receiver.script = [(200, {}, 3.0)]  # answers long after the attempt's deadline
+    clock = ManualClock(store_at=T0 + 3 * S)
+    loop = make_loop(pg_dsn, epochs, clock)
+    try:
+        (first,) = loop.run_once()
+        assert (first.outcome, first.error) == ("retry", "timeout after 0.5s")
+        row = run_row(conn, key)
+        # The attempt's lease covered the deadline plus the margin.
+        assert (row["state"], row["attempt"], row["last_error"]) == ("failed", 1, "timeout after 0.5s")
+        assert settle(conn, epochs, clock).retried == 1
+        clock.advance(1)  # past the first backoff (at most 1 s)
+        (second,) = loop.run_once()
+        assert second.outcome == "succeeded"
+    finally:
+        loop.close()
+    assert run_row(conn, key)["attempt"] == 2
+    assert [r["headers"]["idempotency-key"] for r in receiver.requests] == [key.run_id] * 2
+
+
+def test_a_refused_connection_is_retried(pg_dsn, conn, epochs) -> None:
+    from helpers import closed_port
+
+    job_id = http_job(conn, f"http://127.0.0.1:{closed_port()}/hook")
+    key = pending_push_run(conn, job_id, T0)
+    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 3 * S))
+    try:
+        (outcome,) = loop.run_once()
+    finally:
+        loop.close()
+    assert outcome.outcome == "retry" and outcome.error.startswith("connection error: ")
+    row = run_row(conn, key)
+    assert (row["state"], row["retryable"]) == ("failed", True)
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["127.0.0.1", "169.254.169.254", "[::1]", "metadata.test", "localhost.test"],
+)
+def test_an_ssrf_attempt_without_an_allowlist_is_refused_at_connect(pg_dsn, conn, receiver, epochs, host) -> None:
+    # Saved directly into the store: the save-time check never saw it (or DNS changed since).
+    job_id = http_job(conn, receiver.url(host=host))
+    key = pending_push_run(conn, job_id, T0)
+    resolver = StaticResolver({"metadata.test": ["169.254.169.254"], "localhost.test": ["127.0.0.1", "::1"]})
+    clock = ManualClock(store_at=T0 + 3 * S)
+    loop = make_loop(pg_dsn, epochs, clock, resolver=resolver, push_allow="")
+    try:
+        (outcome,) = loop.run_once()
+        assert settle(conn, epochs, clock).dead == 1
+    finally:
+        loop.close()
+    assert outcome.outcome == "failed" and outcome.error.startswith("ssrf refused: ")
+    assert receiver.requests == []
+    row = run_row(conn, key)
+    assert (row["state"], row["attempt"]) == ("dead", 1)
+    assert row["last_error"].startswith(f"ssrf refused: {host.strip('[]')} ")
+
+
+def test_the_resolver_keeps_only_the_allowed_addresses_of_a_name(pg_dsn, conn, receiver, epochs) -> None:
+    # A second endpoint on 127.0.0.2 (same port), outside push_allow 127.0.0.1/32, answered first by DNS.
+    trap = Receiver("127.0.0.2", receiver.port)
+    job_id = http_job(conn, receiver.url(host="mixed.test"))
+    key = pending_push_run(conn, job_id, T0)
+    resolver = StaticResolver({"mixed.test": ["127.0.0.2", "127.0.0.1"]})
+    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 3 * S), resolver=resolver)
+    try:
+        (outcome,) = loop.run_once()
+    finally:
+        loop.close()
+        trap.close()
+    assert outcome.outcome == "succeeded"
+    assert trap.requests == []
+    assert len(receiver.requests) == 1 and run_row(conn, key)["state"] == "succeeded"
+
+
+def test_a_rotation_signs_with_both_secrets_until_the_grace_ends(pg_dsn, conn, receiver, epochs) -> None:
+    job_id = http_job(conn, receiver.url())
+    first = pending_push_run(conn, job_id, T0)
+    second = pending_push_run(conn, job_id, T0 + 100 * S)
+    third = pending_push_run(conn, job_id, T0 + 200 * S)
+    old_id, old, _ = tenant_secrets.rotate(conn, "acme", 0, now=T0 - 100 * S)
+    new_id, new, created = tenant_secrets.rotate(conn, "acme", 60, now=T0 + 50 * S)
+    assert (old_id, new_id, created) == (1, 2, T0 + 50 * S)
+    assert old.startswith("whsec_") and new.startswith("whsec_") and old != new
+    listed = tenant_secrets.list_secrets(conn, "acme", now=T0 + 50 * S)
+    assert listed == [
+        {"secret_id": 2, "created_at": T0 + 50 * S, "expires_at": None, "valid": True},
+        {"secret_id": 1, "created_at": T0 - 100 * S, "expires_at": T0 + 110 * S, "valid": True},
+    ]
+    clock = ManualClock(store_at=T0 + 103 * S)  # first and second due; the old secret still valid
+    loop = make_loop(pg_dsn, epochs, clock)
+    try:
+        assert [o.outcome for o in loop.run_once()] == ["succeeded", "succeeded"]
+        clock.advance(100)  # third due; the grace ended at T0 + 110 s
+        assert [o.run.key for o in loop.run_once()] == [third]
+    finally:
+        loop.close()
+    assert [r["headers"]["idempotency-key"] for r in receiver.requests] == [
+        first.run_id,
+        second.run_id,
+        third.run_id,
+    ]
+    for request, secrets in zip(receiver.requests, ([new, old], [new, old], [new]), strict=True):
+        header = request["headers"]["scheduler-signature"]
+        t, found = signing.parse(header)
+        assert found == [signing.signature(s, t, request["body"]) for s in secrets]  # newest first
+        for secret in (old, new):
+            if secret in secrets:
+                assert signing.verify(header, request["body"], [secret], now=t) == t
+            else:
+                with pytest.raises(signing.SignatureError):
+                    signing.verify(header, request["body"], [secret], now=t)
+    assert [r["valid"] for r in tenant_secrets.list_secrets(conn, "acme", now=T0 + 110 * S)] == [True, False]
+
+
+def test_a_tenant_without_a_secret_gets_one_at_its_first_push(pg_dsn, conn, receiver, epochs) -> None:
+    job_id = http_job(conn, receiver.url(), tenant="newco")
+    pending_push_run(conn, job_id, T0)
+    assert tenant_secrets.list_secrets(conn, "newco") == []
+    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 3 * S))
+    try:
+        loop.run_once()
+    finally:
+        loop.close()
+    (listed,) = tenant_secrets.list_secrets(conn, "newco", now=T0 + 3 * S)
+    assert listed == {"secret_id": 1, "created_at": T0 + 3 * S, "expires_at": None, "valid": True}
+    assert receiver.requests[0]["headers"]["scheduler-signature"].count("v1=") == 1
+
+
+def test_rotation_input_is_checked_and_nothing_is_written(conn) -> None:
+    jobs.add_tenant(conn, "acme", 1, None)
+    with pytest.raises(NotFoundError, match="tenant: no tenant"):
+        tenant_secrets.rotate(conn, "nobody", 10)
+    with pytest.raises(ValidationError, match="grace: must be from 0 to 30d"):
+        tenant_secrets.rotate(conn, "acme", 31 * 86_400)
+    with pytest.raises(ValidationError, match="grace"):
+        tenant_secrets.rotate(conn, "acme", -1)
+    assert conn.execute("SELECT count(*) AS n FROM tenant_secrets").fetchone()["n"] == 0
+
+
+def test_attempts_to_one_host_are_bounded_by_push_per_host(pg_dsn, conn, receiver, epochs) -> None:
+    job_id = http_job(conn, receiver.url())
+    keys = [pending_push_run(conn, job_id, T0 + i * S) for i in range(6)]
+    receiver.script = [(200, {}, 0.4)] * 6
+    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 30 * S), push_per_host=2)
+    try:
+        assert [o.outcome for o in loop.run_once()] == ["succeeded"] * 6
+    finally:
+        loop.close()
+    assert receiver.peak == 2
+    assert [run_row(conn, k)["state"] for k in keys] == ["succeeded"] * 6
+
+
+def test_the_claim_never_takes_more_than_push_concurrency(pg_dsn, conn, receiver, epochs) -> None:
+    job_id = http_job(conn, receiver.url())
+    keys = [pending_push_run(conn, job_id, T0 + i * S) for i in range(5)]
+    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 30 * S), push_concurrency=3)
+    try:
+        assert len(loop.run_once()) == 3
+        assert len(loop.run_once()) == 2
+    finally:
+        loop.close()
+    assert [run_row(conn, k)["state"] for k in keys] == ["succeeded"] * 5
