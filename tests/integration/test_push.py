@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import email.utils
 import json
+import logging
+import os
 import threading
 import time
 import uuid
@@ -21,15 +23,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psycopg
 import pytest
-from helpers import OneNode
+from click.testing import CliRunner
+from helpers import OneNode, wait_for
 
 from scheduler import jobs
+from scheduler.cli import cli as main_cli
 from scheduler.clock import ManualClock
 from scheduler.delivery import lifecycle, signing, tenant_secrets
 from scheduler.delivery.lifecycle import RunKey
 from scheduler.delivery.push import PushLoop
 from scheduler.errors import NotFoundError, ValidationError
 from scheduler.metrics import Metrics
+from scheduler.node import Node
 from scheduler.settings import Settings
 from scheduler.spec import JobSpec
 
@@ -481,12 +486,12 @@ def test_a_rotation_signs_with_both_secrets_until_the_grace_ends(pg_dsn, conn, r
         assert [o.run.key for o in loop.run_once()] == [third]
     finally:
         loop.close()
-    assert [r["headers"]["idempotency-key"] for r in receiver.requests] == [
-        first.run_id,
-        second.run_id,
-        third.run_id,
-    ]
-    for request, secrets in zip(receiver.requests, ([new, old], [new, old], [new]), strict=True):
+    # The first two were sent at once (in either order), the third alone.
+    expected = {first.run_id: [new, old], second.run_id: [new, old], third.run_id: [new]}
+    assert sorted(r["headers"]["idempotency-key"] for r in receiver.requests) == sorted(expected)
+    assert receiver.requests[2]["headers"]["idempotency-key"] == third.run_id
+    for request in receiver.requests:
+        secrets = expected[request["headers"]["idempotency-key"]]
         header = request["headers"]["scheduler-signature"]
         t, found = signing.parse(header)
         assert found == [signing.signature(s, t, request["body"]) for s in secrets]  # newest first
@@ -547,3 +552,79 @@ def test_the_claim_never_takes_more_than_push_concurrency(pg_dsn, conn, receiver
     finally:
         loop.close()
     assert [run_row(conn, k)["state"] for k in keys] == ["succeeded"] * 5
+
+
+def cli(args: list[str], dsn: str):
+    """Invoke the CLI in process with ``dsn``; no SCHEDULER_* variable leaks in from the environment."""
+    env = {key: None for key in os.environ if key.startswith("SCHEDULER_")}
+    return CliRunner().invoke(main_cli, args, env={**env, "SCHEDULER_DSN": dsn}, catch_exceptions=False)
+
+
+def test_secret_rotate_prints_the_secret_once_to_stdout_and_list_never_shows_it(pg_dsn, conn, caplog) -> None:
+    jobs.add_tenant(conn, "acme", 1, None)
+    caplog.set_level(logging.DEBUG)
+    first = cli(["tenants", "secret", "rotate", "acme"], pg_dsn)
+    second = cli(["tenants", "secret", "rotate", "acme", "--grace", "1h", "--json"], pg_dsn)
+    listed = cli(["tenants", "secret", "list", "acme", "--json"], pg_dsn)
+    table = cli(["tenants", "secret", "list", "acme"], pg_dsn)
+    assert (first.exit_code, second.exit_code, listed.exit_code, table.exit_code) == (0, 0, 0, 0)
+    (old,) = first.stdout.splitlines()
+    new = json.loads(second.stdout)["secret"]
+    assert old.startswith("whsec_") and len(old) == len("whsec_") + 43 and new != old
+    assert "not shown again" in first.stderr
+    rows = json.loads(listed.stdout)
+    assert [(r["secret_id"], r["valid"]) for r in rows] == [(2, True), (1, True)]
+    assert rows[0]["expires_at"] is None and rows[1]["expires_at"] is not None
+    assert set(rows[0]) == {"secret_id", "created_at", "expires_at", "valid"}
+    stored = {r["secret"] for r in conn.execute("SELECT secret FROM tenant_secrets").fetchall()}
+    assert stored == {old, new}
+    for text in (listed.stdout, table.stdout, table.stderr, caplog.text, second.stderr):
+        assert old not in text and new not in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["tenants", "secret", "rotate", "acme", "--grace", "31d"], "error: grace: must be from 0 to 30d"),
+        (["tenants", "secret", "rotate", "acme", "--grace", "soon"], "error: grace: must be a duration"),
+        (["tenants", "secret", "rotate", "nobody"], "error: tenant: no tenant 'nobody'"),
+        (["tenants", "secret", "list", "nobody"], "error: tenant: no tenant 'nobody'"),
+    ],
+)
+def test_secret_commands_refuse_bad_input_with_one_line(pg_dsn, conn, args, message) -> None:
+    jobs.add_tenant(conn, "acme", 1, None)
+    result = cli(args, pg_dsn)
+    assert result.exit_code != 0
+    assert result.stdout == ""
+    assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1
+    assert conn.execute("SELECT count(*) AS n FROM tenant_secrets").fetchone()["n"] == 0
+
+
+def test_a_node_pushes_the_runs_it_fires(pg_dsn, conn, receiver) -> None:
+    job_id = http_job(conn, receiver.url(), payload={"hello": "world"})
+    conn.execute(
+        "UPDATE jobs SET next_nominal_at = anchor_at - interval '1 hour', next_due_at = anchor_at - interval '1 hour'"
+        " WHERE job_id = %s",
+        (job_id,),
+    )
+    node = Node(Settings(dsn=pg_dsn, node_id="n1", push_allow="127.0.0.1/32"))
+    node.start()
+    try:
+        wait_for(
+            "both runs pushed and acked",
+            lambda: conn.execute(
+                "SELECT count(*) AS n FROM runs WHERE job_id = %s AND state = 'succeeded'", (job_id,)
+            ).fetchone()["n"],
+            lambda n: n == 2,
+            timeout_s=30,
+        )
+    finally:
+        node.stop()
+        node.join(30)
+    keys = sorted(
+        RunKey(r["partition_id"], r["job_id"], r["nominal_time"]).run_id
+        for r in conn.execute("SELECT * FROM runs WHERE job_id = %s", (job_id,)).fetchall()
+    )
+    assert sorted(r["headers"]["idempotency-key"] for r in receiver.requests) == keys
+    assert {r["body"] for r in receiver.requests} == {b'{"hello":"world"}'}
+    assert node.metrics.value("scheduler_push_attempts_total", {"outcome": "succeeded"}) == 2
