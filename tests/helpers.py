@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from scheduler import jobs, store
 from scheduler.clock import Clock, SystemClock
 from scheduler.coordination import LeaseTable, SqlCoordinator
+from scheduler.delivery.lifecycle import RunKey
 from scheduler.firing import DEFAULT_LIMITS, Firer, FiringLimits
 from scheduler.identity import SPEC_COLUMNS
 from scheduler.metrics import Metrics
@@ -174,3 +176,35 @@ def stamp_schedule_keys(conn: psycopg.Connection) -> int:
                 rows,
             )
     return len(rows)
+
+
+def pending_run(
+    conn: psycopg.Connection,
+    job_id: uuid.UUID,
+    nominal: datetime,
+    queue: str | None = "default",
+    scheduled: datetime | None = None,
+) -> RunKey:
+    """A run of ``job_id`` at ``nominal`` as the firing statement writes it: pending in
+    ``queue`` (None: pushed to the job's URL), scheduled, fired and available at
+    ``scheduled`` (default: ``nominal``), by node ``t1`` at epoch 1."""
+    key = RunKey.of(job_id, nominal)
+    at = nominal if scheduled is None else scheduled
+    tenant = conn.execute("SELECT tenant FROM jobs WHERE job_id = %s", (job_id,)).fetchone()["tenant"]
+    conn.execute(
+        """
+        INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch,
+                          state, queue, origin, available_at)
+        VALUES (%s, %s, %s, %s, %s, %s, 't1', 1, 'pending', %s, 'schedule', %s)
+        """,
+        (key.partition_id, job_id, nominal, tenant, at, at, queue, at),
+    )
+    return key
+
+
+def run_row(conn: psycopg.Connection, key: RunKey) -> dict:
+    """The ``runs`` row of ``key``."""
+    return conn.execute(
+        "SELECT * FROM runs WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
+        (key.partition_id, key.job_id, key.nominal_time),
+    ).fetchone()

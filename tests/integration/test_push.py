@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import psycopg
 import pytest
 from click.testing import CliRunner
-from helpers import OneNode, wait_for
+from helpers import OneNode, pending_run, run_row, wait_for
 
 from scheduler import jobs
 from scheduler.cli import cli as main_cli
@@ -137,15 +137,11 @@ def receiver():
 
 
 @pytest.fixture
-def node(pg_dsn: str):
-    n = OneNode(pg_dsn)
-    yield n
-    n.close()
-
-
-@pytest.fixture
-def epochs(node: OneNode) -> dict[int, int]:
-    return {pid: node.epoch(pid) for pid in range(1024)}
+def epochs(pg_dsn: str):
+    """``{partition: epoch}`` of node ``t1``, which holds every partition's lease."""
+    owner = OneNode(pg_dsn)
+    yield {pid: owner.epoch(pid) for pid in range(1024)}
+    owner.close()
 
 
 def make_loop(
@@ -196,25 +192,8 @@ def http_job(
 
 
 def pending_push_run(conn: psycopg.Connection, job_id: uuid.UUID, nominal: datetime) -> RunKey:
-    """A pushed run of ``job_id`` as the firing statement writes it (pending since ``nominal``, no queue)."""
-    key = RunKey.of(job_id, nominal)
-    tenant = conn.execute("SELECT tenant FROM jobs WHERE job_id = %s", (job_id,)).fetchone()["tenant"]
-    conn.execute(
-        """
-        INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch,
-                          state, queue, origin, available_at)
-        VALUES (%s, %s, %s, %s, %s, %s, 't1', 1, 'pending', NULL, 'schedule', %s)
-        """,
-        (key.partition_id, job_id, nominal, tenant, nominal + 2 * S, nominal + 2 * S, nominal + 2 * S),
-    )
-    return key
-
-
-def run_row(conn: psycopg.Connection, key: RunKey) -> dict:
-    return conn.execute(
-        "SELECT * FROM runs WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
-        (key.partition_id, key.job_id, key.nominal_time),
-    ).fetchone()
+    """A pushed run of ``job_id`` as the firing statement writes it: no queue, scheduled 2 s after ``nominal``."""
+    return pending_run(conn, job_id, nominal, queue=None, scheduled=nominal + 2 * S)
 
 
 def settle(conn: psycopg.Connection, epochs: dict[int, int], clock: ManualClock) -> lifecycle.SettleResult:
