@@ -544,6 +544,125 @@ def _schedule_options(func: Callable) -> Callable:
     return func
 
 
+def push_allow_option(func: Callable) -> Callable:
+    return click.option(
+        "--push-allow",
+        envvar="SCHEDULER_PUSH_ALLOW",
+        show_envvar=True,
+        default="",
+        help="Networks a --url target may reach beyond the public internet (the node setting "
+        "push_allow), e.g. 10.0.0.0/8,127.0.0.1/32; without it, a URL whose host resolves to a "
+        "loopback, private, link-local or metadata address is refused.",
+    )(func)
+
+
+def _push_policy(push_allow: str) -> Any:
+    from scheduler.delivery.ssrf import AddressPolicy
+
+    return AddressPolicy.parse(push_allow)
+
+
+def _read_payload_file(path: str) -> bytes:
+    """The bytes of ``--payload-file`` (``-``: stdin), read no further than the input limit
+    (a larger input is refused by :func:`scheduler.delivery.targets.parse_payload` with its size)."""
+    from scheduler.delivery.targets import MAX_PAYLOAD_INPUT_BYTES
+
+    limit = MAX_PAYLOAD_INPUT_BYTES + 1
+    if path == "-":
+        data = sys.stdin.buffer.read(limit)
+    else:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(limit)
+        except OSError as exc:
+            raise ValidationError("payload_file", f"cannot read it ({exc.strerror or exc})", path) from None
+    return data.removeprefix(b"\xef\xbb\xbf")  # a byte order mark (editors on Windows) is not JSON
+
+
+def _delivery_options(func: Callable) -> Callable:
+    from scheduler.delivery import targets as t
+
+    options = [
+        click.option(
+            "--queue",
+            default=None,
+            help="Target: a queue of the tenant, which workers claim from (1-100 letters, digits, . _ -)  "
+            f"[default: {t.DEFAULT_QUEUE}].",
+        ),
+        click.option(
+            "--url",
+            default=None,
+            help="Target: an http(s) endpoint the engine pushes each run to (instead of a queue). Its host "
+            "must resolve to public addresses (see --push-allow); no user:password in it.",
+        ),
+        click.option(
+            "--method",
+            type=click.Choice(t.METHODS, case_sensitive=False),
+            default=None,
+            help=f"HTTP method of a --url target  [default: {t.DEFAULT_METHOD}].",
+        ),
+        click.option(
+            "--header",
+            "headers",
+            multiple=True,
+            help=f"'Name: value' sent with every push of a --url target; repeatable, at most {t.MAX_HEADERS}. "
+            "Host, Content-*, Transfer-Encoding, Connection, Idempotency-Key and Scheduler-* are the "
+            "engine's. Values are never printed (jobs show lists names only).",
+        ),
+        click.option(
+            "--timeout-s",
+            default=None,
+            help=f"Per-attempt timeout of a --url target in seconds, 0 < t <= {t.MAX_TIMEOUT_S:g}  "
+            f"[default: {t.DEFAULT_TIMEOUT_S:g}].",
+        ),
+        click.option(
+            "--payload",
+            default=None,
+            help="JSON delivered with every attempt (a worker's run.payload, a push's body); at most "
+            f"{t.MAX_PAYLOAD_BYTES:,} bytes as compact UTF-8 JSON.",
+        ),
+        click.option(
+            "--payload-file",
+            default=None,
+            help="Read the --payload JSON from this file ('-': stdin).",
+        ),
+        click.option(
+            "--max-attempts",
+            default=None,
+            help=f"Attempts of a run before it is dead, 1-{t.MAX_ATTEMPTS}  [default: {t.DEFAULT_MAX_ATTEMPTS}].",
+        ),
+        click.option(
+            "--backoff-base-s",
+            default=None,
+            help="Retry backoff: attempt n waits up to base * 2^(n-1) seconds (full jitter), "
+            f"0 < base <= cap  [default: {t.DEFAULT_BACKOFF_BASE_S:g}].",
+        ),
+        click.option(
+            "--backoff-cap-s",
+            default=None,
+            help=f"Longest retry backoff in seconds, at most {t.MAX_BACKOFF_S:g}  "
+            f"[default: {t.DEFAULT_BACKOFF_CAP_S:g}].",
+        ),
+        click.option(
+            "--max-age-s",
+            default=None,
+            help="No retry starts later than this after the first attempt: seconds or 90m, 12h, 7d, 1d12h; "
+            "at most 30d  [default: unset].",
+        ),
+        click.option(
+            "--overlap",
+            type=click.Choice(t.OVERLAP_POLICIES),
+            default=None,
+            help="A run due while the previous one is unfinished: allow (run both), forbid (skip the new), "
+            "buffer_one (keep one waiting), replace (cancel the old)  "
+            f"[default: {t.DEFAULT_OVERLAP}].",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 @jobs.command("add")
 @dsn_option
 @click.option("--tenant", required=True, envvar="SCHEDULER_TENANT", show_envvar=True, help="Owning tenant.")
@@ -592,6 +711,8 @@ def _schedule_options(func: Callable) -> Callable:
     show_default=True,
     help="Deterministic delay of up to this many seconds per run.",
 )
+@_delivery_options
+@push_allow_option
 def jobs_add(
     dsn: str,
     tenant: str,
@@ -606,15 +727,52 @@ def jobs_add(
     catchup_window_s: Any,
     misfire_grace_s: Any,
     jitter_s: Any,
+    queue: str | None,
+    url: str | None,
+    method: str | None,
+    headers: tuple[str, ...],
+    timeout_s: str | None,
+    payload: str | None,
+    payload_file: str | None,
+    max_attempts: str | None,
+    backoff_base_s: str | None,
+    backoff_cap_s: str | None,
+    max_age_s: str | None,
+    overlap: str | None,
+    push_allow: str,
 ) -> None:
     """Register a timer and print its id.
 
     Exactly one of --cron, --interval, --at. A tenant that does not exist yet
     is created. --catchup-window-s with --misfire once/skip, or
     --misfire-grace-s with --misfire all, is refused (the policy ignores it).
+
+    Its runs go to --queue (default `default`) or to --url (then --method,
+    --header, --timeout-s), carry --payload, are retried per --max-attempts,
+    --backoff-base-s, --backoff-cap-s, --max-age-s, and overlap per --overlap
+    (docs/delivery.md). Changing any of these under --name is an edit: it
+    needs --replace.
     """
     from scheduler import jobs as jobsmod
+    from scheduler.delivery.targets import DeliverySpec
     from scheduler.spec import JobSpec
+
+    if payload is not None and payload_file is not None:
+        raise ValidationError("payload", "give --payload or --payload-file, not both")
+    policy = _push_policy(push_allow)
+    delivery = DeliverySpec.build(
+        queue=queue,
+        url=url,
+        method=method,
+        headers=list(headers) or None,
+        timeout_s=timeout_s,
+        payload=_read_payload_file(payload_file) if payload_file is not None else payload,
+        max_attempts=max_attempts,
+        backoff_base_s=backoff_base_s,
+        backoff_cap_s=backoff_cap_s,
+        max_age_s=max_age_s,
+        overlap=overlap,
+    )
 
     spec = JobSpec.build(
         tenant=tenant,
@@ -628,11 +786,12 @@ def jobs_add(
         catchup_window_s=catchup_window_s,
         misfire_grace_s=misfire_grace_s,
         jitter_s=jitter_s,
+        delivery=delivery,
     )
     if replace and name is None:
         raise ValidationError("replace", "needs --name (the job to replace)")
     with open_store(dsn) as conn:
-        result = jobsmod.add_job(conn, spec, replace=replace)
+        result = jobsmod.add_job(conn, spec, replace=replace, push_policy=policy)
     click.echo(str(result.job_id))
     if result.outcome != "created":
         click.echo(f"({result.outcome})", err=True)
@@ -648,8 +807,11 @@ def jobs_add(
     default=None,
     help="Take each job's name from this CSV column [default: a name derived from the line].",
 )
+@push_allow_option
 @json_option
-def jobs_import(dsn: str, csv_file: Path, tenant: str, misfire: str, name_column: str | None, as_json: bool) -> None:
+def jobs_import(
+    dsn: str, csv_file: Path, tenant: str, misfire: str, name_column: str | None, push_allow: str, as_json: bool
+) -> None:
     """Bulk-import cron schedules from CSV_FILE (columns expr, dialect, timezone, ...); idempotent.
 
     Rows with dialect unix5/macro are read as `unix`, seconds6 as `seconds`,
@@ -661,11 +823,20 @@ def jobs_import(dsn: str, csv_file: Path, tenant: str, misfire: str, name_column
     name's job has another spec; delete it first). Invalid lines are
     reported (line, expression, reason) and every valid line is imported.
     Exit status 0 even with rejected lines.
+
+    Optional delivery columns, named as the `jobs add` options (an empty
+    cell is the default): queue, url, method, headers ('Name: value' lines
+    in one quoted cell), timeout_s, payload (JSON), max_attempts,
+    backoff_base_s, backoff_cap_s, max_age_s, overlap. A line whose values
+    differ from its job's is rejected like a different schedule.
     """
     from scheduler import jobs as jobsmod
 
+    policy = _push_policy(push_allow)
     with open_store(dsn) as conn:
-        report = jobsmod.import_csv(conn, csv_file, tenant, misfire=misfire, name_column=name_column)
+        report = jobsmod.import_csv(
+            conn, csv_file, tenant, misfire=misfire, name_column=name_column, push_policy=policy
+        )
     if as_json:
         _echo_json(
             {
@@ -691,12 +862,16 @@ def jobs_list(dsn: str, tenant: str | None, limit: int, as_json: bool) -> None:
 
     with open_store(dsn) as conn:
         rows = jobsmod.list_jobs(conn, tenant, limit)
+    from scheduler.delivery.targets import target_text
+
     for row in rows:
         row["schedule"] = _schedule_text(row)
+        row["target"] = target_text(row)
+        del row["url"], row["method"]  # the target says it (a URL's path and query may carry a token)
     if as_json:
         _echo_json(rows)
     else:
-        _table(rows, ["job_id", "tenant", "name", "schedule", "misfire", "paused", "next_nominal_at"])
+        _table(rows, ["job_id", "tenant", "name", "schedule", "target", "misfire", "paused", "next_nominal_at"])
     if len(rows) == limit:
         click.echo(f"(showing the first {limit} jobs; there may be more: raise --limit)", err=True)
 
@@ -722,16 +897,25 @@ def _job_id(value: str) -> uuid.UUID:
 @click.argument("job_id")
 @json_option
 def jobs_show(dsn: str, job_id: str, as_json: bool) -> None:
-    """Show one job."""
+    """Show one job: its row, schedule and delivery (header names only: values may be secrets)."""
     from scheduler import jobs as jobsmod
 
     with open_store(dsn) as conn:
         row = jobsmod.get_job(conn, _job_id(job_id))
+        delivery = jobsmod.get_delivery(conn, row).describe()
     row["schedule"] = _schedule_text(row)
     if as_json:
-        _echo_json(row)
+        _echo_json({**row, "delivery": delivery})
     else:
         for key, value in row.items():
+            click.echo(f"{key:17} {_fmt(value)}")
+        for key, value in delivery.items():
+            if key in row:  # queue, overlap: printed with the row
+                continue
+            if key == "payload" and value is not None:
+                value = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+            elif key == "header_names":
+                value = ", ".join(value) or None
             click.echo(f"{key:17} {_fmt(value)}")
 
 
@@ -979,8 +1163,9 @@ SETTING_HELP = {
     "(etcd leases and a watch; needs the etcd extra).",
     "etcd_endpoints": "etcd client endpoints host:port[,host:port] (coordinator etcd).",
     "etcd_prefix": "Key prefix of this fleet's keys in etcd (coordinator etcd).",
-    "push_allow": "Networks HTTP targets may reach beyond public addresses, comma-separated CIDRs "
-    "(e.g. 10.0.0.0/8,127.0.0.1/32) [default: none: loopback, private, link-local and metadata refused].",
+    "push_allow": "Networks push targets may reach beyond the public internet, comma-separated "
+    "(e.g. 10.0.0.0/8,127.0.0.1/32); loopback, private, link-local and metadata addresses are refused "
+    "otherwise.",
     "push_concurrency": "Push attempts this node runs at once.",
     "push_per_host": "Push attempts this node runs at once against one target host.",
 }

@@ -21,6 +21,17 @@ never lose a due slot silently. Each keeps the revision it supersedes in
   the new schedule starts strictly after the edit (a resume: after the
   resume).
 
+Delivery (docs/delivery.md, "Targets"): a spec's
+:class:`~scheduler.delivery.targets.DeliverySpec` goes to ``jobs.queue`` and
+``jobs.overlap`` and, when anything else is not the default, to a
+``job_delivery`` row, all in the transaction that writes the job (an edit
+back to the defaults deletes the row). Every write path first applies the
+save-time SSRF rule to URL targets (``push_policy``, the operator's
+``push_allow``; :func:`scheduler.delivery.targets.check_targets`). A
+different delivery spec under the same ``--name`` is a conflict like a
+different schedule; ``--replace`` edits it (revision bumped, pending slot
+kept: delivery is not part of the schedule).
+
 CSV import is idempotent: every line is a named job (a name from the file's
 ``--name-column``, else one derived from the line's content, see
 :func:`import_name`), so importing the same file again finds the jobs it
@@ -44,6 +55,8 @@ from typing import Any, TypeVar
 import psycopg
 
 from scheduler import store
+from scheduler.delivery.ssrf import AddressPolicy
+from scheduler.delivery.targets import DeliverySpec, check_targets
 from scheduler.errors import ConflictError, NotFoundError, ValidationError, clip
 from scheduler.identity import SPEC_COLUMNS, identity_of
 from scheduler.partition import partition_of
@@ -146,6 +159,32 @@ def _job_row(spec: JobSpec, job_id: uuid.UUID, now: datetime) -> dict:
     }
 
 
+def _write_delivery(conn: psycopg.Connection, items: list[tuple[JobSpec, dict]], *, existing: bool) -> None:
+    """Write the ``job_delivery`` rows of ``(spec, job row parameters)`` pairs: one
+    per spec whose delivery is not the default; with ``existing`` (the jobs may
+    have rows already: an edit) the others' rows are deleted. In the caller's
+    transaction. Batched (``executemany``), whatever the number of jobs."""
+    upserts = []
+    deletes = []
+    for spec, row in items:
+        key = {"partition_id": row["partition_id"], "job_id": row["job_id"]}
+        delivery = spec.delivery.delivery_row()
+        if delivery is not None:
+            upserts.append({**key, **delivery})
+        elif existing:
+            deletes.append(key)
+    with conn.cursor() as cur:
+        if upserts:
+            cur.executemany(store.QUERIES["upsert_job_delivery"], upserts)
+        if deletes:
+            cur.executemany(store.QUERIES["delete_job_delivery"], deletes)
+
+
+def _check_targets(specs: list[JobSpec], push_policy: AddressPolicy | None) -> None:
+    """The save-time SSRF rule for the specs' URL targets (before any transaction)."""
+    check_targets((spec.delivery for spec in specs), push_policy or AddressPolicy())
+
+
 def register_schedules(conn: psycopg.Connection, rows: list[dict[str, Any]]) -> None:
     """Give each job row (insert or replace parameters: a dict with the ``jobs``
     column names of :data:`scheduler.identity.SPEC_COLUMNS`) its ``schedule_key``,
@@ -185,18 +224,23 @@ class AddResult:
     outcome: str
 
 
-def add_job(conn: psycopg.Connection, spec: JobSpec, *, replace: bool = False) -> AddResult:
+def add_job(
+    conn: psycopg.Connection, spec: JobSpec, *, replace: bool = False, push_policy: AddressPolicy | None = None
+) -> AddResult:
     """Register ``spec`` (a tenant that does not exist yet is created).
 
-    With a name, the call is idempotent: the same name and spec return the
-    existing id (``exists``); a different spec raises
+    With a name, the call is idempotent: the same name and spec (delivery
+    included) return the existing id (``exists``); a different spec raises
     :class:`~scheduler.errors.ConflictError` unless ``replace`` is set, which
     edits the job in place (``replaced``): the pending slot is kept when the
     schedule is unchanged, else the next slot is the new schedule's first
     after now and a due pending slot is recorded as skipped (``edited``; see
-    the module doc).
+    the module doc). A URL target must pass the SSRF rule under
+    ``push_policy`` (default: public addresses only), else ValidationError
+    (field ``url``) and nothing is written.
     """
     spec = spec.validated()
+    _check_targets([spec], push_policy)
 
     def body(c: psycopg.Connection) -> AddResult:
         now = _store_now(c)
@@ -205,7 +249,9 @@ def add_job(conn: psycopg.Connection, spec: JobSpec, *, replace: bool = False) -
             rows = store.execute(c, "find_job_by_name", {"tenant": spec.tenant, "name": spec.name})
             if rows:
                 existing = rows[0]
-                if spec.same_as_row(existing):
+                key = {"partition_id": existing["partition_id"], "job_id": existing["job_id"]}
+                delivery = store.execute(c, "get_job_delivery", key)
+                if spec.same_as_row(existing, delivery[0] if delivery else None):
                     return AddResult(existing["job_id"], "exists")
                 if not replace:
                     raise ConflictError(f"{_conflict(spec, existing['job_id'])}; pass --replace to change it")
@@ -228,11 +274,13 @@ def add_job(conn: psycopg.Connection, spec: JobSpec, *, replace: bool = False) -
                 params["changed_at"] = now
                 register_schedules(c, [params])
                 store.execute(c, "replace_job_spec", params)
+                _write_delivery(c, [(spec, params)], existing=True)
                 return AddResult(job_id, "replaced")
         job_id = uuid.uuid4()
         row = _job_row(spec, job_id, now)
         register_schedules(c, [row])
         store.execute(c, "insert_job", row)
+        _write_delivery(c, [(spec, row)], existing=False)
         return AddResult(job_id, "created")
 
     return _run_named(conn, body)
@@ -280,7 +328,14 @@ def corpus_specs(
     """Read a corpus-format CSV; yield ``(line_number, expr, JobSpec or reason)``.
 
     Columns used: ``expr``, ``dialect``, ``timezone`` (empty = UTC), and
-    ``name_column`` if given. Every spec is named: from ``name_column`` (an
+    ``name_column`` if given; optional delivery columns (:data:`DELIVERY_COLUMNS`,
+    an empty cell is the default): ``queue``, ``url``, ``method``,
+    ``headers`` (``Name: value`` lines in one cell), ``timeout_s``,
+    ``payload`` (JSON), ``max_attempts``, ``backoff_base_s``,
+    ``backoff_cap_s``, ``max_age_s``, ``overlap``, validated as ``jobs add``
+    validates its options (a bad value is a bad line). A derived name does
+    not cover them: a changed payload under the same schedule is a
+    conflict, not a new job. Every spec is named: from ``name_column`` (an
     empty value, or a name already used by an earlier line, is a bad line),
     else :func:`import_name`. A UTF-8 byte order mark (spreadsheet exports)
     is skipped. Line numbers are physical lines of the file (the header is
@@ -329,7 +384,8 @@ def corpus_specs(
                 record.get("timezone") or "",
                 (record.get(name_column) or "") if name_column is not None else "",
             )
-            if any(_UNDECODABLE.search(value) for value in columns):
+            cells = {column: record.get(column) or "" for column in DELIVERY_COLUMNS if column in header}
+            if any(_UNDECODABLE.search(value) for value in (*columns, *cells.values())):
                 yield start, expr, "encoding: the line is not valid UTF-8"
                 continue
             dialect = CORPUS_DIALECTS.get(columns[1].strip(), "unix")
@@ -347,7 +403,15 @@ def corpus_specs(
                     yield start, expr, f"name: {clip(name)} is already used by line {name_lines[name]} of this file"
                     continue
             try:
-                spec = JobSpec.build(tenant=tenant, cron=expr, tz=tz, dialect=dialect, misfire=misfire, name=name)
+                spec = JobSpec.build(
+                    tenant=tenant,
+                    cron=expr,
+                    tz=tz,
+                    dialect=dialect,
+                    misfire=misfire,
+                    name=name,
+                    delivery=delivery_from_cells(cells),
+                )
             except ValidationError as exc:
                 yield start, expr, str(exc)
                 continue
@@ -358,6 +422,34 @@ def corpus_specs(
 _UNDECODABLE = re.compile("[\udc80-\udcff]")
 """Bytes that did not decode as UTF-8 (``surrogateescape``)."""
 
+DELIVERY_COLUMNS = (
+    "queue",
+    "url",
+    "method",
+    "headers",
+    "timeout_s",
+    "payload",
+    "max_attempts",
+    "backoff_base_s",
+    "backoff_cap_s",
+    "max_age_s",
+    "overlap",
+)
+"""Optional CSV columns of a job's delivery (``jobs import``; the ``jobs add`` options' names)."""
+
+
+def delivery_from_cells(cells: dict[str, str]) -> DeliverySpec | None:
+    """The :class:`DeliverySpec` of an import line's delivery cells (column → text;
+    empty or missing: the default), ``None`` if every cell is empty. ``headers``
+    holds ``Name: value`` lines. Raises ValidationError naming the field."""
+    given = {column: value.strip() for column, value in cells.items() if value.strip()}
+    if not given:
+        return None
+    headers = given.pop("headers", None)
+    return DeliverySpec.build(
+        **given, headers=None if headers is None else [line for line in re.split(r"\r?\n", headers) if line.strip()]
+    )
+
 
 def import_csv(
     conn: psycopg.Connection,
@@ -367,6 +459,7 @@ def import_csv(
     misfire: str = DEFAULT_MISFIRE,
     name_column: str | None = None,
     batch_size: int = IMPORT_BATCH,
+    push_policy: AddressPolicy | None = None,
 ) -> ImportReport:
     """Import every valid line of a corpus-format CSV for ``tenant``; idempotent.
 
@@ -377,7 +470,8 @@ def import_csv(
     store in batches of ``batch_size`` per transaction (:func:`import_jobs`:
     one lookup and one insert batch each). Raises ValidationError for a bad
     tenant, a file without an ``expr`` header or without ``name_column``;
-    OSError if unreadable.
+    OSError if unreadable. A line whose URL target fails the SSRF rule
+    under ``push_policy`` (each distinct URL resolved once) is rejected.
     """
     validate_tenant(tenant)
     report = ImportReport()
@@ -385,7 +479,7 @@ def import_csv(
 
     def flush() -> None:
         if batch:
-            outcomes = import_jobs(conn, [spec for _, _, spec in batch])
+            outcomes = _insert_named(conn, [spec for _, _, spec in batch])
             for (line, expr, _), (outcome, value) in zip(batch, outcomes, strict=False):
                 if outcome == "created":
                     report.created.append(value)
@@ -395,7 +489,17 @@ def import_csv(
                     report.rejected.append((line, expr, value))
             batch.clear()
 
+    refused: dict[str, str | None] = {}  # url -> reason (None: allowed)
     for line, expr, item in corpus_specs(path, tenant, misfire=misfire, name_column=name_column):
+        url = None if isinstance(item, str) else item.delivery.url
+        if url is not None:
+            if url not in refused:
+                try:
+                    _check_targets([item], push_policy)  # type: ignore[list-item]
+                    refused[url] = None
+                except ValidationError as exc:
+                    refused[url] = str(exc)
+            item = refused[url] or item
         if isinstance(item, str):
             report.rejected.append((line, expr, item))
             continue
@@ -407,21 +511,30 @@ def import_csv(
     return report
 
 
-def import_jobs(conn: psycopg.Connection, specs: Iterable[JobSpec]) -> list[tuple[str, Any]]:
+def import_jobs(
+    conn: psycopg.Connection, specs: Iterable[JobSpec], *, push_policy: AddressPolicy | None = None
+) -> list[tuple[str, Any]]:
     """Create named jobs that do not exist yet, in one transaction; set-based.
 
     Every spec must have a name, unique within ``specs`` per tenant. Returns,
     in order, ``("created", job_id)``, ``("unchanged", job_id)`` (a live job
-    of that tenant and name has this spec) or ``("conflict", reason)`` (it
-    has another spec; left as it is). One lookup of the existing names and
-    one batched insert, whatever the number of specs; retried whole on
-    40001/40P01, and once more if a concurrent import created one of the
-    names first. Raises ValidationError (nothing written) if a spec is
-    invalid.
+    of that tenant and name has this spec, delivery included) or
+    ``("conflict", reason)`` (it has another spec; left as it is). One
+    lookup of the existing names, one of their delivery rows, and batched
+    inserts, whatever the number of specs; retried whole on 40001/40P01, and
+    once more if a concurrent import created one of the names first. Raises
+    ValidationError (nothing written) if a spec is invalid or a URL target
+    fails the SSRF rule under ``push_policy``.
     """
     specs = [spec.validated() for spec in specs]
     if any(spec.name is None for spec in specs):
         raise ValidationError("name", "every imported job needs a name")
+    _check_targets(specs, push_policy)
+    return _insert_named(conn, specs)
+
+
+def _insert_named(conn: psycopg.Connection, specs: list[JobSpec]) -> list[tuple[str, Any]]:
+    """:func:`import_jobs` for validated, SSRF-checked specs."""
 
     def body(c: psycopg.Connection) -> list[tuple[str, Any]]:
         now = _store_now(c)
@@ -434,15 +547,18 @@ def import_jobs(conn: psycopg.Connection, specs: Iterable[JobSpec]) -> list[tupl
                 {"tenants": [spec.tenant for spec in specs], "names": [spec.name for spec in specs]},
             )
         }
+        deliveries = _deliveries(c, list(existing.values()))
         outcomes: list[tuple[str, Any]] = []
         rows = []
+        created: list[tuple[JobSpec, dict]] = []
         for spec in specs:
             row = existing.get((spec.tenant, spec.name))
             if row is None:
                 job_id = uuid.uuid4()
                 rows.append(_job_row(spec, job_id, now))
+                created.append((spec, rows[-1]))
                 outcomes.append(("created", job_id))
-            elif spec.same_as_row(row):
+            elif spec.same_as_row(row, deliveries.get(row["job_id"])):
                 outcomes.append(("unchanged", row["job_id"]))
             else:
                 outcomes.append(("conflict", _conflict(spec, row["job_id"])))
@@ -450,9 +566,22 @@ def import_jobs(conn: psycopg.Connection, specs: Iterable[JobSpec]) -> list[tupl
             register_schedules(c, rows)
             with c.cursor() as cur:
                 cur.executemany(store.QUERIES["insert_job"], rows)
+            _write_delivery(c, created, existing=False)
         return outcomes
 
     return _run_named(conn, body)
+
+
+def _deliveries(conn: psycopg.Connection, rows: list[dict]) -> dict[uuid.UUID, dict]:
+    """``job_id`` → ``job_delivery`` row of the given job rows that have one (one read)."""
+    if not rows:
+        return {}
+    found = store.execute(
+        conn,
+        "job_deliveries_by_keys",
+        {"pids": [row["partition_id"] for row in rows], "jids": [row["job_id"] for row in rows]},
+    )
+    return {row["job_id"]: row for row in found}
 
 
 def _run_named(conn: psycopg.Connection, body: Callable[[psycopg.Connection], T]) -> T:
@@ -467,13 +596,17 @@ def _run_named(conn: psycopg.Connection, body: Callable[[psycopg.Connection], T]
     raise AssertionError("unreachable")
 
 
-def add_jobs(conn: psycopg.Connection, specs: Iterable[JobSpec]) -> list[uuid.UUID]:
-    """Insert unnamed jobs in one transaction; return their ids in order.
+def add_jobs(
+    conn: psycopg.Connection, specs: Iterable[JobSpec], *, push_policy: AddressPolicy | None = None
+) -> list[uuid.UUID]:
+    """Insert unnamed jobs (with their delivery rows) in one transaction; return their ids in order.
 
-    Raises ValidationError (nothing written) if any spec is invalid or cannot
-    fire (e.g. a one-shot in the past).
+    Raises ValidationError (nothing written) if any spec is invalid, cannot
+    fire (e.g. a one-shot in the past), or has a URL target that fails the
+    SSRF rule under ``push_policy``.
     """
     specs = [spec.validated() for spec in specs]
+    _check_targets(specs, push_policy)
     ids = [uuid.uuid4() for _ in specs]
 
     def body(c: psycopg.Connection) -> list[uuid.UUID]:
@@ -483,6 +616,7 @@ def add_jobs(conn: psycopg.Connection, specs: Iterable[JobSpec]) -> list[uuid.UU
         register_schedules(c, rows)
         with c.cursor() as cur:
             cur.executemany(store.QUERIES["insert_job"], rows)
+        _write_delivery(c, list(zip(specs, rows, strict=True)), existing=False)
         return ids
 
     return store.run_transaction(conn, body)
@@ -494,6 +628,13 @@ def get_job(conn: psycopg.Connection, job_id: uuid.UUID) -> dict:
     if not rows:
         raise NotFoundError(f"job_id: no job {job_id}")
     return rows[0]
+
+
+def get_delivery(conn: psycopg.Connection, job: dict) -> DeliverySpec:
+    """The delivery spec of a ``jobs`` row (:func:`get_job`): its columns and its
+    ``job_delivery`` row, if any."""
+    rows = store.execute(conn, "get_job_delivery", {"partition_id": job["partition_id"], "job_id": job["job_id"]})
+    return DeliverySpec.from_rows(job, rows[0] if rows else None)
 
 
 def list_jobs(conn: psycopg.Connection, tenant: str | None = None, limit: int = 1000) -> list[dict]:

@@ -185,6 +185,19 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.delivery_settled = Counter(
+            "scheduler_delivery_settled_total",
+            "Runs the partition owner's settle step moved (docs/delivery.md): to pending (a retry after a "
+            "backoff) or dead, by cause (expired: lease expired; failed: a nack or push failure).",
+            ["to", "cause"],
+            registry=r,
+        )
+        self.delivery_settle_duration = Histogram(
+            "scheduler_delivery_settle_duration_seconds",
+            "Wall time of one settle statement.",
+            buckets=TICK_BUCKETS_S,
+            registry=r,
+        )
         # Bounded label sets, exposed at 0 from the start so dashboards and
         # alerts see every series before its first event.
         for kind in LEASE_EVENT_KINDS:
@@ -198,6 +211,9 @@ class Metrics:
         for outcome in PUSH_OUTCOMES:
             self.push_attempts.labels(outcome=outcome)
             self.push_latency.labels(outcome=outcome)
+        for to in ("pending", "dead"):
+            for cause in ("expired", "failed"):
+                self.delivery_settled.labels(to=to, cause=cause)
 
     def retry(self, sqlstate: str) -> None:
         """Count one transaction retry for ``sqlstate``."""

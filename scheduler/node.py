@@ -15,6 +15,10 @@ pieces complete a production node:
   ``/metrics``, ``/healthz`` (loops make progress, :meth:`Node.liveness`)
   and ``/readyz`` (store answers + heartbeat fresh + loops alive + not
   stopping);
+* the delivery loop (:class:`scheduler.delivery.loop.SettleLoop`): the
+  partition owner's settle step (expired leases, failed attempts → retry
+  or dead; docs/delivery.md) every ``SETTLE_INTERVAL_S``, fenced by the
+  epochs of the partitions it holds, on its own thread and connection;
 * the retention loop (:class:`scheduler.retention.RetentionLoop`,
   ``retention_s`` set): one bounded DELETE batch at most every
   ``retention_batch_interval_s`` over the partitions this node holds, on a
@@ -63,6 +67,7 @@ from types import FrameType
 from scheduler import log, store, watchdog
 from scheduler.clock import Clock, SystemClock
 from scheduler.coordination import Coordinator, LeaseLoop, LeaseTable, make_coordinator
+from scheduler.delivery.loop import SettleLoop
 from scheduler.delivery.push import PushLoop
 from scheduler.errors import ConfigError, StoreSetupError
 from scheduler.firing import Firer
@@ -127,6 +132,7 @@ class Node:
             if self.settings.retention_s is not None
             else None
         )
+        self.delivery = SettleLoop(self.settings, self.table, self.clock, self.metrics)
         self.push = PushLoop(self.settings, self.table.firable, self.clock, self.metrics)
         self.probe = StoreProbe(
             self.settings.dsn, application_name=f"scheduler-probe:{self.node_id}"[:63], settings=self.settings
@@ -150,6 +156,7 @@ class Node:
         self._stop_firing = threading.Event()
         self._stop_leases = threading.Event()
         self._stop_retention = threading.Event()
+        self._stop_delivery = threading.Event()
         self._stop_zones = threading.Event()
         self._stop_push = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -299,6 +306,9 @@ class Node:
                 daemon=True,
             ),
         ]
+        self._threads.append(
+            threading.Thread(target=self.delivery.run, args=(self._stop_delivery,), name="delivery-loop", daemon=True)
+        )
         if self.retention is not None:
             self._threads.append(
                 threading.Thread(
@@ -389,6 +399,7 @@ class Node:
         self._stop_firing.set()
         self.lease_loop.stop_claiming()  # keep renewing until leave(), but take nothing new
         self._stop_retention.set()
+        self._stop_delivery.set()
         self._stop_zones.set()
         self._stop_push.set()
         self.firer.wake()
@@ -405,6 +416,7 @@ class Node:
         self.lease_loop.leave()
         self.firer.close()
         self.coordinator.close()
+        self.delivery.close()
         if self.retention is not None:
             self.retention.close()
         self.push.close()

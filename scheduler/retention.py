@@ -10,7 +10,8 @@ cutoff, see scheduler/clock.py):
 * runs whose ``nominal_time < cutoff``;
 * skip ranges whose ``until_nominal < cutoff`` (entirely older);
 * jobs soft-deleted (``jobs delete``) before ``cutoff``; their runs and skips
-  are older still, so tables are pruned in that order.
+  are older still, so tables are pruned in that order. A pruned job's
+  ``job_delivery`` row is deleted in the same transaction.
 
 Nothing the firing path needs is touched: a live job's progress is its own
 row's ``next_nominal_at``, not its runs, and deleted jobs are never due. An
@@ -144,7 +145,15 @@ class PruneWalk:
             "after_job": self._after[1],
             "after_time": self._after[2],
         }
-        rows = store.run_transaction(conn, lambda c: store.execute(c, query, params), on_retry=on_retry)
+
+        def body(c: psycopg.Connection) -> list[dict]:
+            rows = store.execute(c, query, params)
+            if table == "jobs" and rows:  # a pruned job's delivery settings go with it
+                keys = {"pids": [r["partition_id"] for r in rows], "jids": [r["job_id"] for r in rows]}
+                store.execute(c, "delete_job_deliveries_by_keys", keys)
+            return rows
+
+        rows = store.run_transaction(conn, body, on_retry=on_retry)
         deleted = len(rows)
         setattr(self.report, table, getattr(self.report, table) + deleted)
         self.report.batches += 1

@@ -203,17 +203,16 @@ class Settings:
         return min(self.lease_ttl_s, self.renew_interval_s + 2 * self.poll_interval_s)
 
     @property
+    def push_policy(self) -> AddressPolicy:
+        """The SSRF allowlist of push targets (``push_allow``: comma-separated networks
+        beyond the public internet, e.g. ``10.0.0.0/8``; see :mod:`scheduler.delivery.ssrf`).
+        Raises ValidationError for an entry that is not a network."""
+        return AddressPolicy.parse(self.push_allow)
+
+    @property
     def tick_budget(self) -> int:
         """Runs one tick may fire: ``max_rate_per_s × tick_interval_s`` (≥ 1)."""
         return max(1, int(self.max_rate_per_s * self.tick_interval_s))
-
-    def push_policy(self) -> AddressPolicy:
-        """The SSRF allowlist ``push_allow`` parsed (:meth:`scheduler.delivery.ssrf.AddressPolicy.parse`);
-        raises ConfigError naming ``push_allow`` for an entry that is not a network or address."""
-        try:
-            return AddressPolicy.parse(self.push_allow, "push_allow")
-        except ValidationError as exc:
-            raise ConfigError(str(exc)) from None
 
     def validated(self) -> Settings:
         """Return self with ``node_id`` filled in; raise ConfigError if invalid."""
@@ -316,7 +315,10 @@ class Settings:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_PUSH_CONCURRENCY):
                 raise ConfigError(f"{name} must be a whole number from 1 to {MAX_PUSH_CONCURRENCY} (got {value!r})")
-        self.push_policy()
+        try:
+            AddressPolicy.parse(self.push_allow)
+        except ValidationError as exc:
+            raise ConfigError(str(exc)) from None
         if len(self.node_id) > 200:
             raise ConfigError("node_id must be at most 200 characters")
 

@@ -19,12 +19,15 @@ import dataclasses
 import re
 from collections import OrderedDict
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scheduler.errors import ValidationError
 from scheduler.planner import CATCHUP_WINDOW_S, DEFAULT_MISFIRE, MISFIRE_GRACE_S, MISFIRE_POLICIES
 from scheduler.schedule import CronSchedule, IntervalSchedule, OnceSchedule, Schedule, ScheduleKind
 from scheduler.zones import load_zone
+
+if TYPE_CHECKING:
+    from scheduler.delivery.targets import DeliverySpec
 
 KINDS = ("cron", "interval", "once")
 DIALECTS = ("unix", "seconds")
@@ -34,6 +37,14 @@ MAX_POLICY_S = 2_147_483_647
 MAX_INTERVAL_S = 100 * 365 * 86_400
 """Largest interval (100 years): later slots would leave the supported date range."""
 MAX_NAME_LEN = 200
+
+
+def _default_delivery() -> DeliverySpec:
+    from scheduler.delivery.targets import DeliverySpec  # imports this module
+
+    return DeliverySpec()
+
+
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}$")
 
 
@@ -54,6 +65,9 @@ class JobSpec:
     """A timer as registered. Exactly one of ``cron``/``interval_s``/``at`` is set.
 
     Durations in whole seconds. ``at`` and ``anchor_at`` are aware datetimes.
+    ``delivery`` is where its runs go and what they carry
+    (:class:`scheduler.delivery.targets.DeliverySpec`; default: the tenant's
+    queue ``default``, no payload): not part of the schedule identity.
     """
 
     tenant: str
@@ -68,6 +82,7 @@ class JobSpec:
     catchup_window_s: int = CATCHUP_WINDOW_S
     misfire_grace_s: int = MISFIRE_GRACE_S
     jitter_s: int = 0
+    delivery: DeliverySpec = dataclasses.field(default_factory=_default_delivery)
 
     @classmethod
     def build(
@@ -84,6 +99,7 @@ class JobSpec:
         catchup_window_s: Any = None,
         misfire_grace_s: Any = None,
         jitter_s: Any = 0,
+        delivery: DeliverySpec | None = None,
     ) -> JobSpec:
         """Build and validate a spec from user input; raises ValidationError.
 
@@ -128,6 +144,7 @@ class JobSpec:
             if misfire_grace_s is None
             else parse_seconds("misfire_grace", misfire_grace_s),
             jitter_s=parse_seconds("jitter", jitter_s),
+            delivery=_default_delivery() if delivery is None else delivery,
         )
         return spec.validated()
 
@@ -163,6 +180,7 @@ class JobSpec:
             )
         schedule = self.schedule(anchor=None)  # parses cron/zone; raises ValidationError
         check_jitter(self.jitter_s, schedule, now or datetime.now(UTC))
+        self.delivery.validated()
         return self
 
     def schedule(self, anchor: datetime | None) -> ScheduleKind:
@@ -170,8 +188,11 @@ class JobSpec:
         return build_schedule(self.kind, self.cron, self.dialect, self.tz, self.interval_s, anchor, self.at)
 
     def row_fields(self) -> dict[str, Any]:
-        """Columns of ``jobs`` this spec sets (for insert/replace queries)."""
+        """Columns of ``jobs`` this spec sets (for insert/replace queries), with the
+        delivery's ``queue`` and ``overlap``; the rest of delivery goes to
+        ``job_delivery`` (:meth:`DeliverySpec.delivery_row`)."""
         return {
+            **self.delivery.job_fields(),
             "tenant": self.tenant,
             "name": self.name,
             "kind": self.kind,
@@ -186,10 +207,16 @@ class JobSpec:
             "jitter_s": self.jitter_s,
         }
 
-    def same_as_row(self, row: dict[str, Any]) -> bool:
-        """True if a stored job row has exactly this spec (idempotent ``--name``)."""
+    def same_as_row(self, row: dict[str, Any], delivery_row: dict[str, Any] | None = None) -> bool:
+        """True if a stored job has exactly this spec (idempotent ``--name``): its
+        ``jobs`` row and its ``job_delivery`` row (``None``: it has none), delivery
+        included."""
+        from scheduler.delivery.targets import DeliverySpec
+
         mine = self.row_fields()
-        return all(row.get(key) == value for key, value in mine.items())
+        if not all(row.get(key) == value for key, value in mine.items()):
+            return False
+        return self.delivery.same_as(DeliverySpec.from_rows(row, delivery_row))
 
 
 def check_jitter(jitter_s: int, schedule: ScheduleKind, now: datetime) -> None:

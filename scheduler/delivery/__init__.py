@@ -1,6 +1,13 @@
 """Delivery: runs reach the code that executes them, at least once (docs/delivery.md).
 
+* :mod:`scheduler.delivery.targets` — a job's target, payload, retry and overlap
+  policy (validated at save, stored with the job);
 * :mod:`scheduler.delivery.ssrf` — which addresses a push target may reach;
 * :mod:`scheduler.delivery.lifecycle` — claim, heartbeat, ack, nack (fenced by
   the attempt's lease token) and the partition owner's settle step;
+* :mod:`scheduler.delivery.push` — the node's push loop: HTTP attempts of the
+  runs of URL targets (aiohttp, SSRF rule at connect, per-host bounds);
+* :mod:`scheduler.delivery.signing` — the ``Scheduler-Signature`` header and
+  :func:`~scheduler.delivery.signing.verify` for receivers;
+* :mod:`scheduler.delivery.tenant_secrets` — per-tenant signing secrets (rotate, list).
 """

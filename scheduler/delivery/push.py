@@ -396,7 +396,7 @@ class PushLoop:
         self._firable = firable
         self._clock = clock or SystemClock()
         self._metrics = metrics or Metrics()
-        self._policy = settings.push_policy()
+        self._policy = settings.push_policy
         self._resolver = resolver
         self._session = store.StoreSession(settings, self._metrics, self._clock, role="push")
         self._inflight: set[_InFlight] = set()

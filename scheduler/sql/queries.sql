@@ -666,14 +666,54 @@ WHERE s.tz IS NOT NULL
 SELECT * FROM schedules WHERE schedule_key = ANY(%(schedule_keys)b::int8[]);
 
 -- name: insert_job
+-- A new job; queue (NULL: an HTTP target, see job_delivery) and overlap are
+-- its delivery columns (alembic revision 0023).
 INSERT INTO jobs (partition_id, job_id, tenant, name, kind, cron_expr, cron_dialect, tz,
                   interval_s, anchor_at, fire_at, misfire, catchup_window_s,
                   misfire_grace_s, jitter_s, next_nominal_at, next_due_at,
-                  created_at, changed_at, schedule_key)
+                  created_at, changed_at, schedule_key, queue, overlap)
 VALUES (%(partition_id)s, %(job_id)s, %(tenant)s, %(name)s, %(kind)s, %(cron_expr)s,
         %(cron_dialect)s, %(tz)s, %(interval_s)s, %(anchor_at)s, %(fire_at)s, %(misfire)s,
         %(catchup_window_s)s, %(misfire_grace_s)s, %(jitter_s)s, %(next_nominal_at)s,
-        %(next_due_at)s, %(created_at)s, %(created_at)s, %(schedule_key)s);
+        %(next_due_at)s, %(created_at)s, %(created_at)s, %(schedule_key)s, %(queue)s,
+        %(overlap)s);
+
+-- name: upsert_job_delivery
+-- The delivery settings of a job that names anything but the defaults
+-- (scheduler/delivery/targets.py, DeliverySpec.delivery_row): written in
+-- the transaction that writes the job; headers and payload are JSON texts.
+INSERT INTO job_delivery (partition_id, job_id, url, method, headers, timeout_s, payload,
+                          max_attempts, backoff_base_s, backoff_cap_s, max_age_s)
+VALUES (%(partition_id)s, %(job_id)s, %(url)s, %(method)s, %(headers)s::jsonb, %(timeout_s)s,
+        %(payload)s::jsonb, %(max_attempts)s, %(backoff_base_s)s, %(backoff_cap_s)s,
+        %(max_age_s)s)
+ON CONFLICT (partition_id, job_id) DO UPDATE
+SET url = excluded.url, method = excluded.method, headers = excluded.headers,
+    timeout_s = excluded.timeout_s, payload = excluded.payload,
+    max_attempts = excluded.max_attempts, backoff_base_s = excluded.backoff_base_s,
+    backoff_cap_s = excluded.backoff_cap_s, max_age_s = excluded.max_age_s;
+
+-- name: delete_job_delivery
+-- An edit back to the default delivery settings: the job keeps no row.
+DELETE FROM job_delivery WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;
+
+-- name: delete_job_deliveries_by_keys
+-- The delivery rows of the jobs (pids[i], jids[i]) retention just pruned
+-- (prune_jobs), in its transaction.
+DELETE FROM job_delivery
+WHERE (partition_id, job_id) IN (
+    SELECT a.pid, a.jid FROM unnest(%(pids)b::int4[], %(jids)b::uuid[]) AS a (pid, jid));
+
+-- name: get_job_delivery
+-- The delivery settings of one job (no row: the defaults).
+SELECT * FROM job_delivery WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;
+
+-- name: job_deliveries_by_keys
+-- The delivery rows of the jobs (pids[i], jids[i]) that have one (jobs
+-- import compares them with the file's lines: one read per batch).
+SELECT d.*
+FROM unnest(%(pids)b::int4[], %(jids)b::uuid[]) AS a (pid, jid)
+JOIN job_delivery AS d ON d.partition_id = a.pid AND d.job_id = a.jid;
 
 -- name: find_job_by_name
 SELECT * FROM jobs
@@ -683,14 +723,15 @@ FOR UPDATE;
 -- name: replace_job_spec
 -- Edit a job in place (jobs add --replace): new spec and next slot (the
 -- caller keeps the pending slot when the schedule is unchanged, see
--- scheduler/jobs.py), revision bumped so an in-flight firing of the old
--- spec does not advance it.
+-- scheduler/jobs.py), delivery columns (queue, overlap; the caller writes
+-- or deletes the job_delivery row in the same transaction), revision bumped
+-- so an in-flight firing of the old spec does not advance it.
 UPDATE jobs
 SET kind = %(kind)s, cron_expr = %(cron_expr)s, cron_dialect = %(cron_dialect)s, tz = %(tz)s,
     interval_s = %(interval_s)s, anchor_at = %(anchor_at)s, fire_at = %(fire_at)s,
     misfire = %(misfire)s, catchup_window_s = %(catchup_window_s)s,
     misfire_grace_s = %(misfire_grace_s)s, jitter_s = %(jitter_s)s,
-    schedule_key = %(schedule_key)s,
+    schedule_key = %(schedule_key)s, queue = %(queue)s, overlap = %(overlap)s,
     next_nominal_at = CASE WHEN paused THEN NULL ELSE %(next_nominal_at)s::timestamptz END,
     next_due_at = CASE WHEN paused THEN NULL ELSE %(next_due_at)s::timestamptz END,
     revision = revision + 1, changed_at = %(changed_at)s
@@ -741,10 +782,13 @@ SELECT * FROM jobs WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s
 SELECT * FROM jobs WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s FOR UPDATE;
 
 -- name: list_jobs
-SELECT * FROM jobs
-WHERE deleted_at IS NULL
-  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
-ORDER BY tenant, created_at, job_id
+-- Live jobs with their push target's url and method (NULL for a queue).
+SELECT j.*, d.url, d.method
+FROM jobs AS j
+LEFT JOIN job_delivery AS d ON d.partition_id = j.partition_id AND d.job_id = j.job_id
+WHERE j.deleted_at IS NULL
+  AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s::text)
+ORDER BY j.tenant, j.created_at, j.job_id
 LIMIT %(limit)s;
 
 -- name: set_job_paused
@@ -1221,7 +1265,9 @@ ORDER BY c.nominal_time, c.job_id;
 -- until now + the job's per-attempt timeout (%(default_timeout_s)s without
 -- one) + %(margin_s)s. Fenced like fire_runs: the partitions rows locked FOR
 -- SHARE where owner and epoch (%(epochs)s[p + 1]) are still ours, so a node
--- that lost a partition claims none of its runs.
+-- that lost a partition claims none of its runs. SKIP LOCKED only spreads
+-- two claimers (an old and a new owner for a moment) over different runs;
+-- the state re-check in the UPDATE is what keeps a run leased once.
 WITH fence AS (
     SELECT p.partition_id
     FROM partitions AS p
@@ -1403,7 +1449,7 @@ WITH fence AS (
     LIMIT %(limit)s
 ), decided AS (
     SELECT due.*,
-           greatest(coalesce(due.wish, '-infinity'::timestamptz),
+           greatest(coalesce(due.wish, coalesce(%(now)s::timestamptz, statement_timestamp())),
                     coalesce(%(now)s::timestamptz, statement_timestamp())
                     + due.backoff_s * interval '1 second') AS retry_at
     FROM due

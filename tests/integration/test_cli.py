@@ -370,7 +370,7 @@ def test_jobs_list_show_pause_resume_delete(pg_dsn, conn) -> None:
     only = json.loads(run(["jobs", "list", "--tenant", "globex", "--json"], pg_dsn).stdout)
     assert [r["job_id"] for r in only] == [str(c)]
     text = run(["jobs", "list"], pg_dsn).stdout.splitlines()
-    assert text[0].split() == ["JOB_ID", "TENANT", "NAME", "SCHEDULE", "MISFIRE", "PAUSED", "NEXT_NOMINAL_AT"]
+    assert text[0].split() == ["JOB_ID", "TENANT", "NAME", "SCHEDULE", "TARGET", "MISFIRE", "PAUSED", "NEXT_NOMINAL_AT"]
     assert len(text) == 4
 
     shown = json.loads(run(["jobs", "show", str(b), "--json"], pg_dsn).stdout)

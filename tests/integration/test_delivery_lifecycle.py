@@ -16,8 +16,10 @@ import pytest
 from helpers import OneNode, pending_run, run_row
 
 from scheduler import jobs
+from scheduler.clock import ManualClock
 from scheduler.delivery import lifecycle
 from scheduler.delivery.lifecycle import Nack, RunKey
+from scheduler.delivery.loop import SettleLoop
 from scheduler.errors import ValidationError
 from scheduler.spec import JobSpec
 
@@ -243,3 +245,20 @@ def test_batches_and_leases_out_of_bounds_are_refused(conn) -> None:
             lifecycle.claim(conn, **args)
     with pytest.raises(ValidationError, match="^token: "):
         lifecycle.ack(conn, [(RunKey.of(uuid.uuid4(), T0).run_id, "not-a-token")])
+
+
+def test_the_nodes_settle_loop_redelivers_an_expired_lease_and_counts_it(conn, pg_dsn) -> None:
+    job_id = add_job(conn)
+    key = pending_run(conn, job_id, T0)
+    lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=1, lease_s=5, now=T0)
+    owner = OneNode(pg_dsn, clock=ManualClock(store_at=T0 + 6 * S))
+    try:
+        loop = SettleLoop(owner.settings, owner.table, owner.clock, owner.metrics)
+        assert loop.run_once() == 1
+        loop.close()
+    finally:
+        owner.close()
+    row = run_row(conn, key)
+    assert (row["state"], row["attempt"], row["last_error"]) == ("pending", 1, "lease expired")
+    settled = {"to": "pending", "cause": "expired"}
+    assert owner.metrics.value("scheduler_delivery_settled_total", settled) == 1

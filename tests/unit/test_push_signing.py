@@ -114,8 +114,8 @@ def test_body_and_times() -> None:
 
 
 def test_push_settings_are_checked() -> None:
-    assert Settings(push_allow="10.0.0.0/8, 127.0.0.1").validated().push_policy().allows("127.0.0.1")
-    assert not Settings().validated().push_policy().allows("127.0.0.1")
+    assert Settings(push_allow="10.0.0.0/8, 127.0.0.1").validated().push_policy.allows("127.0.0.1")
+    assert not Settings().validated().push_policy.allows("127.0.0.1")
     with pytest.raises(ConfigError, match="push_allow: must be a comma-separated list"):
         Settings(push_allow="10.0.0.0/33").validated()
     with pytest.raises(ConfigError, match="push_concurrency must be a whole number from 1 to 10000"):

@@ -198,3 +198,18 @@ def test_settings_check_messages_name_the_settings():
     with pytest.raises(ConfigError, match="lock_timeout_s .* lease_ttl_s"):
         Settings(lock_timeout_s=20.0).check()
     assert Settings(metrics_port=0, retention_s=86_400.0).validated().node_id
+
+
+def test_push_allow_is_a_setting_parsed_into_the_address_policy():
+    assert show([], {"SCHEDULER_PUSH_ALLOW": "10.0.0.0/8, 127.0.0.1"})["push_allow"] == {
+        "value": "10.0.0.0/8, 127.0.0.1",
+        "source": "env",
+    }
+    policy = Settings(push_allow="10.0.0.0/8, 127.0.0.1").push_policy
+    assert (policy.allows("10.1.2.3"), policy.allows("127.0.0.1"), policy.allows("127.0.0.2")) == (True, True, False)
+    assert Settings().push_policy.allows("169.254.169.254") is False
+    with pytest.raises(ConfigError) as info:
+        Settings(push_allow="10.0.0.0/8,intranet").check()
+    assert str(info.value) == (
+        "push_allow: must be a comma-separated list of networks or addresses (e.g. 10.0.0.0/8) (got 'intranet')"
+    )

@@ -21,7 +21,7 @@ from scheduler.store import QUERIES
 REPO = Path(__file__).resolve().parents[2]
 MIGRATIONS = sorted((REPO / "alembic" / "versions").glob("*.py"))
 
-SKIP_LOCKED_ALLOWED = {"claim_partitions"}
+SKIP_LOCKED_ALLOWED = {"claim_partitions", "claim_runs", "claim_push"}
 """Queries allowed FOR UPDATE SKIP LOCKED: only to spread claimers over rows
 (the outer WHERE re-checks, so correctness never depends on it)."""
 
@@ -84,12 +84,10 @@ def test_skip_locked_is_documented_as_spreading_work():
     for name in SKIP_LOCKED_ALLOWED:
         assert SKIP_LOCKED.search(QUERIES[name])
     text = (REPO / "scheduler" / "sql" / "queries.sql").read_text(encoding="utf-8")
-    header = text[
-        text.index("-- name: claim_partitions") : text.index(
-            "UPDATE partitions", text.index("-- name: claim_partitions")
-        )
-    ]
-    assert "SKIP LOCKED" in header and "spreads" in header
+    for name in sorted(SKIP_LOCKED_ALLOWED):
+        start = text.index(f"-- name: {name}\n")
+        header = text[start : text.index("\n\n", start)].split("\nWITH ")[0].split("\nUPDATE ")[0]
+        assert "SKIP LOCKED" in header and "spreads" in header, name
 
 
 @pytest.mark.parametrize(
