@@ -580,7 +580,13 @@ def test_secret_commands_refuse_bad_input_with_one_line(pg_dsn, conn, args, mess
 
 
 def test_a_node_pushes_the_runs_it_fires(pg_dsn, conn, receiver) -> None:
-    job_id = http_job(conn, receiver.url(), payload={"hello": "world"})
+    added = cli(
+        ["jobs", "add", "--tenant", "acme", "--interval", "3600", "--url", receiver.url(), "--push-allow",
+         "127.0.0.1/32", "--payload", '{"hello": "world"}', "--header", "X-Token: abc"],
+        pg_dsn,
+    )  # fmt: skip
+    assert added.exit_code == 0, added.stderr
+    job_id = uuid.UUID(added.stdout.strip())
     conn.execute(
         "UPDATE jobs SET next_nominal_at = anchor_at - interval '1 hour', next_due_at = anchor_at - interval '1 hour'"
         " WHERE job_id = %s",
@@ -606,4 +612,9 @@ def test_a_node_pushes_the_runs_it_fires(pg_dsn, conn, receiver) -> None:
     )
     assert sorted(r["headers"]["idempotency-key"] for r in receiver.requests) == keys
     assert {r["body"] for r in receiver.requests} == {b'{"hello":"world"}'}
+    assert {r["headers"]["x-token"] for r in receiver.requests} == {"abc"}
+    # The tenant had no secret: its first push created one, which signs every request.
+    (secret,) = [r["secret"] for r in conn.execute("SELECT secret FROM tenant_secrets WHERE tenant = 'acme'")]
+    for request in receiver.requests:
+        signing.verify(request["headers"]["scheduler-signature"], request["body"], [secret])
     assert node.metrics.value("scheduler_push_attempts_total", {"outcome": "succeeded"}) == 2
