@@ -15,16 +15,13 @@ import email.utils
 import json
 import logging
 import os
-import threading
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psycopg
 import pytest
 from click.testing import CliRunner
-from helpers import OneNode, pending_run, run_row, wait_for
+from helpers import OneNode, Receiver, pending_run, run_row, wait_for
 
 from scheduler import jobs
 from scheduler.cli import cli as main_cli
@@ -40,75 +37,6 @@ from scheduler.spec import JobSpec
 
 T0 = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
 S = timedelta(seconds=1)
-
-
-class Receiver:
-    """An HTTP endpoint on 127.0.0.1 that records every request and answers from a script.
-
-    ``script`` items are ``(status, headers, delay_s)``; when it is empty the
-    answer is 200. ``requests`` holds ``{method, path, headers (lower-case
-    names), body}`` in arrival order; ``peak`` the most requests handled at once.
-    """
-
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.requests: list[dict] = []
-        self.script: list[tuple[int, dict[str, str], float]] = []
-        self.peak = 0
-        self._active = 0
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _handle(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with receiver._lock:
-                    receiver.requests.append(
-                        {
-                            "method": self.command,
-                            "path": self.path,
-                            "headers": {k.lower(): v for k, v in self.headers.items()},
-                            "body": body,
-                        }
-                    )
-                    status, headers, delay_s = receiver.script.pop(0) if receiver.script else (200, {}, 0.0)
-                    receiver._active += 1
-                    receiver.peak = max(receiver.peak, receiver._active)
-                try:
-                    time.sleep(delay_s)
-                    self.send_response(status)
-                    for name, value in headers.items():
-                        self.send_header(name, value)
-                    self.send_header("Content-Length", "2")
-                    self.end_headers()
-                    self.wfile.write(b"ok")
-                except OSError:  # the client gave up (timeout)
-                    pass
-                finally:
-                    with receiver._lock:
-                        receiver._active -= 1
-
-            do_POST = do_PUT = _handle
-
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def port(self) -> int:
-        return self.server.server_address[1]
-
-    def url(self, path: str = "/hook", host: str = "127.0.0.1") -> str:
-        return f"http://{host}:{self.port}{path}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 class StaticResolver:
