@@ -58,8 +58,10 @@ At most ``push_concurrency`` attempts in flight per node (the claim asks for
 no more than the free capacity) and ``push_per_host`` per target host; the
 connection pool has the same limits, so a request never waits for a
 connection inside its own deadline. An attempt waiting for its host's turn
-keeps its lease alive (heartbeats) and starts only with its whole deadline
-ahead of it; one whose run was canceled meanwhile is dropped unsent.
+keeps its lease alive (heartbeats, once it has waited ~3 s) and starts only
+with its whole deadline ahead of it; one a heartbeat finds canceled (overlap
+``replace``) is dropped unsent. A run canceled after its last heartbeat is
+still sent; the receiver's answer is then not recorded (the ack is refused).
 """
 
 from __future__ import annotations

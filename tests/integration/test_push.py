@@ -15,13 +15,14 @@ import email.utils
 import json
 import logging
 import os
+import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 from click.testing import CliRunner
-from helpers import OneNode, Receiver, pending_run, run_row, wait_for
+from helpers import OneNode, Receiver, pending_run, record_named_queries, run_row, wait_for
 
 from scheduler import jobs
 from scheduler.cli import cli as main_cli
@@ -546,3 +547,96 @@ def test_a_node_pushes_the_runs_it_fires(pg_dsn, conn, receiver) -> None:
     for request in receiver.requests:
         signing.verify(request["headers"]["scheduler-signature"], request["body"], [secret])
     assert node.metrics.value("scheduler_push_attempts_total", {"outcome": "succeeded"}) == 2
+
+
+def test_attempts_waiting_for_their_host_keep_their_lease_and_a_canceled_one_is_not_sent(
+    pg_dsn, conn, receiver, epochs, monkeypatch
+) -> None:
+    sent = record_named_queries(monkeypatch)
+    job_id = http_job(conn, receiver.url(), timeout_s=4)
+    keys = [pending_push_run(conn, job_id, T0 + i * S) for i in range(4)]
+    receiver.delay_s = 2.0  # one at a time (push_per_host 1): the 3rd and 4th wait 4 s and more
+    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 30 * S), push_per_host=1)
+
+    def cancel_the_third() -> None:
+        wait_for("the first request", lambda: receiver.requests)
+        conn.execute(
+            "UPDATE runs SET state = 'canceled' WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
+            (keys[2].partition_id, keys[2].job_id, keys[2].nominal_time),
+        )
+
+    canceler = threading.Thread(target=cancel_the_third)
+    canceler.start()
+    try:
+        outcomes = loop.run_once()
+    finally:
+        loop.close()
+        canceler.join()
+    assert [o.run.key for o in outcomes] == [keys[0], keys[1], keys[3]]
+    assert [r["headers"]["idempotency-key"] for r in receiver.requests] == [
+        keys[0].run_id,
+        keys[1].run_id,
+        keys[3].run_id,
+    ]
+    # An attempt waits for its host with less than its deadline + 2 s of lease left only past 3 s:
+    # the first never waited; the third and the fourth did, and were asked about.
+    beaten = {run_id for name, params in sent if name == "heartbeat_runs" for run_id in _run_ids(params)}
+    assert {keys[2].run_id, keys[3].run_id} <= beaten and keys[0].run_id not in beaten
+    assert [run_row(conn, k)["state"] for k in keys] == ["succeeded", "succeeded", "canceled", "succeeded"]
+
+
+def _run_ids(params: dict) -> list[str]:
+    return [RunKey(p, j, n).run_id for p, j, n in zip(params["pids"], params["jids"], params["nominals"], strict=True)]
+
+
+def test_at_stop_the_attempt_in_flight_finishes_and_the_waiting_one_is_given_back(
+    pg_dsn, conn, receiver, epochs
+) -> None:
+    job_id = http_job(conn, receiver.url(), timeout_s=4)
+    first, second = (pending_push_run(conn, job_id, T0 + i * S) for i in range(2))
+    receiver.delay_s = 1.5
+    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 30 * S), push_per_host=1)
+    stop = threading.Event()
+    thread = threading.Thread(target=loop.run, args=(stop,))
+    thread.start()
+    try:
+        wait_for("the first request", lambda: receiver.requests)
+        stop.set()
+        thread.join(15)
+        assert not thread.is_alive()
+    finally:
+        stop.set()
+        thread.join(15)
+        loop.close()
+    assert [r["headers"]["idempotency-key"] for r in receiver.requests] == [first.run_id]
+    assert run_row(conn, first)["state"] == "succeeded"
+    row = run_row(conn, second)
+    assert (row["state"], row["retryable"], row["last_error"], row["attempt"]) == (
+        "failed",
+        True,
+        "node stopping before the attempt was sent",
+        1,
+    )
+
+
+def test_at_stop_an_attempt_past_half_the_stop_timeout_is_abandoned_as_retryable(
+    pg_dsn, conn, receiver, epochs
+) -> None:
+    job_id = http_job(conn, receiver.url(), timeout_s=20)
+    key = pending_push_run(conn, job_id, T0)
+    receiver.delay_s = 10.0
+    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 30 * S), stop_timeout_s=2.0)
+    stop = threading.Event()
+    thread = threading.Thread(target=loop.run, args=(stop,))
+    thread.start()
+    try:
+        wait_for("the request", lambda: receiver.requests)
+        stop.set()
+        thread.join(8)  # half the stop timeout (1 s), then the outcome recorded
+        assert not thread.is_alive()
+    finally:
+        stop.set()
+        thread.join(15)
+        loop.close()
+    row = run_row(conn, key)
+    assert (row["state"], row["retryable"], row["last_error"]) == ("failed", True, "node stopping during the attempt")
