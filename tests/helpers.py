@@ -217,7 +217,8 @@ class Receiver:
 
     ``script`` items are ``(status, headers, delay_s)``; when it is empty the
     answer is 200 after ``delay_s``. ``requests`` holds ``{method, path,
-    headers (lower-case names), body}`` in arrival order; ``peak`` the most
+    headers (lower-case names), body, peer (the client's address and port:
+    one per connection)}`` in arrival order; ``peak`` the most
     requests handled at once. Listens on ``host``:``port`` (0: a free port).
     """
 
@@ -245,6 +246,7 @@ class Receiver:
                             "path": self.path,
                             "headers": {k.lower(): v for k, v in self.headers.items()},
                             "body": body,
+                            "peer": self.client_address,
                         }
                     )
                     status, headers, delay_s = (

@@ -67,6 +67,7 @@ still sent; the receiver's answer is then not recorded (the ack is refused).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import email.utils
 import ipaddress
@@ -75,7 +76,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -252,7 +253,7 @@ class Pusher:
         self._policy = policy
         self._per_host = per_host
         self._clock = clock or SystemClock()
-        self._hosts: dict[str, asyncio.Semaphore] = {}
+        self._hosts: dict[str, tuple[asyncio.Semaphore, int]] = {}
         connector = aiohttp.TCPConnector(
             limit=concurrency,
             limit_per_host=per_host,
@@ -273,13 +274,22 @@ class Pusher:
         """Close the session and its connections."""
         await self._session.close()
 
-    def _turn(self, host: str) -> asyncio.Semaphore:
-        sem = self._hosts.get(host)
-        if sem is None:
-            if len(self._hosts) > 10_000:  # forget idle hosts now and then
-                self._hosts = {h: s for h, s in self._hosts.items() if s.locked() or s._waiters}
-            sem = self._hosts[host] = asyncio.Semaphore(self._per_host)
-        return sem
+    @contextlib.asynccontextmanager
+    async def _turn(self, host: str) -> AsyncIterator[None]:
+        """Hold one of ``host``'s ``per_host`` turns (waiting for one, in arrival order).
+
+        A host's semaphore lives while some attempt uses or awaits it."""
+        sem, users = self._hosts.get(host) or (asyncio.Semaphore(self._per_host), 0)
+        self._hosts[host] = (sem, users + 1)
+        try:
+            async with sem:
+                yield
+        finally:
+            sem, users = self._hosts[host]
+            if users == 1:
+                del self._hosts[host]
+            else:
+                self._hosts[host] = (sem, users - 1)
 
     async def push(
         self,
@@ -319,7 +329,7 @@ class Pusher:
                     allow_redirects=False,
                     timeout=aiohttp.ClientTimeout(total=timeout_s),
                 ) as response:
-                    await response.content.read(MAX_RESPONSE_READ)
+                    await _drain(response)
                     status = response.status
                     retry_after = response.headers.get("Retry-After")
             except TimeoutError:
@@ -344,6 +354,17 @@ class Pusher:
         wait = parse_retry_after(retry_after, self._clock.wall()) if outcome == "retry" else None
         reason = f" {response.reason}" if response.reason else ""
         return Outcome(run, outcome, status, f"HTTP {status}{reason}", wait, elapsed)
+
+
+async def _drain(response: aiohttp.ClientResponse) -> None:
+    """Read (and drop) up to :data:`MAX_RESPONSE_READ` bytes of the body: a body read to
+    its end leaves the connection reusable; a longer one is closed with the response."""
+    remaining = MAX_RESPONSE_READ
+    while remaining > 0:
+        chunk = await response.content.read(min(remaining, 16_384))
+        if not chunk:
+            return
+        remaining -= len(chunk)
 
 
 def _is_ip(host: str) -> bool:

@@ -447,6 +447,7 @@ def test_attempts_to_one_host_are_bounded_by_push_per_host(pg_dsn, conn, receive
     finally:
         loop.close()
     assert receiver.peak == 2
+    assert len({r["peer"] for r in receiver.requests}) == 2  # two keep-alive connections, each used 3 times
     assert [run_row(conn, k)["state"] for k in keys] == ["succeeded"] * 6
 
 
