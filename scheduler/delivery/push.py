@@ -525,7 +525,7 @@ class PushLoop:
                     await self._refresh_waiting()
                     free = self._s.push_concurrency - len(self._inflight)
                     if free > 0 and (more or time.monotonic() >= next_claim):
-                        more = await self._claim(pusher, min(free, lifecycle.MAX_BATCH))
+                        more = await self._claim(pusher, min(free, lifecycle.MAX_BATCH), look_first=not more)
                         next_claim = time.monotonic() + POLL_INTERVAL_S
                 busy = len(self._inflight) >= self._s.push_concurrency
                 wait = 0.0 if (more and not busy and not stop.is_set()) else POLL_INTERVAL_S
@@ -537,12 +537,21 @@ class PushLoop:
                 else:
                     await asyncio.sleep(0)
 
-    async def _claim(self, pusher: Pusher, limit: int) -> bool:
-        """Claim up to ``limit`` runs and start their attempts; True if the claim came back full."""
+    async def _claim(self, pusher: Pusher, limit: int, look_first: bool = True) -> bool:
+        """Claim up to ``limit`` runs and start their attempts; True if the claim came back full.
+
+        ``look_first``: ask ``any_push_due`` (an index probe) before the
+        fenced claim, which locks the partitions rows: idle polls stay reads.
+        """
         epochs = self._firable()
         if not epochs:
             return False
         now = self._clock.store_now_or_none()
+        if look_first:
+            pids = sorted(epochs)
+            due = await self._store(lambda c: store.execute(c, "any_push_due", {"pids": pids, "now": now}))
+            if not due or not due[0]["due"]:
+                return False
         sent = time.monotonic()
         claimed = await self._store(
             lambda c: lifecycle.claim_push(c, node_id=self._s.node_id, epochs=epochs, limit=limit, now=now)
