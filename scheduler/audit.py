@@ -73,6 +73,7 @@ from datetime import datetime, timedelta
 import psycopg
 
 from scheduler import oracle, store
+from scheduler.delivery.views import run_id
 from scheduler.errors import ValidationError
 from scheduler.planner import scheduled_time
 from scheduler.schedule import format_instant
@@ -178,6 +179,23 @@ def segment_slots(segments: list[dict], since: datetime, until: datetime, slots_
             yield row["partition_id"], row["job_id"], slot, at
 
 
+def _check_window(since: datetime, until: datetime, list_limit: int) -> None:
+    """Raise ValidationError unless ``[since, until)`` is an audit window and ``list_limit`` a list bound."""
+    for field, value in (("since", since), ("until", until)):
+        if value.tzinfo is None:
+            raise ValidationError(field, "must carry a UTC offset", value.isoformat())
+    if since >= until:
+        raise ValidationError("until", "must be later than --since", until.isoformat())
+    if until - since > MAX_WINDOW:
+        raise ValidationError(
+            "until",
+            f"the window may span at most {MAX_WINDOW.days} days; audit a long period as several windows",
+            until.isoformat(),
+        )
+    if isinstance(list_limit, bool) or not isinstance(list_limit, int) or not 0 <= list_limit <= 10_000:
+        raise ValidationError("list_limit", "must be a whole number from 0 to 10000", list_limit)
+
+
 def verify(
     conn: psycopg.Connection,
     since: datetime,
@@ -201,19 +219,7 @@ def verify(
     Python computes slots once per distinct cron schedule, plus per
     revision only for interval, one-shot and jittered ones.
     """
-    for field, value in (("since", since), ("until", until)):
-        if value.tzinfo is None:
-            raise ValidationError(field, "must carry a UTC offset", value.isoformat())
-    if since >= until:
-        raise ValidationError("until", "must be later than --since", until.isoformat())
-    if until - since > MAX_WINDOW:
-        raise ValidationError(
-            "until",
-            f"the window may span at most {MAX_WINDOW.days} days; audit a long period as several windows",
-            until.isoformat(),
-        )
-    if isinstance(list_limit, bool) or not isinstance(list_limit, int) or not 0 <= list_limit <= 10_000:
-        raise ValidationError("list_limit", "must be a whole number from 0 to 10000", list_limit)
+    _check_window(since, until, list_limit)
     window = {"since": since, "until": until}
 
     def audit(conn: psycopg.Connection) -> VerifyReport:
@@ -357,3 +363,94 @@ def _oracle_slots(segments: list[dict], since: datetime, until: datetime):
             raise ValidationError("exhaustive", f"the oracle cannot enumerate job {row['job_id']}: {exc}") from None
 
     return slots_of
+
+
+# ---------------------------------------------------------------- delivery (verify --delivery)
+
+SETTLE_INTERVAL_S = 1.0
+"""How often a partition's owner settles expired leases and failed attempts (docs/delivery.md)."""
+
+DELIVERY_FINDINGS = ("lost", "dead", "canceled", "stale")
+"""The runs :func:`verify_delivery` lists, in report order."""
+
+
+@dataclasses.dataclass
+class DeliveryReport:
+    """Counts of :func:`verify_delivery` over the runs with nominal time in the window.
+
+    Every run is in exactly one of: ``succeeded``, ``dead``, ``canceled``
+    (finished), ``pending``, ``leased``, ``failed`` (unfinished: still being
+    delivered), ``lost`` (no delivery state though fired at or after
+    ``state_since``) or ``predelivery`` (no delivery state, fired before
+    it). ``stale`` counts the leased and failed runs among them whose lease
+    ended more than the lease TTL + :data:`SETTLE_INTERVAL_S` ago (their
+    owner should have settled them). ``state_since``: the earliest
+    ``fired_at`` of a run in the window that carries a state (None: none
+    does). ``findings`` lists, for each of :data:`DELIVERY_FINDINGS`, the
+    first ``findings_limit`` runs (job id, nominal time, state, attempt,
+    fired_at, leased_until, worker, last_error, and its ``run_id``) by job id then nominal time.
+    """
+
+    runs: int = 0
+    succeeded: int = 0
+    dead: int = 0
+    canceled: int = 0
+    pending: int = 0
+    leased: int = 0
+    failed: int = 0
+    lost: int = 0
+    predelivery: int = 0
+    stale: int = 0
+    state_since: datetime | None = None
+    findings_limit: int = LIST_LIMIT
+    findings: dict[str, list[dict]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when no run is lost (stale leases are reported, not failed: they are late, not lost)."""
+        return self.lost == 0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def verify_delivery(
+    conn: psycopg.Connection,
+    since: datetime,
+    until: datetime,
+    *,
+    lease_ttl_s: float,
+    list_limit: int = LIST_LIMIT,
+    now: datetime | None = None,
+) -> DeliveryReport:
+    """The delivery audit (docs/delivery.md, "Seeing it") of the runs with nominal time in ``[since, until)``.
+
+    The bounds are checked as :func:`verify` checks them (ValidationError,
+    fields ``since``/``until``/``list_limit``); ``lease_ttl_s`` (> 0) is the
+    fleet's lease TTL; ``now`` pins the store clock (tests; None: the
+    store's now). Read-only, one transaction retried on 40001/40P01; one
+    pass over the window's runs plus one per listed finding.
+    """
+    _check_window(since, until, list_limit)
+    if not 0 < lease_ttl_s < float("inf"):
+        raise ValidationError("lease_ttl_s", "must be a number of seconds > 0", lease_ttl_s)
+
+    def audit(c: psycopg.Connection) -> DeliveryReport:
+        at = store.now(c, now)
+        params = {
+            "since": since,
+            "until": until,
+            "stale_before": at - timedelta(seconds=lease_ttl_s + SETTLE_INTERVAL_S),
+        }
+        report = DeliveryReport(**store.execute(c, "summarize_delivery_audit", params)[0], findings_limit=list_limit)
+        for kind in DELIVERY_FINDINGS:
+            rows = []
+            if getattr(report, kind) and list_limit:
+                rows = [
+                    _jsonable({"run_id": run_id(row["job_id"], row["nominal_time"]), **row})
+                    for row in store.execute(c, "list_delivery_audit", {**params, "kind": kind, "limit": list_limit})
+                ]
+            report.findings[kind] = rows
+        return report
+
+    return store.run_transaction(conn, audit)

@@ -38,6 +38,7 @@ import tzdata
 from scheduler import __version__
 from scheduler import log as logmod
 from scheduler import settings as settings_mod
+from scheduler.delivery.views import RUN_STATES
 from scheduler.errors import (
     ECHO_MAX_CHARS,
     ConfigError,
@@ -919,6 +920,83 @@ def jobs_show(dsn: str, job_id: str, as_json: bool) -> None:
             click.echo(f"{key:17} {_fmt(value)}")
 
 
+@jobs.command("describe")
+@dsn_option
+@click.argument("job_id")
+@json_option
+def jobs_describe(dsn: str, job_id: str, as_json: bool) -> None:
+    """Show a job with its delivery: spec, target, policies, next 10 fires, last 10 runs, counters.
+
+    The target shows header names only (values may be secrets) and the
+    payload's size. Each recent run shows its state, attempts, lateness
+    (fired - scheduled) and dispatch lag (first claim - scheduled). Counters:
+    runs per delivery state (predelivery: fired before delivery existed),
+    in flight (leased + failed), skipped slots per reason.
+    """
+    from scheduler.delivery.views import describe_job
+
+    with open_store(dsn) as conn:
+        described = describe_job(conn, _job_id(job_id))
+    job = described["job"]
+    job["schedule"] = _schedule_text(job)
+    if as_json:
+        _echo_json(described)
+        return
+    for key in ("job_id", "tenant", "name", "schedule", "misfire", "jitter_s", "paused", "deleted_at", "revision"):
+        click.echo(f"{key:17} {_fmt(job[key])}")
+    delivery = described["delivery"]
+    target = delivery["target"]
+    if "queue" in target:
+        click.echo(f"{'target':17} queue {target['queue']}")
+    else:
+        names = ", ".join(target["header_names"]) or "-"
+        click.echo(
+            f"{'target':17} {target['method']} {target['url']} (headers: {names}; timeout {target['timeout_s']:g}s)"
+        )
+    payload = delivery["payload_bytes"]
+    click.echo(f"{'payload':17} {'none' if payload is None else f'{payload} bytes'}")
+    retry = delivery["retry"]
+    click.echo(
+        f"{'retry':17} max_attempts {retry['max_attempts']}, backoff {retry['backoff_base_s']:g}s"
+        f" to {retry['backoff_cap_s']:g}s, max_age {_fmt(retry['max_age_s'])}"
+    )
+    click.echo(f"{'overlap':17} {delivery['overlap']}")
+    click.echo("next fires:")
+    for fire in described["next_fires"]:
+        jittered = "" if fire["scheduled_at"] == fire["nominal_time"] else f" (scheduled {_fmt(fire['scheduled_at'])})"
+        click.echo(f"  {_fmt(fire['nominal_time'])}{jittered}")
+    if not described["next_fires"]:
+        click.echo("  none (paused, deleted or no slot left)")
+    click.echo("recent runs:")
+    if described["recent_runs"]:
+        rows = [
+            {
+                **run,
+                "lateness_s": None if run["lateness_s"] is None else round(run["lateness_s"], 3),
+                "dispatch_lag_s": None if run["dispatch_lag_s"] is None else round(run["dispatch_lag_s"], 3),
+            }
+            for run in described["recent_runs"]
+        ]
+        _table(rows, ["nominal_time", "state", "attempt", "lateness_s", "dispatch_lag_s", "origin", "last_error"])
+    else:
+        click.echo("  none")
+    counters = described["counters"]
+    runs_text = ", ".join(f"{state} {count}" for state, count in counters["runs"].items())
+    click.echo(f"runs: {runs_text}; in flight {counters['in_flight']}")
+    skips = counters["skips"]
+    click.echo(
+        "skipped: "
+        + (
+            ", ".join(
+                f"{reason} {row['slots']} slots in {row['ranges']} ranges"
+                + (f" ({row['uncounted']} ranges too long to count)" if row["uncounted"] else "")
+                for reason, row in skips.items()
+            )
+            or "none"
+        )
+    )
+
+
 @jobs.command("pause")
 @dsn_option
 @click.argument("job_id")
@@ -1077,18 +1155,91 @@ def runs() -> None:
 @dsn_option
 @click.option("--job", "job_id", default=None, help="Only this job's runs.")
 @click.option("--since", default=None, callback=instant("since"), help="Nominal time at or after (ISO-8601).")
+@click.option(
+    "--state",
+    type=click.Choice(RUN_STATES),
+    default=None,
+    help="Only runs in this delivery state (runs fired before delivery existed have none).",
+)
+@click.option("--tenant", default=None, help="Only this tenant's runs (an unknown tenant exits 2).")
 @click.option("--limit", default=100, show_default=True, type=WholeNumber("limit", 1))
 @json_option
-def runs_list(dsn: str, job_id: str | None, since: datetime | None, limit: int, as_json: bool) -> None:
-    """List runs, newest nominal time first."""
+def runs_list(
+    dsn: str,
+    job_id: str | None,
+    since: datetime | None,
+    state: str | None,
+    tenant: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List runs, newest nominal time first, with run id, delivery state, attempts and last error.
+
+    A run id is <job id>.<nominal time in Unix microseconds> (`runs redrive` takes it).
+    """
     from scheduler import jobs as jobsmod
+    from scheduler.delivery.views import run_id
 
     with open_store(dsn) as conn:
-        rows = jobsmod.list_runs(conn, _job_id(job_id) if job_id else None, since, limit)
+        rows = jobsmod.list_runs(conn, _job_id(job_id) if job_id else None, since, limit, state=state, tenant=tenant)
+    rows = [{"run_id": run_id(row["job_id"], row["nominal_time"]), **row} for row in rows]
     if as_json:
         _echo_json(rows)
     else:
-        _table(rows, ["job_id", "tenant", "nominal_time", "fired_at", "lateness_s", "node_id", "epoch"])
+        for row in rows:  # one line each: the error's whitespace collapsed, cut to 80 characters
+            if row["last_error"] is not None:
+                row["last_error"] = " ".join(row["last_error"].split())[:ECHO_MAX_CHARS]
+        _table(rows, ["run_id", "tenant", "nominal_time", "state", "attempt", "fired_at", "lateness_s", "last_error"])
+
+
+@runs.command("redrive")
+@dsn_option
+@click.argument("run_id", required=False)
+@click.option("--job", "job_id", default=None, help="Redrive this job's runs in --state (instead of RUN_ID).")
+@click.option(
+    "--state",
+    type=click.Choice(["dead", "canceled"]),
+    default=None,
+    help="With --job: the state of the runs to redrive.",
+)
+@click.option(
+    "--limit",
+    default=100,
+    show_default=True,
+    type=WholeNumber("limit", 1),
+    help="With --job: at most this many, oldest first.",
+)
+@json_option
+def runs_redrive(
+    dsn: str, run_id: str | None, job_id: str | None, state: str | None, limit: int, as_json: bool
+) -> None:
+    """Move a dead or canceled run (RUN_ID), or a job's (--job J --state dead), back to pending.
+
+    The run is available at once, with a fresh retry budget: attempt reset
+    to 0 and the first claim forgotten (max_attempts and max_age_s count
+    from the redrive); last_error is kept. A RUN_ID that is not dead or
+    canceled exits 2 naming its state, changing nothing. Prints the run ids
+    redriven, one a line.
+    """
+    from scheduler.delivery import views
+
+    if (run_id is None) == (job_id is None):
+        raise ValidationError("redrive", "give exactly one of RUN_ID or --job")
+    if run_id is not None and state is not None:
+        raise ValidationError("state", "applies to --job only (RUN_ID names one run)")
+    if job_id is not None and state is None:
+        raise ValidationError("state", "--job needs --state dead or --state canceled")
+    with open_store(dsn) as conn:
+        if run_id is not None:
+            done = [views.redrive(conn, run_id)]
+        else:
+            done = views.redrive_job(conn, _job_id(job_id), state, limit)
+    if as_json:
+        _echo_json({"redriven": done})
+        return
+    for line in done:
+        click.echo(line)
+    click.echo(f"redrove {len(done)} runs", err=True)
 
 
 @runs.command("prune")
@@ -1097,8 +1248,9 @@ def runs_list(dsn: str, job_id: str | None, since: datetime | None, limit: int, 
     "--older-than",
     "older_than",
     required=True,
-    help="Age: 7d, 12h, 30m, 45s, 1d12h or plain seconds. Deletes runs whose nominal time is older, "
-    "skip ranges that ended before, and jobs deleted before now minus this.",
+    help="Age: 7d, 12h, 30m, 45s, 1d12h or plain seconds. Deletes finished runs whose nominal time is "
+    "older (never a pending, leased or failed one), skip ranges that ended before, and jobs deleted "
+    "before now minus this.",
 )
 @click.option(
     "--batch-rows",
@@ -1302,6 +1454,19 @@ def config_show(ctx: click.Context, as_json: bool, **values: Any) -> None:
 # ---------------------------------------------------------------- audit / status
 
 
+def _fleet_timing(name: str, help_text: str) -> Callable:
+    """``--<name>``: one of the fleet's lease timings (seconds), defaulting to the node's setting."""
+    return click.option(
+        f"--{name.replace('_', '-')}",
+        type=click.FloatRange(min=0, min_open=True),
+        default=getattr(Settings, name),
+        envvar=f"SCHEDULER_{name.upper()}",
+        show_envvar=True,
+        show_default=True,
+        help=help_text,
+    )
+
+
 @cli.command("verify")
 @dsn_option
 @click.option("--since", required=True, callback=instant("since"), help="Window start (inclusive), ISO-8601.")
@@ -1318,22 +1483,47 @@ def config_show(ctx: click.Context, as_json: bool, **values: Any) -> None:
     show_default=True,
     help="Findings of each kind listed (the counts are always totals).",
 )
+@click.option(
+    "--delivery",
+    is_flag=True,
+    help="Also audit delivery: every run succeeded, dead, canceled or still being delivered; none lost.",
+)
+@_fleet_timing("lease_ttl_s", "With --delivery: the fleet's lease TTL (a lease ended TTL + 1 s ago is stale).")
 @json_option
-def verify_cmd(dsn: str, since: datetime, until: datetime, exhaustive: bool, list_limit: int, as_json: bool) -> None:
+def verify_cmd(
+    dsn: str,
+    since: datetime,
+    until: datetime,
+    exhaustive: bool,
+    list_limit: int,
+    delivery: bool,
+    lease_ttl_s: float,
+    as_json: bool,
+) -> None:
     """Check every (job, nominal time) in [SINCE, UNTIL) has exactly one run, on time.
 
     Exit status 1 if anything is missing, duplicated, early or unexpected, a
     skip breaks its rule, or (--exhaustive) the oracle disagrees with the
     expected slots. --json adds the findings: for each kind the first
     --list-limit (job, nominal time) pairs.
+
+    --delivery also audits the window's runs by delivery state (JSON: key
+    "delivery"): succeeded, dead, canceled, pending, leased, failed, lost (no
+    delivery state though fired after delivery existed: exit status 1),
+    predelivery, and stale (leased or failed runs whose lease ended more
+    than the TTL + 1 s ago: reported, their owner should have settled them).
+    Dead, canceled, lost and stale runs are listed.
     """
-    from scheduler.audit import verify
+    from scheduler.audit import verify, verify_delivery
 
     with open_store(dsn) as conn:
         # retried whole on 40001/40P01 by verify itself
         report = verify(conn, since, until, exhaustive=exhaustive, list_limit=list_limit)
+        delivered = (
+            verify_delivery(conn, since, until, lease_ttl_s=lease_ttl_s, list_limit=list_limit) if delivery else None
+        )
     if as_json:
-        _echo_json(report.as_dict())
+        _echo_json(report.as_dict() | ({"delivery": delivered.as_dict()} if delivered else {}))
     else:
         for key, value in report.as_dict().items():
             if key not in ("findings", "findings_limit"):
@@ -1352,21 +1542,33 @@ def verify_cmd(dsn: str, since: datetime, until: datetime, exhaustive: bool, lis
                     click.echo(f"  {name} {row['job_id']} {instant}" + (f" {detail}" if detail else ""))
                 if count > len(listed):
                     click.echo(f"  ... {count - len(listed)} more {name} (--json lists up to --list-limit)")
-    if not report.ok:
+        if delivered is not None:
+            _echo_delivery_audit(delivered)
+    if not report.ok or (delivered is not None and not delivered.ok):
         sys.exit(EXIT_FAILED)
 
 
-def _fleet_timing(name: str, help_text: str) -> Callable:
-    """``--<name>``: one of the fleet's lease timings (seconds), defaulting to the node's setting."""
-    return click.option(
-        f"--{name.replace('_', '-')}",
-        type=click.FloatRange(min=0, min_open=True),
-        default=getattr(Settings, name),
-        envvar=f"SCHEDULER_{name.upper()}",
-        show_envvar=True,
-        show_default=True,
-        help=help_text,
-    )
+def _echo_delivery_audit(report: Any) -> None:
+    """The text form of a :class:`scheduler.audit.DeliveryReport` (after verify's own lines)."""
+    from scheduler.audit import DELIVERY_FINDINGS
+
+    for key, value in report.as_dict().items():
+        if key not in ("findings", "findings_limit"):
+            click.echo(f"delivery_{key}: {_fmt(value)}")
+    if report.lost:
+        click.echo(f"FAILED: {report.lost} lost (runs without a delivery state)")
+    for kind in DELIVERY_FINDINGS:
+        listed = report.findings.get(kind, [])[:10]
+        for row in listed:
+            detail = f"attempt={row['attempt']}" + (
+                f" leased_until={row['leased_until']} worker={row['worker']}" if kind == "stale" else ""
+            )
+            if row["last_error"] is not None:
+                detail += f" last_error={clip(row['last_error'])}"
+            click.echo(f"  {kind} {row['run_id']} {detail}")
+        count = getattr(report, kind)
+        if count > len(listed):
+            click.echo(f"  ... {count - len(listed)} more {kind} (--json lists up to --list-limit)")
 
 
 @cli.command("status")

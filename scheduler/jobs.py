@@ -805,11 +805,29 @@ def list_tenants(conn: psycopg.Connection) -> list[dict]:
 
 
 def list_runs(
-    conn: psycopg.Connection, job_id: uuid.UUID | None = None, since: datetime | None = None, limit: int = 100
+    conn: psycopg.Connection,
+    job_id: uuid.UUID | None = None,
+    since: datetime | None = None,
+    limit: int = 100,
+    *,
+    state: str | None = None,
+    tenant: str | None = None,
 ) -> list[dict]:
-    """Runs, newest nominal time first, optionally of one job and/or since an instant."""
-    return store.execute(
+    """Runs, newest nominal time first, optionally of one job, since an instant, in one
+    delivery ``state`` (pending, leased, failed, succeeded, dead, canceled) and/or of one
+    ``tenant``. Raises NotFoundError if ``tenant`` is given, does not exist and nothing matched."""
+    rows = store.execute(
         conn,
         "list_runs",
-        {"job_id": job_id, "partition_id": partition_of(job_id) if job_id else None, "since": since, "limit": limit},
+        {
+            "job_id": job_id,
+            "partition_id": partition_of(job_id) if job_id else None,
+            "since": since,
+            "limit": limit,
+            "state": state,
+            "tenant": tenant,
+        },
     )
+    if tenant is not None and not rows:
+        _require_tenant(conn, tenant)
+    return rows

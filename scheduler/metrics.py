@@ -2,7 +2,9 @@
 
 Names follow ``scheduler_<subsystem>_<name>_<unit|total>``. Labels are
 bounded: SQLSTATE *class* (two characters), lease event kind, never a raw
-tenant or job id. Tests read the registry (``Metrics.value``) as an oracle.
+job id, and a tenant only in the queue-depth gauge, whose label set is the
+20 deepest tenants plus ``other`` (scheduler/delivery/views.py). Tests read
+the registry (``Metrics.value``) as an oracle.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import threading
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
 LAG_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 13.0, 20.0, 30.0, 60.0, 300.0)
 """Dispatch-lag buckets (seconds): around the 2 s p99 target and the 10–13 s failover bound."""
@@ -76,6 +78,33 @@ class BulkHistogram:
             acc += n
             cumulative.append((bound, acc))
         yield HistogramMetricFamily(self._name, self._doc, buckets=cumulative, sum_value=total)
+
+    def describe(self):
+        return []
+
+
+class _LabelSnapshot:
+    """A gauge family whose whole set of series is replaced at once (:meth:`replace`),
+    so a label value that left the set (a tenant no longer among the deepest)
+    stops being exposed instead of keeping a stale value."""
+
+    def __init__(self, name: str, documentation: str, label: str, registry: CollectorRegistry) -> None:
+        self._name, self._doc, self._label = name, documentation, label
+        self._values: dict[str, float] = {}
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def replace(self, values: dict[str, float]) -> None:
+        with self._lock:
+            self._values = dict(values)
+
+    def collect(self):
+        with self._lock:
+            values = dict(self._values)
+        family = GaugeMetricFamily(self._name, self._doc, labels=[self._label])
+        for label, value in values.items():
+            family.add_metric([label], value)
+        yield family
 
     def describe(self):
         return []
@@ -198,6 +227,20 @@ class Metrics:
             buckets=TICK_BUCKETS_S,
             registry=r,
         )
+        self.runs_in_flight = Gauge(
+            "scheduler_delivery_runs_in_flight",
+            "Runs in flight in the whole store, by state: leased (an attempt runs) or failed (awaiting "
+            "its owner's settle step); refreshed every 10 s.",
+            ["state"],
+            registry=r,
+        )
+        self.queue_depth = _LabelSnapshot(
+            "scheduler_delivery_queue_depth_runs",
+            "Pending runs in the whole store per tenant: the 20 deepest tenants, the rest summed as "
+            "tenant='other'; refreshed every 10 s.",
+            "tenant",
+            r,
+        )
         # Bounded label sets, exposed at 0 from the start so dashboards and
         # alerts see every series before its first event.
         for kind in LEASE_EVENT_KINDS:
@@ -214,6 +257,13 @@ class Metrics:
         for to in ("pending", "dead"):
             for cause in ("expired", "failed"):
                 self.delivery_settled.labels(to=to, cause=cause)
+        for state in ("leased", "failed"):
+            self.runs_in_flight.labels(state=state)
+
+    def set_queue_depths(self, depths: dict[str, int]) -> None:
+        """Replace the queue-depth gauge's series by ``depths`` (label value → runs);
+        a tenant absent from ``depths`` disappears from the exposition."""
+        self.queue_depth.replace(depths)
 
     def retry(self, sqlstate: str) -> None:
         """Count one transaction retry for ``sqlstate``."""

@@ -28,6 +28,10 @@ pieces complete a production node:
   thread, connection and asyncio loop (docs/delivery.md, "Push"); at stop
   it sends nothing new and records its outcomes before the leases go.
 
+Two daemon threads, not joined at stop, prepare zones (see
+:meth:`Node._prepare_zones`) and read the delivery gauges every 10 s
+(:class:`scheduler.delivery.views.DeliveryGauges`).
+
 Graceful stop (SIGTERM/SIGINT, docs/design.md §6): ``/readyz`` turns 503, the
 firing loop finishes its tick and exits, then the lease loop releases every
 lease and deletes the heartbeat, so peers claim the partitions on their next
@@ -69,6 +73,7 @@ from scheduler.clock import Clock, SystemClock
 from scheduler.coordination import Coordinator, LeaseLoop, LeaseTable, make_coordinator
 from scheduler.delivery.loop import SettleLoop
 from scheduler.delivery.push import PushLoop
+from scheduler.delivery.views import DeliveryGauges
 from scheduler.errors import ConfigError, StoreSetupError
 from scheduler.firing import Firer
 from scheduler.health import HealthServer, StoreProbe
@@ -160,6 +165,11 @@ class Node:
         self._stop_zones = threading.Event()
         self._stop_push = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.delivery_gauges = DeliveryGauges(
+            lambda: store.node_connect(self.settings, f"scheduler-gauges:{self.node_id}", watchdog=self.watchdog),
+            self.metrics,
+            self.node_id,
+        )
 
     @property
     def node_id(self) -> str:
@@ -322,6 +332,8 @@ class Node:
             thread.start()
         # Not joined at stop: a daemon that dies with the process (the pass is re-runnable).
         threading.Thread(target=self._prepare_zones, name="zones", daemon=True).start()
+        # The delivery gauges (queue depth per tenant, runs in flight): a read every 10 s, likewise.
+        threading.Thread(target=self.delivery_gauges.run, args=(self._stop_zones,), name="gauges", daemon=True).start()
 
     def _prepare_zones(self) -> None:
         """On its own thread and connection: once at start, if the store's slots

@@ -7,7 +7,10 @@ per pass, on the store's clock; a node's retention loop reads it through its
 clock's store pin, so a test that pins the store clock gets an exact
 cutoff, see scheduler/clock.py):
 
-* runs whose ``nominal_time < cutoff``;
+* runs whose ``nominal_time < cutoff`` and that are finished (state
+  ``succeeded``, ``dead``, ``canceled``) or predate delivery (state NULL):
+  an unfinished run (``pending``, ``leased``, ``failed``) is never deleted,
+  whatever its age (docs/delivery.md);
 * skip ranges whose ``until_nominal < cutoff`` (entirely older);
 * jobs soft-deleted (``jobs delete``) before ``cutoff``; their runs and skips
   are older still, so tables are pruned in that order. A pruned job's

@@ -285,3 +285,29 @@ class Receiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+RUN_DEFAULTS = {"tenant": "acme", "node_id": "n", "epoch": 1, "queue": "default", "origin": "schedule"}
+"""Columns :func:`insert_run` writes unless told otherwise."""
+
+
+def insert_run(conn: psycopg.Connection, job_id, nominal_time: datetime, **columns) -> None:
+    """Write one run of ``job_id`` at ``nominal_time`` directly, as firing and delivery would
+    have left it: ``columns`` are ``runs`` columns (e.g. ``state="dead", attempt=5,
+    last_error="boom"``); scheduled_at and fired_at default to the nominal time, the others
+    to :data:`RUN_DEFAULTS`, state to ``pending``. For tests of what reads runs."""
+    from scheduler.partition import partition_of
+
+    row = {
+        **RUN_DEFAULTS,
+        "state": "pending",
+        "scheduled_at": nominal_time,
+        "fired_at": nominal_time,
+        **columns,
+        "partition_id": partition_of(job_id),
+        "job_id": job_id,
+        "nominal_time": nominal_time,
+    }
+    names = ", ".join(row)
+    values = ", ".join(f"%({name})s" for name in row)
+    conn.execute(f"INSERT INTO runs ({names}) VALUES ({values})", row)  # noqa: S608 - column names are ours

@@ -5,6 +5,8 @@
 * :mod:`scheduler.delivery.ssrf` — which addresses a push target may reach;
 * :mod:`scheduler.delivery.lifecycle` — claim, heartbeat, ack, nack (fenced by
   the attempt's lease token) and the partition owner's settle step;
+* :mod:`scheduler.delivery.views` — seeing it: run ids, ``jobs describe``,
+  ``runs redrive``, the node's delivery gauges;
 * :mod:`scheduler.delivery.push` — the node's push loop: HTTP attempts of the
   runs of URL targets (aiohttp, SSRF rule at connect, per-host bounds);
 * :mod:`scheduler.delivery.signing` — the ``Scheduler-Signature`` header and

@@ -850,14 +850,102 @@ WHERE tenant = %(tenant)s
 SELECT tenant FROM tenants WHERE tenant = %(tenant)s;
 
 -- name: list_runs
+-- Runs, newest nominal time first, each filter optional (NULL: any): one
+-- job's (a primary-key range), since a nominal time, in one delivery state,
+-- of one tenant. Without a job it reads runs by nominal time: an operator's
+-- command, bounded by %(limit)s rows returned, not by rows read.
 SELECT r.partition_id, r.job_id, r.nominal_time, r.tenant, r.scheduled_at, r.fired_at,
-       r.node_id, r.epoch,
+       r.node_id, r.epoch, r.state, r.queue, r.origin, r.attempt, r.available_at,
+       r.leased_until, r.worker, r.first_claimed_at, r.finished_at, r.last_error,
        extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s
 FROM runs AS r
 WHERE (%(job_id)s::uuid IS NULL OR (r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s::uuid))
   AND (%(since)s::timestamptz IS NULL OR r.nominal_time >= %(since)s::timestamptz)
+  AND (%(state)s::text IS NULL OR r.state = %(state)s::text)
+  AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
 ORDER BY r.nominal_time DESC, r.job_id
 LIMIT %(limit)s;
+
+-- ---------------------------------------------------------------- delivery views
+-- scheduler/delivery/views.py: jobs describe, runs redrive, the node's
+-- delivery gauges. Every per-job statement is scoped by (partition_id, job_id).
+
+-- name: count_job_runs_by_state
+-- A job's runs per delivery state (NULL: fired before delivery existed).
+SELECT r.state, count(*) AS runs
+FROM runs AS r
+WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s
+GROUP BY r.state;
+
+-- name: count_job_skips_by_reason
+-- A job's skip ranges per reason: ranges, the slots they counted, and the
+-- ranges too long to count (slots NULL).
+SELECT s.reason, count(*) AS ranges, coalesce(sum(s.slots), 0)::int8 AS slots,
+       (count(*) - count(s.slots))::int8 AS uncounted
+FROM skips AS s
+WHERE s.partition_id = %(partition_id)s AND s.job_id = %(job_id)s
+GROUP BY s.reason
+ORDER BY s.reason;
+
+-- name: recent_job_runs
+-- A job's last %(limit)s runs, newest nominal time first, with lateness
+-- (fired − scheduled) and dispatch lag (first claim − scheduled; NULL until
+-- claimed), in seconds.
+SELECT r.nominal_time, r.scheduled_at, r.fired_at, r.state, r.origin, r.attempt,
+       r.first_claimed_at, r.finished_at, r.last_error,
+       extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s,
+       extract(epoch FROM (r.first_claimed_at - r.scheduled_at))::float8 AS dispatch_lag_s
+FROM runs AS r
+WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s
+ORDER BY r.nominal_time DESC
+LIMIT %(limit)s;
+
+-- name: get_run_state
+-- One run's delivery state (explains a redrive that changed nothing).
+SELECT r.state FROM runs AS r
+WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s AND r.nominal_time = %(nominal_time)s;
+
+-- name: redrive_runs
+-- Back to pending, available now (store time): one run
+-- (%(nominal_time)s) or the oldest %(limit)s of a job, only those whose state
+-- is in %(states)s (dead, canceled). A redrive is a fresh retry budget:
+-- attempt 0 and first_claimed_at NULL (max_attempts and max_age_s count
+-- from the redrive), lease and outcome cleared; last_error is kept. The
+-- state is re-checked by the UPDATE, so a concurrent change wins.
+UPDATE runs
+SET state = 'pending', attempt = 0, available_at = now(),
+    lease_token = NULL, leased_until = NULL, worker = NULL, claimed_at = NULL,
+    first_claimed_at = NULL, finished_at = NULL, retryable = NULL
+WHERE (partition_id, job_id, nominal_time) IN (
+    SELECT r.partition_id, r.job_id, r.nominal_time
+    FROM runs AS r
+    WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s
+      AND (%(nominal_time)s::timestamptz IS NULL OR r.nominal_time = %(nominal_time)s::timestamptz)
+      AND r.state = ANY(%(states)s::text[])
+    ORDER BY r.nominal_time
+    LIMIT %(limit)s)
+  AND state = ANY(%(states)s::text[])
+RETURNING nominal_time;
+
+-- name: delivery_depths
+-- The node's delivery gauges, one read of the partial indexes: pending runs
+-- per tenant (pull runs by runs_pending_idx, push runs by runs_push_idx), and
+-- runs in flight per state (runs_inflight_idx). kind: 'pending' (per tenant)
+-- or the state ('leased', 'failed'; tenant NULL).
+SELECT 'pending' AS kind, r.tenant, count(*) AS runs
+FROM runs AS r
+WHERE r.state = 'pending' AND r.queue IS NOT NULL
+GROUP BY r.tenant
+UNION ALL
+SELECT 'pending' AS kind, r.tenant, count(*) AS runs
+FROM runs AS r
+WHERE r.state = 'pending' AND r.queue IS NULL
+GROUP BY r.tenant
+UNION ALL
+SELECT r.state AS kind, NULL AS tenant, count(*) AS runs
+FROM runs AS r
+WHERE r.state IN ('leased', 'failed')
+GROUP BY r.state;
 
 -- ---------------------------------------------------------------- audit
 
@@ -1198,6 +1286,51 @@ SELECT job_id, nominal_time, only_in FROM (
 ORDER BY job_id, nominal_time
 LIMIT %(limit)s;
 
+-- name: summarize_delivery_audit
+-- verify --delivery (scheduler/audit.py, verify_delivery): the runs with
+-- nominal time in [since, until) by delivery state. The delivery era starts,
+-- as far as the window shows, at the earliest fired_at of a run carrying a
+-- state: a run without one fired then or later is lost (the firing statement
+-- writes the state with the run), one fired before predates delivery.
+-- stale: leased or failed runs whose lease ended before %(stale_before)s
+-- (their partition's owner should have settled them).
+WITH w AS (
+    SELECT r.state, r.fired_at, r.leased_until
+    FROM runs AS r
+    WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s
+), era AS (
+    SELECT min(w.fired_at) AS since FROM w WHERE w.state IS NOT NULL
+)
+SELECT count(*) AS runs,
+       count(*) FILTER (WHERE w.state = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE w.state = 'dead') AS dead,
+       count(*) FILTER (WHERE w.state = 'canceled') AS canceled,
+       count(*) FILTER (WHERE w.state = 'pending') AS pending,
+       count(*) FILTER (WHERE w.state = 'leased') AS leased,
+       count(*) FILTER (WHERE w.state = 'failed') AS failed,
+       count(*) FILTER (WHERE w.state IS NULL AND w.fired_at >= era.since) AS lost,
+       count(*) FILTER (WHERE w.state IS NULL AND (era.since IS NULL OR w.fired_at < era.since)) AS predelivery,
+       count(*) FILTER (WHERE w.state IN ('leased', 'failed') AND w.leased_until < %(stale_before)s) AS stale,
+       min(era.since) AS state_since
+FROM w CROSS JOIN era;
+
+-- name: list_delivery_audit
+-- The first %(limit)s runs of one finding of summarize_delivery_audit
+-- (%(kind)s: lost, dead, canceled or stale), by job id then nominal time.
+WITH era AS (
+    SELECT min(r.fired_at) AS since
+    FROM runs AS r
+    WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s AND r.state IS NOT NULL
+)
+SELECT r.job_id, r.nominal_time, r.state, r.attempt, r.fired_at, r.leased_until, r.worker, r.last_error
+FROM runs AS r CROSS JOIN era
+WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s
+  AND ((%(kind)s = 'lost' AND r.state IS NULL AND r.fired_at >= era.since)
+       OR (%(kind)s IN ('dead', 'canceled') AND r.state = %(kind)s)
+       OR (%(kind)s = 'stale' AND r.state IN ('leased', 'failed') AND r.leased_until < %(stale_before)s))
+ORDER BY r.job_id, r.nominal_time
+LIMIT %(limit)s;
+
 -- name: recent_lag
 -- Runs fired in the last %(window_s)s seconds and their lateness p99 (live views).
 SELECT count(*) AS runs,
@@ -1505,6 +1638,9 @@ SELECT * FROM settled;
 -- %(after_job)s, %(after_time)s) (NULL: from the start). Returns the deleted
 -- keys; the caller continues after the largest. Set-based and ctid-free, so
 -- valid on CockroachDB; retried whole on 40001 (deleting is idempotent).
+-- Never an unfinished run (state pending, leased or failed), whatever its
+-- age: only finished runs (succeeded, dead, canceled) and runs fired before
+-- delivery existed (state NULL) go.
 DELETE FROM runs
 WHERE (partition_id, job_id, nominal_time) IN (
     SELECT partition_id, job_id, nominal_time
@@ -1514,6 +1650,7 @@ WHERE (partition_id, job_id, nominal_time) IN (
            OR (partition_id, job_id, nominal_time)
               > (%(after_pid)s::int4, %(after_job)s::uuid, %(after_time)s::timestamptz))
       AND nominal_time < %(cutoff)s
+      AND (state IS NULL OR state NOT IN ('pending', 'leased', 'failed'))
     ORDER BY partition_id, job_id, nominal_time
     LIMIT %(limit)s)
 RETURNING partition_id, job_id, nominal_time AS key_time;

@@ -502,7 +502,16 @@ def test_runs_list(pg_dsn, conn) -> None:
     limited = json.loads(run(["runs", "list", "--limit", "3", "--json"], pg_dsn).stdout)
     assert len(limited) == 3
     text = run(["runs", "list", "--job", str(b)], pg_dsn).stdout.splitlines()
-    assert text[0].split() == ["JOB_ID", "TENANT", "NOMINAL_TIME", "FIRED_AT", "LATENESS_S", "NODE_ID", "EPOCH"]
+    assert text[0].split() == [
+        "RUN_ID",
+        "TENANT",
+        "NOMINAL_TIME",
+        "STATE",
+        "ATTEMPT",
+        "FIRED_AT",
+        "LATENESS_S",
+        "LAST_ERROR",
+    ]
     assert len(text) == 6
     one_line_error(run(["runs", "list", "--since", "2030-01-01"], pg_dsn), 2, "error: since: ")
     one_line_error(run(["runs", "list", "--limit", "0"], pg_dsn), 2, "error: limit: must be at least 1 (got '0')")

@@ -21,13 +21,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 from click.testing import CliRunner
-from helpers import closed_port, store_now, wait_for
+from helpers import closed_port, insert_run, store_now, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler import jobs, store
@@ -62,6 +63,8 @@ FAMILIES = {
     "scheduler_store_errors": "counter",
     "scheduler_retention_pruned_rows": "counter",
     "scheduler_retention_batch_duration_seconds": "histogram",
+    "scheduler_delivery_runs_in_flight": "gauge",
+    "scheduler_delivery_queue_depth_runs": "gauge",
 }
 """Every metric family a node exposes (counters without the ``_total`` suffix, as parsed)."""
 
@@ -259,6 +262,34 @@ def test_metrics_endpoint_reads_the_same_runs_as_the_store(pg_dsn, conn, start_n
     node.stop()  # draining: not ready any more, though still serving
     status, body = ready(port)
     assert status == 503 and any(reason.startswith("stopping") for reason in body["reasons"])
+
+
+def test_delivery_gauges_on_the_metrics_endpoint(pg_dsn, conn, start_node):
+    """The node reads queue depth per tenant and runs in flight at start (then every 10 s)."""
+    now = store_now(conn)
+    job = uuid.uuid4()  # runs of no job: nothing fires them, only the gauges read them
+    insert_run(conn, job, now - timedelta(seconds=3), tenant="acme")
+    insert_run(conn, job, now - timedelta(seconds=2), tenant="acme", queue=None)
+    insert_run(conn, job, now - timedelta(seconds=1), tenant="globex")
+    insert_run(conn, job, now, tenant="globex", state="leased", leased_until=now)
+    insert_run(conn, job, now + timedelta(seconds=1), tenant="globex", state="dead")
+    node = start_node(pg_dsn)
+    metrics = wait_for(
+        "the delivery gauges",
+        lambda: scrape(node.metrics_port),
+        lambda m: "scheduler_delivery_queue_depth_runs" in m and m["scheduler_delivery_queue_depth_runs"]["samples"],
+    )
+    assert metrics["scheduler_delivery_queue_depth_runs"]["samples"] == {
+        ("scheduler_delivery_queue_depth_runs", ("tenant", "acme")): 2,
+        ("scheduler_delivery_queue_depth_runs", ("tenant", "globex")): 1,
+        ("scheduler_delivery_queue_depth_runs", ("tenant", "other")): 0,
+    }
+    assert (
+        sample(metrics, "scheduler_delivery_runs_in_flight", "scheduler_delivery_runs_in_flight", state="leased") == 1
+    )
+    assert (
+        sample(metrics, "scheduler_delivery_runs_in_flight", "scheduler_delivery_runs_in_flight", state="failed") == 0
+    )
 
 
 def test_metrics_port_in_use_is_an_error_before_anything_starts(pg_dsn):

@@ -184,3 +184,22 @@ def test_node_retention_loop_prunes_its_partitions(pg_dsn, conn):
     for table, count in aged.counts().items():
         assert f'scheduler_retention_pruned_rows_total{{table="{table}"}} {float(count)}' in text
     assert node.metrics.value("scheduler_retention_pruned_rows_total", {"table": "runs"}) == aged.counts()["runs"]
+
+
+def test_prune_never_deletes_an_unfinished_run(conn):
+    """Runs in state pending, leased or failed stay whatever their age; finished ones
+    (succeeded, dead, canceled) and pre-delivery runs (state NULL) go at the cutoff."""
+    now = store_now(conn)
+    (job_id,) = jobs.add_jobs(conn, [JobSpec.build(tenant="acme", interval_s=3600)])
+    pid = partition_of(job_id)
+    states = [None, "pending", "leased", "failed", "succeeded", "dead", "canceled"]
+    old = {state: now - 30 * DAY - i * timedelta(minutes=1) for i, state in enumerate(states)}
+    conn.cursor().executemany(
+        "INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch,"
+        " state, queue) VALUES (%s, %s, %s, 'acme', %s, %s, 'n', 1, %s, 'default')",
+        [(pid, job_id, nominal, nominal, nominal, state) for state, nominal in old.items()],
+    )
+    report = retention.prune(conn, WEEK_S, batch_rows=2)
+    assert report.runs == 4
+    assert keys(conn, "runs") == {(pid, job_id, old[state]) for state in ("pending", "leased", "failed")}
+    assert retention.prune(conn, WEEK_S, batch_rows=2).runs == 0

@@ -35,6 +35,7 @@ BARE_CLOCK_ALLOWED = {
     "recent_lag": "the demo's live view of the last seconds of real time",
     "count_owned_partitions": "bench measurement against real time",
     "count_orphans_among": "bench measurement against real time",
+    "redrive_runs": "an operator's redrive (runs redrive): the run is available from the store's real now",
 }
 """Queries that read the store's clock without taking the pin, and why."""
 
