@@ -41,12 +41,13 @@ ETCD_ONLY = {"claim_partitions_at_epoch"}
 """Pinnable queries a SQL-coordinated node never sends (the etcd coordinator's,
 checked in tests/cluster/test_etcd_coordinator.py)."""
 
-WORKER_ONLY = {"claim_runs", "heartbeat_runs", "ack_runs", "nack_runs"}
+WORKER_ONLY = {"claim_runs"}
 """Pinnable queries of the workers' side of delivery (scheduler/delivery/lifecycle.py),
 which a node never sends; the pin is theirs to pass (tests/integration/test_delivery_lifecycle.py)."""
 
-UNSENT_HERE = {"claim_push"}
-"""Sent by a node's push loop, which has nothing to push in this test."""
+UNSENT_HERE = {"heartbeat_runs", "ack_runs"}
+"""Sent by workers, and by a node's push loop when an attempt succeeds or waits
+for its host's turn; this test's one push fails at once (its nack is sent)."""
 
 
 def test_a_node_built_from_default_settings_sends_null_as_now_in_every_time_dependent_query(
