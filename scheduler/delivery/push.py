@@ -86,7 +86,7 @@ import psycopg
 from aiohttp.abc import AbstractResolver, ResolveResult
 from multidict import CIMultiDict
 
-from scheduler import log, store
+from scheduler import __version__, log, store
 from scheduler.clock import Clock, SystemClock
 from scheduler.delivery import lifecycle, signing, tenant_secrets
 from scheduler.delivery.lifecycle import Claimed, Nack
@@ -114,6 +114,9 @@ MAX_RESPONSE_READ = 64 * 1024
 """Bytes of a response body read (and discarded) so its connection can be reused."""
 
 OUTCOMES = ("succeeded", "retry", "failed")
+
+USER_AGENT = f"trigger-engine/{__version__}"
+"""The ``User-Agent`` of every pushed request."""
 
 
 class SsrfRefused(OSError):
@@ -261,7 +264,7 @@ class Pusher:
             ttl_dns_cache=10,
         )
         self._session = aiohttp.ClientSession(
-            connector=connector, trust_env=False, auto_decompress=False, skip_auto_headers=("User-Agent",)
+            connector=connector, trust_env=False, auto_decompress=False, headers={"User-Agent": USER_AGENT}
         )
 
     async def __aenter__(self) -> Pusher:
@@ -426,8 +429,6 @@ class PushLoop:
         self._tasks: set[asyncio.Task[None]] = set()
         self._outcomes: list[Outcome] = []
         self._wake: asyncio.Event | None = None
-        self.recorded = 0
-        """Outcomes recorded in the store so far (tests, logs)."""
 
     # ------------------------------------------------------------ thread
 
@@ -657,7 +658,6 @@ class PushLoop:
         if answers is None:  # store failure: try again with the next batch
             self._outcomes.extend(chunk)
             return
-        self.recorded += len(chunk)
         for outcome in chunk:
             answer = answers.get(outcome.run.run_id)
             if outcome.outcome == "failed":

@@ -24,6 +24,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import OneNode, Receiver, pending_run, record_named_queries, run_row, wait_for
 
+import scheduler
 from scheduler import jobs
 from scheduler.cli import cli as main_cli
 from scheduler.clock import ManualClock
@@ -155,6 +156,7 @@ def test_a_2xx_is_acked_with_the_headers_and_a_signature_verify_accepts(pg_dsn, 
     assert headers["scheduler-nominal-time"] == "2031-03-04T05:06:07Z"
     assert headers["scheduler-scheduled-time"] == "2031-03-04T05:06:09Z"
     assert headers["scheduler-attempt"] == "1"
+    assert headers["user-agent"] == f"trigger-engine/{scheduler.__version__}"
     t = signing.verify(headers["scheduler-signature"], request["body"], [secret], now=clock.wall())
     assert t == int(clock.wall())
     assert headers["scheduler-signature"].count("v1=") == 1
