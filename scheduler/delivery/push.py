@@ -7,9 +7,10 @@ Two layers:
   (:meth:`Pusher.push`) and classifies what came back (:class:`Outcome`);
 * :class:`PushLoop` (a node thread, like the retention loop): its own store
   connection and its own asyncio loop; claims pending push runs of the
-  partitions the node may fire (:func:`~scheduler.delivery.lifecycle.claim_push`,
-  fenced by their epochs) as long as it has free capacity, hands them to the
-  pusher, and records the outcomes in batches (``ack`` / ``nack`` take lists).
+  partitions the node may fire that hold runs due (``due_push_partitions``,
+  then :func:`~scheduler.delivery.lifecycle.claim_push` fenced by those
+  partitions' epochs) whenever a quarter of its capacity is free, hands them
+  to the pusher, and records the outcomes in batches (``ack`` / ``nack``).
 
 The request
 -----------
@@ -103,6 +104,19 @@ MAX_RETRY_AFTER_S = 3600.0
 
 POLL_INTERVAL_S = 0.25
 """With free capacity and nothing found, the loop claims again after this long (seconds)."""
+
+CLAIM_SHARE = 4
+"""The loop claims once at least 1/CLAIM_SHARE of ``push_concurrency`` is free, and
+records outcomes once that many are finished (or :data:`RECORD_DELAY_S` passed):
+a transaction per batch, not per attempt."""
+
+STORE_RETRY_S = 1.0
+"""After a failed store call the loop makes none for this long (seconds): attempts in
+flight go on, their outcomes wait."""
+
+RECORD_DELAY_S = 0.05
+"""A finished attempt's outcome is recorded at most this long after it finished (seconds),
+unless the store is slow (then with the next batch)."""
 
 SEND_AHEAD_S = 1.0
 """An attempt starts only if its lease outlasts its deadline by this much (seconds, local clock)."""
@@ -428,6 +442,8 @@ class PushLoop:
         self._inflight: set[_InFlight] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._outcomes: list[Outcome] = []
+        self._oldest_outcome = 0.0
+        self._store_down_until = 0.0
         self._wake: asyncio.Event | None = None
 
     # ------------------------------------------------------------ thread
@@ -486,21 +502,26 @@ class PushLoop:
     # ------------------------------------------------------------ loop
 
     async def _store(self, call: Callable[[psycopg.Connection], Any]) -> Any:
-        """``call(conn)`` on a worker thread (the event loop keeps pushing); store errors → None, logged."""
+        """``call(conn)`` on a worker thread (the event loop keeps pushing); store errors → None,
+        logged, and no store call for :data:`STORE_RETRY_S` after one."""
 
         def body() -> Any:
             return call(self._session.connection())
 
+        if time.monotonic() < self._store_down_until:
+            return None
         try:
             return await asyncio.to_thread(body)
         except (psycopg.Error, SchedulerError, OSError) as exc:
             self._metrics.error(getattr(exc, "sqlstate", None))
             log.event("push_store_failed", logging.WARNING, node=self._s.node_id, error=_first_line(exc))
             self._session.close()
+            self._store_down_until = time.monotonic() + STORE_RETRY_S
             return None
 
     async def _main(self, stop: threading.Event) -> None:
         self._reset()
+        batch = max(1, self._s.push_concurrency // CLAIM_SHARE)
         next_claim = 0.0
         more = False
         stop_deadline: float | None = None
@@ -508,8 +529,14 @@ class PushLoop:
             while True:
                 assert self._wake is not None
                 self._wake.clear()
-                await self._record()
-                if stop.is_set():
+                stopping = stop.is_set()
+                if self._outcomes and (
+                    stopping
+                    or len(self._outcomes) >= batch
+                    or time.monotonic() - self._oldest_outcome >= RECORD_DELAY_S
+                ):
+                    await self._record()
+                if stopping:
                     if stop_deadline is None:
                         stop_deadline = time.monotonic() + self._s.stop_timeout_s / 2
                         self._drop_unsent()
@@ -525,34 +552,35 @@ class PushLoop:
                 else:
                     await self._refresh_waiting()
                     free = self._s.push_concurrency - len(self._inflight)
-                    if free > 0 and (more or time.monotonic() >= next_claim):
-                        more = await self._claim(pusher, min(free, lifecycle.MAX_BATCH), look_first=not more)
+                    if free >= batch and (more or time.monotonic() >= next_claim):
+                        more = await self._claim(pusher, min(free, lifecycle.MAX_BATCH))
                         next_claim = time.monotonic() + POLL_INTERVAL_S
-                busy = len(self._inflight) >= self._s.push_concurrency
-                wait = 0.0 if (more and not busy and not stop.is_set()) else POLL_INTERVAL_S
-                if wait:
-                    try:
-                        await asyncio.wait_for(self._wake.wait(), wait)
-                    except TimeoutError:
-                        pass
-                else:
+                free = self._s.push_concurrency - len(self._inflight)
+                if more and free >= batch and not stop.is_set():
                     await asyncio.sleep(0)
+                    continue
+                wait = RECORD_DELAY_S if self._outcomes else POLL_INTERVAL_S
+                try:
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                except TimeoutError:
+                    pass
 
-    async def _claim(self, pusher: Pusher, limit: int, look_first: bool = True) -> bool:
+    async def _claim(self, pusher: Pusher, limit: int) -> bool:
         """Claim up to ``limit`` runs and start their attempts; True if the claim came back full.
 
-        ``look_first``: ask ``any_push_due`` (an index probe) before the
-        fenced claim, which locks the partitions rows: idle polls stay reads.
+        First reads which partitions hold the runs due (``due_push_partitions``,
+        an index read), then claims fenced by those partitions only (the
+        claim locks its partitions rows): an idle loop locks nothing.
         """
-        epochs = self._firable()
-        if not epochs:
+        held = self._firable()
+        if not held:
             return False
         now = self._clock.store_now_or_none()
-        if look_first:
-            pids = sorted(epochs)
-            due = await self._store(lambda c: store.execute(c, "any_push_due", {"pids": pids, "now": now}))
-            if not due or not due[0]["due"]:
-                return False
+        params = {"pids": sorted(held), "now": now, "limit": limit}
+        due = await self._store(lambda c: store.execute(c, "due_push_partitions", params))
+        epochs = {row["partition_id"]: held[row["partition_id"]] for row in due or ()}
+        if not epochs:
+            return False
         sent = time.monotonic()
         claimed = await self._store(
             lambda c: lifecycle.claim_push(c, node_id=self._s.node_id, epochs=epochs, limit=limit, now=now)
@@ -585,11 +613,17 @@ class PushLoop:
             self._inflight.discard(item)
             self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
         if outcome is not None:
-            self._outcomes.append(outcome)
+            self._add(outcome)
             self._metrics.push_attempts.labels(outcome=outcome.outcome).inc()
             self._metrics.push_latency.labels(outcome=outcome.outcome).observe(outcome.latency_s)
         if self._wake is not None:
             self._wake.set()
+
+    def _add(self, outcome: Outcome) -> None:
+        """Queue ``outcome`` for the next batch recorded."""
+        if not self._outcomes:
+            self._oldest_outcome = time.monotonic()
+        self._outcomes.append(outcome)
 
     async def _ready(self, item: _InFlight) -> bool:
         """Called when the run's host has a turn: True once its lease covers the whole deadline."""
@@ -635,7 +669,7 @@ class PushLoop:
             if not item.started and not item.dropped:
                 item.dropped = True
                 item.refreshed.set()
-                self._outcomes.append(Outcome(item.run, "retry", error="node stopping before the attempt was sent"))
+                self._add(Outcome(item.run, "retry", error="node stopping before the attempt was sent"))
 
     async def _record(self) -> None:
         """Record the finished attempts (acks, then nacks, in batches); keep them on a store failure."""
@@ -655,8 +689,9 @@ class PushLoop:
             self._after_record(chunk, answers)
 
     def _after_record(self, chunk: list[Outcome], answers: dict[str, str] | None) -> None:
-        if answers is None:  # store failure: try again with the next batch
-            self._outcomes.extend(chunk)
+        if answers is None:  # store failure: try again with a later batch
+            for outcome in chunk:
+                self._add(outcome)
             return
         for outcome in chunk:
             answer = answers.get(outcome.run.run_id)

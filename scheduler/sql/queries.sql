@@ -1391,19 +1391,23 @@ LEFT JOIN jobs AS j ON j.partition_id = c.partition_id AND j.job_id = c.job_id
 LEFT JOIN job_delivery AS d ON d.partition_id = c.partition_id AND d.job_id = c.job_id
 ORDER BY c.nominal_time, c.job_id;
 
--- name: any_push_due
--- Whether some pushed run (no queue) of the partitions %(pids)s is pending and
--- available at %(now)s (NULL: now()): the push loop's cheap look at
--- runs_push_idx before claim_push, which locks the partitions rows FOR SHARE,
--- so an idle node does not lock its partitions several times a second.
-SELECT EXISTS (
-    SELECT 1
+-- name: due_push_partitions
+-- The partitions, among %(pids)s, of the %(limit)s pushed runs (no queue)
+-- pending longest and available at %(now)s (NULL: now()) — the runs
+-- claim_push would pick (runs_push_idx). The push loop then fences only
+-- these partitions in claim_push, which locks its partitions rows FOR SHARE:
+-- an idle loop locks none, a busy one a few, never every partition it holds.
+SELECT DISTINCT s.partition_id
+FROM (
+    SELECT r.partition_id
     FROM runs AS r
     WHERE r.partition_id = ANY(%(pids)s::int4[])
       AND r.state = 'pending'
       AND r.queue IS NULL
       AND r.available_at <= coalesce(%(now)s::timestamptz, now())
-) AS due;
+    ORDER BY r.available_at
+    LIMIT %(limit)s
+) AS s;
 
 -- name: claim_push
 -- The partition owner's claim of pushed runs (HTTP targets): up to

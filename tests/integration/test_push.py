@@ -643,3 +643,20 @@ def test_at_stop_an_attempt_past_half_the_stop_timeout_is_abandoned_as_retryable
         loop.close()
     row = run_row(conn, key)
     assert (row["state"], row["retryable"], row["last_error"]) == ("failed", True, "node stopping during the attempt")
+
+
+def test_the_claim_fences_only_the_partitions_with_runs_due(pg_dsn, conn, receiver, epochs, monkeypatch) -> None:
+    sent = record_named_queries(monkeypatch)
+    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 30 * S))
+    try:
+        assert loop.run_once() == []  # idle: one index read, no partitions row locked
+        assert [name for name, _ in sent] == ["due_push_partitions"]
+        keys = [pending_push_run(conn, http_job(conn, receiver.url(), name=f"j{i}"), T0) for i in range(2)]
+        keys.append(pending_push_run(conn, http_job(conn, receiver.url(), name="later"), T0 + 60 * S))  # not due
+        sent.clear()
+        assert len(loop.run_once()) == 2
+    finally:
+        loop.close()
+    (claim,) = [params for name, params in sent if name == "claim_push"]
+    assert claim["pids"] == sorted({k.partition_id for k in keys[:2]})
+    assert run_row(conn, keys[2])["state"] == "pending"
