@@ -11,8 +11,9 @@ except the attempts that were in flight at the kill, which it may see twice
 from __future__ import annotations
 
 from collections import Counter
+from operator import not_
 
-from harness import AFTERMATH_S, MARGIN_S, TIMINGS, Cluster, delivery_states
+from harness import AFTERMATH_S, MARGIN_S, TIMINGS, Cluster, backend_pids, delivery_states
 from helpers import Receiver
 
 from scheduler import jobs
@@ -61,8 +62,13 @@ def test_a_node_killed_while_pushing_is_redelivered_by_the_new_owner_with_the_sa
 
         # Killed while the receiver holds (for ANSWER_S) a request n1 sent.
         cluster.wait_for("a request of n1 at the receiver", lambda: leased_by_n1() & received(), timeout_s=15)
+        assert backend_pids(cluster.conn, "scheduler-push:n1"), "n1's push session not found"
         cluster.nodes["n1"].kill()
         killed_at = cluster.now()
+        # A transaction n1 sent before it died (an ack) may still commit: read once its session is gone.
+        cluster.wait_for(
+            "n1's push session to end", lambda: backend_pids(cluster.conn, "scheduler-push:n1"), not_, timeout_s=10
+        )
         in_flight = leased_by_n1()  # final: n1 records nothing any more
         sent_before_kill = in_flight & received()
         assert sent_before_kill, "no request of n1 was at the receiver at the kill"
