@@ -36,11 +36,17 @@ pause, resume, delete), the ``jobs`` row is in force from its
   and a run at ``until_nominal`` (the collapsed run carries the latest
   missed slot); ``edited``, ``paused`` and ``deleted`` need a rewrite of
   the job at ``recorded_at`` (a ``job_revisions.valid_until``) and no slot
-  in the range after it; any other reason is invalid;
+  in the range after it; ``overlap`` (docs/delivery.md) needs a run of the
+  job under an overlap policy unfinished at ``recorded_at``; any other
+  reason is invalid; a skip whose range holds a run the schedule fired is
+  invalid (a backfilled or manual run may fill a skipped slot);
 * **duplicates**: (job, nominal time) pairs with more than one run (the
   primary key forbids them; counted from the data, not assumed);
 * **unexpected**: audited runs at a nominal time the schedule then in force
-  does not produce;
+  does not produce. Audited runs are the schedule's own (``origin``
+  ``schedule``): manual runs (``jobs trigger``, at no slot) and backfilled
+  ones (late by design) are not audited, but a backfilled run is a slot's
+  run (not missing);
 * **early**: audited runs fired before their scheduled time: the stored
   ``scheduled_at``, or the one the audit computes (nominal + the job's
   jitter), or the nominal time, whichever is latest (a wrong stored

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import sys
 import uuid
@@ -1107,6 +1108,99 @@ def jobs_replan_slots(dsn: str, dry_run: bool, force: bool, as_json: bool) -> No
     )
 
 
+@jobs.command("trigger")
+@dsn_option
+@click.argument("job_id")
+@click.option(
+    "--request-id", default=None, help="Deduplicates: the same id again makes no second run (default: a new UUID)."
+)
+@click.option("--force", is_flag=True, help="Run even if the job's overlap policy would skip it.")
+@click.option(
+    "--wait-s",
+    default=10.0,
+    show_default=True,
+    type=Decimal("wait_s", "must be a number of seconds from 0 to 86400 in ASCII digits"),
+    help="How long to wait for the partition owner to carry the request out.",
+)
+@json_option
+def jobs_trigger(dsn: str, job_id: str, request_id: str | None, force: bool, wait_s: float, as_json: bool) -> None:
+    """Run a job now, once (a manual run; docs/delivery.md, "Run now and backfill").
+
+    The request is stored and carried out by the node that owns the job's
+    partition, within about a second: a run with nominal time = the store's
+    now, honouring the job's overlap policy unless --force (then "skipped"
+    if the policy forbids it). A paused job may be triggered; a deleted one
+    is not found. Prints the run id, or "queued" if no node carried the
+    request out within --wait-s (it stays queued until one does).
+    """
+    from scheduler.delivery import manual
+
+    with open_store(dsn) as conn:
+        request = manual.request_run(conn, _job_id(job_id), request_id, force=force)
+        done = manual.wait_request(conn, request, wait_s)
+    if as_json:
+        _echo_json(dataclasses.asdict(done) | {"run_id": done.run_id})
+        return
+    if request_id is None:
+        click.echo(f"request {done.request_id}")
+    elif not done.created:
+        click.echo(f"request {done.request_id} was made before: its outcome")
+    if done.outcome == "fired":
+        click.echo(f"fired run {done.run_id}")
+    elif done.outcome == "skipped":
+        click.echo("skipped: the job's overlap policy forbids another run now (--force runs it anyway)")
+    elif done.outcome == "deleted":
+        raise NotFoundError(f"job_id: job {job_id} was deleted before its run")
+    else:
+        click.echo(f"queued: no node carried it out within {wait_s:g}s (it runs when the job's partition owner does)")
+
+
+@jobs.command("backfill")
+@dsn_option
+@click.argument("job_id")
+@click.option("--since", required=True, callback=instant("since"), help="ISO-8601 instant with offset (inclusive).")
+@click.option(
+    "--until",
+    required=True,
+    callback=instant("until"),
+    help="ISO-8601 instant with offset (exclusive), not in the future.",
+)
+@click.option("--dry-run", is_flag=True, help="List the runs it would create; write nothing.")
+@click.option(
+    "--max-runs",
+    default=1000,
+    show_default=True,
+    type=WholeNumber("max_runs", 1, 100_000),
+    help="Refuse a range holding more slots than this.",
+)
+@json_option
+def jobs_backfill(
+    dsn: str, job_id: str, since: datetime, until: datetime, dry_run: bool, max_runs: int, as_json: bool
+) -> None:
+    """Create a run for each slot of a job's schedule in [--since, --until) that has none.
+
+    The runs (origin backfill) are delivered like any other, outside the
+    overlap policy; slots that have a run (fired, or backfilled before) keep
+    it, so a repeated backfill creates nothing. One transaction; a range
+    holding more than --max-runs slots is refused, nothing written.
+    """
+    from scheduler.delivery import manual
+    from scheduler.delivery.lifecycle import RunKey
+    from scheduler.schedule import format_instant
+
+    jid = _job_id(job_id)
+    with open_store(dsn) as conn:
+        result = manual.backfill(conn, jid, since, until, max_runs=max_runs, dry_run=dry_run)
+    created = [RunKey.of(jid, t).run_id for t in result.created]
+    if as_json:
+        _echo_json({"slots": len(result.slots), "created": created, "dry_run": dry_run})
+        return
+    for nominal, run_id in zip(result.created, created, strict=True):
+        click.echo(f"{format_instant(nominal)}  {run_id}")
+    verb = "would create" if dry_run else "created"
+    click.echo(f"{len(result.slots)} slots in the range; {verb} {len(created)} runs", err=True)
+
+
 @jobs.command("next")
 @_schedule_options
 @click.option(
@@ -1405,6 +1499,107 @@ def node_cmd(ctx: click.Context, **values: Any) -> None:
     settings = settings.validated()
     logmod.configure(settings.log_format, settings.log_level)
     Node(settings).run_until_signalled()
+
+
+# ---------------------------------------------------------------- worker
+
+
+@cli.command("worker")
+@dsn_option
+@click.option(
+    "--tenant", required=True, envvar="SCHEDULER_TENANT", show_envvar=True, help="Tenant whose queue to serve."
+)
+@click.option("--queue", default="default", show_default=True, help="Queue of the tenant to serve.")
+@click.option(
+    "--handler",
+    "handler_path",
+    required=True,
+    help="package.module:function called with each run (sync or async def); the current directory is importable.",
+)
+@click.option(
+    "--concurrency", default=10, show_default=True, type=WholeNumber("concurrency", 1, 10_000), help="Handlers at once."
+)
+@click.option(
+    "--lease-s",
+    default=30.0,
+    show_default=True,
+    type=Decimal("lease_s", "must be a number of seconds from 1 to 3600 in ASCII digits"),
+    help="Lease of each attempt; heartbeats extend it every third of it.",
+)
+@click.option(
+    "--batch",
+    default=None,
+    type=WholeNumber("batch", 1, 1000),
+    help="Most runs per claim and per ack/nack statement  [default: concurrency, at least 100, at most 1000].",
+)
+@click.option(
+    "--stop-timeout-s",
+    default=25.0,
+    show_default=True,
+    type=Decimal("stop_timeout_s", "must be a number of seconds from 0 to 86400 in ASCII digits"),
+    help="After SIGTERM/SIGINT, in-flight handlers get this long; runs still running then are nacked.",
+)
+@click.option("--worker-id", default=None, help="Written to runs.worker  [default: hostname:pid].")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Interface of /metrics.")
+@click.option(
+    "--metrics-port",
+    default=None,
+    type=WholeNumber("metrics_port", 0, 65535),
+    help="Serve /metrics, /healthz and /readyz on this port (0: any free port)  [default: off].",
+)
+def worker_cmd(
+    dsn: str,
+    tenant: str,
+    queue: str,
+    handler_path: str,
+    concurrency: int,
+    lease_s: float,
+    batch: int | None,
+    stop_timeout_s: float,
+    worker_id: str | None,
+    metrics_host: str,
+    metrics_port: int | None,
+) -> None:
+    """Run a pull worker: claim runs of a tenant's queue, call the handler with each, ack or nack.
+
+    Returning acks the run; raising nacks it (retried after a backoff, or
+    dead when attempts run out; raise scheduler.delivery.worker.DoNotRetry to
+    make it dead at once). On SIGTERM/SIGINT: stop claiming, let in-flight
+    handlers finish within --stop-timeout-s, nack the rest, exit 0.
+    """
+    from scheduler.delivery.worker import Worker, load_handler
+    from scheduler.health import HealthServer
+
+    handler = load_handler(handler_path)
+    worker = Worker(
+        dsn,
+        tenant,
+        queue,
+        handler,
+        concurrency=concurrency,
+        lease_s=lease_s,
+        batch=batch,
+        stop_timeout_s=stop_timeout_s,
+        worker_id=worker_id,
+    )
+    try:
+        open_store(dsn).close()  # misconfigured (bad DSN, password, database, schema): exit 2 now
+    except StoreError as exc:  # merely unreachable: the worker retries, as a node does
+        logmod.event("worker_store_unreachable", logging.WARNING, error=str(exc))
+    health = None
+    if metrics_port is not None:
+
+        def readiness() -> tuple[bool, list[str], dict]:
+            reasons = ["stopping: the worker is draining after a stop signal"] if worker.stopping else []
+            return not reasons, reasons, {}
+
+        health = HealthServer(metrics_host, metrics_port, worker.metrics, readiness)  # type: ignore[arg-type]
+        health.start()
+    try:
+        worker.run_until_signalled()
+    finally:
+        if health is not None:
+            health.stop()
 
 
 # ---------------------------------------------------------------- config

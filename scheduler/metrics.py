@@ -124,7 +124,7 @@ class Metrics:
         )
         self.slots_skipped = Counter(
             "scheduler_firing_slots_skipped_total",
-            "Misfire decisions recorded as skipped (one per skip range).",
+            "Misfire and overlap decisions recorded as skipped (one per skip range).",
             registry=r,
         )
         self.dispatch_lag = BulkHistogram(
@@ -275,5 +275,58 @@ class Metrics:
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """Return a sample's current value (0.0 if absent); for tests and status."""
+        result = self.registry.get_sample_value(name, labels or {})
+        return 0.0 if result is None else result
+
+
+WORKER_OUTCOMES = ("succeeded", "failed", "lost", "canceled")
+"""Values of the ``outcome`` label of ``scheduler_worker_attempts_total``."""
+
+WORKER_STORE_OPERATIONS = ("claim", "heartbeat", "ack")
+"""Values of the ``operation`` label of ``scheduler_worker_store_errors_total``."""
+
+
+class WorkerMetrics:
+    """All metrics of one pull worker process (:mod:`scheduler.delivery.worker`), in ``self.registry``.
+
+    Served by ``scheduler worker --metrics-port``. Labels are bounded (the
+    outcome and operation names above), pre-registered at 0.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.dispatch_lag = BulkHistogram(
+            "scheduler_worker_dispatch_lag_seconds",
+            "First attempts claimed by this worker: claimed (store clock) minus scheduled time.",
+            LAG_BUCKETS_S,
+            r,
+        )
+        self.claimed = Counter("scheduler_worker_claimed_runs_total", "Attempts claimed by this worker.", registry=r)
+        self.attempts = Counter(
+            "scheduler_worker_attempts_total",
+            "Attempts this worker finished, by outcome: succeeded (ack committed), failed (nack "
+            "committed), lost (lease lost or expired, or ack/nack refused), canceled (the run was canceled).",
+            ["outcome"],
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "scheduler_worker_inflight_runs",
+            "Attempts held by this worker: handler running or ack/nack not yet committed.",
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "scheduler_worker_store_errors_total",
+            "Store calls of this worker that failed (then retried), by operation.",
+            ["operation"],
+            registry=r,
+        )
+        for outcome in WORKER_OUTCOMES:
+            self.attempts.labels(outcome=outcome)
+        for operation in WORKER_STORE_OPERATIONS:
+            self.store_errors.labels(operation=operation)
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """Return a sample's current value (0.0 if absent); for tests."""
         result = self.registry.get_sample_value(name, labels or {})
         return 0.0 if result is None else result

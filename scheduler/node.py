@@ -71,6 +71,7 @@ from types import FrameType
 from scheduler import log, store, watchdog
 from scheduler.clock import Clock, SystemClock
 from scheduler.coordination import Coordinator, LeaseLoop, LeaseTable, make_coordinator
+from scheduler.delivery import owner
 from scheduler.delivery.loop import SettleLoop
 from scheduler.delivery.push import PushLoop
 from scheduler.delivery.views import DeliveryGauges
@@ -137,7 +138,7 @@ class Node:
             if self.settings.retention_s is not None
             else None
         )
-        self.delivery = SettleLoop(self.settings, self.table, self.clock, self.metrics)
+        self.delivery = SettleLoop(self.settings, self.table, self.clock, self.metrics, steps=[owner.release_buffered])
         self.push = PushLoop(self.settings, self.table.firable, self.clock, self.metrics)
         self.probe = StoreProbe(
             self.settings.dsn, application_name=f"scheduler-probe:{self.node_id}"[:63], settings=self.settings

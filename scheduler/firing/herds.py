@@ -24,6 +24,11 @@ plans by key, advances each to its plan's next slot and inserts its run.
 No timer travels; the store does ~14 µs of work per run instead of ~25 µs,
 and the node almost none.
 
+A timer's overlap policy (docs/delivery.md) is applied by ``fire_group``
+itself, in the same statement and tick: ``allow`` timers (nearly all) take
+the plain insert; the others are checked against their unfinished runs
+(``runs_overlap_idx``) and fired, left waiting, skipped or made to replace.
+
 A timer is fired this way only if it is jitter-free and its key's plan is
 exactly "fire this slot, then the next one" (on time within its misfire
 policy, no catch-up, nothing skipped, a slot under this node's tzdata);

@@ -50,11 +50,11 @@ class Outcomes:
             if stale > 0:
                 result.stale_jobs += stale
                 self._metrics.stale_jobs.inc(stale)
-            result.skipped_ranges += row["skipped"]
-            self._metrics.slots_skipped.inc(row["skipped"])
         else:
             result.herd_fired += row["inserted"]
             self._metrics.herd_runs_fired.inc(row["inserted"])
+        result.skipped_ranges += row["skipped"]  # misfire and overlap skips (herds: overlap only)
+        self._metrics.slots_skipped.inc(row["skipped"])
         lags = row["lags_s"] if item.batch is not None else [row["lag_s"]] * row["inserted"]
         result.fired += row["inserted"]
         result.lags_s.extend(lags)

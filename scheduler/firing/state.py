@@ -31,6 +31,7 @@ class TickResult:
     lags_s: list[float] = dataclasses.field(default_factory=list)
     budget_exhausted: bool = False
     replanned: int = 0  # jobs moved to their true slot (scheduler/tzreplan.py)
+    requests: int = 0  # run-now requests carried out (scheduler/delivery/manual.py)
 
 
 @dataclasses.dataclass(eq=False)

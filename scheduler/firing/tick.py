@@ -31,6 +31,11 @@ A tick
    returns each chunk's outcome for the tick to count. The statement is
    never prepared (:data:`~scheduler.firing.limits.FIRE_RUNS_PREPARE`).
 
+5. Carry out the run-now requests of the firable partitions
+   (:func:`scheduler.delivery.owner.fire_requests`: one fenced statement,
+   after the chunks, so serialized with this node's firing of the same
+   jobs under any overlap policy).
+
 Store time: "due" (``next_due_at <= now``), the ``now`` plans are made for
 and a run's ``fired_at`` are the store's clock, never the node's. Each of
 these statements takes the injected clock's store pin as ``now``
@@ -61,6 +66,7 @@ import psycopg
 from scheduler import log, store
 from scheduler.clock import Clock
 from scheduler.coordination.table import LeaseTable
+from scheduler.delivery import owner
 from scheduler.errors import SchedulerError
 from scheduler.fairness import DeficitRoundRobin
 from scheduler.firing.batch import JOB_ID, NEXT_DUE, PARTITION, TENANT, Batch, RowPlanner, epochs_literal
@@ -250,6 +256,13 @@ class Firer:
         if self._planner.replan:
             result.replanned = self._planner.replan_slots(self._connection("write0"))
             self._metrics.slots_replanned.inc(result.replanned)
+        # Run-now requests, after the chunks: serialized with this node's firing
+        # statements, so a manual and a scheduled run of a forbid job never both
+        # find "no unfinished run" (scheduler/delivery/manual.py).
+        done = owner.fire_requests(
+            self._connection("write0"), self._s.node_id, tick.firable, self._clock.store_now_or_none(), tick.epochs
+        )
+        result.requests = len(done)
         used, granted = tick.used, tick.granted
         result.due_read = sum(tick.fetched.values())
         self._drr.charge(used, quotas)

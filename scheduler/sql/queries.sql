@@ -338,10 +338,28 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS store_now;
 --            fire again a slot whose run retention pruned);
 --            returns its tenant, fencing epoch and its plan's fires/skip;
 --   skipped  records misfire decisions of advanced jobs;
---   inserted writes one run per (job, nominal time) of advanced jobs; the
---            primary key makes a duplicate impossible. The run is born with
---            its delivery state (docs/delivery.md): pending, available from
---            its fired_at, to the job's queue (NULL: pushed to its URL).
+--   inserted writes one run per (job, nominal time) of advanced jobs whose
+--            overlap policy is allow; the primary key makes a duplicate
+--            impossible. The run is born with its delivery state
+--            (docs/delivery.md): pending, available from its fired_at, to the
+--            job's queue (NULL: pushed to its URL).
+--   guarded  the fires of advanced jobs whose overlap policy is not allow
+--            (docs/delivery.md, "Overlap policy"), each with k, its place
+--            among its plan's fires, and busy, the job's unfinished runs
+--            (0, 1 or 2+: runs_overlap_idx, read only for these jobs, so
+--            allow jobs pay nothing); fate: run, buffer (pending, available_at
+--            NULL, so no claim takes it, until the owner's release step), replaced (replace:
+--            a catch-up fire followed by a later one in the same plan, born
+--            canceled) or skip;
+--   doomed / replaced  the unfinished runs of replace jobs that fire, found
+--            by a probe per job (a LATERAL over runs_overlap_idx, so the walk
+--            starts from the job, never from the index's whole extent),
+--            canceled (their token stops working: heartbeat and ack answer
+--            canceled);
+--   overlap_ins / overlap_skipped  the guarded runs (runs.overlap = the
+--            policy), and one skip range per job for the skipped fires
+--            (reason overlap; a suffix of its plan's fires, so the range
+--            ends at its next slot).
 -- A run's fired_at and a skip's recorded_at are the statement's timestamp,
 -- or the store clock's pin %(now)s when given (tests: exact lateness).
 -- Shape of the parameters (scheduler/firing/batch.py, Batch): a job is four
@@ -383,7 +401,7 @@ WITH fence AS (
       AND ((%(p_next_nominal)b::timestamptz[])[a.plan] IS NULL
            OR (%(p_next_nominal)b::timestamptz[])[a.plan] > j.next_nominal_at)
       AND (fd.pids[a.fpos] = a.pid OR a.pid = ANY(fd.pids))
-    RETURNING j.partition_id, j.job_id, j.tenant, j.queue,
+    RETURNING j.partition_id, j.job_id, j.tenant, j.queue, j.overlap, j.next_nominal_at,
               (%(fence_epochs)b::int8[])[a.fpos] AS epoch,
               (%(p_fire_lo)b::int4[])[a.plan] AS fire_lo,
               (%(p_fire_hi)b::int4[])[a.plan] AS fire_hi,
@@ -403,6 +421,7 @@ WITH fence AS (
     SELECT ad.partition_id, ad.job_id, ad.tenant, ad.queue, ad.epoch,
            generate_series(ad.fire_lo, ad.fire_hi) AS i
     FROM advanced AS ad
+    WHERE ad.overlap = 'allow'
 ), inserted AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
                       fired_at, node_id, epoch, state, queue, origin, available_at)
@@ -413,12 +432,86 @@ WITH fence AS (
     FROM fires AS r
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
     RETURNING extract(epoch FROM (fired_at - scheduled_at))::float8 AS lag_s
+), guarded AS (
+    SELECT ad.partition_id, ad.job_id, ad.tenant, ad.queue, ad.epoch, ad.overlap, ad.next_nominal_at,
+           (%(f_nominal)b::timestamptz[])[g.i] AS nominal, (%(f_scheduled)b::timestamptz[])[g.i] AS scheduled,
+           (%(f_nominal)b::timestamptz[])[ad.fire_hi] AS last_nominal,
+           CASE WHEN ad.overlap = 'replace' THEN
+                  CASE WHEN g.i = ad.fire_hi THEN 'run' ELSE 'replaced' END
+                WHEN b.busy + g.k = 1 THEN 'run'
+                WHEN ad.overlap = 'buffer_one' AND b.busy + g.k = 2 THEN 'buffer'
+                ELSE 'skip' END AS fate
+    FROM advanced AS ad
+    CROSS JOIN LATERAL generate_series(ad.fire_lo, ad.fire_hi) WITH ORDINALITY AS g (i, k)
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS busy
+        FROM (SELECT 1 FROM runs AS u
+              WHERE u.partition_id = ad.partition_id AND u.job_id = ad.job_id
+                AND u.overlap IS NOT NULL AND u.state IN ('pending', 'leased', 'failed')
+              LIMIT 2) AS x
+    ) AS b
+    WHERE ad.overlap <> 'allow'
+), doomed AS MATERIALIZED (
+    SELECT x.partition_id, x.job_id, x.nominal_time, gd.nominal AS by_nominal
+    FROM guarded AS gd
+    CROSS JOIN LATERAL (
+        SELECT u.partition_id, u.job_id, u.nominal_time
+        FROM runs AS u
+        WHERE u.partition_id = gd.partition_id AND u.job_id = gd.job_id
+          AND u.overlap IS NOT NULL AND u.state IN ('pending', 'leased', 'failed')
+        OFFSET 0  -- a fence: the probe stays per job (not flattened into a walk of the index)
+    ) AS x
+    WHERE gd.overlap = 'replace' AND gd.fate = 'run'
+), replaced AS (
+    UPDATE runs AS u
+    SET state = 'canceled',
+        finished_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
+        leased_until = NULL,
+        last_error = 'replaced by run ' || d.job_id::text || '.'
+                     || (floor(extract(epoch FROM date_trunc('second', d.by_nominal)))::int8 * 1000000
+                         + mod(extract(microseconds FROM d.by_nominal)::int8, 1000000))::text
+    FROM doomed AS d
+    WHERE u.partition_id = d.partition_id AND u.job_id = d.job_id AND u.nominal_time = d.nominal_time
+      AND u.state IN ('pending', 'leased', 'failed')
+    RETURNING 1
+), overlap_ins AS (
+    INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
+                      fired_at, node_id, epoch, state, queue, origin, available_at, overlap,
+                      finished_at, last_error)
+    SELECT gd.partition_id, gd.job_id, gd.nominal, gd.tenant, gd.scheduled,
+           coalesce(%(now)s::timestamptz, statement_timestamp()), %(node_id)s, gd.epoch,
+           CASE gd.fate WHEN 'replaced' THEN 'canceled' ELSE 'pending' END, gd.queue, 'schedule',
+           CASE gd.fate WHEN 'buffer' THEN NULL
+                ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) END,
+           gd.overlap,
+           CASE gd.fate WHEN 'replaced' THEN coalesce(%(now)s::timestamptz, statement_timestamp()) END,
+           CASE gd.fate WHEN 'replaced' THEN
+             'replaced by run ' || gd.job_id::text || '.'
+             || (floor(extract(epoch FROM date_trunc('second', gd.last_nominal)))::int8 * 1000000
+                 + mod(extract(microseconds FROM gd.last_nominal)::int8, 1000000))::text END
+    FROM guarded AS gd
+    WHERE gd.fate <> 'skip'
+    ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
+    RETURNING extract(epoch FROM (fired_at - scheduled_at))::float8 AS lag_s
+), overlap_skipped AS (
+    INSERT INTO skips (partition_id, job_id, first_nominal, until_nominal, slots,
+                       reason, recorded_at, node_id, epoch)
+    SELECT gd.partition_id, gd.job_id, min(gd.nominal),
+           coalesce(min(gd.next_nominal_at), max(gd.nominal) + interval '1 microsecond'),
+           count(*), 'overlap', coalesce(%(now)s::timestamptz, statement_timestamp()), %(node_id)s,
+           min(gd.epoch)
+    FROM guarded AS gd
+    WHERE gd.fate = 'skip'
+    GROUP BY gd.partition_id, gd.job_id
+    ON CONFLICT (partition_id, job_id, first_nominal) DO NOTHING
+    RETURNING 1
 )
 SELECT (SELECT pids FROM fenced) AS fenced,
        (SELECT count(*) FROM advanced) AS advanced,
-       (SELECT count(*) FROM skipped) AS skipped,
-       (SELECT count(*) FROM inserted) AS inserted,
-       (SELECT coalesce(array_agg(lag_s), '{}') FROM inserted) AS lags_s;
+       (SELECT count(*) FROM skipped) + (SELECT count(*) FROM overlap_skipped) AS skipped,
+       (SELECT count(*) FROM inserted) + (SELECT count(*) FROM overlap_ins) AS inserted,
+       (SELECT coalesce(array_agg(lag_s), '{}') FROM (SELECT lag_s FROM inserted
+                                                    UNION ALL SELECT lag_s FROM overlap_ins) AS l) AS lags_s;
 
 -- name: fire_group
 -- The fenced firing statement for one herd chunk (scheduler/firing/herds.py):
@@ -448,7 +541,11 @@ SELECT (SELECT pids FROM fenced) AS fenced,
 --   inserted one run per advanced timer, epoch from %(epochs)s (indexed by
 --            partition id + 1); the runs primary key makes a duplicate
 --            impossible, and re-sending the chunk finds nothing left to advance;
---            born pending for delivery, like fire_runs' runs.
+--            born pending for delivery, like fire_runs' runs; only timers
+--            whose overlap policy is allow;
+--   guarded  the other timers, as in fire_runs (one fire each, k = 1): busy
+--            from runs_overlap_idx, fate run, buffer or skip; doomed,
+--            replaced, overlap_ins and overlap_skipped as in fire_runs.
 -- Every run of the statement has the same lateness (fired_at is the
 -- statement's timestamp, or the store clock's pin %(now)s when given;
 -- scheduled_at is the instant), returned once as lag_s. The plans are a
@@ -479,7 +576,7 @@ WITH fence AS (
       AND j.schedule_key = p.schedule_key
       AND j.next_nominal_at = %(due)s
       AND j.jitter_s = 0
-    RETURNING j.partition_id, j.job_id, j.tenant, j.queue
+    RETURNING j.partition_id, j.job_id, j.tenant, j.queue, j.overlap, j.next_nominal_at
 ), inserted AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
                       fired_at, node_id, epoch, state, queue, origin, available_at)
@@ -488,12 +585,75 @@ WITH fence AS (
            %(node_id)s, (%(epochs)s::int8[])[ad.partition_id + 1],
            'pending', ad.queue, 'schedule', coalesce(%(now)s::timestamptz, statement_timestamp())
     FROM advanced AS ad
+    WHERE ad.overlap = 'allow'
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
+    RETURNING 1
+), guarded AS (
+    SELECT ad.partition_id, ad.job_id, ad.tenant, ad.queue, ad.overlap, ad.next_nominal_at,
+           (%(epochs)s::int8[])[ad.partition_id + 1] AS epoch,
+           CASE WHEN ad.overlap = 'replace' OR b.busy = 0 THEN 'run'
+                WHEN ad.overlap = 'buffer_one' AND b.busy = 1 THEN 'buffer'
+                ELSE 'skip' END AS fate
+    FROM advanced AS ad
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS busy
+        FROM (SELECT 1 FROM runs AS u
+              WHERE u.partition_id = ad.partition_id AND u.job_id = ad.job_id
+                AND u.overlap IS NOT NULL AND u.state IN ('pending', 'leased', 'failed')
+              LIMIT 2) AS x
+    ) AS b
+    WHERE ad.overlap <> 'allow'
+), doomed AS MATERIALIZED (
+    SELECT x.partition_id, x.job_id, x.nominal_time
+    FROM guarded AS gd
+    CROSS JOIN LATERAL (
+        SELECT u.partition_id, u.job_id, u.nominal_time
+        FROM runs AS u
+        WHERE u.partition_id = gd.partition_id AND u.job_id = gd.job_id
+          AND u.overlap IS NOT NULL AND u.state IN ('pending', 'leased', 'failed')
+        OFFSET 0  -- a fence: the probe stays per job (not flattened into a walk of the index)
+    ) AS x
+    WHERE gd.overlap = 'replace'
+), replaced AS (
+    UPDATE runs AS u
+    SET state = 'canceled',
+        finished_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
+        leased_until = NULL,
+        last_error = 'replaced by run ' || d.job_id::text || '.'
+                     || (floor(extract(epoch FROM date_trunc('second', %(due)s::timestamptz)))::int8 * 1000000
+                         + mod(extract(microseconds FROM %(due)s::timestamptz)::int8, 1000000))::text
+    FROM doomed AS d
+    WHERE u.partition_id = d.partition_id AND u.job_id = d.job_id AND u.nominal_time = d.nominal_time
+      AND u.state IN ('pending', 'leased', 'failed')
+    RETURNING 1
+), overlap_ins AS (
+    INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
+                      fired_at, node_id, epoch, state, queue, origin, available_at, overlap)
+    SELECT gd.partition_id, gd.job_id, %(due)s, gd.tenant, %(due)s,
+           coalesce(%(now)s::timestamptz, statement_timestamp()), %(node_id)s, gd.epoch,
+           'pending', gd.queue, 'schedule',
+           CASE gd.fate WHEN 'buffer' THEN NULL
+                ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) END,
+           gd.overlap
+    FROM guarded AS gd
+    WHERE gd.fate <> 'skip'
+    ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
+    RETURNING 1
+), overlap_skipped AS (
+    INSERT INTO skips (partition_id, job_id, first_nominal, until_nominal, slots,
+                       reason, recorded_at, node_id, epoch)
+    SELECT gd.partition_id, gd.job_id, %(due)s,
+           coalesce(gd.next_nominal_at, %(due)s::timestamptz + interval '1 microsecond'), 1, 'overlap',
+           coalesce(%(now)s::timestamptz, statement_timestamp()), %(node_id)s, gd.epoch
+    FROM guarded AS gd
+    WHERE gd.fate = 'skip'
+    ON CONFLICT (partition_id, job_id, first_nominal) DO NOTHING
     RETURNING 1
 )
 SELECT (SELECT pids FROM fenced) AS fenced,
        (SELECT count(*) FROM advanced) AS advanced,
-       (SELECT count(*) FROM inserted) AS inserted,
+       (SELECT count(*) FROM inserted) + (SELECT count(*) FROM overlap_ins) AS inserted,
+       (SELECT count(*) FROM overlap_skipped) AS skipped,
        extract(epoch FROM (coalesce(%(now)s::timestamptz, statement_timestamp())
                            - %(due)s::timestamptz))::float8 AS lag_s;
 
@@ -1087,13 +1247,17 @@ WHERE v.has_slots AND v.kind = 'cron' AND v.jitter_s = 0
 -- history (audit_from), and not jittered past the window (a slot scheduled
 -- after until is not expected yet, so its run, if auditing the past found it
 -- fired, is not audited either). expected_at is the scheduled time the audit
--- computed for the slot (NULL: the run is unexpected).
+-- computed for the slot (NULL: the run is unexpected). Only the schedule's
+-- own runs (origin schedule, or NULL: fired before delivery existed): a
+-- manual run (jobs trigger) is at no slot, a backfilled one is late by
+-- design; both still count as a slot's run in audit_unfired.
 CREATE TEMPORARY TABLE audit_runs ON COMMIT DROP AS
 SELECT r.partition_id, r.job_id, r.nominal_time, r.scheduled_at, r.fired_at, e.scheduled_at AS expected_at
 FROM runs AS r
 LEFT JOIN audit_expected AS e
   ON e.partition_id = r.partition_id AND e.job_id = r.job_id AND e.nominal_time = r.nominal_time
 WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s
+  AND coalesce(r.origin, 'schedule') = 'schedule'
   AND r.scheduled_at <= %(until)s
   AND NOT EXISTS (SELECT 1 FROM audit_cut AS c
                   WHERE c.partition_id = r.partition_id AND c.job_id = r.job_id
@@ -1109,18 +1273,28 @@ WHERE r.nominal_time >= %(since)s AND r.nominal_time < %(until)s
 -- and for once a run at until_nominal (the collapsed run carries the latest
 -- missed slot); edited, paused, deleted: recorded at a rewrite of the job
 -- (a job_revisions.valid_until) and no slot in the range after it; any other
--- reason is invalid; so is any skip whose range holds a run of its job (a
--- slot cannot be both fired and skipped). A skip recorded while the job's
--- history is unknown is only checked for its reason and its runs.
+-- reason is invalid; overlap (docs/delivery.md) needs a run of the job
+-- under an overlap policy (runs.overlap set) unfinished at recorded_at
+-- (fired by then, not finished before); so is any skip whose range holds a
+-- run the schedule fired (a slot cannot be both fired and skipped; a
+-- backfilled or manual run may fill a skipped slot). A skip recorded while
+-- the job's history is unknown is only checked for its reason and its runs.
 CREATE TEMPORARY TABLE audit_skips ON COMMIT DROP AS
 SELECT s.partition_id, s.job_id, s.first_nominal, s.until_nominal, s.reason, s.recorded_at,
        CASE
-         WHEN s.reason NOT IN ('catchup_window', 'grace', 'once', 'edited', 'paused', 'deleted')
+         WHEN s.reason NOT IN ('catchup_window', 'grace', 'once', 'edited', 'paused', 'deleted', 'overlap')
            THEN 'unknown reason'
          WHEN EXISTS (SELECT 1 FROM runs AS r
                       WHERE r.partition_id = s.partition_id AND r.job_id = s.job_id
-                        AND r.nominal_time >= s.first_nominal AND r.nominal_time < s.until_nominal)
+                        AND r.nominal_time >= s.first_nominal AND r.nominal_time < s.until_nominal
+                        AND coalesce(r.origin, 'schedule') = 'schedule')
            THEN 'a run exists in the range (the slot fired and was skipped)'
+         WHEN s.reason = 'overlap' THEN
+           CASE WHEN NOT EXISTS (SELECT 1 FROM runs AS r
+                                 WHERE r.partition_id = s.partition_id AND r.job_id = s.job_id
+                                   AND r.overlap IS NOT NULL AND r.fired_at <= s.recorded_at
+                                   AND (r.finished_at IS NULL OR r.finished_at >= s.recorded_at))
+             THEN 'no unfinished run of the job under an overlap policy at recorded_at' END
          WHEN s.reason IN ('edited', 'paused', 'deleted') THEN
            CASE
              WHEN NOT EXISTS (SELECT 1 FROM job_revisions AS jr
@@ -1470,6 +1644,11 @@ ORDER BY c.nominal_time, c.job_id;
 -- run was canceled while this token held it: stop working on it) or 'lost'
 -- (another token holds it, it finished, or it is unknown). The answer of a
 -- run this statement did not extend comes from the statement's snapshot.
+-- Whether a pair was changed is asked of its ordinal with IN (a hashed
+-- subplan), not by a join with the data-modifying CTE: the planner
+-- estimates that CTE at one row and nested-loops it, quadratic in the
+-- batch (130 ms for 450 acks). Only a pair not changed reads its run
+-- again (the CASE branch's subquery), to say why.
 WITH a AS (
     SELECT *
     FROM unnest(%(pids)s::int4[], %(jids)s::uuid[], %(nominals)s::timestamptz[], %(tokens)s::uuid[])
@@ -1482,15 +1661,14 @@ WITH a AS (
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token
       AND r.state = 'leased'
-    RETURNING r.partition_id, r.job_id, r.nominal_time
+    RETURNING a.i
 )
 SELECT a.i,
-       CASE WHEN e.job_id IS NOT NULL THEN 'leased'
-            WHEN r.state = 'canceled' AND r.lease_token = a.token THEN 'canceled'
-            ELSE 'lost' END AS answer
+       CASE WHEN a.i IN (SELECT i FROM extended) THEN 'leased'
+            ELSE coalesce((SELECT CASE WHEN r.state = 'canceled' AND r.lease_token = a.token THEN 'canceled' END
+                      FROM runs AS r
+                      WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal), 'lost') END AS answer
 FROM a
-LEFT JOIN extended AS e ON e.partition_id = a.pid AND e.job_id = a.jid AND e.nominal_time = a.nominal
-LEFT JOIN runs AS r ON r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
 ORDER BY a.i;
 
 -- name: ack_runs
@@ -1498,7 +1676,8 @@ ORDER BY a.i;
 -- current token is tokens[i] and which are still leased become succeeded.
 -- Answers every pair in input order: 'succeeded' (now, or already by this
 -- very token: an ack re-sent after a lost reply), 'canceled' or 'lost'
--- (refused: see heartbeat_runs).
+-- (refused: see heartbeat_runs). Changed pairs are found with IN, as in
+-- heartbeat_runs.
 WITH a AS (
     SELECT *
     FROM unnest(%(pids)s::int4[], %(jids)s::uuid[], %(nominals)s::timestamptz[], %(tokens)s::uuid[])
@@ -1512,15 +1691,14 @@ WITH a AS (
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token
       AND r.state = 'leased'
-    RETURNING r.partition_id, r.job_id, r.nominal_time
+    RETURNING a.i
 )
 SELECT a.i,
-       CASE WHEN d.job_id IS NOT NULL THEN 'succeeded'
-            WHEN r.lease_token = a.token AND r.state IN ('succeeded', 'canceled') THEN r.state
-            ELSE 'lost' END AS answer
+       CASE WHEN a.i IN (SELECT i FROM done) THEN 'succeeded'
+            ELSE coalesce((SELECT CASE WHEN r.lease_token = a.token AND r.state IN ('succeeded', 'canceled') THEN r.state END
+                      FROM runs AS r
+                      WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal), 'lost') END AS answer
 FROM a
-LEFT JOIN done AS d ON d.partition_id = a.pid AND d.job_id = a.jid AND d.nominal_time = a.nominal
-LEFT JOIN runs AS r ON r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
 ORDER BY a.i;
 
 -- name: nack_runs
@@ -1529,7 +1707,8 @@ ORDER BY a.i;
 -- retryables[i], the error errors[i] and the earliest retry now +
 -- retry_after_s[i] (NULL: no wish). The partition owner's settle_runs then
 -- decides: pending after a backoff, or dead. Answers as ack_runs
--- ('failed', or already 'failed' by this token).
+-- ('failed', or already 'failed' by this token). Changed pairs are found with
+-- IN, as in heartbeat_runs.
 WITH a AS (
     SELECT *
     FROM unnest(%(pids)s::int4[], %(jids)s::uuid[], %(nominals)s::timestamptz[], %(tokens)s::uuid[],
@@ -1547,15 +1726,14 @@ WITH a AS (
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token
       AND r.state = 'leased'
-    RETURNING r.partition_id, r.job_id, r.nominal_time
+    RETURNING a.i
 )
 SELECT a.i,
-       CASE WHEN f.job_id IS NOT NULL THEN 'failed'
-            WHEN r.lease_token = a.token AND r.state IN ('failed', 'canceled') THEN r.state
-            ELSE 'lost' END AS answer
+       CASE WHEN a.i IN (SELECT i FROM failed) THEN 'failed'
+            ELSE coalesce((SELECT CASE WHEN r.lease_token = a.token AND r.state IN ('failed', 'canceled') THEN r.state END
+                      FROM runs AS r
+                      WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal), 'lost') END AS answer
 FROM a
-LEFT JOIN failed AS f ON f.partition_id = a.pid AND f.job_id = a.jid AND f.nominal_time = a.nominal
-LEFT JOIN runs AS r ON r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
 ORDER BY a.i;
 
 -- name: settle_runs
@@ -1632,6 +1810,182 @@ WITH fence AS (
     RETURNING r.partition_id, r.job_id, r.nominal_time, r.state, r.attempt, dd.was
 )
 SELECT * FROM settled;
+
+-- ---------------------------------------------------------------- overlap, run now, backfill
+-- docs/delivery.md, "Overlap policy", "Run now and backfill". A job's
+-- unfinished runs of a policy other than allow are runs_overlap_idx's rows
+-- (runs.overlap is the policy copied at firing, NULL for allow).
+
+-- name: release_buffered_runs
+-- The partition owner's release step (buffer_one), fenced like settle_runs:
+-- up to %(limit)s waiting runs (pending, available_at NULL) of the
+-- fenced partitions among %(pids)s whose job has no other unfinished run
+-- but later waiting ones become available now. The re-check of state and
+-- available_at makes a repeated or raced release change nothing. Returns
+-- the released runs.
+WITH fence AS (
+    SELECT p.partition_id
+    FROM partitions AS p
+    WHERE p.partition_id = ANY(%(pids)s::int4[])
+      AND p.owner_node = %(node_id)s
+      AND p.owner_epoch = (%(epochs)s::int8[])[p.partition_id + 1]
+    FOR SHARE OF p
+), waiting AS (
+    SELECT w.partition_id, w.job_id, w.nominal_time
+    FROM runs AS w
+    WHERE w.partition_id IN (SELECT partition_id FROM fence)
+      AND w.overlap IS NOT NULL AND w.state = 'pending'
+      AND w.available_at IS NULL
+      AND NOT EXISTS (
+          SELECT 1 FROM runs AS o
+          WHERE o.partition_id = w.partition_id AND o.job_id = w.job_id
+            AND o.overlap IS NOT NULL AND o.state IN ('pending', 'leased', 'failed')
+            AND o.nominal_time <> w.nominal_time
+            AND NOT (o.state = 'pending' AND o.available_at IS NULL
+                     AND o.nominal_time > w.nominal_time))
+    ORDER BY w.nominal_time
+    LIMIT %(limit)s
+)
+UPDATE runs AS r
+SET available_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+FROM waiting AS w
+WHERE r.partition_id = w.partition_id AND r.job_id = w.job_id AND r.nominal_time = w.nominal_time
+  AND r.state = 'pending' AND r.available_at IS NULL
+RETURNING r.partition_id, r.job_id, r.nominal_time;
+
+-- name: insert_run_request
+-- `jobs trigger`: ask the partition owner for a manual run of job
+-- (%(partition_id)s, %(job_id)s); a request id already used for the job
+-- changes nothing (the first request stands). Returns the row inserted.
+INSERT INTO run_requests (partition_id, job_id, request_id, force, requested_at)
+VALUES (%(partition_id)s, %(job_id)s, %(request_id)s, %(force)s, coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (partition_id, job_id, request_id) DO NOTHING
+RETURNING request_id;
+
+-- name: get_run_request
+-- One run request (outcome NULL: not carried out yet).
+SELECT * FROM run_requests
+WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s AND request_id = %(request_id)s;
+
+-- name: fire_run_requests
+-- The partition owner's run-now step (the firing thread, after a tick's
+-- chunks: serialized with the node's firing statements), fenced like
+-- fire_runs (%(epochs)s[p + 1] of the partitions among %(pids)s). Takes the
+-- oldest open request of each job of the fenced partitions (run_requests_open_idx;
+-- at most %(limit)s jobs; a job's next request waits for the next tick, so
+-- two manual runs never share a nominal time) and, for its job:
+--   deleted  (no live job): outcome deleted;
+--   fired    a manual run (origin manual) at nominal time now, scheduled at
+--            now, with the overlap policy of the job applied as in fire_runs
+--            unless the request forces it (force: delivered at once);
+--            buffered runs wait (available_at NULL); replace cancels
+--            the job's unfinished runs;
+--   skipped  the policy forbids it (forbid with an unfinished run,
+--            buffer_one with a waiting one).
+-- A run whose nominal time is already taken (a run at exactly this
+-- microsecond) leaves the request open for the next tick. Returns the
+-- requests carried out.
+WITH fence AS (
+    SELECT p.partition_id
+    FROM partitions AS p
+    WHERE p.partition_id = ANY(%(pids)s::int4[])
+      AND p.owner_node = %(node_id)s
+      AND p.owner_epoch = (%(epochs)s::int8[])[p.partition_id + 1]
+    FOR SHARE OF p
+), picked AS (
+    SELECT DISTINCT ON (q.partition_id, q.job_id) q.partition_id, q.job_id, q.request_id, q.force
+    FROM run_requests AS q
+    WHERE q.partition_id IN (SELECT partition_id FROM fence)
+      AND q.done_at IS NULL
+    ORDER BY q.partition_id, q.job_id, q.requested_at, q.request_id
+    LIMIT %(limit)s
+), decided AS (
+    SELECT pk.partition_id, pk.job_id, pk.request_id, j.tenant, j.queue, j.overlap,
+           (%(epochs)s::int8[])[pk.partition_id + 1] AS epoch,
+           coalesce(%(now)s::timestamptz, statement_timestamp()) AS nominal,
+           CASE WHEN j.job_id IS NULL OR j.deleted_at IS NOT NULL THEN 'deleted'
+                WHEN pk.force OR j.overlap IN ('allow', 'replace') OR b.busy = 0 THEN 'run'
+                WHEN j.overlap = 'buffer_one' AND b.busy = 1 THEN 'buffer'
+                ELSE 'skip' END AS fate
+    FROM picked AS pk
+    LEFT JOIN jobs AS j ON j.partition_id = pk.partition_id AND j.job_id = pk.job_id
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS busy
+        FROM (SELECT 1 FROM runs AS u
+              WHERE u.partition_id = pk.partition_id AND u.job_id = pk.job_id
+                AND u.overlap IS NOT NULL AND u.state IN ('pending', 'leased', 'failed')
+              LIMIT 2) AS x
+    ) AS b
+), doomed AS MATERIALIZED (
+    SELECT x.partition_id, x.job_id, x.nominal_time, dc.nominal AS by_nominal
+    FROM decided AS dc
+    CROSS JOIN LATERAL (
+        SELECT u.partition_id, u.job_id, u.nominal_time
+        FROM runs AS u
+        WHERE u.partition_id = dc.partition_id AND u.job_id = dc.job_id
+          AND u.overlap IS NOT NULL AND u.state IN ('pending', 'leased', 'failed')
+          AND u.nominal_time <> dc.nominal
+        OFFSET 0  -- a fence: the probe stays per job (not flattened into a walk of the index)
+    ) AS x
+    WHERE dc.overlap = 'replace' AND dc.fate = 'run'
+), replaced AS (
+    UPDATE runs AS u
+    SET state = 'canceled',
+        finished_at = d.by_nominal,
+        leased_until = NULL,
+        last_error = 'replaced by run ' || d.job_id::text || '.'
+                     || (floor(extract(epoch FROM date_trunc('second', d.by_nominal)))::int8 * 1000000
+                         + mod(extract(microseconds FROM d.by_nominal)::int8, 1000000))::text
+    FROM doomed AS d
+    WHERE u.partition_id = d.partition_id AND u.job_id = d.job_id AND u.nominal_time = d.nominal_time
+      AND u.state IN ('pending', 'leased', 'failed')
+    RETURNING 1
+), inserted AS (
+    INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
+                      fired_at, node_id, epoch, state, queue, origin, available_at, overlap)
+    SELECT dc.partition_id, dc.job_id, dc.nominal, dc.tenant, dc.nominal, dc.nominal, %(node_id)s, dc.epoch,
+           'pending', dc.queue, 'manual',
+           CASE dc.fate WHEN 'buffer' THEN NULL ELSE dc.nominal END,
+           nullif(dc.overlap, 'allow')
+    FROM decided AS dc
+    WHERE dc.fate IN ('run', 'buffer')
+    ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
+    RETURNING partition_id, job_id, nominal_time
+)
+UPDATE run_requests AS q
+SET done_at = dc.nominal,
+    outcome = CASE dc.fate WHEN 'deleted' THEN 'deleted' WHEN 'skip' THEN 'skipped' ELSE 'fired' END,
+    nominal_time = CASE WHEN dc.fate IN ('run', 'buffer') THEN dc.nominal END
+FROM decided AS dc
+WHERE q.partition_id = dc.partition_id AND q.job_id = dc.job_id AND q.request_id = dc.request_id
+  AND q.done_at IS NULL
+  AND (dc.fate NOT IN ('run', 'buffer')
+       OR EXISTS (SELECT 1 FROM inserted AS i
+                  WHERE i.partition_id = dc.partition_id AND i.job_id = dc.job_id))
+RETURNING q.partition_id, q.job_id, q.request_id, q.outcome, q.nominal_time;
+
+-- name: job_runs_between
+-- The nominal times of job (%(partition_id)s, %(job_id)s)'s runs in
+-- [%(since)s, %(until)s), ascending (a primary-key range).
+SELECT nominal_time FROM runs
+WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s
+  AND nominal_time >= %(since)s AND nominal_time < %(until)s
+ORDER BY nominal_time;
+
+-- name: insert_backfill_runs
+-- `jobs backfill`: a run (origin backfill, pending, available now, outside
+-- the overlap policy: runs.overlap NULL) of job (%(partition_id)s,
+-- %(job_id)s) at each nominal time %(nominals)s[i], scheduled at
+-- %(scheduled)s[i]; a slot that has a run keeps it (the primary key), so a
+-- repeated backfill writes nothing. Returns the runs written.
+INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
+                  fired_at, node_id, epoch, state, queue, origin, available_at)
+SELECT %(partition_id)s, %(job_id)s, a.nominal, %(tenant)s, a.scheduled,
+       coalesce(%(now)s::timestamptz, statement_timestamp()), %(node_id)s, 0,
+       'pending', %(queue)s, 'backfill', coalesce(%(now)s::timestamptz, statement_timestamp())
+FROM unnest(%(nominals)s::timestamptz[], %(scheduled)s::timestamptz[]) AS a (nominal, scheduled)
+ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
+RETURNING nominal_time;
 
 -- ---------------------------------------------------------------- retention
 

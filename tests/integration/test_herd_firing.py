@@ -586,3 +586,54 @@ def test_the_look_ahead_reads_each_timer_once_and_never_past_its_deadline(pg_dsn
         (AT + timedelta(seconds=2), AT + timedelta(seconds=3)),
     ]
     assert node.firer._lookahead.prepared == 50
+
+
+def test_a_herd_holding_jobs_with_overlap_policies_fires_skips_and_replaces_them_in_the_same_tick(conn, node) -> None:
+    """A 40-timer herd: 30 allow timers, and 10 that each have an unfinished run
+    of the previous slot: 3 forbid (skipped), 3 buffer_one (a waiting run), 4
+    replace (the old run canceled, the new one delivered). fire_group handles
+    them (the same tick, the herd path), and verify accounts for every slot."""
+    due = instant(conn)
+    herd = load_herd(conn, "big", 40, due, intervals=(3600,))
+    order = in_order(herd)
+    policies = {**dict.fromkeys(order[:3], "forbid"), **dict.fromkeys(order[3:6], "buffer_one")}
+    policies.update(dict.fromkeys(order[6:10], "replace"))
+    for job_id, policy in policies.items():
+        conn.execute("UPDATE jobs SET overlap = %s WHERE job_id = %s", (policy, job_id))
+        conn.execute(
+            "INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch,"
+            " state, queue, origin, available_at, overlap, attempt, lease_token, leased_until)"
+            " VALUES (%s, %s, %s, 'big', %s, %s, 'herd', 1, 'leased', 'default', 'schedule', %s, %s, 1,"
+            " gen_random_uuid(), %s)",
+            (partition_of(job_id), job_id, due - HOUR, due - HOUR, due - HOUR, due - HOUR, policy, due + HOUR),
+        )
+
+    result = node.firer.tick()
+
+    assert (result.fired, result.herd_fired, result.skipped_ranges) == (37, 37, 3)
+    got = {
+        (r["job_id"], r["nominal_time"]): (r["state"], r["overlap"], r["available_at"] is None, r["last_error"])
+        for r in runs(conn)
+    }
+    for job_id in order:
+        policy = policies.get(job_id)
+        now_run = got.get((job_id, due))
+        old_run = got.get((job_id, due - HOUR))
+        if policy is None:
+            assert now_run == ("pending", None, False, None)
+        elif policy == "forbid":
+            assert now_run is None and old_run == ("leased", "forbid", False, None)
+        elif policy == "buffer_one":
+            assert now_run == ("pending", "buffer_one", True, None)  # waits: available_at NULL
+            assert old_run == ("leased", "buffer_one", False, None)
+        else:
+            assert now_run == ("pending", "replace", False, None)
+            assert old_run == ("canceled", "replace", False, f"replaced by run {job_id}.{int(due.timestamp())}000000")
+        assert job(conn, job_id)["next_nominal_at"] == due + HOUR  # every timer advanced
+    skipped = conn.execute("SELECT job_id, first_nominal, until_nominal, slots, reason FROM skips").fetchall()
+    assert sorted((s["job_id"], s["first_nominal"], s["until_nominal"], s["slots"], s["reason"]) for s in skipped) == [
+        (j, due, due + HOUR, 1, "overlap") for j in sorted(order[:3])
+    ]
+    report = verify(conn, since=due, until=due + timedelta(seconds=1))
+    assert report.ok, report.findings
+    assert (report.expected, report.runs, report.skipped, report.missing) == (40, 37, 3, 0)

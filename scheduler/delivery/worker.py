@@ -1,0 +1,799 @@
+"""Pull workers: claim a queue's runs, run a handler on each, ack or nack (docs/delivery.md).
+
+A :class:`Worker` serves one queue of one tenant. Its handler is any callable
+taking a :class:`Run`: a plain function runs on one of ``concurrency``
+threads, an ``async def`` on the worker's asyncio loop. Returning acks the
+run (it ends ``succeeded``); raising nacks it (``failed``; the partition
+owner's settle step retries it after a backoff or marks it ``dead``):
+
+* :class:`DoNotRetry` (or any exception whose ``retryable`` attribute is
+  false) nacks with ``retryable=False``: the run goes ``dead`` when settled;
+* an exception with a ``retry_after_s`` attribute (a finite number of
+  seconds ≥ 0, e.g. :class:`RetryAfter`) asks the retry to wait at least
+  that long.
+
+How it works (one asyncio loop, three store connections, each used by one
+thread so a slow statement on one never delays the others):
+
+* **claim**: while fewer than ``concurrency`` handlers run, one
+  :func:`~scheduler.delivery.lifecycle.claim` of up to ``min(free slots,
+  batch)`` runs (with fewer than half the slots free, after waiting
+  ``flush_interval_s`` for more to free up: under load, a few large claims
+  rather than many of one run each). An empty claim backs off from
+  ``poll_min_s`` (50 ms) doubling to ``poll_max_s`` (1 s); a claim that
+  returns anything resets it. No LISTEN/NOTIFY (not in the
+  PostgreSQL/CockroachDB common subset).
+* **heartbeat**: every ``lease_s / 3``, ONE
+  :func:`~scheduler.delivery.lifecycle.heartbeat` call for every run held
+  (running or awaiting its ack; a call per 1,000 runs). A run answered
+  ``canceled`` or ``lost`` is *abandoned*: removed from the worker, its
+  handler's result discarded (logged as ``run_abandoned``); an async handler
+  is cancelled (``asyncio.CancelledError`` raised at its ``await``); a thread
+  cannot be stopped in Python, so a sync handler runs on and should check
+  ``run.abandoned.is_set()`` between steps if it can.
+  The store's answer decides, never the worker's clock: while the store is
+  unreachable the worker keeps its runs and their results; a lease that
+  expired meanwhile is settled by the partition owner, and the token then
+  refuses this worker's late heartbeat or ack (``lost``). An ack that reaches
+  the store after the lease expired but before anyone settled or re-claimed
+  the run still counts (the token still holds it).
+* **ack/nack**: results are batched: flushed every ``flush_interval_s``
+  (25 ms) or as soon as ``batch`` are waiting, one
+  :func:`~scheduler.delivery.lifecycle.ack` and one
+  :func:`~scheduler.delivery.lifecycle.nack` transaction per flush (a
+  transaction per run would not reach the 12,000 runs/s target on 2 cores).
+  A run keeps being heartbeated until its ack or nack is committed.
+* **store errors** (connection refused or lost, statement timeout, retries
+  exhausted) never end the worker: the connection is reopened on the next
+  call, after a backoff (0.1 s doubling to 2 s); unflushed acks and nacks are
+  kept and sent again (an ack re-sent with the same token answers
+  ``succeeded`` again if the first one had committed).
+
+**Stopping** (:meth:`Worker.stop`, or SIGTERM/SIGINT in
+:meth:`Worker.run_until_signalled`): no more claims; in-flight handlers get
+``stop_timeout_s`` to finish, heartbeats continuing meanwhile; at the
+deadline every run still running is nacked (retryable, error ``worker
+stopped: handler still running at the stop deadline``) and its async handler
+cancelled; the remaining acks and nacks are flushed (for at most
+``FINAL_FLUSH_S`` more) and :meth:`Worker.run` returns. So no run stays leased
+by a stopped worker without a heartbeat: it is either finished, nacked, or (the
+store unreachable) left to expire with its lease. A second signal ends the
+grace at once.
+
+Delivery is at least once: a handler can run again for the same run id
+(after a worker crash, a lost lease, a nack at the stop deadline while a
+sync handler kept going). ``Run.run_id`` is the same on every attempt: make
+the handler's effect idempotent on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import logging
+import math
+import os
+import queue as queue_mod
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from scheduler import log, store
+from scheduler.delivery import lifecycle
+from scheduler.delivery.targets import validate_queue
+from scheduler.errors import StoreError, ValidationError, clip
+from scheduler.metrics import WORKER_OUTCOMES, WorkerMetrics
+from scheduler.spec import validate_tenant
+
+POLL_MIN_S = 0.05
+"""Idle claim backoff: the first wait after an empty claim (doubles up to :data:`POLL_MAX_S`)."""
+POLL_MAX_S = 1.0
+"""Idle claim backoff: the longest wait between claims of an empty queue."""
+FLUSH_INTERVAL_S = 0.025
+"""Acks and nacks wait at most this long to be sent in one batch."""
+STORE_BACKOFF_MIN_S = 0.1
+STORE_BACKOFF_MAX_S = 2.0
+"""After a store error, a loop retries after this backoff (doubling between the two bounds)."""
+FINAL_FLUSH_S = 3.0
+"""At a stop, how long the last acks and nacks may take to be sent after the stop deadline."""
+DEFAULT_STOP_TIMEOUT_S = 25.0
+"""Default grace of in-flight handlers after a stop (below the default 30 s lease)."""
+DEFAULT_CONCURRENCY = 10
+MIN_LEASE_S = 1.0
+MAX_LEASE_S = 3600.0
+MAX_CONCURRENCY = 10_000
+MAX_BATCH = lifecycle.MAX_BATCH
+ERROR_MAX_CHARS = 2000
+"""A nack's error text (exception type and message) is cut to this many characters."""
+STOP_ERROR = "worker stopped: handler still running at the stop deadline"
+
+STORE_ERRORS = (psycopg.Error, StoreError, OSError)
+"""What a store call may raise that the worker survives (reconnect, retry)."""
+
+
+class DoNotRetry(Exception):
+    """Raise from a handler to nack its run with ``retryable=False``: settled to ``dead``."""
+
+    retryable = False
+
+
+class RetryAfter(Exception):
+    """Raise from a handler to nack its run and ask that the retry waits at least ``retry_after_s`` seconds."""
+
+    def __init__(self, retry_after_s: float, message: str = "") -> None:
+        super().__init__(message or f"retry after {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class Abandoned:
+    """Set (once) when the worker gives an attempt up; :meth:`is_set` is safe from any thread.
+
+    Cheaper than a :class:`threading.Event` (one per run at thousands of runs
+    a second); there is nothing to wait on: a handler polls it.
+    """
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        """True once the attempt was given up (its result will be discarded)."""
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+
+
+@dataclass(frozen=True)
+class Run:
+    """One attempt of a run, as a handler gets it.
+
+    ``run_id`` (``<job_id>.<nominal time in Unix µs>``) is the same on every
+    attempt of the run: the key to make a handler idempotent. ``attempt``
+    counts from 1. Times are aware UTC datetimes (``scheduled_at`` = nominal
+    time plus the job's jitter). ``payload`` is the job's JSON payload
+    decoded (None if it has none); ``origin`` is ``schedule``, ``manual`` or
+    ``backfill``. ``abandoned`` is set when the worker gives the attempt up
+    (lease lost or run canceled, or the stop deadline passed): a sync handler
+    may poll it to stop early; its result is discarded either way.
+    """
+
+    run_id: str
+    job_id: uuid.UUID
+    job_name: str | None
+    tenant: str
+    queue: str
+    nominal_time: datetime
+    scheduled_at: datetime
+    attempt: int
+    payload: Any
+    origin: str
+    abandoned: Abandoned = field(default_factory=lambda: Abandoned(), compare=False, repr=False)
+
+
+def load_handler(spec: str) -> Callable[[Run], Any]:
+    """Import ``package.module:function`` (a dotted attribute path after the colon) and return it.
+
+    The current directory is importable (as with ``python -m``), so a
+    ``handlers.py`` next to where the worker starts is ``handlers:handle``.
+    Raises :class:`ValidationError` (field ``handler``) if ``spec`` is not of
+    that form, the module cannot be imported (the import error named), the
+    attribute is missing or not callable.
+    """
+    module_name, sep, attr = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+    names = attr.split(".")
+    if (
+        not sep
+        or not module_name
+        or not all(part.isidentifier() for part in module_name.split("."))
+        or not all(part.isidentifier() for part in names)
+    ):
+        raise ValidationError("handler", "must be package.module:function (a Python import path)", spec)
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 (any import failure is the user's module's)
+        raise ValidationError(
+            "handler", f"cannot import module {module_name!r}: {type(exc).__name__}: {clip(exc, 200)}"
+        ) from exc
+    for part in names:
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ValidationError("handler", f"module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(target):
+        raise ValidationError("handler", f"{spec} must be callable (a function taking a Run)")
+    return target
+
+
+def _is_async(handler: Callable[..., Any]) -> bool:
+    call = type(handler).__call__ if not inspect.isroutine(handler) else None
+    return inspect.iscoroutinefunction(handler) or (call is not None and inspect.iscoroutinefunction(call))
+
+
+def default_worker_id() -> str:
+    """``<hostname>:<pid>``: what ``runs.worker`` shows for this process's attempts."""
+    return f"{socket.gethostname()}:{os.getpid()}"[:200]
+
+
+class _InFlight:
+    """A claimed attempt held by the worker until its ack/nack commits or it is abandoned."""
+
+    __slots__ = ("claimed", "run", "run_id", "lease", "running", "task", "result", "nack", "outcome", "flushing")
+
+    def __init__(self, claimed: lifecycle.Claimed, run: Run) -> None:
+        self.claimed = claimed
+        self.run = run
+        self.run_id = run.run_id
+        self.lease: tuple[lifecycle.RunKey, uuid.UUID] = (claimed.key, claimed.token)
+        self.running = True
+        self.task: asyncio.Task | None = None
+        self.result: str | None = None  # "ack" | "nack" once queued
+        self.nack: lifecycle.Nack | None = None
+        self.outcome: str | None = None  # final outcome once known (succeeded|failed|lost|canceled)
+        self.flushing = False  # its ack/nack is being sent: that answer, not a heartbeat's, decides
+
+
+class _Lane:
+    """One store connection used by one thread: calls ``fn(conn, ...)`` off the event loop.
+
+    Opens the connection on first use and after any failure (a failed call
+    closes it). Raises what the call raises (the caller decides to retry).
+    """
+
+    def __init__(self, dsn: str, name: str, statement_timeout_s: float) -> None:
+        self._dsn = dsn
+        self._name = name
+        self._statement_timeout_s = statement_timeout_s
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"worker-{name}")
+        self._conn: psycopg.Connection[Any] | None = None
+
+    async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: self._call(fn, args, kwargs))
+
+    def _call(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        if self._conn is None or self._conn.closed:
+            self._conn = store.connect(
+                self._dsn,
+                application_name=f"scheduler-worker-{self._name}",
+                statement_timeout_s=self._statement_timeout_s,
+                lock_timeout_s=self._statement_timeout_s / 2,
+                idle_in_transaction_timeout_s=self._statement_timeout_s,
+                connect_timeout_s=5.0,
+                keepalives=1,
+                keepalives_idle=5,
+                keepalives_interval=2,
+                keepalives_count=3,
+                tcp_user_timeout=int(self._statement_timeout_s * 2000),
+            )
+        try:
+            return fn(self._conn, *args, **kwargs)
+        except BaseException:
+            self._close()
+            raise
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+
+    def close(self) -> None:
+        """Close the connection (on the lane's thread) and stop the thread; never raises."""
+        with contextlib.suppress(RuntimeError):
+            self._executor.submit(self._close)
+        self._executor.shutdown(wait=False)
+
+
+class _Threads:
+    """``n`` daemon threads running submitted callables (a sync handler that never
+    returns must not keep the process from exiting, as ThreadPoolExecutor's would)."""
+
+    def __init__(self, n: int) -> None:
+        self._queue: queue_mod.SimpleQueue[Callable[[], None] | None] = queue_mod.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"worker-handler-{i}", daemon=True) for i in range(n)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _serve(self) -> None:
+        while (work := self._queue.get()) is not None:
+            work()
+
+    def submit(self, work: Callable[[], None]) -> None:
+        self._queue.put(work)
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+
+
+class Worker:
+    """Claim runs of ``(tenant, queue)`` and hand each to ``handler`` (see the module doc).
+
+    ``handler``: a callable taking a :class:`Run` (sync or ``async def``).
+    ``concurrency``: handlers running at once (1–10,000); ``lease_s``: each
+    attempt's lease (1–3,600 s; heartbeats every third of it); ``batch``:
+    most runs claimed, and acks/nacks sent, per statement (default
+    ``min(max(concurrency, 100), 1000)``, 1–1,000; heartbeats go in chunks
+    of 1,000); ``stop_timeout_s``: the grace of
+    in-flight handlers after a stop (≥ 0). ``worker_id`` is written to
+    ``runs.worker`` (default :func:`default_worker_id`); ``metrics`` a
+    :class:`~scheduler.metrics.WorkerMetrics` (default: a new one).
+    Raises :class:`ValidationError` naming the field for a bad argument.
+    Not reusable: :meth:`run` once.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        tenant: str,
+        queue: str = "default",
+        handler: Callable[[Run], Any] | None = None,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        lease_s: float = lifecycle.DEFAULT_LEASE_S,
+        batch: int | None = None,
+        stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
+        worker_id: str | None = None,
+        metrics: WorkerMetrics | None = None,
+        poll_min_s: float = POLL_MIN_S,
+        poll_max_s: float = POLL_MAX_S,
+        flush_interval_s: float = FLUSH_INTERVAL_S,
+    ) -> None:
+        validate_tenant(tenant)
+        validate_queue(queue)
+        if handler is None or not callable(handler):
+            raise ValidationError("handler", "must be callable (a function taking a Run)")
+        _check_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
+        batch = min(max(concurrency, 100), MAX_BATCH) if batch is None else batch
+        _check_int("batch", batch, 1, MAX_BATCH)
+        _check_seconds("lease_s", lease_s, MIN_LEASE_S, MAX_LEASE_S)
+        _check_seconds("stop_timeout_s", stop_timeout_s, 0.0, 86_400.0)
+        self.dsn, self.tenant, self.queue, self.handler = dsn, tenant, queue, handler
+        self.concurrency, self.batch = concurrency, batch
+        self.lease_s, self.stop_timeout_s = float(lease_s), float(stop_timeout_s)
+        self.worker_id = worker_id or default_worker_id()
+        self.metrics = metrics if metrics is not None else WorkerMetrics()
+        self._outcomes = {o: self.metrics.attempts.labels(outcome=o) for o in WORKER_OUTCOMES}
+        self._poll_min_s, self._poll_max_s, self._flush_interval_s = poll_min_s, poll_max_s, flush_interval_s
+        self._async = _is_async(handler)
+        self._inflight: dict[str, _InFlight] = {}
+        self._running = 0
+        self._acks: list[_InFlight] = []
+        self._nacks: list[_InFlight] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested = threading.Event()
+        self._stop_event: asyncio.Event | None = None
+        self._hurry = False
+        self.stopped_cleanly: bool | None = None
+
+    # ------------------------------------------------------------ control
+
+    def stop(self) -> None:
+        """Begin a graceful stop (see the module doc); safe from any thread or a signal handler. Idempotent."""
+        self._stop_requested.set()
+        loop = self._loop
+        if loop is not None and self._stop_event is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._on_stop)
+
+    def _on_stop(self) -> None:
+        assert self._stop_event is not None
+        self._stop_event.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was asked for."""
+        return self._stop_requested.is_set()
+
+    def run(self) -> None:
+        """Serve until :meth:`stop`, then drain as the module doc says and return.
+
+        Store errors are retried, never raised. A worker loop that fails
+        otherwise (a bug) stops the worker gracefully, and its exception is
+        raised once the drain is over.
+        """
+        asyncio.run(self._main())
+
+    def run_until_signalled(self) -> None:
+        """:meth:`run`, stopping gracefully on SIGTERM or SIGINT (main thread only); a second signal
+        cuts the grace short (in-flight runs are nacked at once)."""
+        previous: dict[int, Any] = {}
+
+        def handler(signum: int, frame: Any) -> None:
+            log.event("signal_received", worker=self.worker_id, signal=signal.Signals(signum).name)
+            if self.stopping:
+                self._hurry = True
+            self.stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, handler)
+        try:
+            self.run()
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+    # ------------------------------------------------------------ main
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        self._wake = asyncio.Event()  # a handler finished or an ack flushed: maybe claim
+        self._flush_now = asyncio.Event()
+        self._done = asyncio.Event()  # every loop but the heartbeat's has ended
+        statement_s = max(1.0, min(5.0, self.lease_s / 3))
+        self._claim_lane = _Lane(self.dsn, "claim", statement_s)
+        self._ack_lane = _Lane(self.dsn, "ack", statement_s)
+        self._hb_lane = _Lane(self.dsn, "heartbeat", statement_s)
+        self._threads = None if self._async else _Threads(self.concurrency)
+        if self._stop_requested.is_set():
+            self._on_stop()
+        log.event(
+            "worker_started",
+            worker=self.worker_id,
+            tenant=self.tenant,
+            queue=self.queue,
+            concurrency=self.concurrency,
+            lease_s=self.lease_s,
+        )
+        heartbeat = asyncio.create_task(self._heartbeat_loop())
+        flusher = asyncio.create_task(self._flush_loop())
+        claimer = asyncio.create_task(self._claim_loop())
+        loops = (claimer, flusher, heartbeat)
+        failure: BaseException | None = None
+        stop_wait = asyncio.create_task(self._stop_event.wait())
+        try:
+            # A loop that ends before a stop has failed (a bug, not a store error: those are
+            # retried): stop gracefully rather than hold runs without claiming or acking.
+            await asyncio.wait({stop_wait, *loops}, return_when=asyncio.FIRST_COMPLETED)
+            for task in loops:
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    failure = task.exception()
+                    log.event("worker_loop_failed", logging.ERROR, worker=self.worker_id, error=repr(failure))
+                    self._on_stop()
+                    break
+            deadline = time.monotonic() + self.stop_timeout_s
+            log.event("worker_stopping", worker=self.worker_id, in_flight=self._running, grace_s=self.stop_timeout_s)
+            await asyncio.wait({claimer})
+            while self._running and time.monotonic() < deadline and not self._hurry:
+                self._wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), min(0.1, max(0.0, deadline - time.monotonic())))
+            late = [f for f in self._inflight.values() if f.running and f.result is None]
+            for f in late:
+                log.event("run_nacked_at_stop", logging.WARNING, worker=self.worker_id, run_id=f.run_id)
+                self._queue_nack(f, lifecycle.Nack(f.run_id, f.claimed.token, STOP_ERROR, True, None))
+                f.run.abandoned.set()
+                if f.task is not None:
+                    f.task.cancel()
+            self._flush_now.set()
+            flush_deadline = time.monotonic() + FINAL_FLUSH_S
+            while (self._acks or self._nacks) and time.monotonic() < flush_deadline:
+                self._flush_now.set()
+                await asyncio.sleep(0.01)
+            self.stopped_cleanly = not (self._acks or self._nacks)
+            if not self.stopped_cleanly:
+                log.event(
+                    "worker_unflushed",
+                    logging.WARNING,
+                    worker=self.worker_id,
+                    acks=len(self._acks),
+                    nacks=len(self._nacks),
+                    note="their leases expire and the store settles them",
+                )
+        finally:
+            self._done.set()
+            self._flush_now.set()
+            for task in (stop_wait, *loops):
+                task.cancel()
+            for task in (stop_wait, *loops):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            for f in list(self._inflight.values()):
+                if f.task is not None and not f.task.done():
+                    f.task.cancel()
+            if self._threads is not None:
+                self._threads.close()
+            for lane in (self._claim_lane, self._ack_lane, self._hb_lane):
+                lane.close()
+            self.metrics.inflight.set(0)
+            log.event("worker_stopped", worker=self.worker_id, clean=self.stopped_cleanly)
+        if failure is not None:
+            raise failure
+
+    async def _sleep(self, seconds: float, until: asyncio.Event) -> None:
+        """Sleep ``seconds`` or until ``until`` is set."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(until.wait(), seconds)
+
+    def _store_failed(self, what: str, exc: BaseException, backoff: float) -> float:
+        self.metrics.store_errors.labels(operation=what).inc()
+        log.event(
+            "worker_store_error",
+            logging.WARNING,
+            worker=self.worker_id,
+            operation=what,
+            error=clip(log.one_line(f"{type(exc).__name__}: {exc}"), 300),
+            retry_in_s=round(backoff, 3),
+        )
+        return min(STORE_BACKOFF_MAX_S, backoff * 2)
+
+    # ------------------------------------------------------------ claim
+
+    async def _claim_loop(self) -> None:
+        assert self._stop_event is not None
+        idle_s = self._poll_min_s
+        backoff = STORE_BACKOFF_MIN_S
+        coalesced = False
+        while not self._stop_event.is_set():
+            free = self.concurrency - self._running
+            if free <= 0 or len(self._acks) + len(self._nacks) >= 4 * self.batch:
+                self._wake.clear()
+                await self._sleep(1.0, self._wake)
+                continue
+            if 0 < self._running and free < self.concurrency // 2 and not coalesced:
+                # Under load slots come back one by one: wait a moment for more, so a
+                # claim takes many runs in one statement rather than one each.
+                coalesced = True
+                await self._sleep(self._flush_interval_s, self._stop_event)
+                continue
+            coalesced = False
+            limit = min(free, self.batch)
+            try:
+                claimed = await self._claim_lane.call(
+                    lifecycle.claim,
+                    tenant=self.tenant,
+                    queue=self.queue,
+                    worker=self.worker_id,
+                    limit=limit,
+                    lease_s=self.lease_s,
+                )
+            except STORE_ERRORS as exc:
+                wait = backoff
+                backoff = self._store_failed("claim", exc, backoff)
+                await self._sleep(wait, self._stop_event)
+                continue
+            backoff = STORE_BACKOFF_MIN_S
+            if claimed:
+                self._record_claims(claimed)
+                for c in claimed:
+                    self._start(c)
+                self.metrics.inflight.set(len(self._inflight))
+                idle_s = self._poll_min_s
+                if len(claimed) < limit:
+                    await self._sleep(self._poll_min_s, self._stop_event)
+            else:
+                await self._sleep(idle_s, self._stop_event)
+                idle_s = min(self._poll_max_s, idle_s * 2)
+
+    def _record_claims(self, claimed: list[lifecycle.Claimed]) -> None:
+        lags = [(c.claimed_at - c.scheduled_at).total_seconds() for c in claimed if c.attempt == 1]
+        if lags:
+            self.metrics.dispatch_lag.observe_many(lags)
+        self.metrics.claimed.inc(len(claimed))
+
+    def _start(self, c: lifecycle.Claimed) -> None:
+        run = Run(
+            run_id=c.key.run_id,
+            job_id=c.key.job_id,
+            job_name=c.job_name,
+            tenant=c.tenant,
+            queue=c.queue or self.queue,
+            nominal_time=c.nominal_time,
+            scheduled_at=c.scheduled_at,
+            attempt=c.attempt,
+            payload=c.payload,
+            origin=c.origin,
+        )
+        f = _InFlight(c, run)
+        self._inflight[f.run_id] = f
+        self._running += 1
+        if self._async:
+            f.task = asyncio.get_running_loop().create_task(self._run_async(f))
+        else:
+            assert self._threads is not None
+            loop = asyncio.get_running_loop()
+            handler = self.handler
+
+            def work() -> None:
+                error: BaseException | None = None
+                try:
+                    handler(run)
+                except BaseException as exc:  # noqa: BLE001 (every failure of the handler nacks)
+                    error = exc
+                with contextlib.suppress(RuntimeError):  # the loop has closed: the worker is gone
+                    loop.call_soon_threadsafe(self._finished, f, error)
+
+            self._threads.submit(work)
+
+    async def _run_async(self, f: _InFlight) -> None:
+        error: BaseException | None = None
+        try:
+            await self.handler(f.run)
+        except asyncio.CancelledError:
+            if f.run.abandoned.is_set():
+                self._finished(f, None)
+                return
+            raise
+        except BaseException as exc:  # noqa: BLE001 (every failure of the handler nacks)
+            error = exc
+        self._finished(f, error)
+
+    # ------------------------------------------------------------ results
+
+    def _finished(self, f: _InFlight, error: BaseException | None) -> None:
+        """A handler returned (``error`` None) or raised: queue the ack or nack (on the loop)."""
+        f.running = False
+        self._running -= 1
+        self._wake.set()
+        if f.run.abandoned.is_set() or f.result is not None:
+            log.event(
+                "handler_result_discarded",
+                logging.INFO,
+                worker=self.worker_id,
+                run_id=f.run_id,
+                why=f.outcome or "nacked at the stop deadline",
+            )
+            return
+        if error is None:
+            f.result = "ack"
+            self._acks.append(f)
+            if len(self._acks) >= self.batch:
+                self._flush_now.set()
+        else:
+            self._queue_nack(f, _nack_of(f, error))
+
+    def _queue_nack(self, f: _InFlight, nack: lifecycle.Nack) -> None:
+        f.result, f.nack = "nack", nack
+        self._nacks.append(f)
+        if len(self._nacks) >= self.batch:
+            self._flush_now.set()
+
+    async def _flush_loop(self) -> None:
+        backoff = STORE_BACKOFF_MIN_S
+        while not self._done.is_set():
+            if not (self._acks or self._nacks):
+                self._flush_now.clear()
+                await self._sleep(self._flush_interval_s, self._flush_now)
+                if not (self._acks or self._nacks):
+                    continue
+            elif len(self._acks) < self.batch and len(self._nacks) < self.batch and not self._flush_now.is_set():
+                await self._sleep(self._flush_interval_s, self._flush_now)
+            self._flush_now.clear()
+            try:
+                await self._flush("ack")
+                await self._flush("nack")
+                backoff = STORE_BACKOFF_MIN_S
+            except STORE_ERRORS as exc:
+                wait = backoff
+                backoff = self._store_failed("ack", exc, backoff)
+                await self._sleep(wait, self._done)
+
+    async def _flush(self, kind: str) -> None:
+        pending = self._acks if kind == "ack" else self._nacks
+        batch = [f for f in pending[: self.batch] if self._inflight.get(f.run_id) is f]
+        del pending[: self.batch]
+        if not batch:
+            return
+        for f in batch:
+            f.flushing = True
+        try:
+            if kind == "ack":
+                answers = await self._ack_lane.call(lifecycle.ack, [f.lease for f in batch])
+            else:
+                answers = await self._ack_lane.call(lifecycle.nack, [f.nack for f in batch])
+        except BaseException:
+            for f in batch:
+                f.flushing = False
+            pending[:0] = [f for f in batch if self._inflight.get(f.run_id) is f]
+            raise
+        done = "succeeded" if kind == "ack" else "failed"
+        for f in batch:
+            answer = answers.get(f.run_id, "lost")
+            outcome = answer if answer in ("succeeded", "failed", "canceled") else "lost"
+            if outcome != done:
+                log.event(f"{kind}_refused", worker=self.worker_id, run_id=f.run_id, answer=answer)
+            self._settle(f, outcome, gauge=False)
+        self.metrics.inflight.set(len(self._inflight))
+        self._wake.set()
+
+    def _settle(self, f: _InFlight, outcome: str, gauge: bool = True) -> None:
+        """The attempt is over for this worker: count it by ``outcome``, stop heartbeating it."""
+        f.outcome = outcome
+        if self._inflight.get(f.run_id) is f:
+            del self._inflight[f.run_id]
+        self._outcomes[outcome].inc()
+        if gauge:
+            self.metrics.inflight.set(len(self._inflight))
+
+    def _abandon(self, f: _InFlight, outcome: str, why: str) -> None:
+        if self._inflight.get(f.run_id) is not f:
+            return
+        f.run.abandoned.set()
+        log.event(
+            "run_abandoned",
+            logging.WARNING,
+            worker=self.worker_id,
+            run_id=f.run_id,
+            attempt=f.claimed.attempt,
+            why=why,
+            handler_running=f.running,
+            note="" if not f.running or self._async else "a sync handler cannot be stopped: it runs on",
+        )
+        if f.task is not None and not f.task.done():
+            f.task.cancel()
+        self._settle(f, outcome)
+
+    # ------------------------------------------------------------ heartbeat
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.lease_s / 3
+        backoff = STORE_BACKOFF_MIN_S
+        wait = interval
+        while True:
+            await asyncio.sleep(wait)
+            wait = interval
+            held = list(self._inflight.values())
+            if not held:
+                continue
+            try:
+                answers: dict[str, str] = {}
+                for i in range(0, len(held), MAX_BATCH):
+                    chunk = [f.lease for f in held[i : i + MAX_BATCH]]
+                    answers.update(await self._hb_lane.call(lifecycle.heartbeat, chunk, self.lease_s))
+            except STORE_ERRORS as exc:
+                wait = min(backoff, interval)
+                backoff = self._store_failed("heartbeat", exc, backoff)
+                continue
+            backoff = STORE_BACKOFF_MIN_S
+            for f in held:
+                answer = answers.get(f.run_id, "lost")
+                if f.flushing:
+                    continue  # its ack/nack's answer settles it
+                if answer == "leased":
+                    continue
+                if answer == "canceled":
+                    self._abandon(f, "canceled", "the run was canceled")
+                else:
+                    self._abandon(f, "lost", f"heartbeat answered {answer!r}: another attempt holds the run")
+
+
+def _nack_of(f: _InFlight, error: BaseException) -> lifecycle.Nack:
+    """The nack of a handler's ``error``: retryable unless it says otherwise; its ``retry_after_s`` if valid."""
+    retryable = bool(getattr(error, "retryable", True))
+    after = getattr(error, "retry_after_s", None)
+    if isinstance(after, bool) or not isinstance(after, (int, float)) or not math.isfinite(after) or after < 0:
+        after = None
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    error_text = log.redact(text)[:ERROR_MAX_CHARS]
+    return lifecycle.Nack(f.run_id, f.claimed.token, error_text, retryable, None if after is None else float(after))
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValidationError(name, f"must be a whole number from {lo} to {hi}", value)
+
+
+def _check_seconds(name: str, value: Any, lo: float, hi: float) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or not lo <= value <= hi:
+        raise ValidationError(name, f"must be a number of seconds from {lo:g} to {hi:g}", value)

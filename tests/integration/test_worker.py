@@ -1,0 +1,660 @@
+"""Pull workers against a real store (scheduler/delivery/worker.py, ``scheduler worker``).
+
+Runs are fired by the real firing path (the first test) or written as
+pending rows of a real job, available from the store's now. Workers run in
+process (``Worker.run`` on a thread) or as ``python -m scheduler worker``
+subprocesses when the test kills, pauses or signals them; their handlers
+live in a module written to the test's directory (the subprocess's working
+directory, importable as ``handlers:...``). Leases are short (2 s), every
+wait is a poll with a generous timeout, and every outcome is asserted as the
+exact row in ``runs``. The partition owner's settle step is called directly
+(``lifecycle.settle`` with the epochs of :class:`helpers.OneNode`, which holds
+every partition).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from helpers import OneNode, closed_port, store_now, wait_for
+
+from scheduler import jobs
+from scheduler.cli import cli
+from scheduler.delivery import lifecycle, worker
+from scheduler.delivery.lifecycle import RunKey
+from scheduler.delivery.worker import DoNotRetry, RetryAfter, Run, Worker
+from scheduler.errors import ValidationError
+from scheduler.spec import JobSpec
+
+S = timedelta(seconds=1)
+LEASE_S = 2.0
+
+HANDLERS = textwrap.dedent(
+    """
+    import os, pathlib, time
+
+    DIR = pathlib.Path(os.environ["WORKER_TEST_DIR"])
+
+    def slow(run):
+        # Marks that it started (file named by run id and attempt), then waits for
+        # a 'release' file for at most 120 s.
+        (DIR / f"started.{run.run_id}.{run.attempt}").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 120
+        while not (DIR / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def sleepy(run):
+        (DIR / f"started.{run.run_id}.{run.attempt}").write_text(str(os.getpid()))
+        time.sleep(float(os.environ.get("WORKER_TEST_SLEEP_S", "600")))
+
+    def record(run):
+        # One file per (run, attempt), created exclusively: a second delivery of the same
+        # attempt would raise (and nack) instead of passing unseen.
+        with open(DIR / f"done.{run.run_id}.{run.attempt}", "x") as f:
+            f.write(repr(run.payload))
+
+    NOT_CALLABLE = 42
+    """
+)
+
+
+@pytest.fixture
+def node(pg_dsn: str) -> Iterator[OneNode]:
+    n = OneNode(pg_dsn)
+    yield n
+    n.close()
+
+
+@pytest.fixture
+def handlers_dir(tmp_path: Path) -> Path:
+    (tmp_path / "handlers.py").write_text(HANDLERS)
+    return tmp_path
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def add_job(conn: psycopg.Connection, name: str | None = None) -> uuid.UUID:
+    return jobs.add_job(conn, JobSpec.build(tenant="acme", name=name, interval_s=3600)).job_id
+
+
+def pending_now(conn: psycopg.Connection, job_id: uuid.UUID, seconds_ago: int = 5) -> RunKey:
+    """A pending run of ``job_id`` in queue ``default``, scheduled (and available) ``seconds_ago`` before
+    the store's now, as the firing statement writes it."""
+    nominal = store_now(conn).replace(microsecond=0) - seconds_ago * S
+    key = RunKey.of(job_id, nominal)
+    conn.execute(
+        "INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch,"
+        " state, queue, origin, available_at)"
+        " VALUES (%s, %s, %s, 'acme', %s, %s, 't1', 1, 'pending', 'default', 'schedule', %s)",
+        (key.partition_id, job_id, nominal, nominal, nominal, nominal),
+    )
+    return key
+
+
+def row(conn: psycopg.Connection, key: RunKey) -> dict:
+    return conn.execute(
+        "SELECT * FROM runs WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
+        (key.partition_id, key.job_id, key.nominal_time),
+    ).fetchone()
+
+
+def state_of(conn: psycopg.Connection, key: RunKey) -> tuple[str, int]:
+    r = row(conn, key)
+    return (r["state"], r["attempt"])
+
+
+def settle_until(conn: psycopg.Connection, node: OneNode, key: RunKey, state: str, timeout_s: float = 20.0) -> dict:
+    """Run the owner's settle step (fenced by ``node``'s epoch) until ``key``'s run is in ``state``."""
+    epochs = {key.partition_id: node.epoch(key.partition_id)}
+
+    def probe() -> dict:
+        lifecycle.settle(conn, node_id="t1", epochs=epochs)
+        return row(conn, key)
+
+    return wait_for(f"run {key.run_id} {state}", probe, lambda r: r["state"] == state, timeout_s=timeout_s)
+
+
+class Running:
+    """A :class:`Worker` running on a thread until :meth:`stop`."""
+
+    def __init__(self, w: Worker) -> None:
+        self.worker = w
+        self.thread = threading.Thread(target=w.run, name="test-worker", daemon=True)
+        self.thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.worker.stop()
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "worker did not stop"
+
+
+@pytest.fixture
+def start(pg_dsn: str) -> Iterator:
+    started: list[Running] = []
+
+    def build(handler, **kwargs) -> Running:
+        kwargs.setdefault("lease_s", LEASE_S)
+        kwargs.setdefault("stop_timeout_s", 5.0)
+        started.append(Running(Worker(pg_dsn, "acme", "default", handler, **kwargs)))
+        return started[-1]
+
+    yield build
+    for r in started:
+        r.stop()
+
+
+def child_env(handlers_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_") or k.startswith("SCHEDULER_TEST_")}
+    env.update(WORKER_TEST_DIR=str(handlers_dir), PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def spawn(pg_dsn: str, handlers_dir: Path, handler: str, *flags: str, **env: str) -> subprocess.Popen:
+    path = handlers_dir / f"worker-{uuid.uuid4().hex[:6]}.log"
+    with path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "scheduler", "worker", "--dsn", pg_dsn, "--tenant", "acme", "--handler", handler,
+             "--lease-s", str(LEASE_S), *flags],
+            cwd=handlers_dir,
+            env=child_env(handlers_dir, **env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    proc.log_path = path  # type: ignore[attr-defined]
+    return proc
+
+
+def output_of(proc: subprocess.Popen) -> str:
+    return proc.log_path.read_text()  # type: ignore[attr-defined]
+
+
+def reap(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+
+
+def started(handlers_dir: Path, key: RunKey, attempt: int) -> bool:
+    return (handlers_dir / f"started.{key.run_id}.{attempt}").exists()
+
+
+def holding(conn: psycopg.Connection, pg_dsn: str, handlers_dir: Path) -> tuple[RunKey, subprocess.Popen, dict]:
+    """A pending run, and a worker process whose handler (``slow``) holds it: the run's key,
+    the process and the run's row (leased, attempt 1)."""
+    key = pending_now(conn, add_job(conn))
+    proc = spawn(pg_dsn, handlers_dir, "handlers:slow")
+    try:
+        wait_for("handler started", lambda: started(handlers_dir, key, 1), timeout_s=30)
+    except BaseException:
+        reap(proc)
+        raise
+    held = row(conn, key)
+    assert (held["state"], held["attempt"]) == ("leased", 1)
+    return key, proc, held
+
+
+# ---------------------------------------------------------------- a handler runs
+
+
+def test_a_handler_runs_for_each_fired_run_which_ends_succeeded_at_attempt_1(conn, node, start) -> None:
+    job_id = add_job(conn, name="nightly-report")
+    conn.execute(
+        "INSERT INTO job_delivery (partition_id, job_id, payload, max_attempts, backoff_base_s, backoff_cap_s)"
+        " SELECT partition_id, job_id, %s, 5, 1, 300 FROM jobs WHERE job_id = %s",
+        ('{"report": "sales", "to": ["ops@example.com"]}', job_id),
+    )
+    conn.execute(
+        "UPDATE jobs SET next_nominal_at = anchor_at - interval '1 hour', next_due_at = anchor_at - interval '1 hour'"
+        " WHERE job_id = %s",
+        (job_id,),
+    )
+    node.firer.tick()
+    fired = conn.execute(
+        "SELECT * FROM runs WHERE job_id = %s ORDER BY nominal_time", (job_id,)
+    ).fetchall()  # fmt: skip
+    assert [r["state"] for r in fired] == ["pending", "pending"]
+    seen: list[Run] = []
+    lock = threading.Lock()
+
+    def handler(run: Run) -> None:
+        with lock:
+            seen.append(run)
+
+    w = start(handler)
+    keys = [RunKey.of(job_id, r["nominal_time"]) for r in fired]
+    for key in keys:
+        wait_for("succeeded", lambda key=key: state_of(conn, key), lambda s: s == ("succeeded", 1))
+    w.stop()
+    assert sorted((r.run_id, r.attempt) for r in seen) == sorted((k.run_id, 1) for k in keys)
+    by_id = {r.run_id: r for r in seen}
+    for fired_row, key in zip(fired, keys, strict=True):
+        run = by_id[key.run_id]
+        assert (run.job_id, run.job_name, run.tenant, run.queue, run.origin) == (
+            job_id, "nightly-report", "acme", "default", "schedule",
+        )  # fmt: skip
+        assert (run.nominal_time, run.scheduled_at) == (fired_row["nominal_time"], fired_row["scheduled_at"])
+        assert run.payload == {"report": "sales", "to": ["ops@example.com"]}
+        stored = row(conn, key)
+        assert (stored["worker"], stored["last_error"]) == (w.worker.worker_id, None)
+    m = w.worker.metrics
+    assert m.value("scheduler_worker_attempts_total", {"outcome": "succeeded"}) == 2
+    assert m.value("scheduler_worker_attempts_total", {"outcome": "failed"}) == 0
+    assert m.value("scheduler_worker_dispatch_lag_seconds_count") == 2
+    assert m.value("scheduler_worker_inflight_runs") == 0
+
+
+def test_an_async_handler_runs_on_the_loop_and_acks(conn, start) -> None:
+    key = pending_now(conn, add_job(conn))
+    seen: list[tuple[str, int]] = []
+
+    async def handler(run: Run) -> None:
+        await asyncio.sleep(0.01)
+        seen.append((run.run_id, run.attempt))
+
+    w = start(handler)
+    wait_for("succeeded", lambda: state_of(conn, key), lambda s: s == ("succeeded", 1))
+    w.stop()
+    assert seen == [(key.run_id, 1)]
+
+
+def test_heartbeats_keep_a_run_leased_while_its_handler_runs_past_the_lease(conn, node, start) -> None:
+    key = pending_now(conn, add_job(conn))
+    release = threading.Event()
+
+    def handler(run: Run) -> None:
+        release.wait(60)
+
+    w = start(handler)
+    wait_for("leased", lambda: state_of(conn, key), lambda s: s == ("leased", 1))
+    first_until = row(conn, key)["leased_until"]
+    epochs = {key.partition_id: node.epoch(key.partition_id)}
+    # Three leases' worth of time; the owner settles all along: nothing expires.
+    deadline = store_now(conn) + 3 * LEASE_S * S
+    while store_now(conn) < deadline:
+        assert lifecycle.settle(conn, node_id="t1", epochs=epochs).runs == ()
+        assert state_of(conn, key) == ("leased", 1)
+        time.sleep(0.2)
+    assert row(conn, key)["leased_until"] > first_until + 2 * LEASE_S * S
+    release.set()
+    wait_for("succeeded", lambda: state_of(conn, key), lambda s: s == ("succeeded", 1))
+    w.stop()
+
+
+# ---------------------------------------------------------------- failures
+
+
+def test_a_raising_handler_fails_the_attempt_then_settle_retries_it_as_attempt_2(conn, node, start) -> None:
+    key = pending_now(conn, add_job(conn))
+    attempts: list[int] = []
+
+    def handler(run: Run) -> None:
+        attempts.append(run.attempt)
+        if run.attempt == 1:
+            raise RuntimeError("boom\nsecond line")
+
+    w = start(handler)
+    failed = wait_for("failed", lambda: row(conn, key), lambda r: r["state"] == "failed")
+    assert (failed["attempt"], failed["retryable"], failed["last_error"]) == (
+        1,
+        True,
+        "RuntimeError: boom\nsecond line",
+    )
+    settled = settle_until(conn, node, key, "pending")
+    assert settled["attempt"] == 1  # attempts started; the next claim is attempt 2
+    wait_for("succeeded", lambda: state_of(conn, key), lambda s: s == ("succeeded", 2))
+    w.stop()
+    assert attempts == [1, 2]
+    m = w.worker.metrics
+    assert m.value("scheduler_worker_attempts_total", {"outcome": "failed"}) == 1
+    assert m.value("scheduler_worker_attempts_total", {"outcome": "succeeded"}) == 1
+    assert m.value("scheduler_worker_dispatch_lag_seconds_count") == 1  # first attempts only
+
+
+def test_do_not_retry_makes_the_run_dead_when_settled(conn, node, start) -> None:
+    key = pending_now(conn, add_job(conn))
+
+    def handler(run: Run) -> None:
+        raise DoNotRetry("bad payload")
+
+    w = start(handler)
+    failed = wait_for("failed", lambda: row(conn, key), lambda r: r["state"] == "failed")
+    assert (failed["attempt"], failed["retryable"], failed["last_error"]) == (1, False, "DoNotRetry: bad payload")
+    dead = settle_until(conn, node, key, "dead")
+    assert (dead["attempt"], dead["last_error"]) == (1, "DoNotRetry: bad payload")
+    assert dead["finished_at"] is not None
+    w.stop()
+
+
+def test_retry_after_s_of_the_exception_is_the_earliest_retry(conn, node, start) -> None:
+    key = pending_now(conn, add_job(conn))
+
+    def handler(run: Run) -> None:
+        raise RetryAfter(600, "rate limited")
+
+    w = start(handler)
+    failed = wait_for("failed", lambda: row(conn, key), lambda r: r["state"] == "failed")
+    w.stop()
+    assert failed["last_error"] == "RetryAfter: rate limited"
+    nacked_at = failed["available_at"] - 600 * S
+    assert failed["claimed_at"] <= nacked_at <= store_now(conn)
+    settled = settle_until(conn, node, key, "pending")
+    assert settled["available_at"] >= failed["available_at"]
+
+
+def test_a_canceled_run_is_abandoned_at_the_next_heartbeat_and_its_async_handler_cancelled(conn, start) -> None:
+    key = pending_now(conn, add_job(conn))
+    entered, cancelled = threading.Event(), threading.Event()
+
+    async def handler(run: Run) -> None:
+        entered.set()
+        try:
+            await asyncio.sleep(120)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    w = start(handler)
+    assert entered.wait(20)
+    # What the overlap policy `replace` does to the unfinished run: canceled, token kept.
+    conn.execute(
+        "UPDATE runs SET state = 'canceled', finished_at = now()"
+        " WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
+        (key.partition_id, key.job_id, key.nominal_time),
+    )
+    assert cancelled.wait(20)
+    m = w.worker.metrics
+    wait_for("counted", lambda: m.value("scheduler_worker_attempts_total", {"outcome": "canceled"}), lambda v: v == 1)
+    w.stop()
+    assert state_of(conn, key) == ("canceled", 1)
+    assert m.value("scheduler_worker_attempts_total", {"outcome": "succeeded"}) == 0
+    assert m.value("scheduler_worker_inflight_runs") == 0
+
+
+def test_a_worker_survives_its_connections_being_killed(conn, start) -> None:
+    first = pending_now(conn, add_job(conn), seconds_ago=10)
+    release = threading.Event()
+
+    def handler(run: Run) -> None:
+        release.wait(60)
+
+    w = start(handler)
+    leased = wait_for("leased", lambda: row(conn, first), lambda r: r["state"] == "leased")
+    wait_for("a heartbeat", lambda: row(conn, first)["leased_until"], lambda until: until > leased["leased_until"])
+    killed = conn.execute(
+        "SELECT count(*) AS n FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE application_name LIKE 'scheduler-worker-%%' AND datname = current_database()) AS t"
+    ).fetchone()["n"]
+    assert killed == 2  # the claim's and the heartbeat's (no ack sent yet)
+    second = pending_now(conn, add_job(conn))
+    release.set()
+    for key in (first, second):
+        wait_for("succeeded", lambda key=key: state_of(conn, key), lambda s: s == ("succeeded", 1))
+    w.stop()
+    assert w.worker.metrics.value("scheduler_worker_attempts_total", {"outcome": "succeeded"}) == 2
+    # The next claim found its connection gone, once; the one after reconnected.
+    assert w.worker.metrics.value("scheduler_worker_store_errors_total", {"operation": "claim"}) == 1
+
+
+def test_a_failing_worker_loop_stops_the_worker_and_raises_after_the_drain(conn, pg_dsn, monkeypatch) -> None:
+    key = pending_now(conn, add_job(conn))
+
+    def broken_ack(conn, leases, **kwargs):
+        raise RuntimeError("a bug in the ack path")
+
+    monkeypatch.setattr(lifecycle, "ack", broken_ack)
+    w = Worker(pg_dsn, "acme", handler=lambda run: None, lease_s=LEASE_S, stop_timeout_s=1.0)
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            w.run()
+        except BaseException as exc:  # noqa: BLE001
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert [str(e) for e in failed] == ["a bug in the ack path"]
+    # The ack never reached the store: the lease runs out and the owner settles it.
+    assert state_of(conn, key) == ("leased", 1)
+
+
+# ---------------------------------------------------------------- processes killed, paused, stopped
+
+
+def test_a_worker_killed_mid_run_is_redelivered_as_attempt_2_after_its_lease(
+    conn, node, start, pg_dsn, handlers_dir
+) -> None:
+    key, proc, first = holding(conn, pg_dsn, handlers_dir)
+    try:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        reap(proc)
+    # The lease runs out (no heartbeat any more); the owner's settle makes it pending again.
+    settled = settle_until(conn, node, key, "pending")
+    assert (settled["attempt"], settled["last_error"]) == (1, "lease expired")
+    seen: list[int] = []
+    w = start(lambda run: seen.append(run.attempt))
+    wait_for("succeeded", lambda: state_of(conn, key), lambda s: s == ("succeeded", 2))
+    w.stop()
+    assert seen == [2]
+    final = row(conn, key)
+    assert final["worker"] == w.worker.worker_id
+    assert final["first_claimed_at"] == first["claimed_at"]
+    assert conn.execute("SELECT count(*) AS n FROM runs").fetchone()["n"] == 1
+    assert w.worker.metrics.value("scheduler_worker_attempts_total", {"outcome": "succeeded"}) == 1
+
+
+def test_a_paused_workers_late_ack_is_refused_after_another_worker_reclaimed(
+    conn, node, start, pg_dsn, handlers_dir
+) -> None:
+    key, proc, stale = holding(conn, pg_dsn, handlers_dir)
+    try:
+        proc.send_signal(signal.SIGSTOP)  # a long GC pause, a frozen VM
+        settle_until(conn, node, key, "pending")
+        release = threading.Event()
+        w = start(lambda run: release.wait(60))
+        wait_for("reclaimed", lambda: state_of(conn, key), lambda s: s == ("leased", 2))
+        current = row(conn, key)
+        assert current["lease_token"] != stale["lease_token"]
+        # The paused worker's handler may return at once when it resumes: it acks, or its
+        # heartbeat learns first; either way its token is refused.
+        (handlers_dir / "release").write_text("")
+        proc.send_signal(signal.SIGCONT)
+        wait_for(
+            "the paused worker's refusal",
+            lambda: output_of(proc),
+            lambda out: "ack_refused" in out or "run_abandoned" in out,
+            timeout_s=30,
+        )
+        out = output_of(proc)
+        assert "answer=lost" in out or "another attempt holds the run" in out, out
+        assert row(conn, key)["lease_token"] == current["lease_token"]
+        assert state_of(conn, key) == ("leased", 2)
+        release.set()
+        wait_for("succeeded", lambda: state_of(conn, key), lambda s: s == ("succeeded", 2))
+        w.stop()
+        assert row(conn, key)["worker"] == w.worker.worker_id
+    finally:
+        reap(proc)
+
+
+@pytest.mark.parametrize(
+    ("stop_timeout_s", "signals"),
+    [("1", [signal.SIGTERM]), ("600", [signal.SIGTERM, signal.SIGINT])],
+    ids=["grace-over", "second-signal-cuts-the-grace"],
+)
+def test_sigterm_nacks_a_run_still_running_at_the_stop_deadline_and_exits_0(
+    conn, node, pg_dsn, handlers_dir, stop_timeout_s, signals
+) -> None:
+    key = pending_now(conn, add_job(conn))
+    proc = spawn(pg_dsn, handlers_dir, "handlers:sleepy", "--stop-timeout-s", stop_timeout_s)
+    try:
+        wait_for("handler started", lambda: started(handlers_dir, key, 1), timeout_s=30)
+        for sig in signals:
+            proc.send_signal(sig)
+            wait_for(
+                "the signal handled", lambda sig=sig: output_of(proc).count("signal_received") > signals.index(sig)
+            )
+        assert proc.wait(30) == 0, output_of(proc)
+    finally:
+        reap(proc)
+    stopped = row(conn, key)
+    assert (stopped["state"], stopped["attempt"], stopped["retryable"]) == ("failed", 1, True)
+    assert stopped["last_error"] == worker.STOP_ERROR
+    assert "run_nacked_at_stop" in output_of(proc)
+    settled = settle_until(conn, node, key, "pending")
+    assert settled["attempt"] == 1
+
+
+def test_sigterm_lets_a_handler_that_finishes_within_the_deadline_ack(conn, pg_dsn, handlers_dir) -> None:
+    key = pending_now(conn, add_job(conn))
+    proc = spawn(pg_dsn, handlers_dir, "handlers:sleepy", "--stop-timeout-s", "30", WORKER_TEST_SLEEP_S="1.5")
+    try:
+        wait_for("handler started", lambda: started(handlers_dir, key, 1), timeout_s=30)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(40) == 0, output_of(proc)
+    finally:
+        reap(proc)
+    assert state_of(conn, key) == ("succeeded", 1)
+    assert "run_nacked_at_stop" not in output_of(proc)
+
+
+# ---------------------------------------------------------------- the command line
+
+
+@pytest.mark.parametrize(
+    ("handler", "message"),
+    [
+        ("handlers", "error: handler: must be package.module:function (a Python import path) (got 'handlers')"),
+        ("no_such_module:f", "error: handler: cannot import module 'no_such_module': ModuleNotFoundError: "),
+        ("handlers:missing", "error: handler: module 'handlers' has no attribute 'missing'"),
+        ("handlers:NOT_CALLABLE", "error: handler: handlers:NOT_CALLABLE must be callable (a function taking a Run)"),
+    ],
+)
+def test_a_handler_that_cannot_be_used_is_one_line_exit_2(pg_dsn, handlers_dir, handler, message) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "scheduler", "worker", "--dsn", pg_dsn, "--tenant", "acme", "--handler", handler],
+        cwd=handlers_dir, env=child_env(handlers_dir), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(message), proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def test_a_worker_against_a_store_without_the_schema_exits_2(empty_pg_dsn) -> None:
+    result = CliRunner().invoke(cli, ["worker", "--dsn", empty_pg_dsn, "--tenant", "acme", "--handler", "json:dumps"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: store: the schema is missing")
+    assert result.stderr.endswith("run `scheduler db upgrade` first\n")
+
+
+def test_worker_options_are_validated_before_anything_runs(pg_dsn) -> None:
+    result = CliRunner().invoke(
+        cli, ["worker", "--dsn", pg_dsn, "--tenant", "acme", "--handler", "json:dumps", "--lease-s", "0.5"]
+    )
+    assert result.exit_code == 2
+    assert result.stderr == "error: lease_s: must be a number of seconds from 1 to 3600 (got 0.5)\n"
+    with pytest.raises(ValidationError, match="^concurrency: must be a whole number from 1 to 10000"):
+        Worker(pg_dsn, "acme", handler=print, concurrency=0)
+    with pytest.raises(ValidationError, match="^tenant: "):
+        Worker(pg_dsn, "", handler=print)
+
+
+def test_end_to_end_a_node_fires_a_job_and_a_worker_runs_its_handler(conn, pg_dsn, handlers_dir) -> None:
+    """The README's flow: a job every second, `scheduler node`, `scheduler worker --handler handlers:record`."""
+    added = subprocess.run(
+        [sys.executable, "-m", "scheduler", "jobs", "add", "--dsn", pg_dsn, "--tenant", "acme", "--name", "report",
+         "--cron", "* * * * * *", "--dialect", "seconds", "--payload", '{"to": "ops"}'],
+        env=child_env(handlers_dir), capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    job_id = conn.execute("SELECT job_id FROM jobs WHERE name = 'report'").fetchone()["job_id"]
+    assert str(job_id) in added.stdout
+    node = subprocess.Popen(
+        [sys.executable, "-m", "scheduler", "node", "--dsn", pg_dsn, "--node-id", "e2e"],
+        env=child_env(handlers_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    proc = spawn(pg_dsn, handlers_dir, "handlers:record")
+    try:
+        wait_for(
+            "3 runs succeeded",
+            lambda: conn.execute("SELECT count(*) AS n FROM runs WHERE state = 'succeeded'").fetchone()["n"],
+            lambda n: n >= 3,
+            timeout_s=60,
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, output_of(proc)
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(30) == 0
+    finally:
+        reap(proc)
+        reap(node)
+    runs = conn.execute("SELECT * FROM runs WHERE job_id = %s ORDER BY nominal_time", (job_id,)).fetchall()
+    succeeded = [r for r in runs if r["state"] == "succeeded"]
+    assert len(succeeded) >= 3
+    assert all(r["attempt"] == 1 and r["queue"] == "default" for r in succeeded)
+    # Runs fired after the worker stopped wait, pending, for the next worker; nothing else.
+    assert {r["state"] for r in runs} <= {"succeeded", "pending"}
+    done = sorted(p.name for p in handlers_dir.glob("done.*"))
+    assert done == sorted(f"done.{RunKey.of(job_id, r['nominal_time']).run_id}.1" for r in succeeded)
+    assert {(handlers_dir / name).read_text() for name in done} == {"{'to': 'ops'}"}
+
+
+def test_metrics_port_serves_the_workers_metrics(conn, pg_dsn, handlers_dir) -> None:
+    key = pending_now(conn, add_job(conn))
+    proc = spawn(pg_dsn, handlers_dir, "handlers:record", "--metrics-port", "0")
+    try:
+        wait_for("succeeded", lambda: state_of(conn, key), lambda s: s == ("succeeded", 1), timeout_s=30)
+        port = wait_for("the metrics port", lambda: re.search(r"metrics_listening .*port=(\d+)", output_of(proc)))
+        url = f"http://127.0.0.1:{port.group(1)}/metrics"
+
+        def scrape() -> str:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.read().decode()
+
+        text = wait_for(
+            "the ack counted", scrape, lambda t: 'scheduler_worker_attempts_total{outcome="succeeded"} 1.0' in t
+        )
+        assert 'scheduler_worker_attempts_total{outcome="failed"} 0.0' in text
+        assert "scheduler_worker_dispatch_lag_seconds_count 1.0" in text
+        assert "scheduler_worker_inflight_runs 0.0" in text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, output_of(proc)
+    finally:
+        reap(proc)
+
+
+def test_a_worker_whose_store_is_unreachable_keeps_retrying_and_stops_cleanly(handlers_dir) -> None:
+    dsn = f"postgresql://postgres@127.0.0.1:{closed_port()}/scheduler"
+    proc = spawn(dsn, handlers_dir, "handlers:record")
+    try:
+        wait_for(
+            "two failed claims",
+            lambda: len(re.findall(r"worker_store_error .*operation=claim", output_of(proc))),
+            lambda n: n >= 2,
+        )
+        assert proc.poll() is None, output_of(proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, output_of(proc)
+    finally:
+        reap(proc)
+    assert "worker_store_unreachable" in output_of(proc)

@@ -1,0 +1,88 @@
+"""The pull worker's handler contract without a store (scheduler/delivery/worker.py):
+loading ``package.module:function``, sync or async, and how a raised exception becomes a nack."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from scheduler.delivery import lifecycle, worker
+from scheduler.delivery.lifecycle import RunKey
+from scheduler.delivery.worker import DoNotRetry, RetryAfter, Run, load_handler
+from scheduler.errors import ValidationError
+
+NOMINAL = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
+
+
+def in_flight() -> worker._InFlight:
+    key = RunKey.of(uuid.UUID(int=7), NOMINAL)
+    claimed = lifecycle.Claimed(
+        key=key, tenant="acme", queue="default", job_name=None, origin="schedule", scheduled_at=NOMINAL,
+        attempt=1, token=uuid.UUID(int=9), leased_until=NOMINAL, claimed_at=NOMINAL,
+    )  # fmt: skip
+    run = Run(key.run_id, key.job_id, None, "acme", "default", NOMINAL, NOMINAL, 1, None, "schedule")
+    return worker._InFlight(claimed, run)
+
+
+def test_load_handler_imports_a_dotted_attribute_path() -> None:
+    assert load_handler("json:dumps") is json.dumps
+    assert load_handler("json.decoder:JSONDecoder.decode") is json.decoder.JSONDecoder.decode
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("json", "handler: must be package.module:function (a Python import path) (got 'json')"),
+        ("json:", "handler: must be package.module:function (a Python import path) (got 'json:')"),
+        ("json:du mps", "handler: must be package.module:function (a Python import path) (got 'json:du mps')"),
+        ("json:nope", "handler: module 'json' has no attribute 'nope'"),
+        ("math:pi", "handler: math:pi must be callable (a function taking a Run)"),
+    ],
+)
+def test_load_handler_refuses_with_one_line_naming_the_rule(spec: str, message: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        load_handler(spec)
+    assert str(caught.value) == message
+
+
+def test_sync_and_async_handlers_are_told_apart() -> None:
+    async def coroutine_function(run: Run) -> None:
+        return None
+
+    class AsyncCallable:
+        async def __call__(self, run: Run) -> None:
+            return None
+
+    assert worker._is_async(coroutine_function)
+    assert worker._is_async(AsyncCallable())
+    assert not worker._is_async(print)
+    assert not worker._is_async(lambda run: None)
+
+
+def test_an_exception_becomes_a_retryable_nack_with_its_type_and_message() -> None:
+    f = in_flight()
+    nack = worker._nack_of(f, ValueError("bad\nthing"))
+    assert nack == lifecycle.Nack(f.run_id, uuid.UUID(int=9), "ValueError: bad\nthing", True, None)
+    assert worker._nack_of(f, KeyError()).error == "KeyError"
+
+
+def test_do_not_retry_and_retry_after_set_the_nack() -> None:
+    f = in_flight()
+    assert worker._nack_of(f, DoNotRetry("no")).retryable is False
+    later = worker._nack_of(f, RetryAfter(60))
+    assert (later.retryable, later.retry_after_s, later.error) == (True, 60.0, "RetryAfter: retry after 60 s")
+
+
+@pytest.mark.parametrize("value", [-1, math.nan, math.inf, True, "60", None])
+def test_a_retry_after_s_that_is_not_a_finite_number_of_seconds_is_ignored(value: object) -> None:
+    error = RuntimeError("x")
+    error.retry_after_s = value  # type: ignore[attr-defined]
+    assert worker._nack_of(in_flight(), error).retry_after_s is None
+
+
+def test_an_error_text_is_cut_to_the_stored_length() -> None:
+    assert len(worker._nack_of(in_flight(), RuntimeError("x" * 5000)).error or "") == worker.ERROR_MAX_CHARS
