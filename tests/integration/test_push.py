@@ -592,6 +592,23 @@ def _run_ids(params: dict) -> list[str]:
     return [RunKey(p, j, n).run_id for p, j, n in zip(params["pids"], params["jids"], params["nominals"], strict=True)]
 
 
+def stop_at_first_request(loop: PushLoop, receiver: Receiver, join_s: float) -> None:
+    """Run ``loop`` on a thread until the receiver has a request, then stop it;
+    it must end within ``join_s`` seconds. Closes the loop."""
+    stop = threading.Event()
+    thread = threading.Thread(target=loop.run, args=(stop,))
+    thread.start()
+    try:
+        wait_for("the first request", lambda: receiver.requests)
+        stop.set()
+        thread.join(join_s)
+        assert not thread.is_alive()
+    finally:
+        stop.set()
+        thread.join(15)
+        loop.close()
+
+
 def test_at_stop_the_attempt_in_flight_finishes_and_the_waiting_one_is_given_back(
     pg_dsn, conn, receiver, epochs
 ) -> None:
@@ -599,18 +616,7 @@ def test_at_stop_the_attempt_in_flight_finishes_and_the_waiting_one_is_given_bac
     first, second = (pending_push_run(conn, job_id, T0 + i * S) for i in range(2))
     receiver.delay_s = 1.5
     loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 30 * S), push_per_host=1)
-    stop = threading.Event()
-    thread = threading.Thread(target=loop.run, args=(stop,))
-    thread.start()
-    try:
-        wait_for("the first request", lambda: receiver.requests)
-        stop.set()
-        thread.join(15)
-        assert not thread.is_alive()
-    finally:
-        stop.set()
-        thread.join(15)
-        loop.close()
+    stop_at_first_request(loop, receiver, join_s=15)
     assert [r["headers"]["idempotency-key"] for r in receiver.requests] == [first.run_id]
     assert run_row(conn, first)["state"] == "succeeded"
     row = run_row(conn, second)
@@ -629,18 +635,7 @@ def test_at_stop_an_attempt_past_half_the_stop_timeout_is_abandoned_as_retryable
     key = pending_push_run(conn, job_id, T0)
     receiver.delay_s = 10.0
     loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 30 * S), stop_timeout_s=2.0)
-    stop = threading.Event()
-    thread = threading.Thread(target=loop.run, args=(stop,))
-    thread.start()
-    try:
-        wait_for("the request", lambda: receiver.requests)
-        stop.set()
-        thread.join(8)  # half the stop timeout (1 s), then the outcome recorded
-        assert not thread.is_alive()
-    finally:
-        stop.set()
-        thread.join(15)
-        loop.close()
+    stop_at_first_request(loop, receiver, join_s=8)  # half the stop timeout (1 s), then the outcome recorded
     row = run_row(conn, key)
     assert (row["state"], row["retryable"], row["last_error"]) == ("failed", True, "node stopping during the attempt")
 
