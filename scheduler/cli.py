@@ -466,6 +466,60 @@ def tenants_list(dsn: str, as_json: bool) -> None:
         _table(rows, ["tenant", "weight", "max_rate", "jobs", "created_at"])
 
 
+@tenants.group("secret", cls=OneLineErrors)
+def tenants_secret() -> None:
+    """Signing secrets of the tenant's pushed requests (header Scheduler-Signature)."""
+
+
+@tenants_secret.command("rotate")
+@dsn_option
+@click.argument("tenant")
+@click.option(
+    "--grace",
+    default="24h",
+    show_default=True,
+    help="How long the previous secrets stay valid: 24h, 30m, 1d, seconds, or 0 (end them now); at most 30d.",
+)
+@json_option
+def tenants_secret_rotate(dsn: str, tenant: str, grace: str, as_json: bool) -> None:
+    """Create a new signing secret for TENANT and print it ONCE (it cannot be shown again).
+
+    Requests are signed with every valid secret, newest first, so a receiver
+    keeps working while it is switched to the new one within the grace.
+    """
+    from scheduler.delivery import tenant_secrets
+    from scheduler.retention import parse_duration
+
+    grace_s = 0.0 if grace.strip() in ("0", "0s") else parse_duration(grace, "grace")
+    with open_store(dsn) as conn:
+        secret_id, secret, created_at = tenant_secrets.rotate(conn, tenant, grace_s)
+    if as_json:
+        _echo_json({"tenant": tenant, "secret_id": secret_id, "secret": secret, "created_at": created_at})
+    else:
+        click.echo(secret)
+        click.echo(
+            f"secret {secret_id} of tenant {tenant} created; previous secrets valid for {grace} more. "
+            "Store it now: it is not shown again.",
+            err=True,
+        )
+
+
+@tenants_secret.command("list")
+@dsn_option
+@click.argument("tenant")
+@json_option
+def tenants_secret_list(dsn: str, tenant: str, as_json: bool) -> None:
+    """List TENANT's signing secrets (ids, created, expires, valid), never their values."""
+    from scheduler.delivery import tenant_secrets
+
+    with open_store(dsn) as conn:
+        rows = tenant_secrets.list_secrets(conn, tenant)
+    if as_json:
+        _echo_json(rows)
+    else:
+        _table(rows, ["secret_id", "created_at", "expires_at", "valid"])
+
+
 # ---------------------------------------------------------------- jobs
 
 
@@ -1358,6 +1412,8 @@ SETTING_HELP = {
     "push_allow": "Networks push targets may reach beyond the public internet, comma-separated "
     "(e.g. 10.0.0.0/8,127.0.0.1/32); loopback, private, link-local and metadata addresses are refused "
     "otherwise.",
+    "push_concurrency": "Push attempts this node runs at once.",
+    "push_per_host": "Push attempts this node runs at once against one target host.",
 }
 """Help text of each Settings field's option (every field has one; a test checks)."""
 

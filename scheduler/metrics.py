@@ -24,6 +24,13 @@ TICK_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 LEASE_EVENT_KINDS = ("claimed", "renewed", "released", "lost")
 """Values of the ``kind`` label of ``scheduler_lease_events_total``."""
 
+PUSH_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+"""Push attempt latency buckets (seconds): a local receiver's milliseconds up to long per-attempt timeouts."""
+
+PUSH_OUTCOMES = ("succeeded", "retry", "failed")
+"""Values of the ``outcome`` label of the push metrics: acked (2xx), nacked retryable
+(408, 429, 5xx, timeout, connection error), nacked not retryable (other 4xx, 3xx, SSRF refused)."""
+
 STORE_ERROR_CLASSES = ("conn", "08", "40", "57")
 """SQLSTATE classes pre-registered at 0: connection lost (no SQLSTATE), connection
 exception, transaction rollback (serialization/deadlock, retries exhausted),
@@ -194,6 +201,19 @@ class Metrics:
             buckets=TICK_BUCKETS_S,
             registry=r,
         )
+        self.push_latency = Histogram(
+            "scheduler_push_latency_seconds",
+            "Wall time of one push attempt (request sent until response or failure), by outcome.",
+            ["outcome"],
+            buckets=PUSH_BUCKETS_S,
+            registry=r,
+        )
+        self.push_attempts = Counter(
+            "scheduler_push_attempts_total",
+            "Push attempts finished by this node, by outcome (succeeded, retry, failed).",
+            ["outcome"],
+            registry=r,
+        )
         self.delivery_settled = Counter(
             "scheduler_delivery_settled_total",
             "Runs the partition owner's settle step moved (docs/delivery.md): to pending (a retry after a "
@@ -231,6 +251,9 @@ class Metrics:
             self.store_errors.labels(sqlstate_class=sqlstate_class)
         for table in ("runs", "skips", "jobs"):
             self.retention_pruned.labels(table=table)
+        for outcome in PUSH_OUTCOMES:
+            self.push_attempts.labels(outcome=outcome)
+            self.push_latency.labels(outcome=outcome)
         for to in ("pending", "dead"):
             for cause in ("expired", "failed"):
                 self.delivery_settled.labels(to=to, cause=cause)

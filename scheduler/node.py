@@ -22,7 +22,11 @@ pieces complete a production node:
 * the retention loop (:class:`scheduler.retention.RetentionLoop`,
   ``retention_s`` set): one bounded DELETE batch at most every
   ``retention_batch_interval_s`` over the partitions this node holds, on a
-  third thread with its own connection, so it never stalls firing.
+  third thread with its own connection, so it never stalls firing;
+* the push loop (:class:`scheduler.delivery.push.PushLoop`): delivers the
+  runs of HTTP targets of the partitions this node may fire, on its own
+  thread, connection and asyncio loop (docs/delivery.md, "Push"); at stop
+  it sends nothing new and records its outcomes before the leases go.
 
 Two daemon threads, not joined at stop, prepare zones (see
 :meth:`Node._prepare_zones`) and read the delivery gauges every 10 s
@@ -69,6 +73,7 @@ from scheduler.clock import Clock, SystemClock
 from scheduler.coordination import Coordinator, LeaseLoop, LeaseTable, make_coordinator
 from scheduler.delivery import owner
 from scheduler.delivery.loop import SettleLoop
+from scheduler.delivery.push import PushLoop
 from scheduler.delivery.views import DeliveryGauges
 from scheduler.errors import ConfigError, StoreSetupError
 from scheduler.firing import Firer
@@ -134,6 +139,7 @@ class Node:
             else None
         )
         self.delivery = SettleLoop(self.settings, self.table, self.clock, self.metrics, steps=[owner.release_buffered])
+        self.push = PushLoop(self.settings, self.table.firable, self.clock, self.metrics)
         self.probe = StoreProbe(
             self.settings.dsn, application_name=f"scheduler-probe:{self.node_id}"[:63], settings=self.settings
         )
@@ -158,6 +164,7 @@ class Node:
         self._stop_retention = threading.Event()
         self._stop_delivery = threading.Event()
         self._stop_zones = threading.Event()
+        self._stop_push = threading.Event()
         self._threads: list[threading.Thread] = []
         self.delivery_gauges = DeliveryGauges(
             lambda: store.node_connect(self.settings, f"scheduler-gauges:{self.node_id}", watchdog=self.watchdog),
@@ -319,6 +326,9 @@ class Node:
                     target=self.retention.run, args=(self._stop_retention,), name="retention-loop", daemon=True
                 )
             )
+        self._threads.append(
+            threading.Thread(target=self.push.run, args=(self._stop_push,), name="push-loop", daemon=True)
+        )
         for thread in self._threads:
             thread.start()
         # Not joined at stop: a daemon that dies with the process (the pass is re-runnable).
@@ -404,6 +414,7 @@ class Node:
         self._stop_retention.set()
         self._stop_delivery.set()
         self._stop_zones.set()
+        self._stop_push.set()
         self.firer.wake()
 
     def join(self, timeout_s: float | None = None) -> None:
@@ -421,6 +432,7 @@ class Node:
         self.delivery.close()
         if self.retention is not None:
             self.retention.close()
+        self.push.close()
         if self.health is not None:
             self.health.stop()
         self.probe.close()

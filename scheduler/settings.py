@@ -81,6 +81,12 @@ ETCD_PREFIX = "/scheduler/"
 """Key prefix of one fleet's membership and partition keys in etcd."""
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+PUSH_CONCURRENCY = 64
+"""Push attempts one node runs at once (docs/delivery.md, "Push")."""
+PUSH_PER_HOST = 8
+"""Push attempts one node runs at once against one target host."""
+MAX_PUSH_CONCURRENCY = 10_000
+"""Largest ``push_concurrency`` / ``push_per_host`` accepted."""
 SOURCES = ("flag", "env", "file", "default")
 """Where an effective setting came from, highest precedence first."""
 
@@ -126,6 +132,8 @@ class Settings:
     etcd_endpoints: str = ""
     etcd_prefix: str = ETCD_PREFIX
     push_allow: str = ""
+    push_concurrency: int = PUSH_CONCURRENCY
+    push_per_host: int = PUSH_PER_HOST
 
     @property
     def effective_lock_timeout_s(self) -> float:
@@ -303,6 +311,10 @@ class Settings:
                 f"tcp_user_timeout_s ({self.effective_tcp_user_timeout_s}) must be below lease_ttl_s "
                 f"({self.lease_ttl_s}) so a dead connection is given up before the lease expires"
             )
+        for name in ("push_concurrency", "push_per_host"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_PUSH_CONCURRENCY):
+                raise ConfigError(f"{name} must be a whole number from 1 to {MAX_PUSH_CONCURRENCY} (got {value!r})")
         try:
             AddressPolicy.parse(self.push_allow)
         except ValidationError as exc:

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TypeVar
 
@@ -19,6 +22,7 @@ import pytest
 from scheduler import jobs, store
 from scheduler.clock import Clock, SystemClock
 from scheduler.coordination import LeaseTable, SqlCoordinator
+from scheduler.delivery.lifecycle import RunKey
 from scheduler.firing import DEFAULT_LIMITS, Firer, FiringLimits
 from scheduler.identity import SPEC_COLUMNS
 from scheduler.metrics import Metrics
@@ -174,6 +178,113 @@ def stamp_schedule_keys(conn: psycopg.Connection) -> int:
                 rows,
             )
     return len(rows)
+
+
+def pending_run(
+    conn: psycopg.Connection,
+    job_id: uuid.UUID,
+    nominal: datetime,
+    queue: str | None = "default",
+    scheduled: datetime | None = None,
+) -> RunKey:
+    """A run of ``job_id`` at ``nominal`` as the firing statement writes it: pending in
+    ``queue`` (None: pushed to the job's URL), scheduled, fired and available at
+    ``scheduled`` (default: ``nominal``), by node ``t1`` at epoch 1."""
+    key = RunKey.of(job_id, nominal)
+    at = nominal if scheduled is None else scheduled
+    tenant = conn.execute("SELECT tenant FROM jobs WHERE job_id = %s", (job_id,)).fetchone()["tenant"]
+    conn.execute(
+        """
+        INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch,
+                          state, queue, origin, available_at)
+        VALUES (%s, %s, %s, %s, %s, %s, 't1', 1, 'pending', %s, 'schedule', %s)
+        """,
+        (key.partition_id, job_id, nominal, tenant, at, at, queue, at),
+    )
+    return key
+
+
+def run_row(conn: psycopg.Connection, key: RunKey) -> dict:
+    """The ``runs`` row of ``key``."""
+    return conn.execute(
+        "SELECT * FROM runs WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
+        (key.partition_id, key.job_id, key.nominal_time),
+    ).fetchone()
+
+
+class Receiver:
+    """An HTTP endpoint on 127.0.0.1 that records every request and answers from a script.
+
+    ``script`` items are ``(status, headers, delay_s)``; when it is empty the
+    answer is 200 after ``delay_s``. ``requests`` holds ``{method, path,
+    headers (lower-case names), body, peer (the client's address and port:
+    one per connection)}`` in arrival order; ``peak`` the most
+    requests handled at once. Listens on ``host``:``port`` (0: a free port).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, delay_s: float = 0.0) -> None:
+        self.requests: list[dict] = []
+        self.delay_s = delay_s
+        self.script: list[tuple[int, dict[str, str], float]] = []
+        self.peak = 0
+        self._active = 0
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _handle(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with receiver._lock:
+                    receiver.requests.append(
+                        {
+                            "method": self.command,
+                            "path": self.path,
+                            "headers": {k.lower(): v for k, v in self.headers.items()},
+                            "body": body,
+                            "peer": self.client_address,
+                        }
+                    )
+                    status, headers, delay_s = (
+                        receiver.script.pop(0) if receiver.script else (200, {}, receiver.delay_s)
+                    )
+                    receiver._active += 1
+                    receiver.peak = max(receiver.peak, receiver._active)
+                try:
+                    time.sleep(delay_s)
+                    self.send_response(status)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"ok")
+                except OSError:  # the client gave up (timeout)
+                    pass
+                finally:
+                    with receiver._lock:
+                        receiver._active -= 1
+
+            do_POST = do_PUT = _handle
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    def url(self, path: str = "/hook", host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.port}{path}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 RUN_DEFAULTS = {"tenant": "acme", "node_id": "n", "epoch": 1, "queue": "default", "origin": "schedule"}

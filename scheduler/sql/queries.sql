@@ -740,6 +740,57 @@ ORDER BY t.tenant;
 -- name: tenant_weights
 SELECT tenant, weight, max_rate FROM tenants;
 
+-- ---------------------------------------------------------------- tenant signing secrets
+
+-- name: lock_tenant
+-- The tenant row, locked until commit: rotations of one tenant's secrets
+-- run one after the other.
+SELECT tenant FROM tenants WHERE tenant = %(tenant)s FOR UPDATE;
+
+-- name: limit_tenant_secrets
+-- A rotation: every secret of %(tenant)s still valid at store time %(now)s
+-- (NULL: now()) stays valid only until %(now)s + %(grace_s)s seconds (an
+-- earlier expiry is kept). Returns the secret ids it changed.
+UPDATE tenant_secrets
+SET expires_at = coalesce(%(now)s::timestamptz, now()) + %(grace_s)s * interval '1 second'
+WHERE tenant = %(tenant)s
+  AND (expires_at IS NULL
+       OR expires_at > coalesce(%(now)s::timestamptz, now()) + %(grace_s)s * interval '1 second')
+RETURNING secret_id;
+
+-- name: insert_tenant_secret
+-- A new secret of %(tenant)s, numbered one above the tenant's highest id,
+-- created at %(now)s (NULL: now()), never expiring until the next rotation.
+-- With %(only_if_none)s, only if the tenant has no secret valid at that
+-- time (the push loop's first secret). No row back: a concurrent insert took
+-- the number (run again), or (only_if_none) a valid secret exists.
+INSERT INTO tenant_secrets (tenant, secret_id, secret, created_at, expires_at)
+SELECT %(tenant)s, coalesce(max(s.secret_id), 0) + 1, %(secret)s, coalesce(%(now)s::timestamptz, now()), NULL
+FROM tenant_secrets AS s
+WHERE s.tenant = %(tenant)s
+HAVING NOT %(only_if_none)s::boolean
+    OR NOT coalesce(bool_or(s.expires_at IS NULL OR s.expires_at > coalesce(%(now)s::timestamptz, now())), false)
+ON CONFLICT (tenant, secret_id) DO NOTHING
+RETURNING secret_id, created_at;
+
+-- name: list_tenant_secrets
+-- The secrets of %(tenant)s without their values, newest first; valid:
+-- not expired at %(now)s (NULL: now()).
+SELECT secret_id, created_at, expires_at,
+       (expires_at IS NULL OR expires_at > coalesce(%(now)s::timestamptz, now())) AS valid
+FROM tenant_secrets
+WHERE tenant = %(tenant)s
+ORDER BY secret_id DESC;
+
+-- name: valid_tenant_secrets
+-- The signing secrets of %(tenants)s valid at %(now)s (NULL: now()): per
+-- tenant, newest first (the push loop signs with every one).
+SELECT tenant, secret_id, secret
+FROM tenant_secrets
+WHERE tenant = ANY(%(tenants)b::text[])
+  AND (expires_at IS NULL OR expires_at > coalesce(%(now)s::timestamptz, now()))
+ORDER BY tenant, secret_id DESC;
+
 -- ---------------------------------------------------------------- jobs
 
 -- name: register_schedules
@@ -1513,6 +1564,24 @@ FROM claimed AS c
 LEFT JOIN jobs AS j ON j.partition_id = c.partition_id AND j.job_id = c.job_id
 LEFT JOIN job_delivery AS d ON d.partition_id = c.partition_id AND d.job_id = c.job_id
 ORDER BY c.nominal_time, c.job_id;
+
+-- name: due_push_partitions
+-- The partitions, among %(pids)s, of the %(limit)s pushed runs (no queue)
+-- pending longest and available at %(now)s (NULL: now()) — the runs
+-- claim_push would pick (runs_push_idx). The push loop then fences only
+-- these partitions in claim_push, which locks its partitions rows FOR SHARE:
+-- an idle loop locks none, a busy one a few, never every partition it holds.
+SELECT DISTINCT s.partition_id
+FROM (
+    SELECT r.partition_id
+    FROM runs AS r
+    WHERE r.partition_id = ANY(%(pids)s::int4[])
+      AND r.state = 'pending'
+      AND r.queue IS NULL
+      AND r.available_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY r.available_at
+    LIMIT %(limit)s
+) AS s;
 
 -- name: claim_push
 -- The partition owner's claim of pushed runs (HTTP targets): up to

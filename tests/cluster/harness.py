@@ -363,6 +363,15 @@ def runs_by(
     ).fetchall()
 
 
+def delivery_states(conn: psycopg.Connection, job_ids: list) -> list[dict]:
+    """Every run of ``job_ids``: ``partition_id, job_id, nominal_time, state, attempt, worker``."""
+    return conn.execute(
+        "SELECT partition_id, job_id, nominal_time, state, attempt, worker FROM runs WHERE job_id = ANY(%s)"
+        " ORDER BY nominal_time, job_id",
+        (job_ids,),
+    ).fetchall()
+
+
 def max_lateness_s(conn: psycopg.Connection, pids: list[int], nominal_from: datetime) -> float:
     """Largest fired_at − scheduled_at of runs in ``pids`` with nominal ≥ ``nominal_from``."""
     row = conn.execute(

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from helpers import OneNode
+from helpers import OneNode, pending_run, run_row
 
 from scheduler import jobs
 from scheduler.clock import ManualClock
@@ -36,30 +36,6 @@ def node(pg_dsn: str):
 
 def add_job(conn: psycopg.Connection, tenant: str = "acme", name: str | None = None) -> uuid.UUID:
     return jobs.add_job(conn, JobSpec.build(tenant=tenant, name=name, interval_s=3600)).job_id
-
-
-def pending_run(
-    conn: psycopg.Connection, job_id: uuid.UUID, nominal: datetime, queue: str | None = "default"
-) -> RunKey:
-    """A run of ``job_id`` at ``nominal`` as the firing statement writes it (pending since ``nominal``)."""
-    key = RunKey.of(job_id, nominal)
-    tenant = conn.execute("SELECT tenant FROM jobs WHERE job_id = %s", (job_id,)).fetchone()["tenant"]
-    conn.execute(
-        """
-        INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch,
-                          state, queue, origin, available_at)
-        VALUES (%s, %s, %s, %s, %s, %s, 't1', 1, 'pending', %s, 'schedule', %s)
-        """,
-        (key.partition_id, job_id, nominal, tenant, nominal, nominal, queue, nominal),
-    )
-    return key
-
-
-def run_row(conn: psycopg.Connection, key: RunKey) -> dict:
-    return conn.execute(
-        "SELECT * FROM runs WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
-        (key.partition_id, key.job_id, key.nominal_time),
-    ).fetchone()
 
 
 def test_a_fired_run_is_born_pending_in_its_jobs_queue(conn, node) -> None:

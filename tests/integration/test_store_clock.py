@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 from click.testing import CliRunner
-from helpers import PINNABLE_QUERIES, record_named_queries, stamp_schedule_keys
+from helpers import PINNABLE_QUERIES, closed_port, record_named_queries, stamp_schedule_keys
 
 from scheduler import jobs
 from scheduler.cli import cli
@@ -41,12 +41,13 @@ ETCD_ONLY = {"claim_partitions_at_epoch"}
 """Pinnable queries a SQL-coordinated node never sends (the etcd coordinator's,
 checked in tests/cluster/test_etcd_coordinator.py)."""
 
-WORKER_ONLY = {"claim_runs", "heartbeat_runs", "ack_runs", "nack_runs"}
+WORKER_ONLY = {"claim_runs"}
 """Pinnable queries of the workers' side of delivery (scheduler/delivery/lifecycle.py),
 which a node never sends; the pin is theirs to pass (tests/integration/test_delivery_lifecycle.py)."""
 
-UNSENT_HERE = {"claim_push"}
-"""Sent by a node's push loop, which has nothing to push in this test."""
+UNSENT_HERE = {"heartbeat_runs", "ack_runs"}
+"""Sent by workers, and by a node's push loop when an attempt succeeds or waits
+for its host's turn; this test's one push fails at once (its nack is sent)."""
 
 CLI_ONLY = {"insert_run_request", "insert_backfill_runs"}
 """Pinnable queries of `jobs trigger` and `jobs backfill` (scheduler/delivery/manual.py),
@@ -60,14 +61,21 @@ def test_a_node_built_from_default_settings_sends_null_as_now_in_every_time_depe
     # A herd (one tenant's timers at one instant: fire_group) and a lone timer
     # (the per-timer path: fire_runs), both due 10 s ago by the store's clock.
     jobs.add_jobs(conn, [JobSpec.build(tenant="big", interval_s=86_400) for _ in range(DEFAULT_LIMITS.herd_min_jobs)])
-    jobs.add_job(conn, JobSpec.build(tenant="small", interval_s=86_400))
+    small = jobs.add_job(conn, JobSpec.build(tenant="small", interval_s=86_400)).job_id
+    # ... pushed to an HTTP target (nothing listens: the attempt fails and is nacked).
+    conn.execute("UPDATE jobs SET queue = NULL WHERE job_id = %s", (small,))
+    conn.execute(
+        "INSERT INTO job_delivery (partition_id, job_id, url, max_attempts, backoff_base_s, backoff_cap_s)"
+        " VALUES (%s, %s, %s, 5, 1, 300)",
+        (partition_of(small), small, f"http://127.0.0.1:{closed_port()}/"),
+    )
     conn.execute(
         "UPDATE jobs SET anchor_at = x.t - interval '1 day', next_nominal_at = x.t, next_due_at = x.t,"
         " created_at = x.t - interval '2 days', changed_at = x.t - interval '2 days'"
         " FROM (SELECT date_trunc('second', now()) - interval '10 seconds' AS t) AS x"
     )
     stamp_schedule_keys(conn)  # the anchor moved: the keys follow it
-    node = Node(Settings(dsn=pg_dsn, node_id="n1", retention_s=WEEK.total_seconds()))
+    node = Node(Settings(dsn=pg_dsn, node_id="n1", retention_s=WEEK.total_seconds(), push_allow="127.0.0.1/32"))
     try:
         node.lease_loop.run_once()  # join, heartbeat, live nodes, claim, prune
         assert len(node.table.held()) == 1024
@@ -75,13 +83,18 @@ def test_a_node_built_from_default_settings_sends_null_as_now_in_every_time_depe
         result = node.firer.tick()
         assert node.retention.run_once() == 0  # the cutoff, then a batch with nothing that old
         assert node.delivery.run_once() == 0  # the settle step: nothing leased or failed
+        assert [o.outcome for o in node.push.run_once()] == ["retry"]  # claim, signing secrets, nack
     finally:
         node.delivery.close()
+        node.push.close()
         node.firer.close()
         node.coordinator.close()
         node.retention.close()
     env = {key: None for key in os.environ if key.startswith("SCHEDULER_")}
     status = CliRunner().invoke(cli, ["status", "--json"], env={**env, "SCHEDULER_DSN": pg_dsn}, catch_exceptions=False)
+    for args in (["tenants", "secret", "rotate", "small"], ["tenants", "secret", "list", "small"]):
+        secret = CliRunner().invoke(cli, args, env={**env, "SCHEDULER_DSN": pg_dsn}, catch_exceptions=False)
+        assert secret.exit_code == 0, secret.stderr
 
     assert (result.fired, result.herd_fired) == (DEFAULT_LIMITS.herd_min_jobs + 1, DEFAULT_LIMITS.herd_min_jobs)
     assert status.exit_code == 0, status.stderr

@@ -33,6 +33,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from helpers import OneNode, closed_port, store_now, wait_for
+from helpers import run_row as row
 
 from scheduler import jobs
 from scheduler.cli import cli
@@ -106,13 +107,6 @@ def pending_now(conn: psycopg.Connection, job_id: uuid.UUID, seconds_ago: int = 
         (key.partition_id, job_id, nominal, nominal, nominal, nominal),
     )
     return key
-
-
-def row(conn: psycopg.Connection, key: RunKey) -> dict:
-    return conn.execute(
-        "SELECT * FROM runs WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
-        (key.partition_id, key.job_id, key.nominal_time),
-    ).fetchone()
 
 
 def state_of(conn: psycopg.Connection, key: RunKey) -> tuple[str, int]:
