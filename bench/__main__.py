@@ -337,8 +337,8 @@ def failover(dsn, coordinator, etcd_endpoints, kind, nodes, jobs, trials, poll_i
     type=click.Choice(["scheduler", "bench"]),
     default="scheduler",
     show_default=True,
-    help="Pull: `scheduler worker` processes (one per tenant, --workers for the big one) or the bench's loop "
-    "(--workers processes over every tenant).",
+    help="Pull: --workers processes over every tenant, each a `scheduler worker` or the bench's own loop "
+    "(the store's share without the worker's machinery).",
 )
 @click.option(
     "--batch", default=1000, show_default=True, type=AsciiIntRange(1, 1000), help="Pull: runs per claim and ack."

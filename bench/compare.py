@@ -8,9 +8,9 @@ Systems, each from a clean state of its own tables on the same PostgreSQL:
   process racing on due rows with ``FOR UPDATE SKIP LOCKED`` (1 and 4);
 * ``ours-e2e``: ``ours`` with one node and ``processes`` workers (1 and 4 by
   default) claiming and acking every run of every tenant's queue
-  (:func:`bench.consumers.start_workers`: the engine's ``scheduler worker``,
-  one process per tenant and ``processes`` for the big one, or the bench's
-  loop, ``processes`` processes over every tenant; ``Config.worker_impl``):
+  (:func:`bench.consumers.start_workers`: ``processes`` processes over every
+  tenant, the engine's ``scheduler worker`` or the bench's loop;
+  ``Config.worker_impl``):
   the end-to-end figure;
 * ``pgqueuer``, ``procrastinate`` and ``apscheduler``: the peers
   (:mod:`bench.peers`).

@@ -1,20 +1,16 @@
 """The delivery side of ``bench deliver``: pull workers and the push receiver, as child processes.
 
-Pull workers come in two implementations (``impl``, :func:`worker_plan`):
+Pull workers come in two implementations (``impl``, :func:`worker_plan`),
+``workers`` processes each serving *every* tenant (the herd's 51 tenants
+with 4 workers: 4 processes):
 
-* ``scheduler``: the engine's own ``scheduler worker`` processes
-  (:mod:`scheduler.delivery.worker`) with the async no-op handler
-  :func:`noop` (returning acks), ``--concurrency`` and ``--batch``
-  :data:`BATCH`. A ``scheduler worker`` serves one tenant's queue, so the
-  plan gives every tenant one process and the ``big`` tenant (the herd's)
-  ``workers`` of them; without a ``big`` tenant (steady) each tenant gets
-  ``ceil(workers / tenants)``. The herd's 51 tenants therefore take 54
-  processes for ``workers`` 4;
-* ``bench``: ``workers`` processes of the bench's own loop below, each over
-  *every* tenant: the shape "4 worker processes" for 51 tenants, which the
-  engine's worker cannot take until it serves several tenants per process.
-
-``scheduler`` is the default. Below, the processes this module runs itself:
+* ``scheduler`` (the default): the engine's own ``scheduler worker``
+  processes (:mod:`scheduler.delivery.worker`, one ``--tenant`` per tenant:
+  it claims them in turn) with the async no-op handler :func:`noop`
+  (returning acks), ``--concurrency`` and ``--batch`` :data:`BATCH`;
+* ``bench``: the bench's own loop below, the store's share of delivery
+  without the worker's machinery (handler tasks, heartbeats, batching
+  delays), to tell the two apart. Below, the processes this module runs itself:
 
 * **Bench worker** (``python -m bench.consumers worker``): a loop over
   :func:`scheduler.delivery.lifecycle.claim` and
@@ -26,9 +22,7 @@ Pull workers come in two implementations (``impl``, :func:`worker_plan`):
   :data:`POLL_MIN_S` doubling to :data:`POLL_MAX_S`; one that claimed
   anything starts the next at once. SIGTERM/SIGINT stop it after the current
   batch is acked. Nothing it counts is used by the bench: the report reads
-  the store (a worker that crashed cannot hide a loss). It stands in for
-  ``scheduler worker`` where that serves one tenant per process and the
-  herd has 51 tenants (see bench/README.md).
+  the store (a worker that crashed cannot hide a loss).
 * **Receiver** (``python -m bench.consumers receiver``): an aiohttp server on
   127.0.0.1 (a free port) answering every request ``204`` after recording its
   ``Idempotency-Key`` header and arrival time (epoch seconds); it writes
@@ -44,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import math
 import os
 import signal
 import subprocess
@@ -82,14 +75,8 @@ def worker_plan(tenants: list[str], workers: int, impl: str, big: str = "big") -
     (see the module doc; ``impl`` already resolved). ``[]`` for ``workers`` 0."""
     if workers <= 0:
         return []
-    if impl == "bench":
-        return [(f"bench-worker-{i}", list(tenants)) for i in range(workers)]
-    each = workers if big in tenants else math.ceil(workers / len(tenants))
-    plan = []
-    for tenant in tenants:
-        count = workers if tenant == big else (1 if big in tenants else each)
-        plan += [(f"worker-{tenant}-{i}", [tenant]) for i in range(count)]
-    return plan
+    prefix = "bench-worker" if impl == "bench" else "worker"
+    return [(f"{prefix}-{i}", list(tenants)) for i in range(workers)]
 
 
 # ---------------------------------------------------------------- bench worker
@@ -173,7 +160,7 @@ async def receive(records: Path, port: int) -> None:
 class WorkerProcess:
     """A worker child process, output to ``log_dir/ID.log``: ``impl`` ``bench``, ``python -m
     bench.consumers worker`` over ``tenants``; ``scheduler``, ``python -m scheduler worker``
-    for ``tenants[0]`` with the handler :func:`noop` (JSON logs; the store from
+    over ``tenants`` with the handler :func:`noop` (JSON logs; the store from
     ``SCHEDULER_DSN`` in its environment)."""
 
     def __init__(
@@ -186,8 +173,8 @@ class WorkerProcess:
             args = ["bench.consumers", "worker", "--worker-id", worker_id, "--queue", queue, "--batch", str(batch)]
             args += tenants
         else:
-            (tenant,) = tenants
-            args = ["scheduler", "worker", "--tenant", tenant, "--queue", queue, "--handler", "bench.consumers:noop"]
+            args = ["scheduler", "worker", "--queue", queue, "--handler", "bench.consumers:noop"]
+            args += [arg for tenant in tenants for arg in ("--tenant", tenant)]
             args += ["--concurrency", str(batch), "--batch", str(batch), "--worker-id", worker_id]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", *args],

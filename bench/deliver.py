@@ -6,8 +6,8 @@ node`` processes); then each run is handed over:
 
 * ``pull``: workers claim the runs of every tenant's ``default`` queue and
   ack them with no work in between (:func:`bench.consumers.start_workers`):
-  the engine's own ``scheduler worker`` processes (one per tenant,
-  ``workers`` for the big one) or the bench's loop over every tenant
+  ``workers`` processes, each over every tenant: the engine's own
+  ``scheduler worker`` or the bench's loop
   (``worker_impl``, see :mod:`bench.consumers`). ``workers = 0`` is the
   *firing only* variant: no worker runs, and the report checks that every
   fired run has its delivery state (``pending``);

@@ -1507,9 +1507,16 @@ def node_cmd(ctx: click.Context, **values: Any) -> None:
 @cli.command("worker")
 @dsn_option
 @click.option(
-    "--tenant", required=True, envvar="SCHEDULER_TENANT", show_envvar=True, help="Tenant whose queue to serve."
+    "--tenant",
+    "tenants",
+    required=True,
+    multiple=True,
+    envvar="SCHEDULER_TENANT",
+    show_envvar=True,
+    help="Tenant whose queue to serve; repeat it to serve several from one process, claimed in turn "
+    "(the variable: names separated by spaces).",
 )
-@click.option("--queue", default="default", show_default=True, help="Queue of the tenant to serve.")
+@click.option("--queue", default="default", show_default=True, help="Queue (of each tenant) to serve.")
 @click.option(
     "--handler",
     "handler_path",
@@ -1549,7 +1556,7 @@ def node_cmd(ctx: click.Context, **values: Any) -> None:
 )
 def worker_cmd(
     dsn: str,
-    tenant: str,
+    tenants: tuple[str, ...],
     queue: str,
     handler_path: str,
     concurrency: int,
@@ -1573,7 +1580,7 @@ def worker_cmd(
     handler = load_handler(handler_path)
     worker = Worker(
         dsn,
-        tenant,
+        tenants,
         queue,
         handler,
         concurrency=concurrency,

@@ -1,6 +1,8 @@
 """Pull workers: claim a queue's runs, run a handler on each, ack or nack (docs/delivery.md).
 
-A :class:`Worker` serves one queue of one tenant. Its handler is any callable
+A :class:`Worker` serves one queue of one tenant, or of several (an
+operator's shared pool: claims take the tenants in turn, see below). Its
+handler is any callable
 taking a :class:`Run`: a plain function runs on one of ``concurrency``
 threads, an ``async def`` on the worker's asyncio loop. Returning acks the
 run (it ends ``succeeded``); raising nacks it (``failed``; the partition
@@ -17,7 +19,11 @@ thread so a slow statement on one never delays the others):
 
 * **claim**: while fewer than ``concurrency`` handlers run, one
   :func:`~scheduler.delivery.lifecycle.claim` of up to ``min(free slots,
-  batch)`` runs (with fewer than half the slots free, after waiting
+  batch)`` runs (serving several tenants: one claim per tenant, in turn,
+  starting each round after the tenant the previous round started with,
+  until the free slots are filled or every tenant was asked once; so no
+  tenant's backlog starves another's, and an idle round costs one claim per
+  tenant) (with fewer than half the slots free, after waiting
   ``flush_interval_s`` for more to free up: under load, a few large claims
   rather than many of one run each). An empty claim backs off from
   ``poll_min_s`` (50 ms) doubling to ``poll_max_s`` (1 s); a claim that
@@ -82,7 +88,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -114,6 +120,8 @@ DEFAULT_CONCURRENCY = 10
 MIN_LEASE_S = 1.0
 MAX_LEASE_S = 3600.0
 MAX_CONCURRENCY = 10_000
+MAX_TENANTS = 1000
+"""Most tenants one worker serves (an idle round asks each once)."""
 MAX_BATCH = lifecycle.MAX_BATCH
 ERROR_MAX_CHARS = 2000
 """A nack's error text (exception type and message) is cut to this many characters."""
@@ -327,7 +335,8 @@ class _Threads:
 class Worker:
     """Claim runs of ``(tenant, queue)`` and hand each to ``handler`` (see the module doc).
 
-    ``handler``: a callable taking a :class:`Run` (sync or ``async def``).
+    ``tenant``: one tenant, or a sequence of distinct tenants served in turn
+    (at most :data:`MAX_TENANTS`). ``handler``: a callable taking a :class:`Run` (sync or ``async def``).
     ``concurrency``: handlers running at once (1–10,000); ``lease_s``: each
     attempt's lease (1–3,600 s; heartbeats every third of it); ``batch``:
     most runs claimed, and acks/nacks sent, per statement (default
@@ -343,7 +352,7 @@ class Worker:
     def __init__(
         self,
         dsn: str,
-        tenant: str,
+        tenant: str | Sequence[str],
         queue: str = "default",
         handler: Callable[[Run], Any] | None = None,
         *,
@@ -357,7 +366,11 @@ class Worker:
         poll_max_s: float = POLL_MAX_S,
         flush_interval_s: float = FLUSH_INTERVAL_S,
     ) -> None:
-        validate_tenant(tenant)
+        tenants = (tenant,) if isinstance(tenant, str) else tuple(tenant)
+        if not 1 <= len(tenants) <= MAX_TENANTS or len(set(tenants)) != len(tenants):
+            raise ValidationError("tenant", f"give 1 to {MAX_TENANTS} distinct tenants", len(tenants))
+        for name in tenants:
+            validate_tenant(name)
         validate_queue(queue)
         if handler is None or not callable(handler):
             raise ValidationError("handler", "must be callable (a function taking a Run)")
@@ -366,7 +379,9 @@ class Worker:
         _check_int("batch", batch, 1, MAX_BATCH)
         _check_seconds("lease_s", lease_s, MIN_LEASE_S, MAX_LEASE_S)
         _check_seconds("stop_timeout_s", stop_timeout_s, 0.0, 86_400.0)
-        self.dsn, self.tenant, self.queue, self.handler = dsn, tenant, queue, handler
+        self.dsn, self.tenants, self.queue, self.handler = dsn, tenants, queue, handler
+        self.tenant = tenants[0]
+        self._round_start = 0  # the tenant the next claim round starts with
         self.concurrency, self.batch = concurrency, batch
         self.lease_s, self.stop_timeout_s = float(lease_s), float(stop_timeout_s)
         self.worker_id = worker_id or default_worker_id()
@@ -450,7 +465,7 @@ class Worker:
         log.event(
             "worker_started",
             worker=self.worker_id,
-            tenant=self.tenant,
+            tenants=",".join(self.tenants),
             queue=self.queue,
             concurrency=self.concurrency,
             lease_s=self.lease_s,
@@ -559,14 +574,7 @@ class Worker:
             coalesced = False
             limit = min(free, self.batch)
             try:
-                claimed = await self._claim_lane.call(
-                    lifecycle.claim,
-                    tenant=self.tenant,
-                    queue=self.queue,
-                    worker=self.worker_id,
-                    limit=limit,
-                    lease_s=self.lease_s,
-                )
+                claimed = await self._claim_round(limit)
             except STORE_ERRORS as exc:
                 wait = backoff
                 backoff = self._store_failed("claim", exc, backoff)
@@ -574,16 +582,38 @@ class Worker:
                 continue
             backoff = STORE_BACKOFF_MIN_S
             if claimed:
-                self._record_claims(claimed)
-                for c in claimed:
-                    self._start(c)
-                self.metrics.inflight.set(len(self._inflight))
                 idle_s = self._poll_min_s
-                if len(claimed) < limit:
+                if claimed < limit:
                     await self._sleep(self._poll_min_s, self._stop_event)
             else:
                 await self._sleep(idle_s, self._stop_event)
                 idle_s = min(self._poll_max_s, idle_s * 2)
+
+    async def _claim_round(self, limit: int) -> int:
+        """Claim up to ``limit`` runs, asking the tenants in turn (see the module doc),
+        and start them; return how many. Raises what the store raises (runs claimed
+        before the failure are started)."""
+        count = len(self.tenants)
+        start, self._round_start = self._round_start, (self._round_start + 1) % count
+        total = 0
+        for i in range(count):
+            if total >= limit or self._stop_event is None or self._stop_event.is_set():
+                break
+            claimed = await self._claim_lane.call(
+                lifecycle.claim,
+                tenant=self.tenants[(start + i) % count],
+                queue=self.queue,
+                worker=self.worker_id,
+                limit=limit - total,
+                lease_s=self.lease_s,
+            )
+            if claimed:
+                self._record_claims(claimed)
+                for c in claimed:
+                    self._start(c)
+                self.metrics.inflight.set(len(self._inflight))
+                total += len(claimed)
+        return total
 
     def _record_claims(self, claimed: list[lifecycle.Claimed]) -> None:
         lags = [(c.claimed_at - c.scheduled_at).total_seconds() for c in claimed if c.attempt == 1]

@@ -32,7 +32,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from click.testing import CliRunner
-from helpers import OneNode, closed_port, store_now, wait_for
+from helpers import OneNode, closed_port, pending_run, store_now, wait_for
 from helpers import run_row as row
 
 from scheduler import jobs
@@ -146,7 +146,8 @@ def start(pg_dsn: str) -> Iterator:
     def build(handler, **kwargs) -> Running:
         kwargs.setdefault("lease_s", LEASE_S)
         kwargs.setdefault("stop_timeout_s", 5.0)
-        started.append(Running(Worker(pg_dsn, "acme", "default", handler, **kwargs)))
+        tenant = kwargs.pop("tenant", "acme")
+        started.append(Running(Worker(pg_dsn, tenant, "default", handler, **kwargs)))
         return started[-1]
 
     yield build
@@ -266,6 +267,37 @@ def test_an_async_handler_runs_on_the_loop_and_acks(conn, start) -> None:
     wait_for("succeeded", lambda: state_of(conn, key), lambda s: s == ("succeeded", 1))
     w.stop()
     assert seen == [(key.run_id, 1)]
+
+
+def test_a_worker_serving_several_tenants_claims_them_in_turn(conn, start) -> None:
+    """One slot, acme with four runs due and beta with one: the rounds start with acme, beta,
+    acme, ... so beta's run is the second handled, not the fifth (acme's backlog does not starve it)."""
+    base = store_now(conn).replace(microsecond=0) - 60 * S
+    acme = jobs.add_job(conn, JobSpec.build(tenant="acme", interval_s=3600)).job_id
+    beta = jobs.add_job(conn, JobSpec.build(tenant="beta", interval_s=3600)).job_id
+    for i in range(4):
+        pending_run(conn, acme, base + i * S)
+    late = pending_run(conn, beta, base + 10 * S)
+    seen: list[str] = []
+
+    def handler(run: Run) -> None:
+        seen.append(run.tenant)
+
+    w = start(handler, concurrency=1, tenant=("acme", "beta"))
+    wait_for("all handled", lambda: len(seen), lambda n: n == 5)
+    wait_for("beta acked", lambda: state_of(conn, late), lambda st: st == ("succeeded", 1))
+    w.stop()
+    assert seen == ["acme", "beta", "acme", "acme", "acme"]
+
+
+@pytest.mark.parametrize(
+    "tenants, message",
+    [((), "tenant: give 1 to 1000 distinct tenants"), (("acme", "acme"), "tenant: give 1 to 1000 distinct tenants"),
+     (("acme", "bad tenant"), "tenant: must be 1-200 characters")],
+)  # fmt: skip
+def test_the_tenants_of_a_worker_are_validated(pg_dsn, tenants, message) -> None:
+    with pytest.raises(ValidationError, match=f"^{message}"):
+        Worker(pg_dsn, tenants, "default", lambda run: None)
 
 
 def test_heartbeats_keep_a_run_leased_while_its_handler_runs_past_the_lease(conn, node, start) -> None:
