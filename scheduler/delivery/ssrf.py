@@ -7,8 +7,15 @@ operator's allowlist (setting ``push_allow``, e.g. ``10.0.0.0/8,127.0.0.1/32``).
 So by default loopback, private (RFC 1918, ULA), link-local (including the
 cloud metadata address 169.254.169.254), shared (100.64.0.0/10, where
 Alibaba's metadata lives), multicast, reserved and unspecified addresses are
-refused — the OWASP SSRF rule of "deny everything not public". IPv4-mapped
-IPv6 addresses are judged as the IPv4 address they carry.
+refused — the OWASP SSRF rule of "deny everything not public". An IPv6
+address that carries an IPv4 address is judged as the IPv4 address it
+carries, since a host with the matching translator or relay reaches that
+address through it: IPv4-mapped (``::ffff:a.b.c.d``), IPv4-translated
+(``::ffff:0:a.b.c.d``, RFC 2765), IPv4-compatible (``::a.b.c.d``), NAT64's
+well-known prefix (``64:ff9b::/96``, RFC 6052: DNS64 answers it on
+IPv6-only networks) and 6to4 (``2002::/16``, RFC 3056). The local-use NAT64
+prefix ``64:ff9b:1::/48`` (RFC 8215, operator-defined embedding) is refused
+unless allowlisted, as is Teredo.
 
 The check runs twice (docs/delivery.md, "Push"): when a job is saved
 (:func:`check_url`, resolving the host: a name that resolves to a refused
@@ -32,6 +39,22 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 MAX_URL_LEN = 2048
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")
+_COMPATIBLE = ipaddress.IPv6Network("::/96")
+
+
+def carried_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries (see the module doc), or None."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip in _NAT64 or ip in _TRANSLATED or ip in _COMPATIBLE:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
 
 
 def _resolve(host: str, port: int) -> list[str]:
@@ -74,10 +97,14 @@ class AddressPolicy:
             ip = ipaddress.ip_address(address) if isinstance(address, str) else address
         except ValueError:
             return False
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
         if any(ip in network for network in self.allow):
             return True
+        if isinstance(ip, ipaddress.IPv6Address):
+            carried = carried_ipv4(ip)
+            if carried is not None:
+                return self.allows(carried)
+            if ip in _NAT64_LOCAL:
+                return False
         return ip.is_global and not ip.is_multicast
 
     def filter(self, addresses: Iterable[str]) -> list[str]:

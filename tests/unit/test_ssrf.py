@@ -1,0 +1,53 @@
+"""Which addresses a push target may reach (scheduler/delivery/ssrf.py), address by address.
+
+IPv6 has several ways to carry an IPv4 address (NAT64, 6to4, IPv4-compatible,
+IPv4-translated, IPv4-mapped); on a host with DNS64/NAT64 or 6to4 relays they
+reach the IPv4 address they carry, so each is judged as that address.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.delivery.ssrf import AddressPolicy, check_url
+from scheduler.errors import ValidationError
+
+DEFAULT = AddressPolicy()
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.100.100.200", "0.0.0.0",
+        "224.0.0.1", "255.255.255.255", "::1", "::", "fe80::1", "fd00:ec2::254", "ff02::1",
+        "::ffff:127.0.0.1",  # IPv4-mapped
+        "64:ff9b::7f00:1", "64:ff9b::a9fe:a9fe", "64:ff9b::a00:1",  # NAT64 (RFC 6052) of loopback, metadata, 10/8
+        "64:ff9b:1::a9fe:a9fe",  # local-use NAT64 (RFC 8215)
+        "2002:7f00:1::", "2002:a9fe:a9fe::1",  # 6to4 of loopback and metadata
+        "::127.0.0.1", "::169.254.169.254",  # IPv4-compatible (deprecated)
+        "::ffff:0:7f00:1", "::ffff:0:a9fe:a9fe",  # IPv4-translated (RFC 2765)
+        "2001:0:4136:e378:8000:63bf:3fff:fdd2",  # Teredo
+    ],
+)  # fmt: skip
+def test_refused_by_default(address: str) -> None:
+    assert not DEFAULT.allows(address)
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["93.184.216.34", "8.8.8.8", "2606:4700:4700::1111", "64:ff9b::5db8:d822", "2002:5db8:d822::1", "::ffff:8.8.8.8"],
+)
+def test_public_addresses_pass_also_when_carried_in_ipv6(address: str) -> None:
+    assert DEFAULT.allows(address)
+
+
+def test_an_allowlisted_network_passes_in_every_form_that_carries_it() -> None:
+    policy = AddressPolicy.parse("127.0.0.0/8")
+    for address in ("127.0.0.1", "::ffff:127.0.0.1", "64:ff9b::7f00:1", "2002:7f00:1::", "::ffff:0:7f00:1"):
+        assert policy.allows(address), address
+    assert not policy.allows("169.254.169.254") and not policy.allows("64:ff9b::a9fe:a9fe")
+
+
+def test_a_url_whose_host_is_an_ipv6_carrying_loopback_is_refused_at_save() -> None:
+    with pytest.raises(ValidationError, match=r"^url: resolves to an address push targets may not reach"):
+        check_url("http://[64:ff9b::7f00:1]/hook", DEFAULT)
