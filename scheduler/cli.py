@@ -157,18 +157,24 @@ class Seconds(click.ParamType):
 
 
 class Decimal(click.ParamType):
-    """A click type: a number in ASCII decimal notation (:func:`scheduler.spec.parse_decimal`);
-    ``rule`` is the message of a refusal (a ValidationError naming ``field``)."""
+    """A click type: a number in ASCII decimal notation (:func:`scheduler.spec.parse_decimal`),
+    within ``[low, high]`` when given; ``rule`` is the message of a refusal (a
+    ValidationError naming ``field``, echoing the value as typed)."""
 
     name = "number"
 
-    def __init__(self, field: str, rule: str | None = None) -> None:
-        self.field, self.rule = field, rule
+    def __init__(
+        self, field: str, rule: str | None = None, low: float | None = None, high: float | None = None
+    ) -> None:
+        self.field, self.rule, self.low, self.high = field, rule, low, high
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         from scheduler.spec import parse_decimal
 
-        return parse_decimal(self.field, value, rule=self.rule)
+        number = parse_decimal(self.field, value, rule=self.rule)
+        if (self.low is not None and number < self.low) or (self.high is not None and number > self.high):
+            raise ValidationError(self.field, self.rule or f"must be from {self.low:g} to {self.high:g}", value)
+        return number
 
 
 WEIGHT = WholeNumber("weight", 1, 1000)
@@ -1119,7 +1125,7 @@ def jobs_replan_slots(dsn: str, dry_run: bool, force: bool, as_json: bool) -> No
     "--wait-s",
     default=10.0,
     show_default=True,
-    type=Decimal("wait_s", "must be a number of seconds from 0 to 86400 in ASCII digits"),
+    type=Decimal("wait_s", "must be a number of seconds from 0 to 86400 in ASCII digits", 0, 86_400),
     help="How long to wait for the partition owner to carry the request out.",
 )
 @json_option
@@ -1530,7 +1536,7 @@ def node_cmd(ctx: click.Context, **values: Any) -> None:
     "--lease-s",
     default=30.0,
     show_default=True,
-    type=Decimal("lease_s", "must be a number of seconds from 1 to 3600 in ASCII digits"),
+    type=Decimal("lease_s", "must be a number of seconds from 1 to 3600 in ASCII digits", 1, 3600),
     help="Lease of each attempt; heartbeats extend it every third of it.",
 )
 @click.option(
@@ -1543,7 +1549,7 @@ def node_cmd(ctx: click.Context, **values: Any) -> None:
     "--stop-timeout-s",
     default=25.0,
     show_default=True,
-    type=Decimal("stop_timeout_s", "must be a number of seconds from 0 to 86400 in ASCII digits"),
+    type=Decimal("stop_timeout_s", "must be a number of seconds from 0 to 86400 in ASCII digits", 0, 86_400),
     help="After SIGTERM/SIGINT, in-flight handlers get this long; runs still running then are nacked.",
 )
 @click.option("--worker-id", default=None, help="Written to runs.worker  [default: hostname:pid].")

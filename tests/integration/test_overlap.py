@@ -459,3 +459,13 @@ def test_cli_trigger_waits_for_the_owner_and_prints_the_run(pg_dsn, conn, node, 
         thread.join(15)
     assert ticks == [1]
     assert result.stdout == f"fired run {RunKey.of(job_id, T0 + 30 * S).run_id}\n"
+
+
+@pytest.mark.parametrize("wait_s", ["-1", "86401", "1e9"])
+def test_cli_trigger_with_a_bad_wait_writes_no_request(pg_dsn, conn, wait_s) -> None:
+    job_id = overlap_job(conn, "allow")
+    result = cli(["jobs", "trigger", str(job_id), "--wait-s", wait_s], pg_dsn)
+    assert (result.exit_code, result.stdout) == (2, "")
+    rule = "must be a number of seconds from 0 to 86400 in ASCII digits"
+    assert result.stderr == f"error: wait_s: {rule} (got '{wait_s}')\n"
+    assert conn.execute("SELECT count(*) AS n FROM run_requests").fetchone()["n"] == 0
