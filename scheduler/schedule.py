@@ -400,8 +400,9 @@ def parse_instant(text: str, field: str) -> datetime:
 
     Accepts e.g. ``2024-01-01T00:00:00Z``, ``2024-01-01T01:00:00+01:00``,
     fractional seconds. Raises :class:`~scheduler.errors.ValidationError`
-    on ``field`` for a non-string, a malformed text, or a naive one (no
-    offset: which zone was meant is unknowable).
+    on ``field`` for a non-string, a malformed text, a naive one (no
+    offset: which zone was meant is unknowable), or one outside the
+    supported years 2..9997 (UTC), echoing the text as typed.
     """
     if not isinstance(text, str):
         raise ValidationError(field, "must be an ISO 8601 instant string such as 2024-01-01T00:00:00Z", text)
@@ -411,7 +412,13 @@ def parse_instant(text: str, field: str) -> datetime:
         raise ValidationError(field, "not an ISO 8601 instant (expected e.g. 2024-01-01T00:00:00Z)", text) from None
     if parsed.tzinfo is None or parsed.utcoffset() is None:
         raise ValidationError(field, "instant has no UTC offset; add Z or an offset such as +01:00", text)
-    return parsed.astimezone(UTC)
+    try:
+        instant = parsed.astimezone(UTC)
+    except OverflowError:  # before year 1 or after year 9999 once in UTC
+        instant = None
+    if instant is None or not MIN_EPOCH_S <= instant.timestamp() < MAX_EPOCH_S:
+        raise ValidationError(field, "must lie in years 2 to 9997 (the supported range)", text)
+    return instant
 
 
 def format_instant(dt: datetime) -> str:

@@ -35,7 +35,7 @@ import dataclasses
 import itertools
 import time
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -46,6 +46,7 @@ from scheduler.partition import partition_of
 from scheduler.planner import scheduled_time
 from scheduler.schedule import iter_fires
 from scheduler.spec import build_schedule, schedule_key
+from scheduler.zones import MIN_EPOCH_S
 
 MAX_REQUEST_ID_LEN = 200
 """Longest request id (characters; the column's check)."""
@@ -61,6 +62,9 @@ DEFAULT_BACKFILL_MAX_RUNS = 1000
 
 MAX_BACKFILL_RUNS = 100_000
 """Largest ``max_runs`` accepted (one transaction writes them all)."""
+
+EARLIEST = datetime.fromtimestamp(MIN_EPOCH_S, UTC)
+"""The start of the supported range (year 2): where a backfill's slot search starts at the earliest."""
 
 BACKFILL_NODE = "backfill"
 """``runs.node_id`` of backfilled runs (written by the CLI, not by a node; epoch 0)."""
@@ -217,7 +221,9 @@ def backfill(
             raise ValidationError("until", f"must not be later than the store's now ({store_now.isoformat()})", until)
         job = _live_job(c, job_id)
         schedule = build_schedule(*schedule_key(job))
-        fires = iter_fires(schedule, since - timedelta(microseconds=1), until)
+        # Slots at or after since: the schedule's slots strictly after since − 1 µs (no earlier
+        # than the supported range's start, where since may lie).
+        fires = iter_fires(schedule, max(since - timedelta(microseconds=1), EARLIEST), until)
         slots = list(itertools.islice((s for s in fires if s < until), max_runs + 1))
         if len(slots) > max_runs:
             raise ValidationError(

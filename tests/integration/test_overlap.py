@@ -469,3 +469,19 @@ def test_cli_trigger_with_a_bad_wait_writes_no_request(pg_dsn, conn, wait_s) -> 
     rule = "must be a number of seconds from 0 to 86400 in ASCII digits"
     assert result.stderr == f"error: wait_s: {rule} (got '{wait_s}')\n"
     assert conn.execute("SELECT count(*) AS n FROM run_requests").fetchone()["n"] == 0
+
+
+def test_cli_backfill_at_the_edge_of_the_supported_range_is_one_line_or_works(pg_dsn, conn) -> None:
+    job_id = overlap_job(conn, "allow")
+    until = ["--until", "2025-03-04T05:09:00Z"]
+    early = cli(["jobs", "backfill", str(job_id), "--since", "0001-01-01T00:00:00+05:00", *until], pg_dsn)
+    assert (early.exit_code, early.stderr.splitlines()) == (
+        2,
+        ["error: since: must lie in years 2 to 9997 (the supported range) (got '0001-01-01T00:00:00+05:00')"],
+    )
+    # From the first instant of the range: the job's slots since its creation, listed (no traceback).
+    first = cli(["jobs", "backfill", str(job_id), "--since", "0002-01-01T00:00:00Z", *until, "--dry-run"], pg_dsn)
+    exact = cli(["jobs", "backfill", str(job_id), "--since", "2025-01-01T00:00:00Z", *until, "--dry-run"], pg_dsn)
+    assert (first.exit_code, first.stdout, first.stderr) == (0, exact.stdout, exact.stderr)
+    assert first.stdout.count("\n") >= 3
+    assert runs(conn, job_id) == []

@@ -934,6 +934,10 @@ def test_parse_instant(text: str, expected: datetime) -> None:
         ("", "not an ISO 8601 instant"),
         (1704067200, "ISO 8601 instant string"),
         (None, "ISO 8601 instant string"),
+        ("0001-01-01T00:00:00+05:00", "must lie in years 2 to 9997"),  # before year 1 in UTC: no datetime
+        ("9999-12-31T23:00:00-05:00", "must lie in years 2 to 9997"),  # after year 9999 in UTC
+        ("0001-06-01T00:00:00Z", "must lie in years 2 to 9997"),
+        ("9998-01-01T00:00:00Z", "must lie in years 2 to 9997"),
     ],
 )
 def test_parse_instant_rejects(text: object, words: str) -> None:
@@ -941,6 +945,7 @@ def test_parse_instant_rejects(text: object, words: str) -> None:
         parse_instant(text, "at")  # type: ignore[arg-type]
     assert raised.value.field == "at"
     assert words in raised.value.rule
+    assert raised.value.value == text  # echoed as typed
 
 
 def test_format_instant() -> None:
