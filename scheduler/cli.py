@@ -158,17 +158,22 @@ class Seconds(click.ParamType):
 
 class Decimal(click.ParamType):
     """A click type: a number in ASCII decimal notation (:func:`scheduler.spec.parse_decimal`);
-    ``rule`` is the message of a refusal (a ValidationError naming ``field``)."""
+    ``rule`` is the message of a refusal (a ValidationError naming ``field``).
+    ``lo``/``hi`` (inclusive) bound it here, so a refusal echoes the value as
+    typed (``'0'``), not as parsed (``0.0``)."""
 
     name = "number"
 
-    def __init__(self, field: str, rule: str | None = None) -> None:
-        self.field, self.rule = field, rule
+    def __init__(self, field: str, rule: str | None = None, lo: float | None = None, hi: float | None = None) -> None:
+        self.field, self.rule, self.lo, self.hi = field, rule, lo, hi
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         from scheduler.spec import parse_decimal
 
-        return parse_decimal(self.field, value, rule=self.rule)
+        number = parse_decimal(self.field, value, rule=self.rule)
+        if (self.lo is not None and number < self.lo) or (self.hi is not None and number > self.hi):
+            raise ValidationError(self.field, self.rule or f"must be from {self.lo} to {self.hi}", value)
+        return number
 
 
 WEIGHT = WholeNumber("weight", 1, 1000)
@@ -488,9 +493,8 @@ def tenants_secret_rotate(dsn: str, tenant: str, grace: str, as_json: bool) -> N
     keeps working while it is switched to the new one within the grace.
     """
     from scheduler.delivery import tenant_secrets
-    from scheduler.retention import parse_duration
 
-    grace_s = 0.0 if grace.strip() in ("0", "0s") else parse_duration(grace, "grace")
+    grace_s = tenant_secrets.parse_grace(grace)
     with open_store(dsn) as conn:
         secret_id, secret, created_at = tenant_secrets.rotate(conn, tenant, grace_s)
     if as_json:
@@ -1530,7 +1534,7 @@ def node_cmd(ctx: click.Context, **values: Any) -> None:
     "--lease-s",
     default=30.0,
     show_default=True,
-    type=Decimal("lease_s", "must be a number of seconds from 1 to 3600 in ASCII digits"),
+    type=Decimal("lease_s", "must be a number of seconds from 1 to 3600 in ASCII digits", 1, 3600),
     help="Lease of each attempt; heartbeats extend it every third of it.",
 )
 @click.option(
@@ -1543,7 +1547,7 @@ def node_cmd(ctx: click.Context, **values: Any) -> None:
     "--stop-timeout-s",
     default=25.0,
     show_default=True,
-    type=Decimal("stop_timeout_s", "must be a number of seconds from 0 to 86400 in ASCII digits"),
+    type=Decimal("stop_timeout_s", "must be a number of seconds from 0 to 86400 in ASCII digits", 0, 86_400),
     help="After SIGTERM/SIGINT, in-flight handlers get this long; runs still running then are nacked.",
 )
 @click.option("--worker-id", default=None, help="Written to runs.worker  [default: hostname:pid].")

@@ -169,6 +169,8 @@ class DeliverySpec:
             max_age_s=None if max_age_s is None else parse_max_age(max_age_s),
             overlap=DEFAULT_OVERLAP if overlap is None else overlap,
         )
+        if spec.backoff_base_s > spec.backoff_cap_s:  # echo the base as given, not as parsed
+            raise _base_above_cap(spec.backoff_cap_s, spec.backoff_base_s if backoff_base_s is None else backoff_base_s)
         return spec.validated()
 
     def validated(self) -> DeliverySpec:
@@ -194,9 +196,7 @@ class DeliverySpec:
         for field, value in (("backoff_base", self.backoff_base_s), ("backoff_cap", self.backoff_cap_s)):
             _check_backoff(field, value)
         if self.backoff_base_s > self.backoff_cap_s:
-            raise ValidationError(
-                "backoff_base", f"must not exceed backoff_cap ({_num(self.backoff_cap_s)} s)", self.backoff_base_s
-            )
+            raise _base_above_cap(self.backoff_cap_s, self.backoff_base_s)
         if self.max_age_s is not None:
             parse_max_age(self.max_age_s)
         if self.overlap not in OVERLAP_POLICIES:
@@ -445,6 +445,10 @@ _BACKOFF_RULE = f"must be a number of seconds above 0 and at most {MAX_BACKOFF_S
 def _check_backoff(field: str, number: Any, given: Any = None) -> None:
     if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 < number <= MAX_BACKOFF_S:
         raise ValidationError(field, _BACKOFF_RULE, number if given is None else given)
+
+
+def _base_above_cap(cap_s: float, given: Any) -> ValidationError:
+    return ValidationError("backoff_base", f"must not exceed backoff_cap ({_num(cap_s)} s)", given)
 
 
 _MAX_AGE_RULE = (

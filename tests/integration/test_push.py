@@ -496,7 +496,7 @@ def test_secret_rotate_prints_the_secret_once_to_stdout_and_list_never_shows_it(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["tenants", "secret", "rotate", "acme", "--grace", "31d"], "error: grace: must be from 0 to 30d"),
+        (["tenants", "secret", "rotate", "acme", "--grace", "31d"], "error: grace: must be from 0 to 30d (got '31d')\n"),
         (["tenants", "secret", "rotate", "acme", "--grace", "soon"], "error: grace: must be a duration"),
         (["tenants", "secret", "rotate", "nobody"], "error: tenant: no tenant 'nobody'"),
         (["tenants", "secret", "list", "nobody"], "error: tenant: no tenant 'nobody'"),

@@ -599,7 +599,19 @@ def test_worker_options_are_validated_before_anything_runs(pg_dsn) -> None:
         cli, ["worker", "--dsn", pg_dsn, "--tenant", "acme", "--handler", "json:dumps", "--lease-s", "0.5"]
     )
     assert result.exit_code == 2
-    assert result.stderr == "error: lease_s: must be a number of seconds from 1 to 3600 (got 0.5)\n"
+    assert result.stderr == "error: lease_s: must be a number of seconds from 1 to 3600 in ASCII digits (got '0.5')\n"
+    for option, value, rule in (
+        ("--lease-s", "0", "from 1 to 3600"),
+        ("--stop-timeout-s", "86401", "from 0 to 86400"),
+    ):
+        result = CliRunner().invoke(
+            cli, ["worker", "--dsn", pg_dsn, "--tenant", "acme", "--handler", "json:dumps", option, value]
+        )
+        field = option[2:].replace("-", "_")
+        assert (result.exit_code, result.stderr) == (
+            2,
+            f"error: {field}: must be a number of seconds {rule} in ASCII digits (got '{value}')\n",
+        )
     with pytest.raises(ValidationError, match="^concurrency: must be a whole number from 1 to 10000"):
         Worker(pg_dsn, "acme", handler=print, concurrency=0)
     with pytest.raises(ValidationError, match="^tenant: "):
