@@ -215,9 +215,7 @@ def load_handler(spec: str) -> Callable[[Run], Any]:
     try:
         target: Any = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 (any import failure is the user's module's)
-        raise ValidationError(
-            "handler", f"cannot import module {module_name!r}: {type(exc).__name__}: {clip(exc, 200)}"
-        ) from exc
+        raise ValidationError("handler", f"cannot import module {module_name!r} ({_import_failure(exc)})") from exc
     for part in names:
         try:
             target = getattr(target, part)
@@ -226,6 +224,16 @@ def load_handler(spec: str) -> Callable[[Run], Any]:
     if not callable(target):
         raise ValidationError("handler", f"{spec} must be callable (a function taking a Run)")
     return target
+
+
+def _import_failure(exc: BaseException) -> str:
+    """One line saying why an import failed: an ImportError's own message (it
+    names the module), any other error as ``Type: first line``, cut to 200 characters."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    if not isinstance(exc, ImportError) or not text:
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= 200 else text[:200] + "…"
 
 
 def _is_async(handler: Callable[..., Any]) -> bool:

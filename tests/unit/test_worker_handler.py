@@ -41,12 +41,22 @@ def test_load_handler_imports_a_dotted_attribute_path() -> None:
         ("json:du mps", "handler: must be package.module:function (a Python import path) (got 'json:du mps')"),
         ("json:nope", "handler: module 'json' has no attribute 'nope'"),
         ("math:pi", "handler: math:pi must be callable (a function taking a Run)"),
+        ("nomodule:fn", "handler: cannot import module 'nomodule' (No module named 'nomodule')"),
+        ("json.nomodule:fn", "handler: cannot import module 'json.nomodule' (No module named 'json.nomodule')"),
     ],
 )
 def test_load_handler_refuses_with_one_line_naming_the_rule(spec: str, message: str) -> None:
     with pytest.raises(ValidationError) as caught:
         load_handler(spec)
     assert str(caught.value) == message
+
+
+def test_a_module_failing_at_import_is_named_with_the_error_type_once(tmp_path, monkeypatch) -> None:
+    (tmp_path / "broken_handlers.py").write_text("raise RuntimeError('no config\\nsecond line')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValidationError) as caught:
+        load_handler("broken_handlers:fn")
+    assert str(caught.value) == "handler: cannot import module 'broken_handlers' (RuntimeError: no config)"
 
 
 def test_sync_and_async_handlers_are_told_apart() -> None:
