@@ -501,8 +501,9 @@ def tenants_secret_rotate(dsn: str, tenant: str, grace: str, as_json: bool) -> N
         _echo_json({"tenant": tenant, "secret_id": secret_id, "secret": secret, "created_at": created_at})
     else:
         click.echo(secret)
+        previous = "stop being valid now" if grace_s == 0 else f"valid for {grace.strip()} more"
         click.echo(
-            f"secret {secret_id} of tenant {tenant} created; previous secrets valid for {grace} more. "
+            f"secret {secret_id} of tenant {tenant} created; previous secrets {previous}. "
             "Store it now: it is not shown again.",
             err=True,
         )
