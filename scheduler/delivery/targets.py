@@ -480,6 +480,16 @@ def _refuse_constant(name: str) -> Any:
     raise ValidationError("payload", "must be valid JSON (NaN and Infinity are not JSON)", name)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object of a payload; a key given twice is refused (JSON would silently keep the last)."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValidationError("payload", "must not give an object key twice", key)
+        obj[key] = value
+    return obj
+
+
 def _finite_float(text: str) -> float:
     number = float(text)
     if not math.isfinite(number):
@@ -493,7 +503,8 @@ def parse_payload(payload: str | bytes) -> str | None:
 
     Rules (field ``payload``): UTF-8 text of at most
     :data:`MAX_PAYLOAD_INPUT_BYTES`; valid JSON (no NaN/Infinity, numbers
-    finite as doubles); arrays and objects nested at most
+    finite as doubles); no object giving a key twice, at any level (the
+    message echoes the key); arrays and objects nested at most
     :data:`MAX_PAYLOAD_DEPTH` deep; no ``\\u0000`` and no unpaired surrogate
     in a string (the store cannot keep them); at most
     :data:`MAX_PAYLOAD_BYTES` (64 kB) in the compact UTF-8 encoding — the
@@ -511,7 +522,9 @@ def parse_payload(payload: str | bytes) -> str | None:
     if len(payload) > MAX_PAYLOAD_INPUT_BYTES:
         raise _input_too_large(len(payload))
     try:
-        value = json.loads(payload, parse_constant=_refuse_constant, parse_float=_finite_float)
+        value = json.loads(
+            payload, parse_constant=_refuse_constant, parse_float=_finite_float, object_pairs_hook=_unique_keys
+        )
     except json.JSONDecodeError as exc:
         raise ValidationError(
             "payload", f"must be valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"

@@ -316,6 +316,9 @@ def test_number_bounds_accepted() -> None:
             "(and the compact JSON may be at most 65,536 bytes)",
         ),
         (12, "payload: must be JSON text (got 'int')"),
+        ('{"a":1,"a":2}', "payload: must not give an object key twice (got 'a')"),
+        ('[{"x":{"k":[{"b":1, "b":1}]}}]', "payload: must not give an object key twice (got 'b')"),
+        ('{"\\u00e9":1,"é":2}', "payload: must not give an object key twice (got 'é')"),
     ],
 )
 def test_payload_rules(payload, message) -> None:
@@ -344,6 +347,10 @@ def test_arguments_that_were_not_utf8_are_refused_in_one_line() -> None:
         "url: must be an http(s) URL of at most 2048 characters (got 'https://caf\\udce9.example/')"
     )
     assert refused(url=URL, headers=["X-A: caf\udce9"]) == f"header: value of X-A {VALUE_RULE}"
+
+
+def test_keys_differing_in_case_or_level_are_not_duplicates() -> None:
+    assert parse_payload('{"a":1,"A":2,"b":{"a":3}}') == '{"a":1,"A":2,"b":{"a":3}}'
 
 
 def test_payload_accepts_bytes_and_keeps_non_ascii() -> None:
