@@ -1338,7 +1338,7 @@ def runs_redrive(
         return
     for line in done:
         click.echo(line)
-    click.echo(f"redrove {len(done)} runs", err=True)
+    click.echo(f"redrove {len(done)} run{'' if len(done) == 1 else 's'}", err=True)
 
 
 @runs.command("prune")
