@@ -22,7 +22,7 @@ not the default (:meth:`DeliverySpec.delivery_row`). Delivery is not part
 of a job's schedule identity (:mod:`scheduler.identity`).
 
 Validation is static here (:meth:`DeliverySpec.validated`: every rule but
-where a URL's host resolves); the SSRF rule that resolves the host
+where a URL's host resolves; an explicit port must be 1-65535); the SSRF rule that resolves the host
 (:func:`scheduler.delivery.ssrf.check_url`) runs when the job is saved
 (:func:`check_targets`, called by every write path of
 :mod:`scheduler.jobs`). Every refusal is a
@@ -40,6 +40,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
+from urllib.parse import urlsplit
 
 from scheduler.delivery.ssrf import AddressPolicy, check_url, split_url
 from scheduler.errors import ValidationError
@@ -186,6 +187,7 @@ class DeliverySpec:
                 raise ValidationError("header", "applies to --url targets only")
         else:
             split_url(self.url, "url")
+            _check_port(self.url)
             if self.method not in METHODS:
                 raise ValidationError("method", f"must be one of {', '.join(METHODS)}", self.method)
             _check_timeout(self.timeout_s)
@@ -327,6 +329,13 @@ def validate_queue(queue: Any) -> str:
     if not isinstance(queue, str) or not _QUEUE_RE.fullmatch(queue):
         raise ValidationError("queue", "must be 1-100 characters of letters, digits and . _ -", queue)
     return queue
+
+
+def _check_port(url: str) -> None:
+    """Refuse an explicit port 0 (``http://host:0/``; :func:`~scheduler.delivery.ssrf.split_url`
+    has already refused a malformed port or one above 65535). Raises ValidationError (field ``url``)."""
+    if urlsplit(url).port == 0:
+        raise ValidationError("url", "port must be 1-65535", url)
 
 
 def _method(value: Any) -> str:

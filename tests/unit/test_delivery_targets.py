@@ -149,10 +149,17 @@ def test_max_age_forms(text, seconds) -> None:
             "url: must not carry user:password (send credentials as a header) (got '93.184.216.34')",
         ),
         ({"url": "https:///path"}, "url: must name a host (got 'https:///path')"),
+        ({"url": "http://example.com:0/"}, "url: port must be 1-65535 (got 'http://example.com:0/')"),
+        ({"url": "https://[2606:2800::1]:00/x"}, "url: port must be 1-65535 (got 'https://[2606:2800::1]:00/x')"),
     ],
 )
 def test_target_rules(kwargs, message) -> None:
     assert refused(**kwargs) == message
+
+
+def test_ports_1_and_65535_are_accepted() -> None:
+    assert DeliverySpec.build(url="http://93.184.216.34:1/").target_text() == "POST http://93.184.216.34:1"
+    assert DeliverySpec.build(url="http://93.184.216.34:65535/").target_text() == "POST http://93.184.216.34:65535"
 
 
 def test_queue_limits_accepted() -> None:
