@@ -559,7 +559,10 @@ def push_allow_option(func: Callable) -> Callable:
         default="",
         help="Networks a --url target may reach beyond the public internet (the node setting "
         "push_allow), e.g. 10.0.0.0/8,127.0.0.1/32; without it, a URL whose host resolves to a "
-        "loopback, private, link-local or metadata address is refused.",
+        "loopback, private, link-local or metadata address is refused. This checks the URL when "
+        "the job is saved only: the node checks it again at connect time with its own push_allow, "
+        "so start the nodes with the same allowlist, else every attempt fails, not retried "
+        "('ssrf refused').",
     )(func)
 
 
@@ -604,9 +607,9 @@ def _delivery_options(func: Callable) -> Callable:
         ),
         click.option(
             "--method",
-            type=click.Choice(t.METHODS, case_sensitive=False),
+            metavar=f"[{'|'.join(t.METHODS)}]",
             default=None,
-            help=f"HTTP method of a --url target  [default: {t.DEFAULT_METHOD}].",
+            help=f"HTTP method of a --url target, in any case  [default: {t.DEFAULT_METHOD}].",
         ),
         click.option(
             "--header",
@@ -829,7 +832,8 @@ def jobs_import(
     name is new: the others are `unchanged` (same spec) or rejected (their
     name's job has another spec; delete it first). Invalid lines are
     reported (line, expression, reason) and every valid line is imported.
-    Exit status 0 even with rejected lines.
+    Exit status 0 even with rejected lines (count them in the summary line or
+    --json); 2 only when the file itself is unusable (unreadable, no expr column).
 
     Optional delivery columns, named as the `jobs add` options (an empty
     cell is the default): queue, url, method, headers ('Name: value' lines

@@ -143,6 +143,16 @@ def test_add_stores_each_option_exactly(pg_dsn, conn, args, queue, overlap, row)
     assert conn.execute("SELECT count(*) AS c FROM job_delivery").fetchone()["c"] == (row is not None)
 
 
+def test_method_is_post_or_put_in_any_case_and_help_says_so(pg_dsn, conn) -> None:
+    helped = run(["jobs", "add", "--help"])
+    assert "--method [POST|PUT]" in helped.stdout
+    assert "its own push_allow" in " ".join(helped.stdout.split())
+    mixed = add(pg_dsn, "--url", PUBLIC, "--method", "Put")
+    assert (mixed.exit_code, mixed.stderr) == (0, "")
+    assert delivery_row(conn, uuid.UUID(mixed.stdout.strip()))["method"] == "PUT"
+    one_line_error(add(pg_dsn, "--url", PUBLIC, "--method", "get"), 2, "error: method: must be one of POST, PUT (got 'get')")
+
+
 def test_add_payload_from_a_file_and_from_stdin(pg_dsn, conn, tmp_path) -> None:
     path = tmp_path / "payload.json"
     path.write_bytes(b'\xef\xbb\xbf{\n  "report": "daily",\n  "to": ["a@example.com"]\n}\n')
@@ -408,7 +418,7 @@ def test_import_reads_the_delivery_columns(pg_dsn, conn, tmp_path) -> None:
         encoding="utf-8",
     )
     result = run(["jobs", "import", str(path), "--tenant", "acme", "--name-column", "job"], pg_dsn)
-    assert result.stdout == "3 created, 0 unchanged, 4 rejected\n"
+    assert (result.exit_code, result.stdout) == (0, "3 created, 0 unchanged, 4 rejected\n")  # rejected lines: still 0
     assert result.stderr.splitlines() == [
         f"{path}:6: '0 4 * * *': header: applies to --url targets only",
         f"{path}:7: '0 5 * * *': {SSRF} (got '10.0.0.1 -> 10.0.0.1')",
