@@ -150,7 +150,9 @@ def test_method_is_post_or_put_in_any_case_and_help_says_so(pg_dsn, conn) -> Non
     mixed = add(pg_dsn, "--url", PUBLIC, "--method", "Put")
     assert (mixed.exit_code, mixed.stderr) == (0, "")
     assert delivery_row(conn, uuid.UUID(mixed.stdout.strip()))["method"] == "PUT"
-    one_line_error(add(pg_dsn, "--url", PUBLIC, "--method", "get"), 2, "error: method: must be one of POST, PUT (got 'get')")
+    one_line_error(
+        add(pg_dsn, "--url", PUBLIC, "--method", "get"), 2, "error: method: must be one of POST, PUT (got 'get')"
+    )
 
 
 def test_add_payload_from_a_file_and_from_stdin(pg_dsn, conn, tmp_path) -> None:

@@ -572,7 +572,10 @@ def test_sigterm_lets_a_handler_that_finishes_within_the_deadline_ack(conn, pg_d
     ("handler", "message"),
     [
         ("handlers", "error: handler: must be package.module:function (a Python import path) (got 'handlers')"),
-        ("no_such_module:f", "error: handler: cannot import module 'no_such_module' (No module named 'no_such_module')\n"),
+        (
+            "no_such_module:f",
+            "error: handler: cannot import module 'no_such_module' (No module named 'no_such_module')\n",
+        ),
         ("handlers:missing", "error: handler: module 'handlers' has no attribute 'missing'"),
         ("handlers:NOT_CALLABLE", "error: handler: handlers:NOT_CALLABLE must be callable (a function taking a Run)"),
     ],
