@@ -494,17 +494,17 @@ def tenants_secret_rotate(dsn: str, tenant: str, grace: str, as_json: bool) -> N
     keeps working while it is switched to the new one within the grace.
     """
     from scheduler.delivery import tenant_secrets
-    from scheduler.retention import parse_duration
 
-    grace_s = 0.0 if grace.strip() in ("0", "0s") else parse_duration(grace, "grace")
+    grace_s = tenant_secrets.parse_grace(grace)
     with open_store(dsn) as conn:
         secret_id, secret, created_at = tenant_secrets.rotate(conn, tenant, grace_s)
     if as_json:
         _echo_json({"tenant": tenant, "secret_id": secret_id, "secret": secret, "created_at": created_at})
     else:
         click.echo(secret)
+        previous = "stop being valid now" if grace_s == 0 else f"valid for {grace.strip()} more"
         click.echo(
-            f"secret {secret_id} of tenant {tenant} created; previous secrets valid for {grace} more. "
+            f"secret {secret_id} of tenant {tenant} created; previous secrets {previous}. "
             "Store it now: it is not shown again.",
             err=True,
         )
@@ -560,7 +560,10 @@ def push_allow_option(func: Callable) -> Callable:
         default="",
         help="Networks a --url target may reach beyond the public internet (the node setting "
         "push_allow), e.g. 10.0.0.0/8,127.0.0.1/32; without it, a URL whose host resolves to a "
-        "loopback, private, link-local or metadata address is refused.",
+        "loopback, private, link-local or metadata address is refused. This checks the URL when "
+        "the job is saved only: the node checks it again at connect time with its own push_allow, "
+        "so start the nodes with the same allowlist, else every attempt fails, not retried "
+        "('ssrf refused').",
     )(func)
 
 
@@ -605,9 +608,9 @@ def _delivery_options(func: Callable) -> Callable:
         ),
         click.option(
             "--method",
-            type=click.Choice(t.METHODS, case_sensitive=False),
+            metavar=f"[{'|'.join(t.METHODS)}]",
             default=None,
-            help=f"HTTP method of a --url target  [default: {t.DEFAULT_METHOD}].",
+            help=f"HTTP method of a --url target, in any case  [default: {t.DEFAULT_METHOD}].",
         ),
         click.option(
             "--header",
@@ -830,7 +833,8 @@ def jobs_import(
     name is new: the others are `unchanged` (same spec) or rejected (their
     name's job has another spec; delete it first). Invalid lines are
     reported (line, expression, reason) and every valid line is imported.
-    Exit status 0 even with rejected lines.
+    Exit status 0 even with rejected lines (count them in the summary line or
+    --json); 2 only when the file itself is unusable (unreadable, no expr column).
 
     Optional delivery columns, named as the `jobs add` options (an empty
     cell is the default): queue, url, method, headers ('Name: value' lines
@@ -1339,7 +1343,7 @@ def runs_redrive(
         return
     for line in done:
         click.echo(line)
-    click.echo(f"redrove {len(done)} runs", err=True)
+    click.echo(f"redrove {len(done)} run{'' if len(done) == 1 else 's'}", err=True)
 
 
 @runs.command("prune")

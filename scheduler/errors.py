@@ -9,6 +9,8 @@ from`` so the driver's cause stays attached.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 ECHO_MAX_CHARS = 80
 """Longest input echoed whole in an error message; longer ones are cut (:func:`clip`)."""
 
@@ -17,9 +19,16 @@ def clip(value: object, limit: int = ECHO_MAX_CHARS) -> str:
     """``repr(value)`` for an error message, a string cut to ``limit`` characters.
 
     A string longer than ``limit`` becomes its first ``limit`` characters, an
-    ellipsis and its length: ``'1111…' (10000 characters)``; other values are
-    ``repr``'d (an ``int`` in full: integers are never rounded through float).
+    ellipsis and its length: ``'1111…' (10000 characters)``; a ``datetime`` is
+    its ISO 8601 text (an aware one in UTC with ``Z``, as
+    :func:`scheduler.schedule.format_instant` prints it:
+    ``2030-01-01T00:00:00Z``), never its repr; other values are ``repr``'d
+    (an ``int`` in full: integers are never rounded through float).
     """
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            return value.isoformat()
+        return value.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
     if isinstance(value, str) and len(value) > limit:
         head = repr(value[:limit])
         return f"{head[:-1]}…{head[-1]} ({len(value)} characters)"

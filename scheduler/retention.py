@@ -79,19 +79,25 @@ _UNITS = {"d": 86_400, "h": 3_600, "m": 60, "s": 1}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
 
 
+def duration_seconds(text: str) -> float | None:
+    """Seconds in ``text`` (``7d``, ``12h``, ``30m``, ``45s``, ``1d12h`` or plain seconds,
+    any sign or size), or ``None`` if it is not such a duration. Range checks are the caller's."""
+    value = str(text).strip().lower()
+    try:
+        return float(value)
+    except ValueError:
+        if value and _DURATION.sub("", value) == "":
+            return sum(float(n) * _UNITS[unit] for n, unit in _DURATION.findall(value))
+    return None
+
+
 def parse_duration(text: str, field: str = "older_than") -> float:
     """Seconds in ``text``: ``7d``, ``12h``, ``30m``, ``45s``, ``1d12h`` or plain seconds (``3600``).
 
     Raises :class:`ValidationError` (naming ``field``) unless the result is a
     number of seconds > 0 and at most :data:`MAX_RETENTION_S` (100 years).
     """
-    value = str(text).strip().lower()
-    seconds: float | None = None
-    try:
-        seconds = float(value)
-    except ValueError:
-        if value and _DURATION.sub("", value) == "":
-            seconds = sum(float(n) * _UNITS[unit] for n, unit in _DURATION.findall(value))
+    seconds = duration_seconds(text)
     if seconds is None or not 0 < seconds < float("inf"):
         raise ValidationError(field, "must be a duration > 0 such as 7d, 12h, 30m, 45s or seconds", text)
     if seconds > MAX_RETENTION_S:

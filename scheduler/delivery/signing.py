@@ -87,21 +87,29 @@ def parse(header: str) -> tuple[int, list[str]]:
 
 def verify(
     header: str | None,
-    body: bytes,
+    body: bytes | bytearray | str,
     secrets: Sequence[str],
     tolerance_s: float = TOLERANCE_S,
     now: float | None = None,
 ) -> int:
     """Check a received request's ``Scheduler-Signature`` header; return its ``t`` (Unix seconds).
 
-    ``body`` is the raw request body (bytes, as received, before any JSON
-    decoding); ``secrets`` the receiver's secrets for the tenant (any
+    ``body`` is the raw request body as received, before any JSON
+    decoding: bytes (or a bytearray), or a str, which is encoded as UTF-8
+    (the engine's bodies are UTF-8 JSON, so a framework's decoded text gives
+    the same bytes back); any other type raises TypeError. ``secrets`` the receiver's secrets for the tenant (any
     number, e.g. old and new during a rotation); ``now`` the receiver's Unix
     time in seconds (default ``time.time()``). Raises SignatureError when the
     header is missing or malformed, when ``|now − t| > tolerance_s`` (a
     replay or a skewed clock), or when no ``v1`` matches any secret. Every
     comparison is constant-time (:func:`hmac.compare_digest`).
     """
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    elif isinstance(body, bytearray):
+        body = bytes(body)
+    elif not isinstance(body, bytes):
+        raise TypeError(f"verify: body must be the raw request body, bytes or str (got {type(body).__name__})")
     if not header:
         raise SignatureError(f"{HEADER} header missing")
     timestamp, found = parse(header)

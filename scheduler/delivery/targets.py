@@ -22,7 +22,7 @@ not the default (:meth:`DeliverySpec.delivery_row`). Delivery is not part
 of a job's schedule identity (:mod:`scheduler.identity`).
 
 Validation is static here (:meth:`DeliverySpec.validated`: every rule but
-where a URL's host resolves); the SSRF rule that resolves the host
+where a URL's host resolves; an explicit port must be 1-65535); the SSRF rule that resolves the host
 (:func:`scheduler.delivery.ssrf.check_url`) runs when the job is saved
 (:func:`check_targets`, called by every write path of
 :mod:`scheduler.jobs`). Every refusal is a
@@ -40,6 +40,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
+from urllib.parse import urlsplit
 
 from scheduler.delivery.ssrf import AddressPolicy, check_url, split_url
 from scheduler.errors import ValidationError
@@ -169,6 +170,8 @@ class DeliverySpec:
             max_age_s=None if max_age_s is None else parse_max_age(max_age_s),
             overlap=DEFAULT_OVERLAP if overlap is None else overlap,
         )
+        if spec.backoff_base_s > spec.backoff_cap_s:  # echo the base as given, not as parsed
+            raise _base_above_cap(spec.backoff_cap_s, spec.backoff_base_s if backoff_base_s is None else backoff_base_s)
         return spec.validated()
 
     def validated(self) -> DeliverySpec:
@@ -184,6 +187,7 @@ class DeliverySpec:
                 raise ValidationError("header", "applies to --url targets only")
         else:
             split_url(self.url, "url")
+            _check_port(self.url)
             if self.method not in METHODS:
                 raise ValidationError("method", f"must be one of {', '.join(METHODS)}", self.method)
             _check_timeout(self.timeout_s)
@@ -194,9 +198,7 @@ class DeliverySpec:
         for field, value in (("backoff_base", self.backoff_base_s), ("backoff_cap", self.backoff_cap_s)):
             _check_backoff(field, value)
         if self.backoff_base_s > self.backoff_cap_s:
-            raise ValidationError(
-                "backoff_base", f"must not exceed backoff_cap ({_num(self.backoff_cap_s)} s)", self.backoff_base_s
-            )
+            raise _base_above_cap(self.backoff_cap_s, self.backoff_base_s)
         if self.max_age_s is not None:
             parse_max_age(self.max_age_s)
         if self.overlap not in OVERLAP_POLICIES:
@@ -329,6 +331,13 @@ def validate_queue(queue: Any) -> str:
     return queue
 
 
+def _check_port(url: str) -> None:
+    """Refuse an explicit port 0 (``http://host:0/``; :func:`~scheduler.delivery.ssrf.split_url`
+    has already refused a malformed port or one above 65535). Raises ValidationError (field ``url``)."""
+    if urlsplit(url).port == 0:
+        raise ValidationError("url", "port must be 1-65535", url)
+
+
 def _method(value: Any) -> str:
     text = value.strip().upper() if isinstance(value, str) else value
     if text not in METHODS:
@@ -447,6 +456,10 @@ def _check_backoff(field: str, number: Any, given: Any = None) -> None:
         raise ValidationError(field, _BACKOFF_RULE, number if given is None else given)
 
 
+def _base_above_cap(cap_s: float, given: Any) -> ValidationError:
+    return ValidationError("backoff_base", f"must not exceed backoff_cap ({_num(cap_s)} s)", given)
+
+
 _MAX_AGE_RULE = (
     f"must be a duration from 1 second to 30 days ({MAX_AGE_S} s): whole seconds, "
     "or e.g. 90m, 12h, 7d, 1d12h (ASCII digits)"
@@ -476,6 +489,16 @@ def _refuse_constant(name: str) -> Any:
     raise ValidationError("payload", "must be valid JSON (NaN and Infinity are not JSON)", name)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object of a payload; a key given twice is refused (JSON would silently keep the last)."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValidationError("payload", "must not give an object key twice", key)
+        obj[key] = value
+    return obj
+
+
 def _finite_float(text: str) -> float:
     number = float(text)
     if not math.isfinite(number):
@@ -489,7 +512,8 @@ def parse_payload(payload: str | bytes) -> str | None:
 
     Rules (field ``payload``): UTF-8 text of at most
     :data:`MAX_PAYLOAD_INPUT_BYTES`; valid JSON (no NaN/Infinity, numbers
-    finite as doubles); arrays and objects nested at most
+    finite as doubles); no object giving a key twice, at any level (the
+    message echoes the key); arrays and objects nested at most
     :data:`MAX_PAYLOAD_DEPTH` deep; no ``\\u0000`` and no unpaired surrogate
     in a string (the store cannot keep them); at most
     :data:`MAX_PAYLOAD_BYTES` (64 kB) in the compact UTF-8 encoding — the
@@ -507,7 +531,9 @@ def parse_payload(payload: str | bytes) -> str | None:
     if len(payload) > MAX_PAYLOAD_INPUT_BYTES:
         raise _input_too_large(len(payload))
     try:
-        value = json.loads(payload, parse_constant=_refuse_constant, parse_float=_finite_float)
+        value = json.loads(
+            payload, parse_constant=_refuse_constant, parse_float=_finite_float, object_pairs_hook=_unique_keys
+        )
     except json.JSONDecodeError as exc:
         raise ValidationError(
             "payload", f"must be valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"

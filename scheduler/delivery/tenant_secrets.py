@@ -50,6 +50,23 @@ def new_secret() -> str:
     return PREFIX + _random.token_urlsafe(32)
 
 
+_GRACE_RULE = f"must be a duration >= 0 such as 24h, 30m, 0 or seconds, at most {int(MAX_GRACE_S // 86_400)}d"
+
+
+def parse_grace(text: str) -> float:
+    """Seconds of a rotation's grace typed as ``24h``, ``30m``, ``1d``, ``0`` or plain
+    seconds (:func:`scheduler.retention.duration_seconds`), from 0 to :data:`MAX_GRACE_S`.
+    Raises ValidationError (field ``grace``) echoing ``text`` as typed."""
+    from scheduler.retention import duration_seconds
+
+    seconds = duration_seconds(text)
+    if seconds is None or not math.isfinite(seconds) or not 0 <= seconds:
+        raise ValidationError("grace", _GRACE_RULE, text)
+    if seconds > MAX_GRACE_S:
+        raise ValidationError("grace", f"must be from 0 to {int(MAX_GRACE_S // 86_400)}d", text)
+    return seconds
+
+
 def check_grace(grace_s: float) -> float:
     """``grace_s`` if it is a number of seconds from 0 to :data:`MAX_GRACE_S`; raises ValidationError (``grace``)."""
     if isinstance(grace_s, bool) or not isinstance(grace_s, (int, float)) or not math.isfinite(grace_s):

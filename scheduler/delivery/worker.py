@@ -43,6 +43,9 @@ thread so a slow statement on one never delays the others):
   refuses this worker's late heartbeat or ack (``lost``). An ack that reaches
   the store after the lease expired but before anyone settled or re-claimed
   the run still counts (the token still holds it).
+* **handler failures**: a handler that raises is nacked and logged once
+  (WARNING ``handler_failed``: run id, attempt, exception type and the first
+  line of its message cut to :data:`HANDLER_ERROR_LOG_CHARS`; never the payload).
 * **ack/nack**: results are batched: flushed every ``flush_interval_s``
   (25 ms) or as soon as ``batch`` are waiting, one
   :func:`~scheduler.delivery.lifecycle.ack` and one
@@ -125,6 +128,8 @@ MAX_TENANTS = 1000
 MAX_BATCH = lifecycle.MAX_BATCH
 ERROR_MAX_CHARS = 2000
 """A nack's error text (exception type and message) is cut to this many characters."""
+HANDLER_ERROR_LOG_CHARS = 200
+"""The ``handler_failed`` log event carries the first line of the error cut to this many characters."""
 STOP_ERROR = "worker stopped: handler still running at the stop deadline"
 
 STORE_ERRORS = (psycopg.Error, StoreError, OSError)
@@ -215,9 +220,7 @@ def load_handler(spec: str) -> Callable[[Run], Any]:
     try:
         target: Any = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 (any import failure is the user's module's)
-        raise ValidationError(
-            "handler", f"cannot import module {module_name!r}: {type(exc).__name__}: {clip(exc, 200)}"
-        ) from exc
+        raise ValidationError("handler", f"cannot import module {module_name!r} ({_import_failure(exc)})") from exc
     for part in names:
         try:
             target = getattr(target, part)
@@ -226,6 +229,15 @@ def load_handler(spec: str) -> Callable[[Run], Any]:
     if not callable(target):
         raise ValidationError("handler", f"{spec} must be callable (a function taking a Run)")
     return target
+
+
+def _import_failure(exc: BaseException) -> str:
+    """One line saying why an import failed: an ImportError's own message (it
+    names the module), any other error as ``Type: first line``, cut to 200 characters."""
+    text = _first_line(exc, HANDLER_ERROR_LOG_CHARS)
+    if isinstance(exc, ImportError) and text:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _is_async(handler: Callable[..., Any]) -> bool:
@@ -690,6 +702,15 @@ class Worker:
             if len(self._acks) >= self.batch:
                 self._flush_now.set()
         else:
+            log.event(
+                "handler_failed",
+                logging.WARNING,
+                worker=self.worker_id,
+                run_id=f.run_id,
+                attempt=f.run.attempt,
+                error_type=type(error).__name__,
+                error=_first_line(error, HANDLER_ERROR_LOG_CHARS),
+            )
             self._queue_nack(f, _nack_of(f, error))
 
     def _queue_nack(self, f: _InFlight, nack: lifecycle.Nack) -> None:
@@ -805,6 +826,13 @@ class Worker:
                     self._abandon(f, "canceled", "the run was canceled")
                 else:
                     self._abandon(f, "lost", f"heartbeat answered {answer!r}: another attempt holds the run")
+
+
+def _first_line(error: BaseException, limit: int) -> str:
+    """The first line of ``str(error)``, secrets redacted, cut to ``limit`` characters (an ellipsis marks a cut)."""
+    lines = log.redact(str(error)).strip().splitlines()
+    text = lines[0] if lines else ""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _nack_of(f: _InFlight, error: BaseException) -> lifecycle.Nack:

@@ -143,6 +143,18 @@ def test_add_stores_each_option_exactly(pg_dsn, conn, args, queue, overlap, row)
     assert conn.execute("SELECT count(*) AS c FROM job_delivery").fetchone()["c"] == (row is not None)
 
 
+def test_method_is_post_or_put_in_any_case_and_help_says_so(pg_dsn, conn) -> None:
+    helped = run(["jobs", "add", "--help"])
+    assert "--method [POST|PUT]" in helped.stdout
+    assert "its own push_allow" in " ".join(helped.stdout.split())
+    mixed = add(pg_dsn, "--url", PUBLIC, "--method", "Put")
+    assert (mixed.exit_code, mixed.stderr) == (0, "")
+    assert delivery_row(conn, uuid.UUID(mixed.stdout.strip()))["method"] == "PUT"
+    one_line_error(
+        add(pg_dsn, "--url", PUBLIC, "--method", "get"), 2, "error: method: must be one of POST, PUT (got 'get')"
+    )
+
+
 def test_add_payload_from_a_file_and_from_stdin(pg_dsn, conn, tmp_path) -> None:
     path = tmp_path / "payload.json"
     path.write_bytes(b'\xef\xbb\xbf{\n  "report": "daily",\n  "to": ["a@example.com"]\n}\n')
@@ -195,6 +207,7 @@ def test_payload_over_64_kb_is_refused_with_its_size_and_nothing_written(pg_dsn,
         ),
         (["--payload", "[" * 10_000], "error: payload: must nest arrays and objects at most 64 deep"),
         (["--payload", "NaN"], "error: payload: must be valid JSON (NaN and Infinity are not JSON) (got 'NaN')"),
+        (["--payload", '{"a":1,"a":2}'], "error: payload: must not give an object key twice (got 'a')"),
         (["--payload", "[1]", "--payload-file", "-"], "error: payload: give --payload or --payload-file, not both"),
         (["--queue", "q", "--url", PUBLIC], "error: target: give either --queue or --url, not both"),
         (
@@ -214,7 +227,7 @@ def test_payload_over_64_kb_is_refused_with_its_size_and_nothing_written(pg_dsn,
             ["--url", PUBLIC, "--timeout-s", "nan"],
             "error: timeout: must be a number of seconds above 0 and at most 300, in ASCII digits (got 'nan')",
         ),
-        (["--backoff-base-s", "400"], "error: backoff_base: must not exceed backoff_cap (300 s) (got 400.0)"),
+        (["--backoff-base-s", "400"], "error: backoff_base: must not exceed backoff_cap (300 s) (got '400')"),
         (
             ["--max-age-s", "31d"],
             "error: max_age: must be a duration from 1 second to 30 days (2592000 s): whole seconds, "
@@ -402,15 +415,17 @@ def test_import_reads_the_delivery_columns(pg_dsn, conn, tmp_path) -> None:
         f'0 3 * * *,unix5,,push,,{PUBLIC},PUT,"Authorization: Bearer s3cret\nX-Team: blue",2.5,[1],,0.5,60,2h,\n'
         "0 4 * * *,unix5,,badheader,,,,X: y,,,,,,,\n"
         "0 5 * * *,unix5,,inside,,http://10.0.0.1/,,,,,,,,,\n"
-        '0 6 * * *,unix5,,bigpayload,,,,,,"""' + "x" * 70_000 + '""",,,,,\n',
+        '0 6 * * *,unix5,,bigpayload,,,,,,"""' + "x" * 70_000 + '""",,,,,\n'
+        '0 7 * * *,unix5,,dupkey,,,,,,"{""a"": {""b"": 1, ""b"": 2}}",,,,,\n',
         encoding="utf-8",
     )
     result = run(["jobs", "import", str(path), "--tenant", "acme", "--name-column", "job"], pg_dsn)
-    assert result.stdout == "3 created, 0 unchanged, 3 rejected\n"
+    assert (result.exit_code, result.stdout) == (0, "3 created, 0 unchanged, 4 rejected\n")  # rejected lines: still 0
     assert result.stderr.splitlines() == [
         f"{path}:6: '0 4 * * *': header: applies to --url targets only",
         f"{path}:7: '0 5 * * *': {SSRF} (got '10.0.0.1 -> 10.0.0.1')",
         f"{path}:8: '0 6 * * *': payload: is 70,002 bytes as compact UTF-8 JSON; the limit is 65,536 bytes (64 kB)",
+        f"{path}:9: '0 7 * * *': payload: must not give an object key twice (got 'b')",
     ]
     rows = {
         r["name"]: r for r in conn.execute("SELECT name, job_id, queue, overlap FROM jobs ORDER BY name").fetchall()
@@ -437,7 +452,7 @@ def test_import_reads_the_delivery_columns(pg_dsn, conn, tmp_path) -> None:
 
     before = tables(conn)
     again = run(["jobs", "import", str(path), "--tenant", "acme", "--name-column", "job"], pg_dsn)
-    assert again.stdout == "0 created, 3 unchanged, 3 rejected\n"
+    assert again.stdout == "0 created, 3 unchanged, 4 rejected\n"
     assert tables(conn) == before
 
     # A changed payload is a conflict (rejected, nothing replaced); push_allow admits the private URL.
@@ -449,7 +464,7 @@ def test_import_reads_the_delivery_columns(pg_dsn, conn, tmp_path) -> None:
         ["jobs", "import", str(path), "--tenant", "acme", "--name-column", "job", "--push-allow", "10.0.0.0/8"],
         pg_dsn,
     )
-    assert changed.stdout == "1 created, 2 unchanged, 3 rejected\n"
+    assert changed.stdout == "1 created, 2 unchanged, 4 rejected\n"
     assert changed.stderr.splitlines()[0] == (
         f"{path}:3: '0 2 * * *': name: job 'mail' of tenant 'acme' already exists with a different spec "
         f"(id {rows['mail']['job_id']})"

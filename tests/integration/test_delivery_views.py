@@ -123,7 +123,7 @@ def test_redrive_one_dead_run(pg_dsn, conn) -> None:
     insert_run(conn, job, T0 + 60 * S, state="dead", attempt=5, last_error="untouched")
     before = store_now(conn)
     result = run(["runs", "redrive", rid(job, T0)], pg_dsn)
-    assert (result.exit_code, result.stdout, result.stderr) == (0, rid(job, T0) + "\n", "redrove 1 runs\n")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, rid(job, T0) + "\n", "redrove 1 run\n")
     after = store_now(conn)
     row = run_row(conn, job, T0)
     assert before <= row.pop("available_at") <= after

@@ -493,10 +493,34 @@ def test_secret_rotate_prints_the_secret_once_to_stdout_and_list_never_shows_it(
         assert old not in text and new not in text
 
 
+def test_secret_rotate_with_grace_0_says_the_previous_secrets_end_now(pg_dsn, conn) -> None:
+    jobs.add_tenant(conn, "acme", 1, None)
+    first = cli(["tenants", "secret", "rotate", "acme", "--grace", "0"], pg_dsn)
+    second = cli(["tenants", "secret", "rotate", "acme", "--grace", "0s"], pg_dsn)
+    timed = cli(["tenants", "secret", "rotate", "acme", "--grace", "90m"], pg_dsn)
+    assert (first.exit_code, second.exit_code, timed.exit_code) == (0, 0, 0)
+    assert second.stderr == (
+        "secret 2 of tenant acme created; previous secrets stop being valid now. Store it now: it is not shown again.\n"
+    )
+    assert timed.stderr == (
+        "secret 3 of tenant acme created; previous secrets valid for 90m more. Store it now: it is not shown again.\n"
+    )
+    valid = conn.execute("SELECT secret_id FROM tenant_secrets WHERE expires_at IS NULL OR expires_at > now()")
+    assert [r["secret_id"] for r in valid.fetchall()] == [2, 3]
+
+
+GRACE_RULE = "must be a duration >= 0 such as 24h, 30m, 0 or seconds, at most 30d"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["tenants", "secret", "rotate", "acme", "--grace", "31d"], "error: grace: must be from 0 to 30d"),
+        (["tenants", "secret", "rotate", "acme", "--grace", "-1s"], f"error: grace: {GRACE_RULE} (got '-1s')\n"),
+        (["tenants", "secret", "rotate", "acme", "--grace", "-1"], f"error: grace: {GRACE_RULE} (got '-1')\n"),
+        (
+            ["tenants", "secret", "rotate", "acme", "--grace", "31d"],
+            "error: grace: must be from 0 to 30d (got '31d')\n",
+        ),
         (["tenants", "secret", "rotate", "acme", "--grace", "soon"], "error: grace: must be a duration"),
         (["tenants", "secret", "rotate", "nobody"], "error: tenant: no tenant 'nobody'"),
         (["tenants", "secret", "list", "nobody"], "error: tenant: no tenant 'nobody'"),

@@ -149,10 +149,17 @@ def test_max_age_forms(text, seconds) -> None:
             "url: must not carry user:password (send credentials as a header) (got '93.184.216.34')",
         ),
         ({"url": "https:///path"}, "url: must name a host (got 'https:///path')"),
+        ({"url": "http://example.com:0/"}, "url: port must be 1-65535 (got 'http://example.com:0/')"),
+        ({"url": "https://[2606:2800::1]:00/x"}, "url: port must be 1-65535 (got 'https://[2606:2800::1]:00/x')"),
     ],
 )
 def test_target_rules(kwargs, message) -> None:
     assert refused(**kwargs) == message
+
+
+def test_ports_1_and_65535_are_accepted() -> None:
+    assert DeliverySpec.build(url="http://93.184.216.34:1/").target_text() == "POST http://93.184.216.34:1"
+    assert DeliverySpec.build(url="http://93.184.216.34:65535/").target_text() == "POST http://93.184.216.34:65535"
 
 
 def test_queue_limits_accepted() -> None:
@@ -253,8 +260,8 @@ MAX_AGE = (
         ({"backoff_base_s": "NaN"}, f"backoff_base: {BACKOFF} (got 'NaN')"),
         ({"backoff_cap_s": "86400.5"}, f"backoff_cap: {BACKOFF} (got '86400.5')"),
         ({"backoff_cap_s": "-0"}, f"backoff_cap: {BACKOFF} (got '-0')"),
-        ({"backoff_base_s": "10", "backoff_cap_s": "5"}, "backoff_base: must not exceed backoff_cap (5 s) (got 10.0)"),
-        ({"backoff_base_s": "301"}, "backoff_base: must not exceed backoff_cap (300 s) (got 301.0)"),
+        ({"backoff_base_s": "10", "backoff_cap_s": "5"}, "backoff_base: must not exceed backoff_cap (5 s) (got '10')"),
+        ({"backoff_base_s": "301"}, "backoff_base: must not exceed backoff_cap (300 s) (got '301')"),
         ({"max_age_s": "0"}, f"{MAX_AGE} (got '0')"),
         ({"max_age_s": "0s"}, f"{MAX_AGE} (got '0s')"),
         ({"max_age_s": "31d"}, f"{MAX_AGE} (got '31d')"),
@@ -316,6 +323,9 @@ def test_number_bounds_accepted() -> None:
             "(and the compact JSON may be at most 65,536 bytes)",
         ),
         (12, "payload: must be JSON text (got 'int')"),
+        ('{"a":1,"a":2}', "payload: must not give an object key twice (got 'a')"),
+        ('[{"x":{"k":[{"b":1, "b":1}]}}]', "payload: must not give an object key twice (got 'b')"),
+        ('{"\\u00e9":1,"é":2}', "payload: must not give an object key twice (got 'é')"),
     ],
 )
 def test_payload_rules(payload, message) -> None:
@@ -344,6 +354,10 @@ def test_arguments_that_were_not_utf8_are_refused_in_one_line() -> None:
         "url: must be an http(s) URL of at most 2048 characters (got 'https://caf\\udce9.example/')"
     )
     assert refused(url=URL, headers=["X-A: caf\udce9"]) == f"header: value of X-A {VALUE_RULE}"
+
+
+def test_keys_differing_in_case_or_level_are_not_duplicates() -> None:
+    assert parse_payload('{"a":1,"A":2,"b":{"a":3}}') == '{"a":1,"A":2,"b":{"a":3}}'
 
 
 def test_payload_accepts_bytes_and_keeps_non_ascii() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta, timezone
+
 import pytest
 
 from scheduler.errors import ValidationError, clip
@@ -55,6 +57,17 @@ def test_clip() -> None:
     assert clip("x" * 81) == f"'{'x' * 80}…' (81 characters)"
     assert clip("it's" * 30) == '"' + ("it's" * 20) + '…" (120 characters)'
     assert clip(10**30) == "1" + "0" * 30
+
+
+def test_an_instant_is_echoed_as_iso_text_not_a_repr() -> None:
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+    assert str(ValidationError("until", "must be after --since", when)) == (
+        "until: must be after --since (got 2030-01-01T00:00:00Z)"
+    )
+    assert clip(datetime(2030, 1, 1, 1, 30, 0, 500, tzinfo=timezone(timedelta(hours=1)))) == (
+        "2030-01-01T00:30:00.000500Z"
+    )
+    assert clip(datetime(2030, 1, 1)) == "2030-01-01T00:00:00"
 
 
 def test_spec_api_refuses_an_option_the_policy_ignores_and_an_empty_zone() -> None:

@@ -33,6 +33,18 @@ def test_verify_accepts_any_listed_secret_within_the_tolerance() -> None:
     assert verify(header, BODY, ["whsec_new"], tolerance_s=10, now=T + 10) == T
 
 
+def test_verify_takes_the_body_as_bytes_or_as_str_encoded_utf8() -> None:
+    body = '{"name":"café"}'
+    header = sign(body.encode("utf-8"), ["whsec_a"], T)
+    assert verify(header, body, ["whsec_a"], now=T) == T
+    assert verify(header, body.encode("utf-8"), ["whsec_a"], now=T) == T
+    assert verify(header, bytearray(body.encode("utf-8")), ["whsec_a"], now=T) == T
+    with pytest.raises(SignatureError, match="no signature matches"):
+        verify(header, body + " ", ["whsec_a"], now=T)
+    with pytest.raises(TypeError, match=r"^verify: body must be the raw request body, bytes or str \(got dict\)$"):
+        verify(header, {"name": "café"}, ["whsec_a"], now=T)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("header", "body", "secrets", "now", "message"),
     [

@@ -3,6 +3,7 @@ loading ``package.module:function``, sync or async, and how a raised exception b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import uuid
@@ -41,12 +42,22 @@ def test_load_handler_imports_a_dotted_attribute_path() -> None:
         ("json:du mps", "handler: must be package.module:function (a Python import path) (got 'json:du mps')"),
         ("json:nope", "handler: module 'json' has no attribute 'nope'"),
         ("math:pi", "handler: math:pi must be callable (a function taking a Run)"),
+        ("nomodule:fn", "handler: cannot import module 'nomodule' (No module named 'nomodule')"),
+        ("json.nomodule:fn", "handler: cannot import module 'json.nomodule' (No module named 'json.nomodule')"),
     ],
 )
 def test_load_handler_refuses_with_one_line_naming_the_rule(spec: str, message: str) -> None:
     with pytest.raises(ValidationError) as caught:
         load_handler(spec)
     assert str(caught.value) == message
+
+
+def test_a_module_failing_at_import_is_named_with_the_error_type_once(tmp_path, monkeypatch) -> None:
+    (tmp_path / "broken_handlers.py").write_text("raise RuntimeError('no config\\nsecond line')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValidationError) as caught:
+        load_handler("broken_handlers:fn")
+    assert str(caught.value) == "handler: cannot import module 'broken_handlers' (RuntimeError: no config)"
 
 
 def test_sync_and_async_handlers_are_told_apart() -> None:
@@ -86,3 +97,36 @@ def test_a_retry_after_s_that_is_not_a_finite_number_of_seconds_is_ignored(value
 
 def test_an_error_text_is_cut_to_the_stored_length() -> None:
     assert len(worker._nack_of(in_flight(), RuntimeError("x" * 5000)).error or "") == worker.ERROR_MAX_CHARS
+
+
+def test_a_raising_handler_is_logged_once_as_a_warning_without_its_payload(caplog) -> None:
+    import asyncio
+    import logging
+
+    w = worker.Worker("postgresql://unused", "acme", handler=print, worker_id="w1")
+    w._wake, w._flush_now = asyncio.Event(), asyncio.Event()
+    plain = in_flight()
+    f = worker._InFlight(plain.claimed, dataclasses.replace(plain.run, payload={"card": "4111-PAYLOAD"}))
+    w._inflight[f.run_id], w._running = f, 1
+    caplog.set_level(logging.DEBUG, logger="scheduler")
+    w._finished(f, ValueError("bad " + "x" * 300 + "\nsecond line"))
+    failed = [r for r in caplog.records if getattr(r, "event", None) == "handler_failed"]
+    assert [(r.levelno, r.fields) for r in failed] == [
+        (
+            logging.WARNING,
+            {
+                "worker": "w1",
+                "run_id": f.run_id,
+                "attempt": 1,
+                "error_type": "ValueError",
+                "error": "bad " + "x" * (worker.HANDLER_ERROR_LOG_CHARS - 5) + "…",
+            },
+        )
+    ]
+    assert "PAYLOAD" not in caplog.text and "second line" not in caplog.text
+    assert [n.run_id for n in w._nacks] == [f.run_id]
+    g = in_flight()
+    w._inflight[g.run_id], w._running = g, 1
+    caplog.clear()
+    w._finished(g, None)
+    assert [r for r in caplog.records if getattr(r, "event", None) == "handler_failed"] == []
