@@ -258,7 +258,7 @@ class Firer:
             self._metrics.slots_replanned.inc(result.replanned)
         # Run-now requests, after the chunks: serialized with this node's firing
         # statements, so a manual and a scheduled run of a forbid job never both
-        # find "no unfinished run" (scheduler/delivery/manual.py).
+        # find "no unfinished run" (scheduler/delivery/owner.py).
         done = owner.fire_requests(
             self._connection("write0"), self._s.node_id, tick.firable, self._clock.store_now_or_none(), tick.epochs
         )
