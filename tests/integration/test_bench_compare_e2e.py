@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from bench.compare import Config, Work, add_ratios, run_one
 
 STEADY = Work("steady", 40, seconds=2)
@@ -29,7 +27,6 @@ def test_ours_e2e_hands_every_occurrence_to_a_worker_once(pg_dsn: str, tmp_path:
 
 
 def test_procrastinate_hands_every_occurrence_to_a_worker_once(pg_dsn: str, tmp_path: Path) -> None:
-    pytest.importorskip("procrastinate", reason="the compare extra is not installed")
     row = run_one(config(pg_dsn, tmp_path), "procrastinate", STEADY, 1)
     assert (row["stage"], row["note"]) == ("handed", None)
     assert (row["occurrences"], row["fired"], row["lost"], row["duplicates"]) == (80, 80, 0, 0)
