@@ -260,13 +260,12 @@ def claim_push(
     return [_claimed(row) for row in rows]
 
 
-def _key_arrays(pairs: Sequence[tuple[str | RunKey, uuid.UUID]]) -> dict[str, list[Any]]:
-    keys = [p if isinstance(p, RunKey) else RunKey.parse(p) for p, _ in pairs]
+def _key_arrays(keys: Sequence[RunKey], tokens: Sequence[Any]) -> dict[str, list[Any]]:
     return {
         "pids": [k.partition_id for k in keys],
         "jids": [k.job_id for k in keys],
         "nominals": [k.nominal_time for k in keys],
-        "tokens": [token if isinstance(token, uuid.UUID) else _token(token) for _, token in pairs],
+        "tokens": [token if isinstance(token, uuid.UUID) else _token(token) for token in tokens],
     }
 
 
@@ -284,10 +283,10 @@ def _answers(
         return {}
     if len(pairs) > MAX_BATCH:
         raise ValidationError("runs", f"at most {MAX_BATCH} runs per call", len(pairs))
-    arrays = _key_arrays(pairs)
-    ids = [p.run_id if isinstance(p, RunKey) else RunKey.parse(p).run_id for p, _ in pairs]
+    keys = [p if isinstance(p, RunKey) else RunKey.parse(p) for p, _ in pairs]  # each run id parsed once
+    arrays = _key_arrays(keys, [token for _, token in pairs])
     rows = store.run_transaction(conn, lambda c: store.execute(c, name, {**arrays, **params}))
-    return {ids[row["i"] - 1]: row["answer"] for row in rows}
+    return {keys[row["i"] - 1].run_id: row["answer"] for row in rows}
 
 
 def heartbeat(

@@ -1737,6 +1737,7 @@ FROM a
 ORDER BY a.i;
 
 -- name: settle_runs
+-- Only partitions with something to settle are fenced (locked): an idle pass locks none.
 -- The partition owner's settle step, fenced like fire_runs (the partitions
 -- rows locked FOR SHARE where owner %(node_id)s and epoch %(epochs)s[p + 1]
 -- are still ours): up to %(limit)s runs of the fenced partitions among
@@ -1759,6 +1760,9 @@ WITH fence AS (
     WHERE p.partition_id = ANY(%(pids)s::int4[])
       AND p.owner_node = %(node_id)s
       AND p.owner_epoch = (%(epochs)s::int8[])[p.partition_id + 1]
+      AND EXISTS (SELECT 1 FROM runs AS w
+                  WHERE w.partition_id = p.partition_id AND w.state IN ('leased', 'failed')
+                    AND w.leased_until <= coalesce(%(now)s::timestamptz, statement_timestamp()))
     FOR SHARE OF p
 ), due AS (
     SELECT r.partition_id, r.job_id, r.nominal_time, r.state AS was, r.attempt, r.lease_token,
@@ -1817,6 +1821,7 @@ SELECT * FROM settled;
 -- (runs.overlap is the policy copied at firing, NULL for allow).
 
 -- name: release_buffered_runs
+-- Only partitions holding a waiting run are fenced (locked): an idle pass locks none.
 -- The partition owner's release step (buffer_one), fenced like settle_runs:
 -- up to %(limit)s waiting runs (pending, available_at NULL) of the
 -- fenced partitions among %(pids)s whose job has no other unfinished run
@@ -1829,6 +1834,9 @@ WITH fence AS (
     WHERE p.partition_id = ANY(%(pids)s::int4[])
       AND p.owner_node = %(node_id)s
       AND p.owner_epoch = (%(epochs)s::int8[])[p.partition_id + 1]
+      AND EXISTS (SELECT 1 FROM runs AS w
+                  WHERE w.partition_id = p.partition_id AND w.overlap IS NOT NULL
+                    AND w.state = 'pending' AND w.available_at IS NULL)
     FOR SHARE OF p
 ), waiting AS (
     SELECT w.partition_id, w.job_id, w.nominal_time
@@ -1868,6 +1876,7 @@ SELECT * FROM run_requests
 WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s AND request_id = %(request_id)s;
 
 -- name: fire_run_requests
+-- Only partitions with an open request are fenced (locked): a tick without requests locks none.
 -- The partition owner's run-now step (the firing thread, after a tick's
 -- chunks: serialized with the node's firing statements), fenced like
 -- fire_runs (%(epochs)s[p + 1] of the partitions among %(pids)s). Takes the
@@ -1891,6 +1900,8 @@ WITH fence AS (
     WHERE p.partition_id = ANY(%(pids)s::int4[])
       AND p.owner_node = %(node_id)s
       AND p.owner_epoch = (%(epochs)s::int8[])[p.partition_id + 1]
+      AND EXISTS (SELECT 1 FROM run_requests AS o
+                  WHERE o.partition_id = p.partition_id AND o.done_at IS NULL)
     FOR SHARE OF p
 ), picked AS (
     SELECT DISTINCT ON (q.partition_id, q.job_id) q.partition_id, q.job_id, q.request_id, q.force
