@@ -22,7 +22,9 @@ Every function takes a connection, runs one transaction (retried whole on
 safe to repeat: a retry finds the work done, or answers it from the same
 token) and raises what the store raises. Batches are lists: a worker acks
 hundreds of runs in one statement (a transaction per ack would not reach
-12,000 runs/s on two cores). ``now`` (aware) is the store clock's pin in
+12,000 runs/s on two cores). A claim joins its picked runs to ``runs`` by
+primary-key probes only (:func:`scheduler.store.execute_probing`), so it
+costs the same whether ``runs`` holds a thousand pending runs or millions. ``now`` (aware) is the store clock's pin in
 tests; production passes None (the statement's timestamp).
 """
 
@@ -228,7 +230,7 @@ def claim(
         "lease_s": _check_lease(lease_s),
         "now": now,
     }
-    rows = store.run_transaction(conn, lambda c: store.execute(c, "claim_runs", params))
+    rows = store.run_transaction(conn, lambda c: store.execute_probing(c, "claim_runs", params))
     return [_claimed(row) for row in rows]
 
 
@@ -256,7 +258,7 @@ def claim_push(
         "margin_s": PUSH_LEASE_MARGIN_S,
         "now": now,
     }
-    rows = store.run_transaction(conn, lambda c: store.execute(c, "claim_push", params))
+    rows = store.run_transaction(conn, lambda c: store.execute_probing(c, "claim_push", params))
     return [_claimed(row) for row in rows]
 
 

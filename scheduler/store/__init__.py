@@ -13,7 +13,8 @@ modules:
   first use, reopened after a failure; its transactions retried).
 * :mod:`~scheduler.store.queries`: the named queries of
   ``scheduler/sql/queries.sql`` (:data:`QUERIES`) and how they run
-  (:func:`execute`, :func:`execute_rowcount`, :func:`stream`, :func:`now`).
+  (:func:`execute`, :func:`execute_probing`, :func:`execute_rowcount`,
+  :func:`stream`, :func:`now`).
 * :mod:`~scheduler.store.retry`: the 40001/40P01 retry of a whole
   transaction (:func:`run_transaction`, docs/design.md §7).
 * :mod:`~scheduler.store.pipeline`: a firing tick's write lanes in pipeline
@@ -55,6 +56,7 @@ from scheduler.store.queries import (
     FrozenArray,
     Row,
     execute,
+    execute_probing,
     execute_rowcount,
     execute_within,
     load_queries,
@@ -92,6 +94,7 @@ __all__ = [
     "connect",
     "dsn_secrets",
     "execute",
+    "execute_probing",
     "execute_rowcount",
     "execute_within",
     "first_line",

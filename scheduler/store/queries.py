@@ -92,6 +92,38 @@ def execute_within(
         return execute(conn, name, params)
 
 
+PROBE_JOINS_SQL = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; SET LOCAL enable_seqscan = off"
+"""What :func:`execute_probing` sends first on PostgreSQL (one round trip)."""
+
+
+def execute_probing(conn: psycopg.Connection[Any], name: str, params: dict[str, Any] | None = None) -> list[Row]:
+    """:func:`execute` inside the caller's transaction, ``runs`` reached by index probes only (PostgreSQL).
+
+    For a claim (``claim_runs``, ``claim_push``): it locks up to 1,000
+    picked runs, then updates them; the update must find each by one
+    primary-key probe, so a claim costs the same whatever ``runs`` holds.
+    PostgreSQL's planner, whose cost model assumes uncached random reads
+    (``random_page_cost`` 4), hashed the whole table instead whenever
+    ``runs`` held under ~300,000 rows, most of them pending (the minutes
+    after a herd): every claim then read every pending run, and the drain
+    slowed as its backlog grew (tests/integration/test_store_plans.py).
+    ``SET LOCAL`` turns hash joins, merge joins and sequential scans off for
+    the rest of the caller's transaction (its :func:`run_transaction` body),
+    which leaves the planner one sane plan: a nested loop from the picked
+    runs into ``runs_pkey``. Only for statements whose every table has the
+    index the probe needs, and where ``runs`` is not matched by a partial
+    index whose statistics may be stale (an ack's ``state = 'leased'``
+    matches ``runs_inflight_idx``: forced into nested loops, a stale
+    estimate of one leased run made it scan every leased run per acked
+    pair; acks therefore keep the planner's choice). CockroachDB (it
+    reports ``crdb_version`` at connect) has none of these settings and
+    plans such joins as lookup joins: nothing is sent there. Raises what
+    :func:`execute` raises."""
+    if not conn.info.parameter_status("crdb_version"):
+        conn.execute(PROBE_JOINS_SQL)
+    return execute(conn, name, params)
+
+
 @contextlib.contextmanager
 def stream(
     conn: psycopg.Connection[Any], name: str, params: dict[str, Any], size: int
