@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import http
 import logging
+import re
 from typing import Any
 
 import psycopg
@@ -116,10 +117,19 @@ def problem(
     ``field`` when given (a 401 has neither)."""
     body: dict[str, Any] = {"type": "about:blank", "title": title or _reason(status), "status": status}
     if detail:
-        body["detail"] = logmod.redact(detail)
+        body["detail"] = redact_tokens(logmod.redact(detail))
     if field:
         body["field"] = field
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+
+
+_TOKEN = re.compile(r"tk_[0-9a-fA-F]{16}_[A-Za-z0-9_-]*")
+
+
+def redact_tokens(text: str) -> str:
+    """``text`` with anything shaped like an API token (``tk_<16 hex>_...``) replaced by
+    ``tk_<redacted>``: an error that echoes input never echoes a key pasted into a field."""
+    return _TOKEN.sub("tk_<redacted>", text)
 
 
 def _loc_field(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -228,8 +238,15 @@ async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
     return problem(422, detail, field=field)
 
 
+FASTAPI_BODY_ERROR = "There was an error parsing the body"
+"""FastAPI's 400 for a body it could not decode (not UTF-8, nested too deep): answered as
+the 422 of any other body that is not JSON."""
+
+
 async def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and exc.detail == FASTAPI_BODY_ERROR:
+        return problem(422, "body: must be valid JSON (UTF-8)", field="body")
     detail = exc.detail if isinstance(exc.detail, str) and exc.detail != _reason(exc.status_code) else None
     if exc.status_code == 404 and detail is None:
         detail = f"path: no such resource {clip(request.url.path)}"
