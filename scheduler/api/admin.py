@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -229,7 +229,11 @@ def create_key(request: Request, _: Admin, body: KeyCreate) -> JSONResponse:
 
 
 @router.post("/v1/keys/{key_id}:revoke", response_model=Key, summary="Revoke a key")
-def revoke_key(request: Request, _: Admin, key_id: str) -> Key:
+def revoke_key(
+    request: Request,
+    _: Admin,
+    key_id: Annotated[str, Path(pattern="^[0-9a-f]{16}$", description="The key's id (tk_<key_id>_...).")],
+) -> Key:
     """As `scheduler keys revoke`: refused by this process at once, by every other API process
     within a second; revoking again changes nothing."""
     with db(request) as conn:
