@@ -32,13 +32,12 @@ import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from psycopg_pool import PoolTimeout
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from scheduler import log as logmod
 from scheduler.errors import ConfigError, ConflictError, NotFoundError, StoreError, ValidationError, clip
-
-log = logging.getLogger("scheduler.api")
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -257,16 +256,13 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
-    log.warning(
-        "api_store_error path=%s error=%s",
-        request.url.path,
-        logmod.redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__),
-    )
+    error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    logmod.event("api_store_error", logging.WARNING, path=request.url.path, error=logmod.redact(error))
     return problem(503, "store: unavailable, try again", headers={"Retry-After": "1"})
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("api_internal_error path=%s", request.url.path)
+    logmod.event("api_internal_error", logging.ERROR, exc_info=True, path=request.url.path)
     return problem(500, "internal error (logged)")
 
 
@@ -281,4 +277,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(StoreError, _store_unavailable)
     app.add_exception_handler(psycopg.OperationalError, _store_unavailable)
+    app.add_exception_handler(PoolTimeout, _store_unavailable)
     app.add_exception_handler(Exception, _unexpected)
