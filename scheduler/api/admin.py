@@ -272,8 +272,10 @@ def cluster_status(
 def verify(
     request: Request,
     _: Admin,
-    since: Annotated[str, Query(description="Window start (inclusive), ISO 8601 with offset.")],
-    until: Annotated[str, Query(description="Window end (exclusive), ISO 8601 with offset; at most a day later.")],
+    since: Annotated[str, Query(max_length=100, description="Window start (inclusive), ISO 8601 with offset.")],
+    until: Annotated[
+        str, Query(max_length=100, description="Window end (exclusive), ISO 8601 with offset; at most a day later.")
+    ],
     delivery: Annotated[bool, Query(description="Also audit delivery (as --delivery).")] = False,
     list_limit: Annotated[int, Query(ge=0, le=MAX_VERIFY_LIST, description="Findings listed per kind.")] = 100,
     lease_ttl_s: Annotated[float | None, Query(description="With delivery: the fleet's lease TTL (s).")] = None,
