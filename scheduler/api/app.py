@@ -29,6 +29,7 @@ from psycopg_pool import ConnectionPool
 
 from scheduler import __version__, store
 from scheduler.api import admin, errors, explain, runs, schedules
+from scheduler.api.deps import Authenticate
 from scheduler.api.keys import KeyVerifier
 from scheduler.api.limits import BodyLimit, RateLimiter
 from scheduler.settings import ApiSettings
@@ -129,6 +130,7 @@ def create_app(dsn: str, *, settings: ApiSettings | None = None) -> FastAPI:
     for module in (schedules, runs, explain, admin):
         app.include_router(module.router, responses=COMMON_RESPONSES)
     app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes)
+    app.add_middleware(Authenticate)  # outermost: no key, nothing else is looked at
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

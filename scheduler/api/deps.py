@@ -2,10 +2,14 @@
 
 * :func:`db`: a pooled store connection (autocommit, dict rows) as a
   context manager; write paths run ``scheduler.store.run_transaction(conn, body)``.
+* :class:`Authenticate` (middleware): every ``/v1/`` request's
+  ``Authorization: Bearer <token>`` is checked
+  (:class:`scheduler.api.keys.KeyVerifier`) and a token taken from the
+  key's rate bucket (429 beyond) before the request is routed or its body
+  read;
 * :func:`tenant_principal`, :func:`worker_principal`, :func:`admin_principal`,
-  :func:`any_principal`: authenticate ``Authorization: Bearer <token>``
-  (:class:`scheduler.api.keys.KeyVerifier`), take a token from the key's
-  rate bucket (429 beyond) and check the role (403). No key, a malformed,
+  :func:`any_principal`: the request's principal (authenticated here if the
+  middleware did not) with its role checked (403). No key, a malformed,
   unknown, revoked or wrong one: 401, ``WWW-Authenticate: Bearer``, no detail.
 * :func:`page_size`, :func:`page_of`, :func:`encode_cursor`, :func:`decode_cursor`: list
   paging (docs/api.md, "Paging"): the page is ``{"items": [...],
@@ -23,14 +27,16 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Annotated, Any
 
+import anyio
 import psycopg
 from fastapi import Depends, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from scheduler.api.errors import ApiError, Unauthorized
+from scheduler.api.errors import ApiError, Unauthorized, problem, store_unavailable
 from scheduler.api.keys import Principal
 from scheduler.api.limits import page_limit
-from scheduler.errors import ValidationError
+from scheduler.errors import StoreError, ValidationError
 from scheduler.settings import API_PAGE_SIZE, MAX_API_PAGE_SIZE
 
 __all__ = [
@@ -59,14 +65,61 @@ def db(request: Request) -> AbstractContextManager[psycopg.Connection]:
     return request.app.state.pool.connection()
 
 
-def _bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization")
-    if header is None:
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` value (scheme case-insensitive), else None."""
+    if authorization is None:
         return None
-    scheme, _, token = header.strip().partition(" ")
+    scheme, _, token = authorization.strip().partition(" ")
     if scheme.lower() != "bearer":
         return None
     return token.strip() or None
+
+
+def authenticate(app: Any, authorization: str | None) -> Principal:
+    """The principal of an ``Authorization`` header value, its key's rate taken.
+
+    Raises :class:`~scheduler.api.errors.Unauthorized` (401: no key, malformed,
+    unknown, wrong, revoked) or a 429 :class:`~scheduler.api.errors.ApiError`;
+    store errors as the store raises them. Blocking (reads the store on a
+    cache miss): call it from a worker thread.
+    """
+    token = bearer_token(authorization)
+    if token is None:
+        raise Unauthorized()
+    principal = app.state.keys.verify(app.state.pool.connection, token)
+    if principal is None:
+        raise Unauthorized()
+    app.state.limiter.check(principal.key_id)
+    return principal
+
+
+class Authenticate:
+    """ASGI middleware: every ``/v1/`` request is authenticated (and its key's rate taken)
+    before routing, so a caller without a valid key learns nothing but 401, not even that
+    its body is malformed; the principal is left in the request state for the dependencies."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        authorization = None
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+        try:
+            principal = await anyio.to_thread.run_sync(authenticate, scope["app"], authorization)
+        except ApiError as exc:
+            response = problem(exc.status, exc.detail, title=exc.title, field=exc.field, headers=exc.headers)
+        except (psycopg.OperationalError, StoreError) as exc:
+            response = store_unavailable(scope["path"], exc)
+        else:
+            scope.setdefault("state", {})["principal"] = principal
+            await self.app(scope, receive, send)
+            return
+        await response(scope, receive, send)
 
 
 BEARER = HTTPBearer(
@@ -74,7 +127,7 @@ BEARER = HTTPBearer(
     scheme_name="key",
     description="An API key's token (`tk_...`, from `scheduler keys create` or `POST /v1/keys`).",
 )
-"""Documents ``Authorization: Bearer`` in the OpenAPI schema; the header is checked by :func:`_authenticate`."""
+"""Documents ``Authorization: Bearer`` in the OpenAPI schema; the header is checked by :func:`authenticate`."""
 
 
 def _authenticate(
@@ -83,13 +136,7 @@ def _authenticate(
     cached = getattr(request.state, "principal", None)
     if isinstance(cached, Principal):
         return cached
-    token = _bearer(request)
-    if token is None:
-        raise Unauthorized()
-    principal = request.app.state.keys.verify(lambda: db(request), token)
-    if principal is None:
-        raise Unauthorized()
-    request.app.state.limiter.check(principal.key_id)
+    principal = authenticate(request.app, request.headers.get("authorization"))
     request.state.principal = principal
     return principal
 

@@ -255,10 +255,16 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
     return problem(exc.status_code, detail, field=field, headers=dict(exc.headers or {}))
 
 
-async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
-    error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    logmod.event("api_store_error", logging.WARNING, path=request.url.path, error=logmod.redact(error))
+def store_unavailable(path: str, exc: BaseException | None = None) -> JSONResponse:
+    """503 with ``Retry-After: 1`` for a store that failed (logged, its password redacted)."""
+    error = "" if exc is None else str(exc).strip()
+    error = error.splitlines()[0] if error else type(exc).__name__
+    logmod.event("api_store_error", logging.WARNING, path=path, error=logmod.redact(error))
     return problem(503, "store: unavailable, try again", headers={"Retry-After": "1"})
+
+
+async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    return store_unavailable(request.url.path, exc)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

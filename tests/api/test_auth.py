@@ -124,3 +124,16 @@ def test_last_used_at_is_recorded_and_the_secret_is_never_listed(api):
     assert set(row) == {"key_id", "tenant", "role", "name", "created_at", "revoked_at", "last_used_at"}
     assert (row["key_id"], row["tenant"], row["role"], row["name"]) == (key_id, "acme", "tenant", "ci")
     assert row["last_used_at"] is not None and row["revoked_at"] is None
+
+
+def test_without_a_key_even_invalid_input_gets_only_401(api):
+    """Authentication comes first: no validation detail leaks to a caller without a key."""
+    for method, path, kwargs in (
+        ("POST", "/v1/tenants", {"content": b"\xff not json", "headers": {"content-type": "application/json"}}),
+        ("POST", "/v1/tenants", {"json": {"tenant": "-bad", "weight": -1}}),
+        ("PATCH", "/v1/tenants/-bad", {"json": {"weight": "x"}}),
+        ("GET", "/v1/explain", {"params": {"cron": "61 * * * *", "count": "0"}}),
+        ("GET", "/v1/keys", {"params": {"cursor": "!!!", "limit": "9999"}}),
+        ("POST", "/v1/keys/zzz:revoke", {}),
+    ):
+        _assert_401(httpx.request(method, f"{api.url}{path}", **kwargs))
