@@ -12,7 +12,7 @@
   middleware did not) with its role checked (403). No key, a malformed,
   unknown, revoked or wrong one: 401, ``WWW-Authenticate: Bearer``, no detail.
 * :func:`page_size`, :func:`page_of`, :func:`encode_cursor`, :func:`decode_cursor`: list
-  paging (docs/api.md, "Paging"): the page is ``{"items": [...],
+  paging (docs/api.md, "Limits"): the page is ``{"items": [...],
   "next_cursor": str | null}``; the cursor is the URL-safe base64 of the JSON
   of the last item's sort key, opaque to clients; a bad one is a 422 naming
   ``cursor``.
@@ -27,10 +27,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Annotated, Any
 
-import anyio
 import psycopg
 from fastapi import Depends, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from scheduler.api.errors import ApiError, Unauthorized, problem, store_unavailable
@@ -110,7 +110,7 @@ class Authenticate:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
         try:
-            principal = await anyio.to_thread.run_sync(authenticate, scope["app"], authorization)
+            principal = await run_in_threadpool(authenticate, scope["app"], authorization)
         except ApiError as exc:
             response = problem(exc.status, exc.detail, title=exc.title, field=exc.field, headers=exc.headers)
         except (psycopg.OperationalError, StoreError) as exc:
