@@ -8,6 +8,7 @@ so a bad one is a 422 with the CLI's one-line message naming the field.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -25,6 +26,11 @@ DEFAULT_COUNT = 5
 MAX_COUNT = 10_000
 """As ``scheduler jobs next --count``."""
 
+BUDGET_S = 2.0
+"""Most CPU time one request spends listing fires (seconds): a sparse expression (29 February
+on a Monday) takes about 0.1 s a fire, 10,000 would hold a thread for minutes. The listing stops
+there with ``truncated`` true; ask again with ``after`` = the last fire."""
+
 COUNT_RULE = f"must be a whole number from 1 to {MAX_COUNT} in ASCII digits"
 
 
@@ -37,7 +43,8 @@ class Fire(BaseModel):
 
 class Explanation(BaseModel):
     """The next ``count`` fires strictly after ``after``; ``exhausted`` when the supported range
-    (year 9997) ended first (then ``fires`` is shorter than ``count``)."""
+    (year 9997) ended first, ``truncated`` when the time budget did (:data:`BUDGET_S`; ask again
+    from the last fire); either way ``fires`` is then shorter than ``count``."""
 
     cron: str
     tz: str
@@ -45,6 +52,7 @@ class Explanation(BaseModel):
     after: str
     fires: list[Fire]
     exhausted: bool
+    truncated: bool
 
 
 def _count_schema(schema: dict[str, Any]) -> None:
@@ -84,8 +92,12 @@ def explain(
     start = datetime.now(UTC) if after is None else parse_instant(after, "after")
     fires: list[Fire] = []
     instant = start
-    exhausted = False
-    for _listed in range(n):
+    exhausted = truncated = False
+    deadline = time.thread_time() + BUDGET_S
+    for listed in range(n):
+        if listed and time.thread_time() > deadline:
+            truncated = True
+            break
         following = schedule.next_after(instant)
         if following is None:
             exhausted = True
@@ -99,4 +111,5 @@ def explain(
         after=format_instant(start),
         fires=fires,
         exhausted=exhausted,
+        truncated=truncated,
     )

@@ -822,7 +822,7 @@ LIMIT %(limit)s;
 -- Revoke key %(key_id)s at %(now)s (NULL: now()); an already revoked key
 -- keeps its first revocation time. No row: no such key.
 UPDATE api_keys
-SET revoked_at = coalesce(revoked_at, %(now)s::timestamptz, now())
+SET revoked_at = coalesce(revoked_at, coalesce(%(now)s::timestamptz, now()))
 WHERE key_id = %(key_id)s
 RETURNING key_id, tenant, role, name, created_at, revoked_at, last_used_at;
 

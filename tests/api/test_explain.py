@@ -34,6 +34,7 @@ def test_the_next_fires_across_a_dst_change_with_their_local_wall_time(get):
             {"at": "2024-04-01T00:30:00Z", "local": "2024-04-01T02:30:00+02:00"},
         ],
         "exhausted": False,
+        "truncated": False,
     }
 
 
@@ -56,6 +57,16 @@ def test_a_schedule_that_runs_out_of_range_says_exhausted(get):
     body = response.json()
     assert [fire["at"] for fire in body["fires"]] == ["9996-01-01T00:00:00Z", "9997-01-01T00:00:00Z"]
     assert body["exhausted"] is True
+
+
+def test_a_listing_over_the_time_budget_stops_with_truncated(get, monkeypatch):
+    """The budget is CPU time (explain.BUDGET_S, 2 s); at 0 s the listing stops after the first fire."""
+    from scheduler.api import explain
+
+    monkeypatch.setattr(explain, "BUDGET_S", 0.0)
+    body = get(cron="0 0 29 2 *", after="2024-01-01T00:00:00Z", count="3").json()
+    assert body["fires"] == [{"at": "2024-02-29T00:00:00Z", "local": "2024-02-29T00:00:00+00:00"}]
+    assert (body["truncated"], body["exhausted"]) == (True, False)
 
 
 def _cli_error(args: list[str]) -> str:
