@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 from click.testing import CliRunner
 
 from scheduler import jobs, store
@@ -145,3 +148,37 @@ def test_a_node_with_api_port_serves_the_api_on_its_own_thread_and_stops_it(pg_d
         raise AssertionError("the API still answers after the node stopped")
     except httpx.TransportError:
         pass
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make a certificate")
+def test_scheduler_api_serves_https_with_uvicorns_tls_options(pg_dsn, tmp_path):
+    cert, key = tmp_path / "api.pem", tmp_path / "api.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    with store.connect(pg_dsn) as conn:
+        token, _ = keys.create(conn, None, "admin")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")} | {"SCHEDULER_DSN": pg_dsn}
+    proc = subprocess.Popen(
+        [str(SCRIPT), "--log-format", "json", "api", "--port", "0", "--ssl-certfile", str(cert), "--ssl-keyfile",
+         str(key)],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        url = json.loads(proc.stderr.readline())["url"]
+        assert url.startswith("https://127.0.0.1:")
+        response = httpx.get(
+            f"{url}/v1/status",
+            headers={"Authorization": f"Bearer {token}"},
+            verify=ssl.create_default_context(cafile=str(cert)),
+        )
+        assert response.status_code == 200, response.text
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url.replace("https://", "http://") + "/v1/status", timeout=5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+    assert proc.returncode == 0
