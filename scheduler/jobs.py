@@ -1076,7 +1076,7 @@ def set_tenant(
     validate_tenant(tenant)
     _check_weight_rate(weight, max_rate)
     if max_schedules is not None:
-        parse_whole(
+        max_schedules = parse_whole(
             "max_schedules",
             max_schedules,
             minimum=0,
