@@ -424,12 +424,28 @@ def _fires(row: dict) -> list[Fire]:
     return [Fire(**fire) for fire in views.next_fires(row, views.DESCRIBE_FIRES)]
 
 
-def _read(conn: psycopg.Connection, tenant: str, name: str) -> tuple[dict, dict | None]:
-    """The live schedule ``name`` of ``tenant``: its jobs row and job_delivery row (None: none)."""
+def _storable(text: str) -> bool:
+    """False for text the store cannot hold (NUL, an unpaired surrogate): no row has it."""
+    return "\x00" not in text and not _SURROGATE.search(text)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _job(conn: psycopg.Connection, tenant: str, name: str) -> dict:
+    """The jobs row of the live schedule ``name`` of ``tenant``; 404 if none (a name no
+    schedule can have is not looked up)."""
+    if len(name) > MAX_NAME_LEN or not _storable(name):
+        raise _not_found(name)
     try:
-        row = jobs.find_job(conn, tenant, name)
+        return jobs.find_job(conn, tenant, name)
     except NotFoundError:
         raise _not_found(name) from None
+
+
+def _read(conn: psycopg.Connection, tenant: str, name: str) -> tuple[dict, dict | None]:
+    """The live schedule ``name`` of ``tenant``: its jobs row and job_delivery row (None: none)."""
+    row = _job(conn, tenant, name)
     return row, jobs.get_delivery_row(conn, row)
 
 
@@ -502,7 +518,9 @@ def _location(name: str) -> str:
 def _after(cursor: str | None) -> str | None:
     """The name a list cursor carries (:func:`decode_cursor`; 422 naming ``cursor``)."""
     key = decode_cursor(cursor)
-    if key is not None and not (isinstance(key, dict) and isinstance(key.get("name"), str)):
+    if key is not None and not (
+        isinstance(key, dict) and isinstance(key.get("name"), str) and _storable(key["name"])
+    ):
         raise ValidationError("cursor", "must be a next_cursor value returned by this list", cursor)
     return None if key is None else key["name"]
 
@@ -563,7 +581,7 @@ def pause_schedule(name: NamePath, request: Request, response: Response, princip
     """No slot fires while paused (a due pending slot is recorded as skipped, reason paused).
     Pausing a paused schedule changes nothing."""
     with db(request) as conn:
-        row, _ = _read(conn, principal.tenant, name)
+        row = _job(conn, principal.tenant, name)
         try:
             jobs.set_paused(conn, row["job_id"], True, tenant=principal.tenant)
         except NotFoundError:
@@ -585,7 +603,7 @@ def resume_schedule(
     missed while paused never run) or ``backfill`` (a run each, origin backfill)."""
     body = body or ResumeRequest()
     with db(request) as conn:
-        row, _ = _read(conn, principal.tenant, name)
+        row = _job(conn, principal.tenant, name)
         try:
             result = manual.resume(
                 conn, row["job_id"], catch_up=body.catch_up, max_runs=body.max_runs, tenant=principal.tenant
@@ -623,7 +641,7 @@ def trigger_schedule(
             raise ValidationError("force", "must be true or false", body.force)
         wait_s = _wait(body.wait_s)
         with db(request) as conn:
-            row, _ = _read(conn, principal.tenant, name)
+            row = _job(conn, principal.tenant, name)
             try:
                 made = manual.request_run(conn, row["job_id"], body.request_id, force=body.force, tenant=principal.tenant)
             except NotFoundError:
@@ -668,7 +686,7 @@ def backfill_schedule(name: NamePath, body: BackfillRequest, request: Request, p
             rule=f"must be a whole number from 1 to {manual.MAX_BACKFILL_RUNS} in ASCII digits",
         )
         with db(request) as conn:
-            row, _ = _read(conn, principal.tenant, name)
+            row = _job(conn, principal.tenant, name)
             try:
                 result = manual.backfill(
                     conn, row["job_id"], since, until, max_runs=max_runs, dry_run=body.dry_run, tenant=principal.tenant
@@ -699,6 +717,10 @@ def list_schedules(
 ) -> SchedulePage:
     """Named live schedules by name, ``limit`` per page; ``next_cursor`` null on the last page."""
     after = _after(cursor)
+    if queue is not None:
+        targets.validate_queue(queue)
+    if name_prefix is not None and not _storable(name_prefix):
+        raise ValidationError("name_prefix", "must not contain NUL or unpaired surrogates", name_prefix)
     with db(request) as conn:
         rows = jobs.list_schedules(
             conn,
@@ -721,7 +743,7 @@ def get_schedule(name: NamePath, request: Request, response: Response, principal
     """As ``jobs describe``: the spec, the next 10 fires, the last 10 runs (state,
     attempts, lateness, dispatch lag) and counters. ``ETag``: the spec's."""
     with db(request) as conn:
-        row, delivery_row = _read(conn, principal.tenant, name)
+        row = _job(conn, principal.tenant, name)
         try:
             described = views.describe_job(conn, row["job_id"], tenant=principal.tenant)
         except NotFoundError:
@@ -807,7 +829,7 @@ def put_schedule(
 def delete_schedule(name: NamePath, request: Request, principal: Tenant) -> Response:
     """It stops firing at once; its runs stay (a due pending slot is recorded as skipped, reason deleted)."""
     with db(request) as conn:
-        row, _ = _read(conn, principal.tenant, name)
+        row = _job(conn, principal.tenant, name)
         try:
             jobs.delete_job(conn, row["job_id"], tenant=principal.tenant)
         except NotFoundError:

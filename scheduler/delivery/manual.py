@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -50,6 +51,9 @@ from scheduler.zones import MIN_EPOCH_S
 
 MAX_REQUEST_ID_LEN = 200
 """Longest request id (characters; the column's check)."""
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+"""Characters a TEXT column cannot keep: NUL, and unpaired surrogates (not UTF-8)."""
 
 DEFAULT_WAIT_S = 10.0
 """How long ``jobs trigger`` waits for the owner's outcome by default (seconds)."""
@@ -148,6 +152,8 @@ def request_run(
         request_id = str(uuid.uuid4())
     if not isinstance(request_id, str) or not 1 <= len(request_id) <= MAX_REQUEST_ID_LEN:
         raise ValidationError("request_id", f"must be 1 to {MAX_REQUEST_ID_LEN} characters", request_id)
+    if _UNSTORABLE.search(request_id):
+        raise ValidationError("request_id", "must be text the store can keep (no NUL, no unpaired surrogate)")
     key = {"partition_id": partition_of(job_id), "job_id": job_id, "request_id": request_id}
 
     def body(c: psycopg.Connection) -> tuple[dict[str, Any], bool]:

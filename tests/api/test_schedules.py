@@ -701,3 +701,30 @@ def test_hostile_bodies_are_never_a_5xx(acme, db):
         got = acme.put(f"/v1/schedules/{name}", json={"interval_s": 60})
         assert (got.status_code, got.json()["field"]) == (422, "name")
     assert count_writes(db) == before
+
+
+def test_text_the_store_cannot_keep_is_refused_or_not_found(acme, db):
+    """NUL and unpaired surrogates reach no statement (PostgreSQL refuses them: it was a 5xx)."""
+    acme.put("/v1/schedules/s", json={"interval_s": 60})
+    before = count_writes(db)
+    for path in ("/v1/schedules/a%00b", "/v1/schedules/" + "x" * 5000):
+        assert acme.get(path).status_code == 404
+        assert acme.delete(path).status_code == 404
+        assert acme.post(path + ":pause").status_code == 404
+    for text in ("a\\u0000b", "\\ud800"):  # JSON escapes
+        for path, body, field in (
+            ("/v1/schedules/s:trigger", f'{{"request_id": "{text}"}}', "request_id"),
+            ("/v1/schedules:apply", f'{{"items": [{{"name": "{text}", "interval_s": 60}}]}}', "items[0].name"),
+            ("/v1/schedules/x", f'{{"interval_s": 60, "payload": {{"{text}": 1}}}}', "payload"),
+        ):
+            method = "PUT" if path == "/v1/schedules/x" else "POST"
+            got = acme.request(method, path, content=body.encode(), headers={"Content-Type": "application/json"})
+            assert (got.status_code, got.json()["field"]) == (422, field), (path, body, got.text)
+    for params, field in (
+        ({"queue": "a\x00b"}, "queue"),
+        ({"name_prefix": "a\x00b"}, "name_prefix"),
+        ({"cursor": "eyJuYW1lIjoiXHUwMDAwIn0"}, "cursor"),  # {"name":"\\u0000"}
+    ):
+        got = acme.get("/v1/schedules", params=params)
+        assert (got.status_code, got.json()["field"]) == (422, field), (params, got.text)
+    assert count_writes(db) == before
