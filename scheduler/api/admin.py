@@ -209,9 +209,11 @@ def create_key(request: Request, _: Admin, body: KeyCreate) -> JSONResponse:
 
 @router.post("/v1/keys/{key_id}:revoke", response_model=Key, summary="Revoke a key")
 def revoke_key(request: Request, _: Admin, key_id: str) -> Key:
-    """As `scheduler keys revoke`: refused by every API process within a second; again is a no-op."""
+    """As `scheduler keys revoke`: refused by this process at once, by every other API process
+    within a second; revoking again changes nothing."""
     with db(request) as conn:
         row = keys_mod.revoke(conn, key_id)
+    request.app.state.keys.forget(key_id)  # this process at once; the others within CACHE_TTL_S
     return _key(row)
 
 

@@ -91,7 +91,13 @@ class PayloadTooLarge(StarletteHTTPException):
         super().__init__(413, f"body: must be at most {limit} bytes")
 
 
+_TITLES = {413: "Content Too Large", 422: "Unprocessable Content"}
+"""RFC 9110's reason phrases where Python's differ by version (3.11 still says "... Entity")."""
+
+
 def _reason(status: int) -> str:
+    if status in _TITLES:
+        return _TITLES[status]
     try:
         return http.HTTPStatus(status).phrase
     except ValueError:

@@ -241,7 +241,7 @@ class KeyVerifier:
         now = self.clock()
         with self._lock:
             cached = self._rows.get(key_id)
-        if cached is not None and now - cached[0] < self.ttl_s:
+        if cached is not None and 0 <= now - cached[0] < self.ttl_s:
             row = cached[1]
         else:
             with connection() as conn:
@@ -257,6 +257,12 @@ class KeyVerifier:
             return None
         self._touch(connection, key_id, now)
         return Principal(key_id=key_id, tenant=row["tenant"], role=row["role"])
+
+    def forget(self, key_id: str) -> None:
+        """Drop ``key_id``'s cached row: the next request reads the store (a revocation made by
+        this process is honoured at once)."""
+        with self._lock:
+            self._rows.pop(key_id, None)
 
     def _touch(
         self, connection: Callable[[], AbstractContextManager[psycopg.Connection]], key_id: str, now: float
