@@ -36,7 +36,6 @@ admin keys: 403).
 
 from __future__ import annotations
 
-import http
 import json
 import re
 from datetime import datetime
@@ -66,7 +65,8 @@ MAX_APPLY_ITEMS = 10_000
 MAX_TRIGGER_WAIT_S = 10.0
 """Longest ``wait_s`` of ``:trigger`` (a request thread waits that long at most)."""
 
-UNPROCESSABLE = http.HTTPStatus(422).phrase
+UNPROCESSABLE = "Unprocessable Content"
+"""RFC 9110's title of a 422 (the app's handlers give the same)."""
 
 FIELD_NAMES = {
     "interval": "interval_s",
