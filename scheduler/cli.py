@@ -483,9 +483,7 @@ def tenants_set(
             clear_max_schedules=no_max_schedules,
         )
     quota = "default" if row["max_schedules"] is None else row["max_schedules"]
-    click.echo(
-        f"tenant {row['tenant']} weight={row['weight']} max_rate={_fmt(row['max_rate'])} max_schedules={quota}"
-    )
+    click.echo(f"tenant {row['tenant']} weight={row['weight']} max_rate={_fmt(row['max_rate'])} max_schedules={quota}")
 
 
 @tenants.command("list")

@@ -56,7 +56,17 @@ from scheduler.delivery.targets import DeliverySpec
 from scheduler.errors import NotFoundError, ValidationError, clip
 from scheduler.planner import DEFAULT_MISFIRE, MISFIRE_POLICIES
 from scheduler.schedule import parse_instant
-from scheduler.spec import DIALECTS, KINDS, MAX_JITTER_S, MAX_NAME_LEN, MAX_POLICY_S, JobSpec
+from scheduler.spec import (
+    DIALECTS,
+    KINDS,
+    MAX_INTERVAL_S,
+    MAX_JITTER_S,
+    MAX_NAME_LEN,
+    MAX_POLICY_S,
+    JobSpec,
+    parse_decimal,
+    parse_whole,
+)
 
 router = APIRouter(tags=["schedules"])
 
@@ -91,19 +101,19 @@ def _schema(schema: dict[str, Any]) -> WithJsonSchema:
     return WithJsonSchema({"anyOf": [schema, {"type": "null"}]})
 
 
-def _whole(minimum: int, maximum: int, description: str) -> Any:
-    return Annotated[Any, _schema({"type": "integer", "minimum": minimum, "maximum": maximum}), Field(description=description)]
+def _whole(minimum: int, maximum: int) -> WithJsonSchema:
+    """The schema of a whole-number field (parsed by :func:`scheduler.spec.parse_whole`)."""
+    return _schema({"type": "integer", "minimum": minimum, "maximum": maximum})
 
 
-def _number(low: float, maximum: float, description: str, *, inclusive: bool = False) -> Any:
-    bound = "minimum" if inclusive else "exclusiveMinimum"
-    return Annotated[
-        Any, _schema({"type": "number", bound: low, "maximum": maximum}), Field(description=description)
-    ]
+def _number(low: float, maximum: float, *, inclusive: bool = False) -> WithJsonSchema:
+    """The schema of a number field (parsed by :func:`scheduler.spec.parse_decimal`)."""
+    return _schema({"type": "number", "minimum" if inclusive else "exclusiveMinimum": low, "maximum": maximum})
 
 
-def _choice(values: tuple[str, ...], description: str) -> Any:
-    return Annotated[Any, _schema({"type": "string", "enum": list(values)}), Field(description=description)]
+def _choice(values: tuple[str, ...]) -> WithJsonSchema:
+    """The schema of a field taking one of ``values`` (checked by the project)."""
+    return _schema({"type": "string", "enum": list(values)})
 
 
 _Text = Annotated[Any, _schema({"type": "string"})]
@@ -117,20 +127,30 @@ class ScheduleSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: _choice(KINDS, "Optional: the kind the other fields imply (checked, not needed).") = None  # type: ignore[valid-type]
+    kind: Annotated[
+        Any, _choice(KINDS), Field(description="Optional: the kind the other fields imply (checked, not needed).")
+    ] = None
     cron: Annotated[_Text, Field(description="Cron expression (see dialect).")] = None
     tz: Annotated[_Text, Field(description="IANA zone of the cron expression (default UTC).")] = None
-    dialect: _choice(DIALECTS, "unix (5 fields, default) or seconds (6 fields).") = None  # type: ignore[valid-type]
-    interval_s: _whole(1, 100 * 365 * 86_400, "Fixed interval in seconds.") = None  # type: ignore[valid-type]
+    dialect: Annotated[Any, _choice(DIALECTS), Field(description="unix (5 fields, default) or seconds (6 fields).")] = (
+        None
+    )
+    interval_s: Annotated[Any, _whole(1, MAX_INTERVAL_S), Field(description="Fixed interval in seconds.")] = None
     at: Annotated[
         Any,
         _schema({"type": "string", "format": "date-time"}),
         Field(description="One-shot instant with a UTC offset, in the future."),
     ] = None
-    misfire: _choice(MISFIRE_POLICIES, "Catch-up policy for overdue slots (default all).") = None  # type: ignore[valid-type]
-    catchup_window_s: _whole(0, MAX_POLICY_S, "Window of misfire all (only).") = None  # type: ignore[valid-type]
-    misfire_grace_s: _whole(0, MAX_POLICY_S, "Grace of misfire once and skip (only).") = None  # type: ignore[valid-type]
-    jitter_s: _whole(0, MAX_JITTER_S, "Deterministic delay of up to this many seconds per run.") = None  # type: ignore[valid-type]
+    misfire: Annotated[
+        Any, _choice(MISFIRE_POLICIES), Field(description="Catch-up policy for overdue slots (default all).")
+    ] = None
+    catchup_window_s: Annotated[Any, _whole(0, MAX_POLICY_S), Field(description="Window of misfire all (only).")] = None
+    misfire_grace_s: Annotated[
+        Any, _whole(0, MAX_POLICY_S), Field(description="Grace of misfire once and skip (only).")
+    ] = None
+    jitter_s: Annotated[
+        Any, _whole(0, MAX_JITTER_S), Field(description="Deterministic delay of up to this many seconds per run.")
+    ] = None
     queue: Annotated[_Text, Field(description="Target: a queue of the tenant (default default).")] = None
     url: Annotated[_Text, Field(description="Target: an http(s) endpoint each run is pushed to.")] = None
     method: Annotated[_Text, Field(description="HTTP method of a url target: POST (default) or PUT, any case.")] = None
@@ -139,24 +159,36 @@ class ScheduleSpec(BaseModel):
         _schema({"type": "object", "additionalProperties": {"type": "string"}, "maxProperties": targets.MAX_HEADERS}),
         Field(description="Headers of a url target, name → value (values never shown back)."),
     ] = None
-    timeout_s: _number(0, targets.MAX_TIMEOUT_S, "Per-attempt timeout of a url target (default 10).") = None  # type: ignore[valid-type]
+    timeout_s: Annotated[
+        Any, _number(0, targets.MAX_TIMEOUT_S), Field(description="Per-attempt timeout of a url target (default 10).")
+    ] = None
     payload: Annotated[Any, Field(description="JSON delivered with every attempt (null: none).")] = None
-    max_attempts: _whole(1, targets.MAX_ATTEMPTS, "Attempts of a run before it is dead (default 5).") = None  # type: ignore[valid-type]
-    backoff_base_s: _number(0, targets.MAX_BACKOFF_S, "Retry backoff base (default 1).") = None  # type: ignore[valid-type]
-    backoff_cap_s: _number(0, targets.MAX_BACKOFF_S, "Longest retry backoff (default 300).") = None  # type: ignore[valid-type]
+    max_attempts: Annotated[
+        Any, _whole(1, targets.MAX_ATTEMPTS), Field(description="Attempts of a run before it is dead (default 5).")
+    ] = None
+    backoff_base_s: Annotated[
+        Any, _number(0, targets.MAX_BACKOFF_S), Field(description="Retry backoff base (default 1).")
+    ] = None
+    backoff_cap_s: Annotated[
+        Any, _number(0, targets.MAX_BACKOFF_S), Field(description="Longest retry backoff (default 300).")
+    ] = None
     max_age_s: Annotated[
         Any,
         _schema({"anyOf": [{"type": "integer", "minimum": 1, "maximum": targets.MAX_AGE_S}, {"type": "string"}]}),
         Field(description="No retry starts later than this after the first attempt: seconds, or 90m, 12h, 7d."),
     ] = None
-    overlap: _choice(targets.OVERLAP_POLICIES, "Overlap policy (default allow).") = None  # type: ignore[valid-type]
+    overlap: Annotated[Any, _choice(targets.OVERLAP_POLICIES), Field(description="Overlap policy (default allow).")] = (
+        None
+    )
 
 
 class ApplyItem(ScheduleSpec):
     """An ``apply`` item: a spec with its ``name``."""
 
     name: Annotated[
-        Any, WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_NAME_LEN}), Field(description="Schedule name.")
+        Any,
+        WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_NAME_LEN}),
+        Field(description="Schedule name."),
     ]
 
 
@@ -246,10 +278,14 @@ class Description(BaseModel):
 class ResumeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    catch_up: _choice(manual.CATCH_UP_CHOICES, "Slots missed while paused: none (default) or backfill.") = "none"  # type: ignore[valid-type]
-    max_runs: _whole(1, manual.MAX_BACKFILL_RUNS, "With backfill: refuse if more slots were missed.") = (  # type: ignore[valid-type]
-        manual.DEFAULT_BACKFILL_MAX_RUNS
-    )
+    catch_up: Annotated[
+        Any,
+        _choice(manual.CATCH_UP_CHOICES),
+        Field(description="Slots missed while paused: none (default) or backfill."),
+    ] = "none"
+    max_runs: Annotated[
+        Any, _whole(1, manual.MAX_BACKFILL_RUNS), Field(description="With backfill: refuse if more slots were missed.")
+    ] = manual.DEFAULT_BACKFILL_MAX_RUNS
 
 
 class ResumeResult(BaseModel):
@@ -266,7 +302,11 @@ class TriggerRequest(BaseModel):
         Field(description="Deduplicates: the same id again makes no second run (default: a new UUID)."),
     ] = None
     force: Annotated[Any, WithJsonSchema({"type": "boolean"})] = False
-    wait_s: _number(0, MAX_TRIGGER_WAIT_S, "How long to wait for the owner's outcome (default 0).", inclusive=True) = 0  # type: ignore[valid-type]
+    wait_s: Annotated[
+        Any,
+        _number(0, MAX_TRIGGER_WAIT_S, inclusive=True),
+        Field(description="How long to wait for the owner's outcome (default 0)."),
+    ] = 0
 
 
 class TriggerResult(BaseModel):
@@ -282,10 +322,14 @@ class BackfillRequest(BaseModel):
 
     since: Annotated[Any, WithJsonSchema({"type": "string", "format": "date-time"}), Field(description="Inclusive.")]
     until: Annotated[
-        Any, WithJsonSchema({"type": "string", "format": "date-time"}), Field(description="Exclusive, not in the future.")
+        Any,
+        WithJsonSchema({"type": "string", "format": "date-time"}),
+        Field(description="Exclusive, not in the future."),
     ]
     dry_run: Annotated[Any, WithJsonSchema({"type": "boolean"})] = False
-    max_runs: _whole(1, manual.MAX_BACKFILL_RUNS, "Refuse a range holding more slots.") = manual.DEFAULT_BACKFILL_MAX_RUNS  # type: ignore[valid-type]
+    max_runs: Annotated[
+        Any, _whole(1, manual.MAX_BACKFILL_RUNS), Field(description="Refuse a range holding more slots.")
+    ] = manual.DEFAULT_BACKFILL_MAX_RUNS
 
 
 class BackfillResult(BaseModel):
@@ -382,7 +426,9 @@ def _payload_text(value: Any) -> str:
     try:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     except (ValueError, RecursionError):
-        raise ValidationError("payload", f"must nest arrays and objects at most {targets.MAX_PAYLOAD_DEPTH} deep") from None
+        raise ValidationError(
+            "payload", f"must nest arrays and objects at most {targets.MAX_PAYLOAD_DEPTH} deep"
+        ) from None
 
 
 def _schedule(row: dict, delivery_row: dict | None) -> Schedule:
@@ -518,9 +564,7 @@ def _location(name: str) -> str:
 def _after(cursor: str | None) -> str | None:
     """The name a list cursor carries (:func:`decode_cursor`; 422 naming ``cursor``)."""
     key = decode_cursor(cursor)
-    if key is not None and not (
-        isinstance(key, dict) and isinstance(key.get("name"), str) and _storable(key["name"])
-    ):
+    if key is not None and not (isinstance(key, dict) and isinstance(key.get("name"), str) and _storable(key["name"])):
         raise ValidationError("cursor", "must be a next_cursor value returned by this list", cursor)
     return None if key is None else key["name"]
 
@@ -606,7 +650,7 @@ def resume_schedule(
         row = _job(conn, principal.tenant, name)
         try:
             result = manual.resume(
-                conn, row["job_id"], catch_up=body.catch_up, max_runs=body.max_runs, tenant=principal.tenant
+                conn, row["job_id"], catch_up=body.catch_up, max_runs=_max_runs(body.max_runs), tenant=principal.tenant
             )
         except ValidationError as exc:
             raise _invalid(exc) from None
@@ -643,7 +687,9 @@ def trigger_schedule(
         with db(request) as conn:
             row = _job(conn, principal.tenant, name)
             try:
-                made = manual.request_run(conn, row["job_id"], body.request_id, force=body.force, tenant=principal.tenant)
+                made = manual.request_run(
+                    conn, row["job_id"], body.request_id, force=body.force, tenant=principal.tenant
+                )
             except NotFoundError:
                 raise _not_found(name) from None
             done = manual.wait_request(conn, made, wait_s) if wait_s > 0 else made
@@ -656,9 +702,18 @@ def trigger_schedule(
     )
 
 
-def _wait(value: Any) -> float:
-    from scheduler.spec import parse_decimal
+def _max_runs(value: Any) -> int:
+    """``max_runs`` of backfill and resume, as ``jobs backfill --max-runs`` parses it."""
+    return parse_whole(
+        "max_runs",
+        value,
+        minimum=1,
+        maximum=manual.MAX_BACKFILL_RUNS,
+        rule=f"must be a whole number from 1 to {manual.MAX_BACKFILL_RUNS} in ASCII digits",
+    )
 
+
+def _wait(value: Any) -> float:
     rule = f"must be a number of seconds from 0 to {MAX_TRIGGER_WAIT_S:g}"
     number = parse_decimal("wait_s", value, rule=rule)
     if not 0 <= number <= MAX_TRIGGER_WAIT_S:
@@ -676,15 +731,7 @@ def backfill_schedule(name: NamePath, body: BackfillRequest, request: Request, p
         until = parse_instant(body.until, "until")
         if not isinstance(body.dry_run, bool):
             raise ValidationError("dry_run", "must be true or false", body.dry_run)
-        from scheduler.spec import parse_whole
-
-        max_runs = parse_whole(
-            "max_runs",
-            body.max_runs,
-            minimum=1,
-            maximum=manual.MAX_BACKFILL_RUNS,
-            rule=f"must be a whole number from 1 to {manual.MAX_BACKFILL_RUNS} in ASCII digits",
-        )
+        max_runs = _max_runs(body.max_runs)
         with db(request) as conn:
             row = _job(conn, principal.tenant, name)
             try:
@@ -809,7 +856,9 @@ def put_schedule(
             if exc.current is None
             else f"the schedule's current ETag is {exc.current}: the precondition failed (nothing written)"
         )
-        raise ApiError(412, "Precondition Failed", detail, field="If-Match" if if_match else "If-None-Match", headers=headers) from None
+        raise ApiError(
+            412, "Precondition Failed", detail, field="If-Match" if if_match else "If-None-Match", headers=headers
+        ) from None
     row, delivery_row = report.stored[name]
     schedule = _schedule(row, delivery_row)
     outcome = "created" if report.created else "replaced" if report.changed else "unchanged"

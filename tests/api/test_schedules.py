@@ -157,7 +157,9 @@ def test_put_creates_then_is_idempotent_then_replaces(acme, db):
     # The schedule is unchanged: its pending slot is kept, now with jitter.
     assert edited["next_nominal_at"] == row["next_nominal_at"]
     fires = changed.json()["next_fires"]
-    assert [parse(f["nominal_time"]) for f in fires] == [parse(f["nominal_time"]) for f in yearly_fires(row["created_at"])]
+    assert [parse(f["nominal_time"]) for f in fires] == [
+        parse(f["nominal_time"]) for f in yearly_fires(row["created_at"])
+    ]
     assert parse(fires[0]["scheduled_at"]) == edited["next_due_at"]
 
 
@@ -168,16 +170,25 @@ def test_put_interval_and_one_shot_next_fires_are_exact(acme, db):
     anchor = row["created_at"].replace(microsecond=0)
     assert row["anchor_at"] == anchor
     assert fires_of(interval.json()["next_fires"]) == [
-        {"nominal_time": iso(anchor + timedelta(seconds=90 * k)), "scheduled_at": iso(anchor + timedelta(seconds=90 * k))}
+        {
+            "nominal_time": iso(anchor + timedelta(seconds=90 * k)),
+            "scheduled_at": iso(anchor + timedelta(seconds=90 * k)),
+        }
         for k in range(1, 11)
     ]
-    once = acme.put("/v1/schedules/launch", json={"at": "2031-03-04T05:06:07+02:00", "url": "https://93.184.216.34/hook"})
+    once = acme.put(
+        "/v1/schedules/launch", json={"at": "2031-03-04T05:06:07+02:00", "url": "https://93.184.216.34/hook"}
+    )
     assert once.status_code == 201, once.text
     assert fires_of(once.json()["next_fires"]) == [
         {"nominal_time": "2031-03-04T03:06:07Z", "scheduled_at": "2031-03-04T03:06:07Z"}
     ]
     stored = job(db, "launch")
-    assert (stored["kind"], stored["fire_at"], stored["queue"]) == ("once", datetime(2031, 3, 4, 3, 6, 7, tzinfo=UTC), None)
+    assert (stored["kind"], stored["fire_at"], stored["queue"]) == (
+        "once",
+        datetime(2031, 3, 4, 3, 6, 7, tzinfo=UTC),
+        None,
+    )
     assert once.json()["schedule"]["method"] == "POST"
     # The same instant written with another offset is the same spec.
     same = acme.put("/v1/schedules/launch", json={"at": "2031-03-04T03:06:07Z", "url": "https://93.184.216.34/hook"})
@@ -227,7 +238,9 @@ def test_get_describes_the_schedule(acme, db):
     row = job(db, "hourly")
     now = store.now(db)
     since = (now - timedelta(hours=3)).replace(minute=0, second=0, microsecond=0)
-    filled = acme.post("/v1/schedules/hourly:backfill", json={"since": iso(since), "until": iso(since + timedelta(hours=2))})
+    filled = acme.post(
+        "/v1/schedules/hourly:backfill", json={"since": iso(since), "until": iso(since + timedelta(hours=2))}
+    )
     assert filled.status_code == 200, filled.text
     got = acme.get("/v1/schedules/hourly")
     assert got.status_code == 200, got.text
@@ -374,11 +387,19 @@ def test_trigger_is_deduplicated_by_request_id(acme, db):
     assert first.status_code == 202, first.text  # no node runs here: queued
     assert first.json() == {"request_id": "deploy-42", "created": True, "force": False, "outcome": None, "run_id": None}
     again = acme.post("/v1/schedules/t:trigger", json={"request_id": "deploy-42", "force": True})
-    assert again.json() == {"request_id": "deploy-42", "created": False, "force": False, "outcome": None, "run_id": None}
+    assert again.json() == {
+        "request_id": "deploy-42",
+        "created": False,
+        "force": False,
+        "outcome": None,
+        "run_id": None,
+    }
     fresh = acme.post("/v1/schedules/t:trigger")
     assert fresh.status_code == 202 and fresh.json()["created"] is True
     assert str(uuid.UUID(fresh.json()["request_id"])) == fresh.json()["request_id"]
-    assert rows(db, "SELECT request_id, force, outcome FROM run_requests WHERE job_id = %s ORDER BY 1", row["job_id"]) == sorted(
+    assert rows(
+        db, "SELECT request_id, force, outcome FROM run_requests WHERE job_id = %s ORDER BY 1", row["job_id"]
+    ) == sorted(
         [
             {"request_id": "deploy-42", "force": False, "outcome": None},
             {"request_id": fresh.json()["request_id"], "force": False, "outcome": None},
@@ -418,7 +439,11 @@ def test_backfill_creates_the_missing_runs_once(acme, db):
     assert acme.post("/v1/schedules/h:backfill", json=window).json() == {"slots": 4, "created": [], "dry_run": False}
     for body, field, detail in (
         ({**window, "max_runs": 3}, "max_runs", None),
-        ({**window, "max_runs": 0}, "max_runs", "max_runs: must be a whole number from 1 to 100000 in ASCII digits (got 0)"),
+        (
+            {**window, "max_runs": 0},
+            "max_runs",
+            "max_runs: must be a whole number from 1 to 100000 in ASCII digits (got 0)",
+        ),
         ({"since": iso(since), "until": iso(now + timedelta(hours=1))}, "until", None),
         ({"since": iso(until), "until": iso(since)}, "until", None),
         ({"since": "2024-01-01T00:00:00", "until": iso(until)}, "since", None),
@@ -481,14 +506,22 @@ def test_apply_dry_run_then_apply_then_prune(acme, db):
 
     changed = [items[0], {**items[1], "tz": "Europe/Paris"}, {"name": "d", "interval_s": 30}]
     dry_prune = acme.post("/v1/schedules:apply", json={"items": changed, "prune": True, "dry_run": True})
-    assert dry_prune.json() == {"created": ["d"], "changed": ["b"], "unchanged": ["a"], "deleted": ["c"], "dry_run": True}
+    assert dry_prune.json() == {
+        "created": ["d"],
+        "changed": ["b"],
+        "unchanged": ["a"],
+        "deleted": ["c"],
+        "dry_run": True,
+    }
     assert sorted(r["name"] for r in rows(db, "SELECT name FROM jobs WHERE deleted_at IS NULL")) == ["a", "b", "c"]
     pruned = acme.post("/v1/schedules:apply", json={"items": changed, "prune": True})
     assert pruned.json() == {"created": ["d"], "changed": ["b"], "unchanged": ["a"], "deleted": ["c"], "dry_run": False}
     live = rows(db, "SELECT name, job_id, tz, revision FROM jobs WHERE deleted_at IS NULL ORDER BY name")
     assert [(r["name"], r["revision"]) for r in live] == [("a", 1), ("b", 2), ("d", 1)]
     assert live[0]["job_id"] == ids["a"] and live[1]["job_id"] == ids["b"] and live[1]["tz"] == "Europe/Paris"
-    assert rows(db, "SELECT deleted_at IS NOT NULL AS deleted FROM jobs WHERE job_id = %s", ids["c"]) == [{"deleted": True}]
+    assert rows(db, "SELECT deleted_at IS NOT NULL AS deleted FROM jobs WHERE job_id = %s", ids["c"]) == [
+        {"deleted": True}
+    ]
     # Without prune, the others stay.
     kept = acme.post("/v1/schedules:apply", json={"items": [items[0]]})
     assert kept.json()["deleted"] == [] and len(rows(db, "SELECT 1 FROM jobs WHERE deleted_at IS NULL")) == 3
@@ -499,7 +532,11 @@ def test_apply_with_a_bad_item_writes_nothing(acme, db):
     before = count_writes(db)
     good = {"name": "fine", "interval_s": 60}
     for items, field, detail in (
-        ([good, {"name": "x", "interval_s": 0}], "items[1].interval_s", "items[1]: interval: must be positive (at least 1 second) (got 0)"),
+        (
+            [good, {"name": "x", "interval_s": 0}],
+            "items[1].interval_s",
+            "items[1]: interval: must be positive (at least 1 second) (got 0)",
+        ),
         ([good, {"name": "fine", "interval_s": 5}], "items[1].name", "items[1]: name: is given twice (got 'fine')"),
         ([good, {"name": "x", "at": "2001-01-01T00:00:00Z"}], "items[1].at", None),
         ([good, {"interval_s": 60}], "items[1].name", None),
@@ -523,7 +560,10 @@ def test_schedule_quota(api, acme, db):
     over = acme.put("/v1/schedules/three", json={"interval_s": 60})
     assert over.status_code == 422
     assert over.json()["field"] == "max_schedules"
-    assert over.json()["detail"] == "max_schedules: tenant 'acme' may have at most 2 schedules; it has 2 and this request would make 3"
+    assert (
+        over.json()["detail"]
+        == "max_schedules: tenant 'acme' may have at most 2 schedules; it has 2 and this request would make 3"
+    )
     # Editing one at the quota is fine; apply counts what prune removes.
     assert acme.put("/v1/schedules/two", json={"interval_s": 120}).status_code == 200
     items = [{"name": n, "interval_s": 60} for n in ("one", "two", "three")]
@@ -564,7 +604,11 @@ def test_another_tenants_schedule_is_404_for_reads_and_writes(api, acme, db):
             ("POST", "/v1/schedules/secret:pause", None),
             ("POST", "/v1/schedules/secret:resume", None),
             ("POST", "/v1/schedules/secret:trigger", {"request_id": "x"}),
-            ("POST", "/v1/schedules/secret:backfill", {"since": "2024-01-01T00:00:00Z", "until": "2024-01-02T00:00:00Z"}),
+            (
+                "POST",
+                "/v1/schedules/secret:backfill",
+                {"since": "2024-01-01T00:00:00Z", "until": "2024-01-02T00:00:00Z"},
+            ),
         ):
             got = other.request(method, path, json=body)
             assert got.status_code == 404, (method, path, got.text)
