@@ -620,41 +620,52 @@ def _run_named(conn: psycopg.Connection, body: Callable[[psycopg.Connection], T]
 # ---------------------------------------------------------------- declarative writes (the API)
 
 
-def spec_digest(spec: JobSpec) -> str:
-    """A strong entity tag of a spec: ``"<32 hex digits>"`` (quotes included), the
-    first 128 bits of the SHA-256 of its normalized form (every field but the
-    tenant: schedule, policies, target with header values, payload as a JSON
-    value, retry and overlap policy; instants in UTC, numbers as values, so
-    ``1e2`` and ``100`` in a payload, or ``at`` given with another offset, are
-    the same spec). A spec read back from the store (:meth:`JobSpec.from_rows`)
-    has the digest of the spec that was saved."""
-    from scheduler.delivery.targets import _json_key
-
+def spec_fields(spec: JobSpec) -> dict[str, Any]:
+    """A spec as the API shows it, field by field (every field but the tenant; the
+    names of the ``jobs add`` options with their unit): ``name``, ``kind``,
+    ``cron``, ``tz``, ``dialect``, ``interval_s``, ``at``, ``misfire``,
+    ``catchup_window_s``, ``misfire_grace_s``, ``jitter_s``, and the delivery's
+    ``queue``, ``url``, ``method``, ``headers`` (``(name, value)`` pairs),
+    ``timeout_s``, ``payload`` (JSON text or None), ``max_attempts``,
+    ``backoff_base_s``, ``backoff_cap_s``, ``max_age_s``, ``overlap``."""
     d = spec.delivery
-    normalized = {
+    return {
         "name": spec.name,
         "kind": spec.kind,
         "cron": spec.cron,
-        "dialect": spec.dialect,
         "tz": spec.tz,
+        "dialect": spec.dialect,
         "interval_s": spec.interval_s,
-        "at": None if spec.at is None else clip(spec.at),
+        "at": spec.at,
         "misfire": spec.misfire,
         "catchup_window_s": spec.catchup_window_s,
         "misfire_grace_s": spec.misfire_grace_s,
         "jitter_s": spec.jitter_s,
-        "queue": d.queue,
-        "url": d.url,
-        "method": d.method,
-        "headers": [list(pair) for pair in d.headers],
-        "timeout_s": None if d.timeout_s is None else float(d.timeout_s),
-        "payload": None if d.payload is None else _json_key(d.payload),
-        "max_attempts": d.max_attempts,
-        "backoff_base_s": float(d.backoff_base_s),
-        "backoff_cap_s": float(d.backoff_cap_s),
-        "max_age_s": d.max_age_s,
-        "overlap": d.overlap,
+        **{field: getattr(d, field) for field in DELIVERY_FIELDS},
     }
+
+
+DELIVERY_FIELDS = tuple(field.name for field in dataclasses.fields(DeliverySpec))
+"""The fields of :class:`DeliverySpec`, in order (:func:`spec_fields`)."""
+
+
+def spec_digest(spec: JobSpec) -> str:
+    """A strong entity tag of a spec: ``"<32 hex digits>"`` (quotes included), the
+    first 128 bits of the SHA-256 of its normalized :func:`spec_fields` (header
+    values included; instants in UTC, numbers as values, so ``1e2`` and ``100``
+    in a payload, or ``at`` given with another offset, are the same spec). A
+    spec read back from the store (:meth:`JobSpec.from_rows`) has the digest of
+    the spec that was saved."""
+    from scheduler.delivery.targets import _json_key
+
+    normalized = spec_fields(spec)
+    normalized.update(
+        at=None if spec.at is None else clip(spec.at),
+        headers=[list(pair) for pair in spec.delivery.headers],
+        payload=None if spec.delivery.payload is None else _json_key(spec.delivery.payload),
+    )
+    for field in ("timeout_s", "backoff_base_s", "backoff_cap_s"):
+        normalized[field] = None if normalized[field] is None else float(normalized[field])
     text = json.dumps(normalized, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return '"' + hashlib.sha256(text.encode("utf-8")).hexdigest()[:32] + '"'
 
@@ -870,18 +881,9 @@ def get_delivery_row(conn: psycopg.Connection, job: dict) -> dict | None:
     return rows[0] if rows else None
 
 
-DELIVERY_ROW_COLUMNS = (
-    "url",
-    "method",
-    "headers",
-    "timeout_s",
-    "payload",
-    "max_attempts",
-    "backoff_base_s",
-    "backoff_cap_s",
-    "max_age_s",
-)
-"""The ``job_delivery`` columns :func:`list_schedules` joins to each row."""
+DELIVERY_ROW_COLUMNS = tuple(field for field in DELIVERY_FIELDS if field not in ("queue", "overlap"))
+"""The ``job_delivery`` columns :func:`list_schedules` joins to each row (the delivery
+fields but those on the ``jobs`` row)."""
 
 
 def list_schedules(

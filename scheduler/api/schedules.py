@@ -36,15 +36,17 @@ admin keys: 403).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 import psycopg
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema
 
 from scheduler import jobs
 from scheduler.api.deps import Principal, db, decode_cursor, encode_cursor, page_size, tenant_principal
@@ -301,7 +303,7 @@ class TriggerRequest(BaseModel):
         _schema({"type": "string", "minLength": 1, "maxLength": manual.MAX_REQUEST_ID_LEN}),
         Field(description="Deduplicates: the same id again makes no second run (default: a new UUID)."),
     ] = None
-    force: Annotated[Any, WithJsonSchema({"type": "boolean"})] = False
+    force: StrictBool = Field(False, description="Run even if the overlap policy would skip it.")
     wait_s: Annotated[
         Any,
         _number(0, MAX_TRIGGER_WAIT_S, inclusive=True),
@@ -326,7 +328,7 @@ class BackfillRequest(BaseModel):
         WithJsonSchema({"type": "string", "format": "date-time"}),
         Field(description="Exclusive, not in the future."),
     ]
-    dry_run: Annotated[Any, WithJsonSchema({"type": "boolean"})] = False
+    dry_run: StrictBool = Field(False, description="List the runs it would create; write nothing.")
     max_runs: Annotated[
         Any, _whole(1, manual.MAX_BACKFILL_RUNS), Field(description="Refuse a range holding more slots.")
     ] = manual.DEFAULT_BACKFILL_MAX_RUNS
@@ -433,31 +435,14 @@ def _payload_text(value: Any) -> str:
 
 def _schedule(row: dict, delivery_row: dict | None) -> Schedule:
     spec = JobSpec.from_rows(row, delivery_row)
-    d = spec.delivery
+    fields = jobs.spec_fields(spec)
+    headers = fields.pop("headers")
+    payload = fields.pop("payload")
     return Schedule(
-        name=row["name"],
+        **fields,
         etag=jobs.spec_digest(spec),
-        kind=spec.kind,
-        cron=spec.cron,
-        tz=spec.tz,
-        dialect=spec.dialect,
-        interval_s=spec.interval_s,
-        at=spec.at,
-        misfire=spec.misfire,
-        catchup_window_s=spec.catchup_window_s,
-        misfire_grace_s=spec.misfire_grace_s,
-        jitter_s=spec.jitter_s,
-        queue=d.queue,
-        url=d.url,
-        method=d.method,
-        header_names=[name for name, _ in d.headers],
-        timeout_s=d.timeout_s,
-        payload=None if d.payload is None else json.loads(d.payload),
-        max_attempts=d.max_attempts,
-        backoff_base_s=d.backoff_base_s,
-        backoff_cap_s=d.backoff_cap_s,
-        max_age_s=d.max_age_s,
-        overlap=d.overlap,
+        header_names=[name for name, _ in headers],
+        payload=None if payload is None else json.loads(payload),
         paused=row["paused"],
         next_fire=row["next_nominal_at"],
         revision=row["revision"],
@@ -620,16 +605,25 @@ def apply_schedules(body: ApplyRequest, request: Request, principal: Tenant) -> 
     )
 
 
+@contextlib.contextmanager
+def _errors(name: str) -> Iterator[None]:
+    """The project's errors inside as this API's: ValidationError → 422 naming the body
+    field, NotFoundError (the schedule went away meanwhile) → 404 of ``name``."""
+    try:
+        yield
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+    except NotFoundError:
+        raise _not_found(name) from None
+
+
 @router.post("/v1/schedules/{name}:pause", response_model=Schedule, summary="Pause a schedule")
 def pause_schedule(name: NamePath, request: Request, response: Response, principal: Tenant) -> Schedule:
     """No slot fires while paused (a due pending slot is recorded as skipped, reason paused).
     Pausing a paused schedule changes nothing."""
-    with db(request) as conn:
+    with db(request) as conn, _errors(name):
         row = _job(conn, principal.tenant, name)
-        try:
-            jobs.set_paused(conn, row["job_id"], True, tenant=principal.tenant)
-        except NotFoundError:
-            raise _not_found(name) from None
+        jobs.set_paused(conn, row["job_id"], True, tenant=principal.tenant)
         schedule = _schedule(*_read(conn, principal.tenant, name))
     response.headers["ETag"] = schedule.etag
     return schedule
@@ -646,16 +640,10 @@ def resume_schedule(
     """The next slot is the first strictly after now. ``catch_up``: ``none`` (the slots
     missed while paused never run) or ``backfill`` (a run each, origin backfill)."""
     body = body or ResumeRequest()
-    with db(request) as conn:
+    with db(request) as conn, _errors(name):
+        max_runs = _max_runs(body.max_runs)
         row = _job(conn, principal.tenant, name)
-        try:
-            result = manual.resume(
-                conn, row["job_id"], catch_up=body.catch_up, max_runs=_max_runs(body.max_runs), tenant=principal.tenant
-            )
-        except ValidationError as exc:
-            raise _invalid(exc) from None
-        except NotFoundError:
-            raise _not_found(name) from None
+        result = manual.resume(conn, row["job_id"], catch_up=body.catch_up, max_runs=max_runs, tenant=principal.tenant)
         schedule = _schedule(*_read(conn, principal.tenant, name))
     response.headers["ETag"] = schedule.etag
     created = [] if result is None else [RunKey.of(row["job_id"], t).run_id for t in result.created]
@@ -680,21 +668,11 @@ def trigger_schedule(
     returns the first request's state, ``created`` false). 200 with the outcome,
     202 while queued (``wait_s`` seconds waited, default 0)."""
     body = body or TriggerRequest()
-    try:
-        if not isinstance(body.force, bool):
-            raise ValidationError("force", "must be true or false", body.force)
+    with db(request) as conn, _errors(name):
         wait_s = _wait(body.wait_s)
-        with db(request) as conn:
-            row = _job(conn, principal.tenant, name)
-            try:
-                made = manual.request_run(
-                    conn, row["job_id"], body.request_id, force=body.force, tenant=principal.tenant
-                )
-            except NotFoundError:
-                raise _not_found(name) from None
-            done = manual.wait_request(conn, made, wait_s) if wait_s > 0 else made
-    except ValidationError as exc:
-        raise _invalid(exc) from None
+        row = _job(conn, principal.tenant, name)
+        made = manual.request_run(conn, row["job_id"], body.request_id, force=body.force, tenant=principal.tenant)
+        done = manual.wait_request(conn, made, wait_s) if wait_s > 0 else made
     if done.outcome is None:
         response.status_code = 202
     return TriggerResult(
@@ -726,22 +704,14 @@ def backfill_schedule(name: NamePath, body: BackfillRequest, request: Request, p
     """A run (origin backfill) for each slot of the schedule in ``[since, until)`` that
     has none, in one transaction; bounded by ``max_runs`` (refused beyond, nothing
     written); ``dry_run`` lists what it would create."""
-    try:
+    with db(request) as conn, _errors(name):
         since = parse_instant(body.since, "since")
         until = parse_instant(body.until, "until")
-        if not isinstance(body.dry_run, bool):
-            raise ValidationError("dry_run", "must be true or false", body.dry_run)
         max_runs = _max_runs(body.max_runs)
-        with db(request) as conn:
-            row = _job(conn, principal.tenant, name)
-            try:
-                result = manual.backfill(
-                    conn, row["job_id"], since, until, max_runs=max_runs, dry_run=body.dry_run, tenant=principal.tenant
-                )
-            except NotFoundError:
-                raise _not_found(name) from None
-    except ValidationError as exc:
-        raise _invalid(exc) from None
+        row = _job(conn, principal.tenant, name)
+        result = manual.backfill(
+            conn, row["job_id"], since, until, max_runs=max_runs, dry_run=body.dry_run, tenant=principal.tenant
+        )
     return BackfillResult(
         slots=len(result.slots),
         created=[RunKey.of(row["job_id"], t).run_id for t in result.created],
@@ -789,12 +759,9 @@ def list_schedules(
 def get_schedule(name: NamePath, request: Request, response: Response, principal: Tenant) -> Description:
     """As ``jobs describe``: the spec, the next 10 fires, the last 10 runs (state,
     attempts, lateness, dispatch lag) and counters. ``ETag``: the spec's."""
-    with db(request) as conn:
+    with db(request) as conn, _errors(name):
         row = _job(conn, principal.tenant, name)
-        try:
-            described = views.describe_job(conn, row["job_id"], tenant=principal.tenant)
-        except NotFoundError:
-            raise _not_found(name) from None
+        described = views.describe_job(conn, row["job_id"], tenant=principal.tenant)
         if described["job"]["deleted_at"] is not None:
             raise _not_found(name)
         delivery_row = jobs.get_delivery_row(conn, described["job"])
@@ -877,12 +844,9 @@ def put_schedule(
 )
 def delete_schedule(name: NamePath, request: Request, principal: Tenant) -> Response:
     """It stops firing at once; its runs stay (a due pending slot is recorded as skipped, reason deleted)."""
-    with db(request) as conn:
+    with db(request) as conn, _errors(name):
         row = _job(conn, principal.tenant, name)
-        try:
-            jobs.delete_job(conn, row["job_id"], tenant=principal.tenant)
-        except NotFoundError:
-            raise _not_found(name) from None
+        jobs.delete_job(conn, row["job_id"], tenant=principal.tenant)
     return Response(status_code=204)
 
 
