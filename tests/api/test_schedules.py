@@ -419,6 +419,40 @@ def test_trigger_is_deduplicated_by_request_id(acme, db):
     assert count_writes(db)["requests"] == 2
 
 
+def test_trigger_reports_the_owners_outcome(api, acme, db):
+    from helpers import OneNode
+
+    from scheduler.delivery import owner
+
+    acme.put("/v1/schedules/t", json={"interval_s": 3600, "overlap": "forbid"})
+    row = job(db, "t")
+    assert acme.post("/v1/schedules/t:trigger", json={"request_id": "a"}).status_code == 202
+    node = OneNode(api.dsn)
+    try:
+        epochs = {pid: node.epoch(pid) for pid in range(1024)}
+        owner.fire_requests(db, "t1", epochs)
+        fired = rows(db, "SELECT nominal_time, origin, state FROM runs WHERE job_id = %s", row["job_id"])
+        assert [(r["origin"], r["state"]) for r in fired] == [("manual", "pending")]
+        run_id = RunKey.of(row["job_id"], fired[0]["nominal_time"]).run_id
+        again = acme.post("/v1/schedules/t:trigger", json={"request_id": "a"})
+        assert again.status_code == 200, again.text
+        assert again.json() == {
+            "request_id": "a",
+            "created": False,
+            "force": False,
+            "outcome": "fired",
+            "run_id": run_id,
+        }
+        # forbid: a second manual run while the first is unfinished is skipped, unless forced.
+        assert acme.post("/v1/schedules/t:trigger", json={"request_id": "b"}).status_code == 202
+        owner.fire_requests(db, "t1", epochs)
+        skipped = acme.post("/v1/schedules/t:trigger", json={"request_id": "b"})
+        assert (skipped.status_code, skipped.json()["outcome"], skipped.json()["run_id"]) == (200, "skipped", None)
+    finally:
+        node.close()
+    assert len(rows(db, "SELECT 1 FROM runs WHERE job_id = %s", row["job_id"])) == 1
+
+
 def test_backfill_creates_the_missing_runs_once(acme, db):
     acme.put("/v1/schedules/h", json={"cron": "30 * * * *"})
     row = job(db, "h")
@@ -577,6 +611,24 @@ def test_schedule_quota(api, acme, db):
     jobs.set_tenant(db, "acme", clear_max_schedules=True)
     assert acme.put("/v1/schedules/four", json={"interval_s": 60}).status_code == 201
     assert rows(db, "SELECT max_schedules FROM tenants WHERE tenant = 'acme'") == [{"max_schedules": None}]
+
+
+def test_concurrent_creators_never_exceed_the_quota(api, db):
+    """The quota is counted with the tenant row locked: 8 concurrent PUTs of new names
+    against a quota of 3 leave exactly 3 schedules."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    token = api.key("acme", "tenant")
+    jobs.set_tenant(db, "acme", max_schedules=3)
+
+    def put(n: int) -> int:
+        with client(api, token) as c:
+            return c.put(f"/v1/schedules/s{n}", json={"interval_s": 60}).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        statuses = sorted(pool.map(put, range(8)))
+    assert statuses == [201] * 3 + [422] * 5
+    assert len(rows(db, "SELECT 1 FROM jobs WHERE tenant = 'acme' AND deleted_at IS NULL")) == 3
 
 
 def test_quota_cli(api, db):
