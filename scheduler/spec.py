@@ -155,7 +155,9 @@ class JobSpec:
         UTC-offset changes in the jitter rule (:func:`check_jitter`).
         """
         validate_tenant(self.tenant)
-        if self.name is not None and not (0 < len(self.name) <= MAX_NAME_LEN and self.name.isprintable()):
+        if self.name is not None and not (
+            isinstance(self.name, str) and 0 < len(self.name) <= MAX_NAME_LEN and self.name.isprintable()
+        ):
             raise ValidationError("name", f"must be 1-{MAX_NAME_LEN} printable characters", self.name)
         if self.kind not in KINDS:
             raise ValidationError("kind", f"must be one of {', '.join(KINDS)}", self.kind)

@@ -574,6 +574,11 @@ def test_apply_with_a_bad_item_writes_nothing(acme, db):
         ([good, {"name": "fine", "interval_s": 5}], "items[1].name", "items[1]: name: is given twice (got 'fine')"),
         ([good, {"name": "x", "at": "2001-01-01T00:00:00Z"}], "items[1].at", None),
         ([good, {"interval_s": 60}], "items[1].name", None),
+        (
+            [good, {"name": 5, "interval_s": 60}],
+            "items[1].name",
+            "items[1]: name: must be 1-200 printable characters (got 5)",
+        ),
         ([good, {"name": "x", "interval_s": 60, "url": "http://127.0.0.1:8080/hook"}], "items[1].url", None),
     ):
         bad = acme.post("/v1/schedules:apply", json={"items": items, "prune": True})
