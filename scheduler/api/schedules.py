@@ -554,6 +554,15 @@ def _after(cursor: str | None) -> str | None:
     return None if key is None else key["name"]
 
 
+ETAG_HEADER = {"ETag": {"description": "The spec's entity tag (strong).", "schema": {"type": "string"}}}
+"""The ``ETag`` response header, as the OpenAPI document shows it."""
+
+
+def _with_etag(description: str, **extra: Any) -> dict[str, Any]:
+    """A success response carrying ``ETag`` (OpenAPI)."""
+    return {"description": description, "headers": ETAG_HEADER, **extra}
+
+
 def _problem(description: str) -> dict[str, Any]:
     """An error response of the OpenAPI document (problem+json)."""
     return {
@@ -617,7 +626,12 @@ def _errors(name: str) -> Iterator[None]:
         raise _not_found(name) from None
 
 
-@router.post("/v1/schedules/{name}:pause", response_model=Schedule, summary="Pause a schedule")
+@router.post(
+    "/v1/schedules/{name}:pause",
+    response_model=Schedule,
+    summary="Pause a schedule",
+    responses={200: _with_etag("The schedule, paused.")},
+)
 def pause_schedule(name: NamePath, request: Request, response: Response, principal: Tenant) -> Schedule:
     """No slot fires while paused (a due pending slot is recorded as skipped, reason paused).
     Pausing a paused schedule changes nothing."""
@@ -629,7 +643,12 @@ def pause_schedule(name: NamePath, request: Request, response: Response, princip
     return schedule
 
 
-@router.post("/v1/schedules/{name}:resume", response_model=ResumeResult, summary="Resume a schedule")
+@router.post(
+    "/v1/schedules/{name}:resume",
+    response_model=ResumeResult,
+    summary="Resume a schedule",
+    responses={200: _with_etag("The schedule, resumed, and the runs of its catch-up.")},
+)
 def resume_schedule(
     name: NamePath,
     request: Request,
@@ -755,7 +774,12 @@ def list_schedules(
     return SchedulePage(items=items, next_cursor=encode_cursor({"name": rows[-1]["name"]}) if more else None)
 
 
-@router.get("/v1/schedules/{name}", response_model=Description, summary="Describe a schedule")
+@router.get(
+    "/v1/schedules/{name}",
+    response_model=Description,
+    summary="Describe a schedule",
+    responses={200: _with_etag("The schedule described.")},
+)
 def get_schedule(name: NamePath, request: Request, response: Response, principal: Tenant) -> Description:
     """As ``jobs describe``: the spec, the next 10 fires, the last 10 runs (state,
     attempts, lateness, dispatch lag) and counters. ``ETag``: the spec's."""
@@ -785,7 +809,12 @@ def get_schedule(name: NamePath, request: Request, response: Response, principal
     response_model=PutResult,
     summary="Create or replace a schedule (idempotent)",
     responses={
-        201: {"model": PutResult, "description": "Created."},
+        200: _with_etag("Replaced, or unchanged (nothing written)."),
+        201: _with_etag(
+            "Created.",
+            model=PutResult,
+            headers={**ETAG_HEADER, "Location": {"description": "The schedule's URL.", "schema": {"type": "string"}}},
+        ),
         412: _problem("If-Match / If-None-Match failed (nothing written); ETag: the current one."),
         422: _problem("A bad field (named), or the quota (field max_schedules)."),
     },
