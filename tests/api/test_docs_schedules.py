@@ -23,13 +23,13 @@ def section_blocks(title: str) -> list[str]:
 
 @pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="needs curl and jq")
 def test_the_schedules_examples_work(api, tmp_path):
-    blocks = [b for b in section_blocks("Schedules") if not b.startswith("export ")]
+    blocks = [block.replace("http://127.0.0.1:8080", api.url) for block in section_blocks("Schedules")]
     assert len(blocks) >= 10
     script = "set -euo pipefail\n" + "".join(f"echo '--- {i}'\n{block}" for i, block in enumerate(blocks))
     done = subprocess.run(
         ["bash", "-c", script],
         cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "API": api.url, "TOKEN": api.key("acme", "tenant")},
+        env={"PATH": "/usr/bin:/bin", "TENANT": api.key("acme", "tenant")},
         capture_output=True,
         text=True,
         timeout=120,
@@ -37,7 +37,7 @@ def test_the_schedules_examples_work(api, tmp_path):
     assert done.returncode == 0, (done.stdout, done.stderr)
     outputs = re.split(r"^--- \d+\n", done.stdout, flags=re.M)[1:]
     assert len(outputs) == len(blocks)
-    by_block = dict(zip(blocks, outputs, strict=True))
+    by_block = dict(zip(section_blocks("Schedules"), outputs, strict=True))
 
     def output(fragment: str) -> str:
         return next(out for block, out in by_block.items() if fragment in block)
