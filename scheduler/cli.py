@@ -1668,7 +1668,8 @@ API_PORT = 8080
 )
 @click.option("--access-log", is_flag=True, help="Log every request (method, path, status; never headers).")
 @functools.partial(
-    _settings_options, only=("dsn", "api_rate_per_s", "api_burst", "api_pool_size", "log_format", "log_level")
+    _settings_options,
+    only=("dsn", "api_rate_per_s", "api_burst", "api_pool_size", "push_allow", "log_format", "log_level"),
 )
 @click.pass_context
 def api_cmd(

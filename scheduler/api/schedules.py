@@ -481,15 +481,11 @@ def _read(conn: psycopg.Connection, tenant: str, name: str) -> tuple[dict, dict 
 
 
 def _policy(request: Request) -> AddressPolicy:
-    """The save-time SSRF policy of URL targets: the app's ``push_policy`` if set
-    (the operator's ``push_allow``), else public addresses only."""
-    policy = getattr(request.app.state, "push_policy", None)
-    return policy if isinstance(policy, AddressPolicy) else AddressPolicy()
-
-
-def _max_schedules(request: Request) -> int:
-    value = getattr(getattr(request.app.state, "settings", None), "max_schedules", None)
-    return value if isinstance(value, int) and not isinstance(value, bool) else jobs.DEFAULT_MAX_SCHEDULES
+    """The save-time SSRF policy of URL targets: the app's ``push_policy`` (the
+    operator's ``push_allow``; public addresses only without it)."""
+    policy = request.app.state.push_policy
+    assert isinstance(policy, AddressPolicy)
+    return policy
 
 
 _ETAG_RE = re.compile(r'\s*(W/)?"([\x21\x23-\x7e\x80-\xff]*)"\s*(?:,|$)')
@@ -600,7 +596,6 @@ def apply_schedules(body: ApplyRequest, request: Request, principal: Tenant) -> 
                 specs,
                 prune=body.prune,
                 dry_run=body.dry_run,
-                default_max_schedules=_max_schedules(request),
                 push_policy=policy,
             )
     except ValidationError as exc:
@@ -840,7 +835,6 @@ def put_schedule(
                 principal.tenant,
                 [spec],
                 precondition=precondition,
-                default_max_schedules=_max_schedules(request),
                 push_policy=policy,
             )
     except ValidationError as exc:

@@ -618,6 +618,23 @@ def test_schedule_quota(api, acme, db):
     assert rows(db, "SELECT max_schedules FROM tenants WHERE tenant = 'acme'") == [{"max_schedules": None}]
 
 
+def test_url_targets_follow_the_operators_push_allow(api, api_factory, db):
+    """A URL target is checked when saved with the operator's push_allow (as ``jobs add
+    --push-allow``): loopback is refused by default, accepted where it is allowed."""
+    from scheduler.settings import ApiSettings
+
+    token = api.key("acme", "tenant")
+    spec = {"interval_s": 60, "url": "http://127.0.0.1:9/hook"}
+    with client(api, token) as default:
+        refused = default.put("/v1/schedules/local", json=spec)
+    assert (refused.status_code, refused.json()["field"]) == (422, "url")
+    assert count_writes(db)["jobs"] == 0
+    allowing = api_factory(ApiSettings(rate_per_s=100_000.0, burst=100_000, pool_size=2, push_allow="127.0.0.0/8"))
+    with client(allowing, token) as c:
+        assert c.put("/v1/schedules/local", json=spec).status_code == 201
+    assert rows(db, "SELECT url FROM job_delivery") == [{"url": "http://127.0.0.1:9/hook"}]
+
+
 def test_concurrent_creators_never_exceed_the_quota(api, db):
     """The quota is counted with the tenant row locked: 8 concurrent PUTs of new names
     against a quota of 3 leave exactly 3 schedules."""
