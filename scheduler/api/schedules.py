@@ -27,11 +27,14 @@ action is the text after the LAST colon: ``POST /v1/schedules/a:b:pause``
 pauses ``a:b``. Names the API writes must not contain ``/`` and must not be
 ``.`` or ``..`` (they could not be addressed as one segment).
 
-Scoping: every statement takes the key's tenant (``get_job_by_name``,
-``list_schedules``, ``find_jobs_by_names``; the per-job functions read the
-job scoped by it, then act on the row they locked), so another tenant's
+Scoping: a schedule is found only by statements that take the key's tenant
+in their ``WHERE`` clause (``get_job_by_name``, ``list_schedules``,
+``find_jobs_by_names``, ``jobs_of_tenant_except``; the per-job functions
+read the job again scoped by it, ``get_job``/``get_job_for_update``), and
+what follows acts on the row so found, by its key; so another tenant's
 schedule is a 404 exactly like a missing one. Tenant keys only (worker and
-admin keys: 403).
+admin keys: 403). URL targets are checked when saved with the app's
+``push_policy`` (the operator's ``push_allow``).
 """
 
 from __future__ import annotations
@@ -344,8 +347,8 @@ class ApplyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     items: Annotated[list[ApplyItem], Field(max_length=MAX_APPLY_ITEMS)]
-    prune: bool = Field(False, description="Delete the tenant's other named schedules.")
-    dry_run: bool = Field(False, description="Check and report; write nothing.")
+    prune: StrictBool = Field(False, description="Delete the tenant's other named schedules.")
+    dry_run: StrictBool = Field(False, description="Check and report; write nothing.")
 
 
 class ApplyResult(BaseModel):
@@ -381,7 +384,7 @@ def _check_name(name: Any, field: str = "name") -> str:
     return name
 
 
-def _spec(tenant: str, name: str, body: ScheduleSpec, policy: AddressPolicy) -> JobSpec:
+def _spec(tenant: str, name: str, body: ScheduleSpec) -> JobSpec:
     """The JobSpec of a body (the CLI's builders: :meth:`DeliverySpec.build`,
     :meth:`JobSpec.build`). Raises ValidationError naming the project's field."""
     _check_name(name)
@@ -585,7 +588,7 @@ def apply_schedules(body: ApplyRequest, request: Request, principal: Tenant) -> 
     policy = _policy(request)
     for index, item in enumerate(body.items):
         try:
-            specs.append(_spec(principal.tenant, _check_name(item.name), item, policy))
+            specs.append(_spec(principal.tenant, _check_name(item.name), item))
         except ValidationError as exc:
             raise _invalid(exc, f"items[{index}].") from None
     try:
@@ -827,7 +830,7 @@ def put_schedule(
     unchanged (nothing written). ``ETag`` of the stored spec; next 10 fires."""
     policy = _policy(request)
     try:
-        spec = _spec(principal.tenant, name, body, policy)
+        spec = _spec(principal.tenant, name, body)
         precondition = _precondition(if_match, if_none_match)
         with db(request) as conn:
             report = jobs.apply_jobs(
