@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler import jobs, status, store
 from scheduler.api import keys as keys_mod
-from scheduler.api.deps import Principal, admin_principal, db, decode_cursor, encode_cursor, page_size
+from scheduler.api.deps import Principal, admin_principal, db, decode_cursor, page_of, page_size
 from scheduler.errors import ConflictError, ValidationError
 from scheduler.schedule import format_instant, parse_instant
 from scheduler.settings import Settings
@@ -134,9 +134,8 @@ def list_tenants(
     after = _cursor_key(cursor, _is_tenant)
     with db(request) as conn:
         rows = store.execute(conn, "list_tenants_page", {"after": after, "limit": limit + 1})
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return TenantPage(items=[_tenant(r) for r in rows], next_cursor=encode_cursor(rows[-1]["tenant"]) if more else None)
+    items, next_cursor = page_of(rows, limit, lambda row: row["tenant"])
+    return TenantPage(items=[_tenant(r) for r in items], next_cursor=next_cursor)
 
 
 @router.post("/v1/tenants", status_code=201, response_model=Tenant, summary="Create a tenant")
@@ -214,9 +213,8 @@ def list_keys(
     after = _cursor_key(cursor, _is_key_id)
     with db(request) as conn:
         rows = keys_mod.list_keys(conn, tenant, after=after, limit=limit + 1)
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return KeyPage(items=[_key(r) for r in rows], next_cursor=encode_cursor(rows[-1]["key_id"]) if more else None)
+    items, next_cursor = page_of(rows, limit, lambda row: row["key_id"])
+    return KeyPage(items=[_key(r) for r in items], next_cursor=next_cursor)
 
 
 @router.post("/v1/keys", status_code=201, response_model=CreatedKey, summary="Create a key")
@@ -274,8 +272,10 @@ def cluster_status(
 def verify(
     request: Request,
     _: Admin,
-    since: Annotated[str, Query(description="Window start (inclusive), ISO 8601 with offset.")],
-    until: Annotated[str, Query(description="Window end (exclusive), ISO 8601 with offset; at most a day later.")],
+    since: Annotated[str, Query(max_length=100, description="Window start (inclusive), ISO 8601 with offset.")],
+    until: Annotated[
+        str, Query(max_length=100, description="Window end (exclusive), ISO 8601 with offset; at most a day later.")
+    ],
     delivery: Annotated[bool, Query(description="Also audit delivery (as --delivery).")] = False,
     list_limit: Annotated[int, Query(ge=0, le=MAX_VERIFY_LIST, description="Findings listed per kind.")] = 100,
     lease_ttl_s: Annotated[float | None, Query(description="With delivery: the fleet's lease TTL (s).")] = None,

@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
@@ -56,6 +57,16 @@ COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
         (422, "Invalid input: `field` and `detail` name the field and the rule."),
         (429, "Over the key's rate: `Retry-After` says when to retry."),
     )
+}
+COMMON_RESPONSES[401]["headers"] = {
+    "WWW-Authenticate": {"description": "Always `Bearer`.", "schema": {"type": "string"}, "required": True}
+}
+COMMON_RESPONSES[429]["headers"] = {
+    "Retry-After": {
+        "description": "Whole seconds until the key may send again (at least 1).",
+        "schema": {"type": "integer", "minimum": 1},
+        "required": True,
+    }
 }
 """The error responses every ``/v1`` operation documents (problem+json)."""
 
@@ -121,4 +132,20 @@ def create_app(dsn: str, *, settings: ApiSettings | None = None) -> FastAPI:
     for module in (schedules, runs, explain, admin):
         app.include_router(module.router, responses=COMMON_RESPONSES)
     app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, with error responses declared as problem+json only (FastAPI adds an
+    ``application/json`` entry for every response ``model``; errors are never sent as that)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        for item in schema.get("paths", {}).values():
+            for operation in item.values():
+                for status, response in operation.get("responses", {}).items():
+                    content = response.get("content", {})
+                    if status[:1] in "45" and errors.PROBLEM_JSON in content:
+                        content.pop("application/json", None)
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -7,7 +7,7 @@
   (:class:`scheduler.api.keys.KeyVerifier`), take a token from the key's
   rate bucket (429 beyond) and check the role (403). No key, a malformed,
   unknown, revoked or wrong one: 401, ``WWW-Authenticate: Bearer``, no detail.
-* :func:`page_size`, :func:`encode_cursor`, :func:`decode_cursor`: list
+* :func:`page_size`, :func:`page_of`, :func:`encode_cursor`, :func:`decode_cursor`: list
   paging (docs/api.md, "Paging"): the page is ``{"items": [...],
   "next_cursor": str | null}``; the cursor is the URL-safe base64 of the JSON
   of the last item's sort key, opaque to clients; a bad one is a 422 naming
@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Annotated, Any
 
@@ -39,6 +40,7 @@ __all__ = [
     "db",
     "decode_cursor",
     "encode_cursor",
+    "page_of",
     "page_size",
     "tenant_principal",
     "worker_principal",
@@ -137,6 +139,13 @@ def page_size(
     """The ``limit`` query parameter of a list: the app's default when absent, 1..max (422 beyond)."""
     api = request.app.state.settings
     return page_limit(limit, api.page_size, api.max_page_size)
+
+
+def page_of(rows: list[Any], limit: int, sort_key: Callable[[Any], Any]) -> tuple[list[Any], str | None]:
+    """``(items, next_cursor)`` of a page read with ``LIMIT limit + 1``: the first ``limit`` rows,
+    and the cursor of the last one's ``sort_key`` when a further row exists (else None)."""
+    items = rows[:limit]
+    return items, encode_cursor(sort_key(items[-1])) if len(rows) > limit else None
 
 
 def encode_cursor(sort_key: Any) -> str:

@@ -63,7 +63,8 @@ def explain(
         str | None, Query(description="`unix` (5 fields, default) or `seconds` (6-7 fields).", max_length=20)
     ] = None,
     after: Annotated[
-        str | None, Query(description="ISO 8601 instant with offset; fires strictly after it (default: now).")
+        str | None,
+        Query(max_length=100, description="ISO 8601 instant with offset; fires strictly after it (default: now)."),
     ] = None,
     count: Annotated[
         str | None,
