@@ -685,11 +685,13 @@ def trigger_schedule(
     returns the first request's state, ``created`` false). 200 with the outcome,
     202 while queued (``wait_s`` seconds waited, default 0)."""
     body = body or TriggerRequest()
-    with db(request) as conn, _errors(name):
+    with _errors(name):
         wait_s = _wait(body.wait_s)
-        row = _job(conn, principal.tenant, name)
-        made = manual.request_run(conn, row["job_id"], body.request_id, force=body.force, tenant=principal.tenant)
-        done = manual.wait_request(conn, made, wait_s) if wait_s > 0 else made
+        with db(request) as conn:
+            row = _job(conn, principal.tenant, name)
+            made = manual.request_run(conn, row["job_id"], body.request_id, force=body.force, tenant=principal.tenant)
+        # The wait borrows a pooled connection per read only.
+        done = manual.wait_request(lambda: db(request), made, wait_s) if wait_s > 0 else made
     if done.outcome is None:
         response.status_code = 202
     return TriggerResult(

@@ -36,6 +36,8 @@ import itertools
 import re
 import time
 import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -174,19 +176,28 @@ def get_request(conn: psycopg.Connection, job_id: uuid.UUID, request_id: str) ->
 
 
 def wait_request(
-    conn: psycopg.Connection, request: RunRequest, wait_s: float = DEFAULT_WAIT_S, poll_s: float = REQUEST_POLL_S
+    conn: psycopg.Connection | Callable[[], AbstractContextManager[psycopg.Connection]],
+    request: RunRequest,
+    wait_s: float = DEFAULT_WAIT_S,
+    poll_s: float = REQUEST_POLL_S,
 ) -> RunRequest:
     """Poll ``request`` until an owner carried it out or ``wait_s`` seconds
     passed; returns its latest state (``outcome`` None: still queued, e.g. no
     node is running). ``conn`` must be in autocommit mode (each read sees the
-    latest commit). Raises ValidationError (field ``wait_s``) for a negative
-    or non-finite wait."""
+    latest commit); or a callable returning a context manager of such a
+    connection, borrowed for each read only (the API's pool: a waiting request
+    holds no connection between reads). Raises ValidationError (field
+    ``wait_s``) for a negative or non-finite wait."""
     if not isinstance(wait_s, (int, float)) or not 0 <= wait_s <= 86_400:
         raise ValidationError("wait_s", "must be a number of seconds from 0 to 86400", wait_s)
     deadline = time.monotonic() + wait_s
     latest = request
     while latest.outcome is None:
-        found = get_request(conn, request.job_id, request.request_id)
+        if isinstance(conn, psycopg.Connection):
+            found = get_request(conn, request.job_id, request.request_id)
+        else:
+            with conn() as borrowed:
+                found = get_request(borrowed, request.job_id, request.request_id)
         if found is not None:
             latest = dataclasses.replace(found, created=request.created)
         if latest.outcome is not None or time.monotonic() >= deadline:

@@ -5,6 +5,7 @@ transaction), the per-tenant quota, scoping (another tenant: 404; worker and adm
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -448,9 +449,21 @@ def test_trigger_reports_the_owners_outcome(api, acme, db):
         owner.fire_requests(db, "t1", epochs)
         skipped = acme.post("/v1/schedules/t:trigger", json={"request_id": "b"})
         assert (skipped.status_code, skipped.json()["outcome"], skipped.json()["run_id"]) == (200, "skipped", None)
+
+        # wait_s: the request waits for the owner (here 0.5 s later), then answers 200 with the run.
+        def owner_step() -> None:
+            with psycopg.connect(api.dsn, autocommit=True, row_factory=dict_row) as conn:
+                owner.fire_requests(conn, "t1", epochs)
+
+        timer = threading.Timer(0.5, owner_step)
+        timer.start()
+        waited = acme.post("/v1/schedules/t:trigger", json={"request_id": "c", "force": True, "wait_s": 8})
+        timer.join()
+        assert (waited.status_code, waited.json()["outcome"], waited.json()["force"]) == (200, "fired", True)
     finally:
         node.close()
-    assert len(rows(db, "SELECT 1 FROM runs WHERE job_id = %s", row["job_id"])) == 1
+    runs = rows(db, "SELECT nominal_time FROM runs WHERE job_id = %s ORDER BY 1", row["job_id"])
+    assert [RunKey.of(row["job_id"], r["nominal_time"]).run_id for r in runs] == [run_id, waited.json()["run_id"]]
 
 
 def test_backfill_creates_the_missing_runs_once(acme, db):
