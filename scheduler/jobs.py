@@ -37,6 +37,17 @@ CSV import is idempotent: every line is a named job (a name from the file's
 :func:`import_name`), so importing the same file again finds the jobs it
 created and changes nothing. :func:`delete_jobs` soft-deletes a tenant's jobs
 in bulk (all, or by name prefix).
+
+The HTTP API writes through :func:`apply_jobs` (``PUT /v1/schedules/{name}``
+is one item, ``POST /v1/schedules:apply`` a tenant's whole set): create,
+edit in place (as ``--replace``), leave unchanged (nothing written) and,
+with ``prune``, delete, all in one transaction, with an optional
+precondition on each item's :func:`spec_digest` (``If-Match``) and the
+tenant's schedule quota (``tenants.max_schedules``, default
+:data:`DEFAULT_MAX_SCHEDULES`) counted under the tenant row's lock.
+:func:`find_job` and :func:`list_schedules` read a tenant's named jobs; the
+per-job functions (:func:`set_paused`, :func:`delete_job`, :func:`get_job`)
+take an optional ``tenant`` that scopes the lookup.
 """
 
 from __future__ import annotations
