@@ -52,7 +52,7 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Resp
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema
 
 from scheduler import jobs
-from scheduler.api.deps import Principal, db, decode_cursor, encode_cursor, page_size, tenant_principal
+from scheduler.api.deps import Principal, db, decode_cursor, page_of, page_size, tenant_principal
 from scheduler.api.errors import PROBLEM_JSON, ApiError, Problem
 from scheduler.delivery import manual, targets, views
 from scheduler.delivery.lifecycle import RunKey
@@ -768,10 +768,8 @@ def list_schedules(
             queue=queue,
             name_prefix=name_prefix,
         )
-    more = len(rows) > limit
-    rows = rows[:limit]
-    items = [_schedule(row, jobs.delivery_columns(row)) for row in rows]
-    return SchedulePage(items=items, next_cursor=encode_cursor({"name": rows[-1]["name"]}) if more else None)
+    page, next_cursor = page_of(rows, limit, lambda row: {"name": row["name"]})
+    return SchedulePage(items=[_schedule(row, jobs.delivery_columns(row)) for row in page], next_cursor=next_cursor)
 
 
 @router.get(
