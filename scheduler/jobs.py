@@ -992,10 +992,19 @@ def set_paused_in(
     return row
 
 
-def delete_job(conn: psycopg.Connection, job_id: uuid.UUID, *, tenant: str | None = None) -> None:
+def delete_job(
+    conn: psycopg.Connection,
+    job_id: uuid.UUID,
+    *,
+    tenant: str | None = None,
+    precondition: Precondition | None = None,
+) -> None:
     """Delete a job (soft: it stops firing at once; its runs stay). A due pending
     slot is recorded as skipped (``deleted``). With ``tenant``, only that
-    tenant's job is found. Raises NotFoundError."""
+    tenant's job is found. ``precondition(name, digest)`` (as
+    :func:`apply_jobs` calls it; the digest of the job's stored spec) runs
+    with the row locked, before anything is written; what it raises aborts
+    the delete. Raises NotFoundError."""
 
     def body(c: psycopg.Connection) -> None:
         now = _store_now(c)
@@ -1003,6 +1012,8 @@ def delete_job(conn: psycopg.Connection, job_id: uuid.UUID, *, tenant: str | Non
             row = _get_for_update(c, job_id, tenant)
         except NotFoundError:
             raise NotFoundError(f"job_id: no job {job_id}") from None
+        if precondition is not None:
+            precondition(row["name"], spec_digest(JobSpec.from_rows(row, get_delivery_row(c, row))))
         _retire(c, [row], now, "deleted")
         store.execute(c, "delete_job", {"partition_id": row["partition_id"], "job_id": job_id, "changed_at": now})
 

@@ -15,7 +15,7 @@ field, e.g. ``interval_s`` for the CLI's ``interval``):
   current ``ETag`` if there is one). The response has the next 10 fires.
 * ``GET /v1/schedules`` (cursor paging by name; filters ``paused``,
   ``kind``, ``queue``, ``name_prefix``), ``GET /v1/schedules/{name}``
-  (``jobs describe``), ``DELETE`` (204), ``POST …/{name}:pause``,
+  (``jobs describe``), ``DELETE`` (204; ``If-Match`` as for PUT), ``POST …/{name}:pause``,
   ``:resume`` (catch-up ``none`` or ``backfill``), ``:trigger`` (request id,
   force; ``jobs trigger``'s dedup), ``:backfill`` (``jobs backfill``).
 * ``POST /v1/schedules:apply``: a tenant's whole set in one transaction.
@@ -541,6 +541,19 @@ def _precondition(if_match: str | None, if_none_match: str | None) -> jobs.Preco
     return check
 
 
+def _precondition_failed(exc: _PreconditionFailed, if_match: str | None) -> ApiError:
+    """The 412 of a failed precondition, with the current ``ETag`` when there is one."""
+    headers = {} if exc.current is None else {"ETag": exc.current}
+    detail = (
+        "If-Match: the schedule does not exist"
+        if exc.current is None
+        else f"the schedule's current ETag is {exc.current}: the precondition failed (nothing written)"
+    )
+    return ApiError(
+        412, "Precondition Failed", detail, field="If-Match" if if_match else "If-None-Match", headers=headers
+    )
+
+
 def _location(name: str) -> str:
     return "/v1/schedules/" + quote(name, safe="")
 
@@ -843,15 +856,7 @@ def put_schedule(
     except ValidationError as exc:
         raise _invalid(exc) from None
     except _PreconditionFailed as exc:
-        headers = {} if exc.current is None else {"ETag": exc.current}
-        detail = (
-            "If-Match: the schedule does not exist"
-            if exc.current is None
-            else f"the schedule's current ETag is {exc.current}: the precondition failed (nothing written)"
-        )
-        raise ApiError(
-            412, "Precondition Failed", detail, field="If-Match" if if_match else "If-None-Match", headers=headers
-        ) from None
+        raise _precondition_failed(exc, if_match) from None
     row, delivery_row = report.stored[name]
     schedule = _schedule(row, delivery_row)
     outcome = "created" if report.created else "replaced" if report.changed else "unchanged"
@@ -867,12 +872,24 @@ def put_schedule(
     status_code=204,
     response_class=Response,
     summary="Delete a schedule",
+    responses={412: _problem("If-Match / If-None-Match failed (nothing deleted); ETag: the current one.")},
 )
-def delete_schedule(name: NamePath, request: Request, principal: Tenant) -> Response:
-    """It stops firing at once; its runs stay (a due pending slot is recorded as skipped, reason deleted)."""
-    with db(request) as conn, _errors(name):
-        row = _job(conn, principal.tenant, name)
-        jobs.delete_job(conn, row["job_id"], tenant=principal.tenant)
+def delete_schedule(
+    name: NamePath,
+    request: Request,
+    principal: Tenant,
+    if_match: Annotated[str | None, Header(description="Entity tags the current spec must match, or *.")] = None,
+    if_none_match: Annotated[str | None, Header(description="Tags it must not match (* always fails).")] = None,
+) -> Response:
+    """It stops firing at once; its runs stay (a due pending slot is recorded as skipped,
+    reason deleted). ``If-Match`` / ``If-None-Match`` as for PUT (412, nothing deleted)."""
+    try:
+        with db(request) as conn, _errors(name):
+            precondition = _precondition(if_match, if_none_match)
+            row = _job(conn, principal.tenant, name)
+            jobs.delete_job(conn, row["job_id"], tenant=principal.tenant, precondition=precondition)
+    except _PreconditionFailed as exc:
+        raise _precondition_failed(exc, if_match) from None
     return Response(status_code=204)
 
 

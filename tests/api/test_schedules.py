@@ -325,6 +325,15 @@ def test_delete(acme, db):
         "detail": "name: no schedule 'gone'",
         "field": "name",
     }
+    # Preconditions as for PUT: a stale If-Match deletes nothing.
+    first = acme.put("/v1/schedules/guarded", json={"interval_s": 60}).headers["etag"]
+    current = acme.put("/v1/schedules/guarded", json={"interval_s": 30}).headers["etag"]
+    stale = acme.delete("/v1/schedules/guarded", headers={"If-Match": first})
+    assert (stale.status_code, stale.headers["etag"], stale.json()["field"]) == (412, current, "If-Match")
+    assert acme.delete("/v1/schedules/guarded", headers={"If-None-Match": "*"}).status_code == 412
+    assert job(db, "guarded")["interval_s"] == 30
+    assert acme.delete("/v1/schedules/guarded", headers={"If-Match": current}).status_code == 204
+    assert acme.delete("/v1/schedules/guarded", headers={"If-Match": "*"}).status_code == 404
     # The name is free again: a new schedule, a new id.
     assert acme.put("/v1/schedules/gone", json={"interval_s": 60}).status_code == 201
     assert job(db, "gone")["job_id"] != row["job_id"]
