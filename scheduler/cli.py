@@ -180,6 +180,7 @@ class Decimal(click.ParamType):
 
 WEIGHT = WholeNumber("weight", 1, 1000)
 MAX_RATE = Decimal("max_rate", "must be a positive, finite number of runs per second in ASCII digits")
+MAX_SCHEDULES = WholeNumber("max_schedules", 0, 100_000_000)
 
 
 def _stdin_is_tty() -> bool:
@@ -445,17 +446,44 @@ def tenants_add(dsn: str, tenant: str, weight: int, max_rate: float | None) -> N
 @click.option("--weight", type=WEIGHT, default=None, help="Fair-share weight (1-1000).")
 @click.option("--max-rate", type=MAX_RATE, default=None, help="Fleet-wide cap in runs/s.")
 @click.option("--no-max-rate", is_flag=True, help="Remove the rate cap.")
-def tenants_set(dsn: str, tenant: str, weight: int | None, max_rate: float | None, no_max_rate: bool) -> None:
-    """Change TENANT's weight and/or rate cap."""
+@click.option(
+    "--max-schedules",
+    type=MAX_SCHEDULES,
+    default=None,
+    help="Quota: live schedules the API's PUT and apply may leave TENANT with "
+    "(default when unset: 10000; the CLI's own jobs add/import are not limited).",
+)
+@click.option("--no-max-schedules", is_flag=True, help="Back to the default schedule quota.")
+def tenants_set(
+    dsn: str,
+    tenant: str,
+    weight: int | None,
+    max_rate: float | None,
+    no_max_rate: bool,
+    max_schedules: int | None,
+    no_max_schedules: bool,
+) -> None:
+    """Change TENANT's weight, rate cap and/or schedule quota."""
     from scheduler import jobs
 
-    if weight is None and max_rate is None and not no_max_rate:
-        raise click.UsageError("give --weight, --max-rate or --no-max-rate")
+    if weight is None and max_rate is None and not no_max_rate and max_schedules is None and not no_max_schedules:
+        raise click.UsageError("give --weight, --max-rate, --no-max-rate, --max-schedules or --no-max-schedules")
     if max_rate is not None and no_max_rate:
         raise click.UsageError("--max-rate and --no-max-rate contradict each other: give one")
+    if max_schedules is not None and no_max_schedules:
+        raise click.UsageError("--max-schedules and --no-max-schedules contradict each other: give one")
     with open_store(dsn) as conn:
-        row = jobs.set_tenant(conn, tenant, weight=weight, max_rate=max_rate, clear_max_rate=no_max_rate)
-    click.echo(f"tenant {row['tenant']} weight={row['weight']} max_rate={_fmt(row['max_rate'])}")
+        row = jobs.set_tenant(
+            conn,
+            tenant,
+            weight=weight,
+            max_rate=max_rate,
+            clear_max_rate=no_max_rate,
+            max_schedules=max_schedules,
+            clear_max_schedules=no_max_schedules,
+        )
+    quota = "default" if row["max_schedules"] is None else row["max_schedules"]
+    click.echo(f"tenant {row['tenant']} weight={row['weight']} max_rate={_fmt(row['max_rate'])} max_schedules={quota}")
 
 
 @tenants.command("list")
@@ -470,7 +498,7 @@ def tenants_list(dsn: str, as_json: bool) -> None:
     if as_json:
         _echo_json(rows)
     else:
-        _table(rows, ["tenant", "weight", "max_rate", "jobs", "created_at"])
+        _table(rows, ["tenant", "weight", "max_rate", "max_schedules", "jobs", "created_at"])
 
 
 @tenants.group("secret", cls=OneLineErrors)
@@ -1093,13 +1121,29 @@ def jobs_pause(dsn: str, job_id: str) -> None:
 @jobs.command("resume")
 @dsn_option
 @click.argument("job_id")
-def jobs_resume(dsn: str, job_id: str) -> None:
-    """Resume a paused job from its next slot after now."""
-    from scheduler import jobs as jobsmod
+@click.option(
+    "--catch-up",
+    type=click.Choice(["none", "backfill"]),
+    default="none",
+    show_default=True,
+    help="The slots that passed while paused: none (they never run) or backfill (a run each, "
+    "origin backfill, as jobs backfill makes them).",
+)
+@click.option(
+    "--max-runs",
+    default=1000,
+    show_default=True,
+    type=WholeNumber("max_runs", 1, 100_000),
+    help="With --catch-up backfill: refuse (resuming nothing) if more slots passed than this.",
+)
+def jobs_resume(dsn: str, job_id: str, catch_up: str, max_runs: int) -> None:
+    """Resume a paused job from its next slot after now (and, with --catch-up backfill,
+    a run for each slot it missed while paused; one transaction)."""
+    from scheduler.delivery import manual
 
     with open_store(dsn) as conn:
-        jobsmod.set_paused(conn, _job_id(job_id), False)
-    click.echo(f"resumed {job_id}")
+        result = manual.resume(conn, _job_id(job_id), catch_up=catch_up, max_runs=max_runs)
+    click.echo(f"resumed {job_id}" + ("" if result is None else f"; backfilled {len(result.created)} runs"))
 
 
 @jobs.command("delete")
@@ -1624,7 +1668,8 @@ API_PORT = 8080
 )
 @click.option("--access-log", is_flag=True, help="Log every request (method, path, status; never headers).")
 @functools.partial(
-    _settings_options, only=("dsn", "api_rate_per_s", "api_burst", "api_pool_size", "log_format", "log_level")
+    _settings_options,
+    only=("dsn", "api_rate_per_s", "api_burst", "api_pool_size", "push_allow", "log_format", "log_level"),
 )
 @click.pass_context
 def api_cmd(

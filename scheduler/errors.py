@@ -50,13 +50,16 @@ class ValidationError(SchedulerError, ValueError):
     ``tz``, ``interval``, ``at``, ``misfire``, ...), ``rule`` is a short
     sentence saying what the value must satisfy, ``value`` is the offending
     value as given. ``str(error)`` is ``"<field>: <rule> (got <value>)"``, the
-    value cut by :func:`clip` (a 10 kB input is not echoed whole).
+    value cut by :func:`clip` (a 10 kB input is not echoed whole). ``item``:
+    in a batch (:func:`scheduler.jobs.apply_jobs`), the 0-based index of the
+    item at fault (``None``: not an item's fault, or no batch).
     """
 
     def __init__(self, field: str, rule: str, value: object = None) -> None:
         self.field = field
         self.rule = rule
         self.value = value
+        self.item: int | None = None
         got = "" if value is None else f" (got {clip(value)})"
         super().__init__(f"{field}: {rule}{got}")
 

@@ -37,13 +37,26 @@ CSV import is idempotent: every line is a named job (a name from the file's
 :func:`import_name`), so importing the same file again finds the jobs it
 created and changes nothing. :func:`delete_jobs` soft-deletes a tenant's jobs
 in bulk (all, or by name prefix).
+
+The HTTP API writes through :func:`apply_jobs` (``PUT /v1/schedules/{name}``
+is one item, ``POST /v1/schedules:apply`` a tenant's whole set): create,
+edit in place (as ``--replace``), leave unchanged (nothing written) and,
+with ``prune``, delete, all in one transaction, with an optional
+precondition on each item's :func:`spec_digest` (``If-Match``) and the
+tenant's schedule quota (``tenants.max_schedules``, default
+:data:`DEFAULT_MAX_SCHEDULES`) counted under the tenant row's lock.
+:func:`find_job` and :func:`list_schedules` read a tenant's named jobs; the
+per-job functions (:func:`set_paused`, :func:`delete_job`, :func:`get_job`)
+take an optional ``tenant`` that scopes the lookup.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import hashlib
+import json
 import math
 import re
 import uuid
@@ -61,7 +74,7 @@ from scheduler.errors import ConflictError, NotFoundError, ValidationError, clip
 from scheduler.identity import SPEC_COLUMNS, identity_of
 from scheduler.partition import partition_of
 from scheduler.planner import DEFAULT_MISFIRE, count_slots, scheduled_time
-from scheduler.spec import JobSpec, build_schedule, schedule_key, validate_tenant
+from scheduler.spec import JobSpec, build_schedule, parse_whole, schedule_key, validate_tenant
 
 T = TypeVar("T")
 
@@ -73,6 +86,12 @@ IMPORT_NAME_PREFIX = "import:"
 
 DELETE_BATCH = 1_000
 """Jobs per transaction in :func:`delete_jobs`."""
+
+DEFAULT_MAX_SCHEDULES = 10_000
+"""A tenant's schedule quota when its ``tenants.max_schedules`` is NULL (:func:`apply_jobs`)."""
+
+MAX_SCHEDULES_LIMIT = 100_000_000
+"""Largest quota ``tenants set --max-schedules`` accepts."""
 
 CORPUS_DIALECTS = {"unix5": "unix", "macro": "unix", "seconds6": "seconds"}
 """Corpus ``dialect`` column → our dialect; any other value is tried as ``unix``."""
@@ -128,9 +147,12 @@ def _retire(conn: psycopg.Connection, rows: list[dict], now: datetime, reason: s
         )
 
 
-def _get_for_update(conn: psycopg.Connection, job_id: uuid.UUID) -> dict:
-    """The live ``jobs`` row of ``job_id``, locked; raises NotFoundError if unknown or deleted."""
-    rows = store.execute(conn, "get_job_for_update", {"partition_id": partition_of(job_id), "job_id": job_id})
+def _get_for_update(conn: psycopg.Connection, job_id: uuid.UUID, tenant: str | None = None) -> dict:
+    """The live ``jobs`` row of ``job_id`` (of ``tenant`` if given), locked; raises
+    NotFoundError if unknown, another tenant's or deleted."""
+    rows = store.execute(
+        conn, "get_job_for_update", {"partition_id": partition_of(job_id), "job_id": job_id, "tenant": tenant}
+    )
     if not rows:
         raise NotFoundError(f"job_id: no job {job_id}")
     if rows[0]["deleted_at"] is not None:
@@ -255,27 +277,8 @@ def add_job(
                     return AddResult(existing["job_id"], "exists")
                 if not replace:
                     raise ConflictError(f"{_conflict(spec, existing['job_id'])}; pass --replace to change it")
-                job_id = existing["job_id"]
-                fields = spec.row_fields()
-                if all(fields[column] == existing[column] for column in SCHEDULE_COLUMNS):
-                    pending = existing["next_nominal_at"]
-                    params = {
-                        **fields,
-                        "partition_id": existing["partition_id"],
-                        "job_id": job_id,
-                        "anchor_at": existing["anchor_at"],
-                        "next_nominal_at": pending,
-                        "next_due_at": None if pending is None else scheduled_time(job_id, pending, spec.jitter_s),
-                    }
-                    _retire(c, [existing], now, None)
-                else:
-                    params = _job_row(spec, job_id, now)
-                    _retire(c, [existing], now, "edited")
-                params["changed_at"] = now
-                register_schedules(c, [params])
-                store.execute(c, "replace_job_spec", params)
-                _write_delivery(c, [(spec, params)], existing=True)
-                return AddResult(job_id, "replaced")
+                _replace_job(c, spec, existing, now)
+                return AddResult(existing["job_id"], "replaced")
         job_id = uuid.uuid4()
         row = _job_row(spec, job_id, now)
         register_schedules(c, [row])
@@ -284,6 +287,35 @@ def add_job(
         return AddResult(job_id, "created")
 
     return _run_named(conn, body)
+
+
+def _replace_job(c: psycopg.Connection, spec: JobSpec, existing: dict, now: datetime) -> None:
+    """Edit the live job ``existing`` (its row, read FOR UPDATE in this transaction)
+    to ``spec`` at store time ``now`` (the module doc's rules: the pending slot
+    kept when the schedule is unchanged, else the new schedule's first slot
+    after now, a due pending slot recorded as skipped ``edited``; revision
+    kept in ``job_revisions``). Raises ValidationError (field ``at``) for a
+    changed one-shot instant not in the future."""
+    job_id = existing["job_id"]
+    fields = spec.row_fields()
+    if all(fields[column] == existing[column] for column in SCHEDULE_COLUMNS):
+        pending = existing["next_nominal_at"]
+        params = {
+            **fields,
+            "partition_id": existing["partition_id"],
+            "job_id": job_id,
+            "anchor_at": existing["anchor_at"],
+            "next_nominal_at": pending,
+            "next_due_at": None if pending is None else scheduled_time(job_id, pending, spec.jitter_s),
+        }
+        _retire(c, [existing], now, None)
+    else:
+        params = _job_row(spec, job_id, now)
+        _retire(c, [existing], now, "edited")
+    params["changed_at"] = now
+    register_schedules(c, [params])
+    store.execute(c, "replace_job_spec", params)
+    _write_delivery(c, [(spec, params)], existing=True)
 
 
 def _conflict(spec: JobSpec, job_id: uuid.UUID) -> str:
@@ -596,6 +628,223 @@ def _run_named(conn: psycopg.Connection, body: Callable[[psycopg.Connection], T]
     raise AssertionError("unreachable")
 
 
+# ---------------------------------------------------------------- declarative writes (the API)
+
+
+def spec_fields(spec: JobSpec) -> dict[str, Any]:
+    """A spec as the API shows it, field by field (every field but the tenant; the
+    names of the ``jobs add`` options with their unit): ``name``, ``kind``,
+    ``cron``, ``tz``, ``dialect``, ``interval_s``, ``at``, ``misfire``,
+    ``catchup_window_s``, ``misfire_grace_s``, ``jitter_s``, and the delivery's
+    ``queue``, ``url``, ``method``, ``headers`` (``(name, value)`` pairs),
+    ``timeout_s``, ``payload`` (JSON text or None), ``max_attempts``,
+    ``backoff_base_s``, ``backoff_cap_s``, ``max_age_s``, ``overlap``."""
+    d = spec.delivery
+    return {
+        "name": spec.name,
+        "kind": spec.kind,
+        "cron": spec.cron,
+        "tz": spec.tz,
+        "dialect": spec.dialect,
+        "interval_s": spec.interval_s,
+        "at": spec.at,
+        "misfire": spec.misfire,
+        "catchup_window_s": spec.catchup_window_s,
+        "misfire_grace_s": spec.misfire_grace_s,
+        "jitter_s": spec.jitter_s,
+        **{field: getattr(d, field) for field in DELIVERY_FIELDS},
+    }
+
+
+DELIVERY_FIELDS = tuple(field.name for field in dataclasses.fields(DeliverySpec))
+"""The fields of :class:`DeliverySpec`, in order (:func:`spec_fields`)."""
+
+
+def spec_digest(spec: JobSpec) -> str:
+    """A strong entity tag of a spec: ``"<32 hex digits>"`` (quotes included), the
+    first 128 bits of the SHA-256 of its normalized :func:`spec_fields` (header
+    values included; instants in UTC, numbers as values, so ``1e2`` and ``100``
+    in a payload, or ``at`` given with another offset, are the same spec). A
+    spec read back from the store (:meth:`JobSpec.from_rows`) has the digest of
+    the spec that was saved."""
+    from scheduler.delivery.targets import _json_key
+
+    normalized = spec_fields(spec)
+    normalized.update(
+        at=None if spec.at is None else clip(spec.at),
+        headers=[list(pair) for pair in spec.delivery.headers],
+        payload=None if spec.delivery.payload is None else _json_key(spec.delivery.payload),
+    )
+    for field in ("timeout_s", "backoff_base_s", "backoff_cap_s"):
+        normalized[field] = None if normalized[field] is None else float(normalized[field])
+    text = json.dumps(normalized, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return '"' + hashlib.sha256(text.encode("utf-8")).hexdigest()[:32] + '"'
+
+
+Precondition = Callable[[str, "str | None"], None]
+"""``(name, current digest or None if absent)``: raises to refuse the write (:func:`apply_jobs`)."""
+
+
+@dataclasses.dataclass
+class ApplyReport:
+    """What :func:`apply_jobs` did (``dry_run``: would do), names in the order of
+    the items (``deleted``: by name). ``stored``: name → ``(jobs row,
+    job_delivery row or None)`` of every item as stored after the write (not
+    for a dry run), read in its transaction."""
+
+    created: list[str] = dataclasses.field(default_factory=list)
+    changed: list[str] = dataclasses.field(default_factory=list)
+    unchanged: list[str] = dataclasses.field(default_factory=list)
+    deleted: list[str] = dataclasses.field(default_factory=list)
+    dry_run: bool = False
+    stored: dict[str, tuple[dict, dict | None]] = dataclasses.field(default_factory=dict)
+
+
+def apply_jobs(
+    conn: psycopg.Connection,
+    tenant: str,
+    specs: list[JobSpec],
+    *,
+    prune: bool = False,
+    dry_run: bool = False,
+    precondition: Precondition | None = None,
+    default_max_schedules: int = DEFAULT_MAX_SCHEDULES,
+    push_policy: AddressPolicy | None = None,
+) -> ApplyReport:
+    """Make ``tenant``'s named jobs match ``specs`` (named, all of ``tenant``,
+    names unique), in ONE transaction: a name not taken is created, a name whose
+    job has another spec is edited in place (as ``add_job(replace=True)``), one
+    with the same spec is left as it is (nothing written: no revision); with
+    ``prune``, every other live named job of the tenant is deleted (as
+    :func:`delete_job`; unnamed jobs are left alone). ``dry_run``: the same
+    checks, nothing written.
+
+    ``precondition(name, digest)`` runs for each spec inside the transaction,
+    after the job of that name is locked (``digest``: :func:`spec_digest` of
+    its stored spec, ``None`` if there is none); whatever it raises aborts
+    everything. The tenant's quota (``tenants.max_schedules``, NULL:
+    ``default_max_schedules``) is checked in the transaction when it creates
+    jobs, with the tenant row locked: if its live jobs (named or not) after
+    the write would exceed the quota, ValidationError (field
+    ``max_schedules``), nothing written. Raises ValidationError, nothing
+    written, for an invalid spec (field ``items[i].<field>`` is the caller's
+    to add), a spec of another tenant, an unnamed or repeated name, a one-shot
+    instant not in the future, or a URL target refused by the SSRF rule under
+    ``push_policy``.
+    """
+    validate_tenant(tenant)
+    seen: set[str] = set()
+    for index, spec in enumerate(specs):
+        with _item(index):
+            spec.validated()
+            if spec.tenant != tenant:
+                raise ValidationError("tenant", f"every spec must be of tenant {clip(tenant)}", spec.tenant)
+            if spec.name is None:
+                raise ValidationError("name", "every applied job needs a name")
+            if spec.name in seen:
+                raise ValidationError("name", "is given twice", spec.name)
+            seen.add(spec.name)
+            _check_targets([spec], push_policy)
+    names = [spec.name for spec in specs]
+    index_of = {spec.name: index for index, spec in enumerate(specs)}
+
+    def body(c: psycopg.Connection) -> ApplyReport:
+        now = _store_now(c)
+        report = ApplyReport(dry_run=dry_run)
+        store.execute(c, "ensure_tenant", {"tenant": tenant})
+        existing = {
+            row["name"]: row
+            for row in store.execute(c, "find_jobs_by_names", {"tenants": [tenant] * len(names), "names": names})
+        }
+        deliveries = _deliveries(c, list(existing.values()))
+        changed: list[tuple[JobSpec, dict]] = []
+        created: list[JobSpec] = []
+        for spec in specs:
+            row = existing.get(spec.name)  # type: ignore[arg-type]
+            stored = None if row is None else JobSpec.from_rows(row, deliveries.get(row["job_id"]))
+            if precondition is not None:
+                precondition(spec.name, None if stored is None else spec_digest(stored))  # type: ignore[arg-type]
+            if row is None:
+                created.append(spec)
+                report.created.append(spec.name)  # type: ignore[arg-type]
+            elif spec.same_as_row(row, deliveries.get(row["job_id"])):
+                report.unchanged.append(spec.name)  # type: ignore[arg-type]
+            else:
+                changed.append((spec, row))
+                report.changed.append(spec.name)  # type: ignore[arg-type]
+        pruned = store.execute(c, "jobs_of_tenant_except", {"tenant": tenant, "names": names}) if prune else []
+        report.deleted = sorted(row["name"] for row in pruned)
+        if created:
+            _check_quota(c, tenant, len(created) - len(pruned), default_max_schedules)
+        new_rows = []
+        for spec in created:
+            with _item(index_of[spec.name]):
+                new_rows.append(_job_row(spec, uuid.uuid4(), now))  # refuses a past one-shot
+        for spec, row in changed:
+            if not all(spec.row_fields()[column] == row[column] for column in SCHEDULE_COLUMNS):
+                with _item(index_of[spec.name]):
+                    _job_row(spec, row["job_id"], now)  # the same check for an edited schedule
+        if dry_run:
+            return report
+        if new_rows:
+            register_schedules(c, new_rows)
+            with c.cursor() as cur:
+                cur.executemany(store.QUERIES["insert_job"], new_rows)
+            _write_delivery(c, list(zip(created, new_rows, strict=True)), existing=False)
+        for spec, row in changed:
+            _replace_job(c, spec, row, now)
+        if pruned:
+            _retire(c, pruned, now, "deleted")
+            store.execute(
+                c,
+                "delete_jobs_by_keys",
+                {
+                    "pids": [row["partition_id"] for row in pruned],
+                    "jids": [row["job_id"] for row in pruned],
+                    "changed_at": now,
+                },
+            )
+        rows = store.execute(c, "find_jobs_by_names", {"tenants": [tenant] * len(names), "names": names})
+        stored_deliveries = _deliveries(c, rows)
+        report.stored = {row["name"]: (row, stored_deliveries.get(row["job_id"])) for row in rows}
+        return report
+
+    return _run_named(conn, body)
+
+
+@contextlib.contextmanager
+def _item(index: int) -> Iterator[None]:
+    """Tag a ValidationError raised inside with the batch item ``index`` (``item``)."""
+    try:
+        yield
+    except ValidationError as exc:
+        exc.item = index
+        raise
+
+
+def _check_quota(c: psycopg.Connection, tenant: str, added: int, default: int) -> None:
+    """Lock ``tenant``'s row and refuse (ValidationError, field ``max_schedules``)
+    a write adding ``added`` live jobs (net) beyond its quota."""
+    rows = store.execute(c, "lock_tenant_quota", {"tenant": tenant})
+    quota = default if not rows or rows[0]["max_schedules"] is None else rows[0]["max_schedules"]
+    live = store.execute(c, "count_jobs_of_tenant", {"tenant": tenant, "name_prefix": None})[0]["n"]
+    if live + added > quota:
+        raise ValidationError(
+            "max_schedules",
+            f"tenant {clip(tenant)} may have at most {quota} schedules; "
+            f"it has {live} and this request would make {live + added}",
+        )
+
+
+def find_job(conn: psycopg.Connection, tenant: str, name: str) -> dict:
+    """The live job ``name`` of ``tenant`` (its ``jobs`` row); raises NotFoundError
+    (the same message whether the name is unknown or another tenant's)."""
+    rows = store.execute(conn, "get_job_by_name", {"tenant": tenant, "name": name})
+    if not rows:
+        raise NotFoundError(f"name: no schedule {clip(name)}")
+    return rows[0]
+
+
 def add_jobs(
     conn: psycopg.Connection, specs: Iterable[JobSpec], *, push_policy: AddressPolicy | None = None
 ) -> list[uuid.UUID]:
@@ -622,9 +871,9 @@ def add_jobs(
     return store.run_transaction(conn, body)
 
 
-def get_job(conn: psycopg.Connection, job_id: uuid.UUID) -> dict:
-    """The ``jobs`` row of ``job_id``; raises NotFoundError."""
-    rows = store.execute(conn, "get_job", {"partition_id": partition_of(job_id), "job_id": job_id})
+def get_job(conn: psycopg.Connection, job_id: uuid.UUID, tenant: str | None = None) -> dict:
+    """The ``jobs`` row of ``job_id`` (only if it is ``tenant``'s, when given); raises NotFoundError."""
+    rows = store.execute(conn, "get_job", {"partition_id": partition_of(job_id), "job_id": job_id, "tenant": tenant})
     if not rows:
         raise NotFoundError(f"job_id: no job {job_id}")
     return rows[0]
@@ -635,6 +884,53 @@ def get_delivery(conn: psycopg.Connection, job: dict) -> DeliverySpec:
     ``job_delivery`` row, if any."""
     rows = store.execute(conn, "get_job_delivery", {"partition_id": job["partition_id"], "job_id": job["job_id"]})
     return DeliverySpec.from_rows(job, rows[0] if rows else None)
+
+
+def get_delivery_row(conn: psycopg.Connection, job: dict) -> dict | None:
+    """The ``job_delivery`` row of a ``jobs`` row, ``None`` if it has none (the defaults)."""
+    rows = store.execute(conn, "get_job_delivery", {"partition_id": job["partition_id"], "job_id": job["job_id"]})
+    return rows[0] if rows else None
+
+
+DELIVERY_ROW_COLUMNS = tuple(field for field in DELIVERY_FIELDS if field not in ("queue", "overlap"))
+"""The ``job_delivery`` columns :func:`list_schedules` joins to each row (the delivery
+fields but those on the ``jobs`` row)."""
+
+
+def list_schedules(
+    conn: psycopg.Connection,
+    tenant: str,
+    *,
+    after: str | None = None,
+    limit: int = 100,
+    paused: bool | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    name_prefix: str | None = None,
+) -> list[dict]:
+    """One page of ``tenant``'s live named jobs, by name, the first ``limit`` after
+    the name ``after`` (None: from the start), each a ``jobs`` row with its
+    ``job_delivery`` columns joined (:func:`delivery_columns` splits them off);
+    ``paused``, ``kind``, ``queue`` and ``name_prefix`` (taken literally) filter
+    when not None. One statement (``list_schedules``)."""
+    return store.execute(
+        conn,
+        "list_schedules",
+        {
+            "tenant": tenant,
+            "after": after,
+            "limit": limit,
+            "paused": paused,
+            "kind": kind,
+            "queue": queue,
+            "name_prefix": name_prefix,
+        },
+    )
+
+
+def delivery_columns(row: dict) -> dict | None:
+    """The ``job_delivery`` row joined to a :func:`list_schedules` row (None: it has none)."""
+    return {column: row[column] for column in DELIVERY_ROW_COLUMNS} if row["has_delivery"] else None
 
 
 def list_jobs(conn: psycopg.Connection, tenant: str | None = None, limit: int = 1000) -> list[dict]:
@@ -654,53 +950,70 @@ def _require_tenant(conn: psycopg.Connection, tenant: str) -> None:
         raise NotFoundError(f"tenant: no tenant {clip(tenant)}")
 
 
-def set_paused(conn: psycopg.Connection, job_id: uuid.UUID, paused: bool) -> None:
+def set_paused(conn: psycopg.Connection, job_id: uuid.UUID, paused: bool, *, tenant: str | None = None) -> None:
     """Pause (no slot fires while paused) or resume (next slot strictly after now).
 
     Pausing drops the pending slot; if it was due, it and the slots through
     now are recorded as skipped (``paused``). Slots that pass while paused are
     not expected at all. Pausing a paused job or resuming a running one
     changes nothing (a running job keeps its next slot, overdue or not).
-    Raises NotFoundError for an unknown or deleted job.
+    With ``tenant``, only that tenant's job is found. Raises NotFoundError
+    for an unknown, another tenant's or deleted job.
     """
-
-    def body(c: psycopg.Connection) -> None:
-        now = _store_now(c)
-        row = _get_for_update(c, job_id)
-        if row["paused"] == paused:
-            return
-        next_nominal = next_due = None
-        if not paused:
-            next_nominal = _row_schedule(row).next_after(now)
-            if next_nominal is not None:
-                next_due = scheduled_time(job_id, next_nominal, row["jitter_s"])
-        _retire(c, [row], now, "paused" if paused else None)
-        store.execute(
-            c,
-            "set_job_paused",
-            {
-                "partition_id": row["partition_id"],
-                "job_id": job_id,
-                "paused": paused,
-                "next_nominal_at": next_nominal,
-                "next_due_at": next_due,
-                "changed_at": now,
-            },
-        )
-
-    store.run_transaction(conn, body)
+    store.run_transaction(conn, lambda c: set_paused_in(c, job_id, paused, _store_now(c), tenant=tenant))
 
 
-def delete_job(conn: psycopg.Connection, job_id: uuid.UUID) -> None:
+def set_paused_in(
+    c: psycopg.Connection, job_id: uuid.UUID, paused: bool, now: datetime, *, tenant: str | None = None
+) -> dict:
+    """:func:`set_paused` inside the caller's transaction at store time ``now``;
+    returns the job's row as it was before (locked), whether or not it changed."""
+    row = _get_for_update(c, job_id, tenant)
+    if row["paused"] == paused:
+        return row
+    next_nominal = next_due = None
+    if not paused:
+        next_nominal = _row_schedule(row).next_after(now)
+        if next_nominal is not None:
+            next_due = scheduled_time(job_id, next_nominal, row["jitter_s"])
+    _retire(c, [row], now, "paused" if paused else None)
+    store.execute(
+        c,
+        "set_job_paused",
+        {
+            "partition_id": row["partition_id"],
+            "job_id": job_id,
+            "paused": paused,
+            "next_nominal_at": next_nominal,
+            "next_due_at": next_due,
+            "changed_at": now,
+        },
+    )
+    return row
+
+
+def delete_job(
+    conn: psycopg.Connection,
+    job_id: uuid.UUID,
+    *,
+    tenant: str | None = None,
+    precondition: Precondition | None = None,
+) -> None:
     """Delete a job (soft: it stops firing at once; its runs stay). A due pending
-    slot is recorded as skipped (``deleted``). Raises NotFoundError."""
+    slot is recorded as skipped (``deleted``). With ``tenant``, only that
+    tenant's job is found. ``precondition(name, digest)`` (as
+    :func:`apply_jobs` calls it; the digest of the job's stored spec) runs
+    with the row locked, before anything is written; what it raises aborts
+    the delete. Raises NotFoundError."""
 
     def body(c: psycopg.Connection) -> None:
         now = _store_now(c)
         try:
-            row = _get_for_update(c, job_id)
+            row = _get_for_update(c, job_id, tenant)
         except NotFoundError:
             raise NotFoundError(f"job_id: no job {job_id}") from None
+        if precondition is not None:
+            precondition(row["name"], spec_digest(JobSpec.from_rows(row, get_delivery_row(c, row))))
         _retire(c, [row], now, "deleted")
         store.execute(c, "delete_job", {"partition_id": row["partition_id"], "job_id": job_id, "changed_at": now})
 
@@ -775,16 +1088,38 @@ def set_tenant(
     weight: int | None = None,
     max_rate: float | None = None,
     clear_max_rate: bool = False,
+    max_schedules: int | None = None,
+    clear_max_schedules: bool = False,
 ) -> dict:
-    """Change a tenant's weight and/or fleet-wide rate cap; raises NotFoundError."""
+    """Change a tenant's weight, fleet-wide rate cap and/or schedule quota
+    (``max_schedules``: live jobs the API's ``PUT`` and ``apply`` may leave it
+    with, 0 to :data:`MAX_SCHEDULES_LIMIT`; ``clear_max_schedules``: back to
+    the default, :data:`DEFAULT_MAX_SCHEDULES`). Returns the row (tenant,
+    weight, max_rate, max_schedules). Raises NotFoundError, ValidationError
+    naming the field."""
     validate_tenant(tenant)
     _check_weight_rate(weight, max_rate)
+    if max_schedules is not None:
+        max_schedules = parse_whole(
+            "max_schedules",
+            max_schedules,
+            minimum=0,
+            maximum=MAX_SCHEDULES_LIMIT,
+            rule=f"must be a whole number from 0 to {MAX_SCHEDULES_LIMIT} in ASCII digits",
+        )
     rows = store.run_transaction(
         conn,
         lambda c: store.execute(
             c,
             "update_tenant",
-            {"tenant": tenant, "weight": weight, "max_rate": max_rate, "clear_max_rate": clear_max_rate},
+            {
+                "tenant": tenant,
+                "weight": weight,
+                "max_rate": max_rate,
+                "clear_max_rate": clear_max_rate,
+                "max_schedules": max_schedules,
+                "clear_max_schedules": clear_max_schedules,
+            },
         ),
     )
     if not rows:

@@ -159,7 +159,12 @@ class Settings:
     @property
     def api(self) -> ApiSettings:
         """The HTTP API's settings (:class:`ApiSettings`) taken from the ``api_*`` fields."""
-        return ApiSettings(rate_per_s=self.api_rate_per_s, burst=self.api_burst, pool_size=self.api_pool_size)
+        return ApiSettings(
+            rate_per_s=self.api_rate_per_s,
+            burst=self.api_burst,
+            pool_size=self.api_pool_size,
+            push_allow=self.push_allow,
+        )
 
     @property
     def effective_lock_timeout_s(self) -> float:
@@ -348,11 +353,7 @@ class Settings:
             )
         if not self.api_host:
             raise ConfigError("api_host must not be empty (e.g. 127.0.0.1, or 0.0.0.0 behind a TLS proxy)")
-        self.api.check()
-        try:
-            AddressPolicy.parse(self.push_allow)
-        except ValidationError as exc:
-            raise ConfigError(str(exc)) from None
+        self.api.check()  # and push_allow, which the API shares
         if len(self.node_id) > 200:
             raise ConfigError("node_id must be at most 200 characters")
 
@@ -365,6 +366,9 @@ class ApiSettings:
     ``rate_per_s`` (requests/s) and ``burst`` (requests) shape each key's token
     bucket; ``pool_size`` bounds the store connections; ``max_body_bytes``,
     ``page_size`` and ``max_page_size`` bound requests and list pages.
+    ``push_allow`` is the node setting of that name: the networks beyond the
+    public internet a schedule's URL target may reach, checked when a
+    schedule is saved (``PUT``, ``apply``), as ``jobs add --push-allow``.
     :meth:`check` raises ConfigError naming the setting.
     """
 
@@ -374,6 +378,7 @@ class ApiSettings:
     max_body_bytes: int = MAX_API_BODY_BYTES
     page_size: int = API_PAGE_SIZE
     max_page_size: int = MAX_API_PAGE_SIZE
+    push_allow: str = ""
 
     def check(self) -> ApiSettings:
         """Return self; raise ConfigError (naming the ``api_*`` setting) for a value out of range."""
@@ -392,6 +397,10 @@ class ApiSettings:
         ):
             if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= hi):
                 raise ConfigError(f"{name} must be a whole number from 1 to {hi} (got {value!r})")
+        try:
+            AddressPolicy.parse(self.push_allow)
+        except ValidationError as exc:
+            raise ConfigError(str(exc)) from None
         return self
 
 

@@ -155,7 +155,9 @@ class JobSpec:
         UTC-offset changes in the jitter rule (:func:`check_jitter`).
         """
         validate_tenant(self.tenant)
-        if self.name is not None and not (0 < len(self.name) <= MAX_NAME_LEN and self.name.isprintable()):
+        if self.name is not None and not (
+            isinstance(self.name, str) and 0 < len(self.name) <= MAX_NAME_LEN and self.name.isprintable()
+        ):
             raise ValidationError("name", f"must be 1-{MAX_NAME_LEN} printable characters", self.name)
         if self.kind not in KINDS:
             raise ValidationError("kind", f"must be one of {', '.join(KINDS)}", self.kind)
@@ -206,6 +208,29 @@ class JobSpec:
             "misfire_grace_s": self.misfire_grace_s,
             "jitter_s": self.jitter_s,
         }
+
+    @classmethod
+    def from_rows(cls, row: dict[str, Any], delivery_row: dict[str, Any] | None = None) -> JobSpec:
+        """The spec a stored job has: its ``jobs`` row and its ``job_delivery`` row
+        (``None``: it has none). Not validated (a row is what was validated when
+        saved); ``same_as_row`` of the result and the same rows is true."""
+        from scheduler.delivery.targets import DeliverySpec
+
+        return cls(
+            tenant=row["tenant"],
+            kind=row["kind"],
+            cron=row["cron_expr"],
+            tz=row["tz"],
+            dialect=row["cron_dialect"],
+            interval_s=row["interval_s"],
+            at=row["fire_at"],
+            name=row["name"],
+            misfire=row["misfire"],
+            catchup_window_s=row["catchup_window_s"],
+            misfire_grace_s=row["misfire_grace_s"],
+            jitter_s=row["jitter_s"],
+            delivery=DeliverySpec.from_rows(row, delivery_row),
+        )
 
     def same_as_row(self, row: dict[str, Any], delivery_row: dict[str, Any] | None = None) -> bool:
         """True if a stored job has exactly this spec (idempotent ``--name``): its

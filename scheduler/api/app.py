@@ -8,7 +8,8 @@ the admin endpoints (:mod:`scheduler.api.admin`) and ``/v1/explain``
 and on ``app.state``: ``pool`` (a ``psycopg_pool.ConnectionPool`` opened
 while the app runs), ``keys`` (:class:`scheduler.api.keys.KeyVerifier`),
 ``limiter`` (:class:`scheduler.api.limits.RateLimiter`), ``settings``
-(:class:`scheduler.settings.ApiSettings`).
+(:class:`scheduler.settings.ApiSettings`), ``push_policy`` (the SSRF allowlist
+of schedules' URL targets at save time, from ``push_allow``).
 
 Handlers are plain ``def`` functions: FastAPI runs them in its thread pool,
 each with a pooled psycopg connection (the store layer is synchronous).
@@ -32,6 +33,7 @@ from scheduler.api import admin, errors, explain, runs, schedules
 from scheduler.api.deps import Authenticate
 from scheduler.api.keys import KeyVerifier
 from scheduler.api.limits import BodyLimit, RateLimiter
+from scheduler.delivery.ssrf import AddressPolicy
 from scheduler.settings import ApiSettings
 
 STATEMENT_TIMEOUT_S = 10.0
@@ -126,6 +128,7 @@ def create_app(dsn: str, *, settings: ApiSettings | None = None) -> FastAPI:
     app.state.pool = _pool(dsn, api.pool_size)
     app.state.keys = KeyVerifier()
     app.state.limiter = RateLimiter(api.rate_per_s, api.burst)
+    app.state.push_policy = AddressPolicy.parse(api.push_allow)
     errors.install(app)
     for module in (schedules, runs, explain, admin):
         app.include_router(module.router, responses=COMMON_RESPONSES)

@@ -99,7 +99,12 @@ def next_fires(job: dict, count: int = DESCRIBE_FIRES) -> list[dict[str, datetim
 
 
 def describe_job(
-    conn: psycopg.Connection, job_id: uuid.UUID, *, fires: int = DESCRIBE_FIRES, runs: int = DESCRIBE_RUNS
+    conn: psycopg.Connection,
+    job_id: uuid.UUID,
+    *,
+    fires: int = DESCRIBE_FIRES,
+    runs: int = DESCRIBE_RUNS,
+    tenant: str | None = None,
 ) -> dict:
     """Everything an operator asks about one job, as one JSON-ready-ish dict (instants as datetimes).
 
@@ -114,12 +119,13 @@ def describe_job(
     :data:`RUN_STATES` plus ``predelivery`` (state NULL); ``in_flight``:
     leased + failed; ``skips``: per reason ``{"ranges", "slots",
     "uncounted"}``). One read-only transaction (retried on 40001/40P01).
-    Raises NotFoundError for an unknown job.
+    Raises NotFoundError for an unknown job (with ``tenant``: or another
+    tenant's; the job is read scoped by it, the rest by its key).
     """
     key = {"partition_id": partition_of(job_id), "job_id": job_id}
 
     def read(c: psycopg.Connection) -> dict:
-        job = store.execute(c, "get_job", key)
+        job = store.execute(c, "get_job", {**key, "tenant": tenant})
         if not job:
             raise NotFoundError(f"job_id: no job {job_id}")
         delivery = store.execute(c, "get_job_delivery", key)
@@ -217,7 +223,9 @@ def redrive_job(conn: psycopg.Connection, job_id: uuid.UUID, state: str, limit: 
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValidationError("limit", "must be a whole number >= 1", limit)
     moved = _redrive(conn, job_id, None, (state,), limit)
-    if not moved and not store.execute(conn, "get_job", {"partition_id": partition_of(job_id), "job_id": job_id}):
+    if not moved and not store.execute(
+        conn, "get_job", {"partition_id": partition_of(job_id), "job_id": job_id, "tenant": None}
+    ):
         raise NotFoundError(f"job_id: no job {job_id}")
     return [run_id(job_id, nominal) for nominal in moved]
 

@@ -725,14 +725,19 @@ ON CONFLICT (tenant) DO NOTHING
 RETURNING tenant;
 
 -- name: update_tenant
+-- tenants set: each of weight, max_rate, max_schedules (alembic revision
+-- 0033) kept when its parameter is NULL, max_rate and max_schedules cleared
+-- (NULL: no cap / the default quota) by their clear_ flags.
 UPDATE tenants
 SET weight = coalesce(%(weight)s, weight),
-    max_rate = CASE WHEN %(clear_max_rate)s THEN NULL ELSE coalesce(%(max_rate)s, max_rate) END
+    max_rate = CASE WHEN %(clear_max_rate)s THEN NULL ELSE coalesce(%(max_rate)s, max_rate) END,
+    max_schedules = CASE WHEN %(clear_max_schedules)s THEN NULL
+                         ELSE coalesce(%(max_schedules)s, max_schedules) END
 WHERE tenant = %(tenant)s
-RETURNING tenant, weight, max_rate;
+RETURNING tenant, weight, max_rate, max_schedules;
 
 -- name: list_tenants
-SELECT t.tenant, t.weight, t.max_rate, t.created_at,
+SELECT t.tenant, t.weight, t.max_rate, t.max_schedules, t.created_at,
        (SELECT count(*) FROM jobs AS j WHERE j.tenant = t.tenant AND j.deleted_at IS NULL) AS jobs
 FROM tenants AS t
 ORDER BY t.tenant;
@@ -989,12 +994,73 @@ WHERE j.deleted_at IS NULL
 FOR UPDATE OF j;
 
 -- name: get_job
-SELECT * FROM jobs WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s;
+-- One job; with %(tenant)s (the API's principal) only if it is that tenant's
+-- (NULL: any tenant, the operator's CLI).
+SELECT * FROM jobs
+WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text);
 
 -- name: get_job_for_update
 -- A job about to be rewritten: locked, so a firing statement waits (or has
--- committed and the rewrite sees its advance).
-SELECT * FROM jobs WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s FOR UPDATE;
+-- committed and the rewrite sees its advance). Scoped by %(tenant)s as get_job.
+SELECT * FROM jobs
+WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+FOR UPDATE;
+
+-- name: get_job_by_name
+-- The live job %(name)s of %(tenant)s (not locked: the API resolves a
+-- schedule's name, then acts on its id scoped by the same tenant).
+SELECT * FROM jobs
+WHERE tenant = %(tenant)s AND name = %(name)s AND deleted_at IS NULL;
+
+-- name: list_schedules
+-- One page of a tenant's schedules (its live named jobs) for the API, by
+-- name after %(after)s (NULL: the first page), with their delivery row's
+-- columns (has_delivery false: none, the defaults), filtered by paused,
+-- kind, queue and a literal name prefix (each NULL: no filter). Served by
+-- jobs_tenant_name_idx.
+SELECT j.*, d.job_id IS NOT NULL AS has_delivery, d.url, d.method, d.headers, d.timeout_s,
+       d.payload, d.max_attempts, d.backoff_base_s, d.backoff_cap_s, d.max_age_s
+FROM jobs AS j
+LEFT JOIN job_delivery AS d ON d.partition_id = j.partition_id AND d.job_id = j.job_id
+WHERE j.tenant = %(tenant)s
+  AND j.name IS NOT NULL
+  AND j.deleted_at IS NULL
+  AND (%(after)s::text IS NULL OR j.name > %(after)s::text)
+  AND (%(paused)s::boolean IS NULL OR j.paused = %(paused)s::boolean)
+  AND (%(kind)s::text IS NULL OR j.kind = %(kind)s::text)
+  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+  AND (%(name_prefix)s::text IS NULL
+       OR left(j.name, length(%(name_prefix)s::text)) = %(name_prefix)s::text)
+ORDER BY j.name
+LIMIT %(limit)s;
+
+-- name: jobs_of_tenant_except
+-- apply's prune: the live named jobs of %(tenant)s whose name is not one of
+-- %(names)s, locked (the caller retires and deletes them in its transaction).
+SELECT *
+FROM jobs
+WHERE tenant = %(tenant)s
+  AND name IS NOT NULL
+  AND deleted_at IS NULL
+  AND NOT (name = ANY(%(names)s::text[]))
+ORDER BY partition_id, job_id
+FOR UPDATE;
+
+-- name: lock_tenant_quota
+-- A write that creates schedules: the tenant row locked until commit (so
+-- two creators of one tenant count one after the other) with its quota
+-- (max_schedules NULL: the default).
+SELECT tenant, max_schedules FROM tenants WHERE tenant = %(tenant)s FOR UPDATE;
+
+-- name: paused_since
+-- When a paused job was paused: the end of its last revision in force
+-- while it was not paused (NULL: none kept).
+SELECT max(valid_until) AS paused_at
+FROM job_revisions
+WHERE partition_id = %(partition_id)s AND job_id = %(job_id)s
+  AND tenant = %(tenant)s AND NOT paused;
 
 -- name: list_jobs
 -- Live jobs with their push target's url and method (NULL for a queue).

@@ -392,6 +392,39 @@ def test_jobs_list_show_pause_resume_delete(pg_dsn, conn) -> None:
     one_line_error(run(["jobs", "show", "not-a-uuid"], pg_dsn), 2, "error: job_id: must be a UUID")
 
 
+def test_jobs_resume_catch_up_backfill(pg_dsn, conn) -> None:
+    job_id = uuid.UUID(run(["jobs", "add", "--tenant", "acme", "--cron", "0 * * * *"], pg_dsn).stdout.strip())
+
+    def pause_three_hours_ago() -> datetime:
+        assert run(["jobs", "pause", str(job_id)], pg_dsn).stdout == f"paused {job_id}\n"
+        conn.execute(  # as if the pause had happened three hours ago
+            "UPDATE job_revisions SET valid_from = valid_from - interval '3 hours',"
+            " valid_until = valid_until - interval '3 hours' WHERE job_id = %s AND NOT paused",
+            (job_id,),
+        )
+        return conn.execute(
+            "SELECT max(valid_until) AS t FROM job_revisions WHERE job_id = %s AND NOT paused", (job_id,)
+        ).fetchone()["t"]
+
+    paused_at = pause_three_hours_ago()
+    refused = run(["jobs", "resume", str(job_id), "--catch-up", "backfill", "--max-runs", "1"], pg_dsn)
+    one_line_error(refused, 2, "error: max_runs: the range holds more than 1 slots")
+    assert jobs.get_job(conn, job_id)["paused"] is True  # nothing written
+    resumed = run(["jobs", "resume", str(job_id), "--catch-up", "backfill"], pg_dsn)
+    resumed_at = jobs.get_job(conn, job_id)["changed_at"]
+    top = paused_at.replace(minute=0, second=0, microsecond=0)
+    expected = [top + timedelta(hours=k) for k in range(1, 6) if top + timedelta(hours=k) <= resumed_at]
+    assert len(expected) in (3, 4)
+    assert resumed.stdout == f"resumed {job_id}; backfilled {len(expected)} runs\n"
+    got = conn.execute("SELECT nominal_time, origin FROM runs WHERE job_id = %s ORDER BY 1", (job_id,)).fetchall()
+    assert got == [{"nominal_time": t, "origin": "backfill"} for t in expected]
+    assert jobs.get_job(conn, job_id)["paused"] is False
+
+    pause_three_hours_ago()
+    assert run(["jobs", "resume", str(job_id)], pg_dsn).stdout == f"resumed {job_id}\n"  # --catch-up none
+    assert len(conn.execute("SELECT 1 FROM runs WHERE job_id = %s", (job_id,)).fetchall()) == len(expected)
+
+
 def test_jobs_import_reports_every_bad_line(pg_dsn, conn) -> None:
     result = run(["jobs", "import", str(CORPUS), "--tenant", "corpus"], pg_dsn)
     assert result.exit_code == 0
@@ -420,15 +453,35 @@ def test_tenants_add_list_set(pg_dsn, conn) -> None:
     ]
 
     assert run(["tenants", "set", "acme", "--weight", "3", "--max-rate", "5"], pg_dsn).stdout == (
-        "tenant acme weight=3 max_rate=5.0\n"
+        "tenant acme weight=3 max_rate=5.0 max_schedules=default\n"
     )
-    assert run(["tenants", "set", "acme", "--no-max-rate"], pg_dsn).stdout == "tenant acme weight=3 max_rate=-\n"
+    assert run(["tenants", "set", "acme", "--no-max-rate"], pg_dsn).stdout == (
+        "tenant acme weight=3 max_rate=- max_schedules=default\n"
+    )
+    assert run(["tenants", "set", "acme", "--max-schedules", "40"], pg_dsn).stdout == (
+        "tenant acme weight=3 max_rate=- max_schedules=40\n"
+    )
     text = run(["tenants", "list"], pg_dsn).stdout.splitlines()
-    assert text[0].split() == ["TENANT", "WEIGHT", "MAX_RATE", "JOBS", "CREATED_AT"]
-    assert text[1].split()[:4] == ["acme", "3", "-", "0"]
+    assert text[0].split() == ["TENANT", "WEIGHT", "MAX_RATE", "MAX_SCHEDULES", "JOBS", "CREATED_AT"]
+    assert text[1].split()[:5] == ["acme", "3", "-", "40", "0"]
+    assert run(["tenants", "set", "acme", "--no-max-schedules"], pg_dsn).stdout.endswith("max_schedules=default\n")
+    one_line_error(
+        run(["tenants", "set", "acme", "--max-schedules", "-1"], pg_dsn),
+        2,
+        "error: max_schedules: must be a whole number from 0 to 100000000 in ASCII digits (got '-1')",
+    )
+    one_line_error(
+        run(["tenants", "set", "acme", "--max-schedules", "5", "--no-max-schedules"], pg_dsn),
+        2,
+        "error: --max-schedules and --no-max-schedules contradict each other",
+    )
 
     one_line_error(run(["tenants", "set", "initech", "--weight", "2"], pg_dsn), 2, "error: tenant: no tenant")
-    one_line_error(run(["tenants", "set", "acme"], pg_dsn), 2, "error: give --weight, --max-rate or --no-max-rate")
+    one_line_error(
+        run(["tenants", "set", "acme"], pg_dsn),
+        2,
+        "error: give --weight, --max-rate, --no-max-rate, --max-schedules or --no-max-schedules",
+    )
     one_line_error(
         run(["tenants", "set", "acme", "--max-rate", "5", "--no-max-rate"], pg_dsn),
         2,

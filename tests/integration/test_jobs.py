@@ -459,9 +459,13 @@ def test_tenants_add_list_set(conn) -> None:
     listed = [(t["tenant"], t["weight"], t["max_rate"], t["jobs"]) for t in jobs.list_tenants(conn)]
     assert listed == [("acme", 3, 50.0, 1), ("globex", 1, None, 1)]
 
-    assert jobs.set_tenant(conn, "acme", weight=5) == {"tenant": "acme", "weight": 5, "max_rate": 50.0}
-    assert jobs.set_tenant(conn, "acme", max_rate=7.5) == {"tenant": "acme", "weight": 5, "max_rate": 7.5}
-    assert jobs.set_tenant(conn, "acme", clear_max_rate=True) == {"tenant": "acme", "weight": 5, "max_rate": None}
+    acme = {"tenant": "acme", "max_schedules": None}
+    assert jobs.set_tenant(conn, "acme", weight=5) == {**acme, "weight": 5, "max_rate": 50.0}
+    assert jobs.set_tenant(conn, "acme", max_rate=7.5) == {**acme, "weight": 5, "max_rate": 7.5}
+    assert jobs.set_tenant(conn, "acme", clear_max_rate=True) == {**acme, "weight": 5, "max_rate": None}
+    assert jobs.set_tenant(conn, "acme", max_schedules=3) == {**acme, "weight": 5, "max_rate": None, "max_schedules": 3}
+    assert jobs.set_tenant(conn, "acme", weight=6)["max_schedules"] == 3  # kept
+    assert jobs.set_tenant(conn, "acme", clear_max_schedules=True)["max_schedules"] is None
     with pytest.raises(NotFoundError, match="initech"):
         jobs.set_tenant(conn, "initech", weight=2)
 
@@ -471,6 +475,9 @@ def test_tenants_add_list_set(conn) -> None:
         (lambda: jobs.add_tenant(conn, "initech", weight=0), "weight"),
         (lambda: jobs.add_tenant(conn, "initech", weight=1001), "weight"),
         (lambda: jobs.add_tenant(conn, "initech", max_rate=0), "max_rate"),
+        (lambda: jobs.set_tenant(conn, "acme", max_schedules=-1), "max_schedules"),
+        (lambda: jobs.set_tenant(conn, "acme", max_schedules=100_000_001), "max_schedules"),
+        (lambda: jobs.set_tenant(conn, "acme", max_schedules="٣"), "max_schedules"),
         (lambda: jobs.add_tenant(conn, "initech", max_rate=float("inf")), "max_rate"),
         (lambda: jobs.add_tenant(conn, "initech", max_rate=float("nan")), "max_rate"),
         (lambda: jobs.set_tenant(conn, "acme", max_rate=float("inf")), "max_rate"),

@@ -79,3 +79,10 @@ def test_spec_api_refuses_an_option_the_policy_ignores_and_an_empty_zone() -> No
     assert caught.value.field == "tz"
     spec = JobSpec.build(tenant="a", interval_s="60", misfire="once", misfire_grace_s="5")
     assert (spec.interval_s, spec.misfire_grace_s, spec.catchup_window_s) == (60, 5, 86_400)
+
+
+@pytest.mark.parametrize("name", [5, ["a"], b"bytes", "", "x" * 201, "tab\there"])
+def test_a_name_that_is_not_printable_text_is_refused(name) -> None:
+    with pytest.raises(ValidationError) as caught:  # a non-string was a TypeError (a 500 from the API)
+        JobSpec.build(tenant="a", interval_s=60, name=name)
+    assert str(caught.value).startswith("name: must be 1-200 printable characters")
