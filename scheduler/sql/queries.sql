@@ -1010,19 +1010,32 @@ WHERE tenant = %(tenant)s
 SELECT tenant FROM tenants WHERE tenant = %(tenant)s;
 
 -- name: list_runs
--- Runs, newest nominal time first, each filter optional (NULL: any): one
--- job's (a primary-key range), since a nominal time, in one delivery state,
--- of one tenant. Without a job it reads runs by nominal time: an operator's
--- command, bounded by %(limit)s rows returned, not by rows read.
+-- Runs, newest nominal time first (ties by job id), each filter optional
+-- (NULL: any): one job's (a primary-key range), nominal time at or after
+-- %(since)s and before %(until)s, in one delivery state, of one tenant, of
+-- the live job of that tenant named %(job_name)s (jobs_tenant_name_idx);
+-- after the page ending at (%(after_nominal)s, %(after_job)s) (keyset
+-- paging in this order). Each row has the job's name (NULL if unnamed or
+-- pruned). Without a job it reads runs by nominal time: bounded by
+-- %(limit)s rows returned, not by rows read.
 SELECT r.partition_id, r.job_id, r.nominal_time, r.tenant, r.scheduled_at, r.fired_at,
        r.node_id, r.epoch, r.state, r.queue, r.origin, r.attempt, r.available_at,
        r.leased_until, r.worker, r.first_claimed_at, r.finished_at, r.last_error,
-       extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s
+       extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s,
+       j.name AS job_name
 FROM runs AS r
+LEFT JOIN jobs AS j ON j.partition_id = r.partition_id AND j.job_id = r.job_id
 WHERE (%(job_id)s::uuid IS NULL OR (r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s::uuid))
   AND (%(since)s::timestamptz IS NULL OR r.nominal_time >= %(since)s::timestamptz)
+  AND (%(until)s::timestamptz IS NULL OR r.nominal_time < %(until)s::timestamptz)
   AND (%(state)s::text IS NULL OR r.state = %(state)s::text)
   AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
+  AND (%(job_name)s::text IS NULL OR (r.partition_id, r.job_id) IN (
+         SELECT n.partition_id, n.job_id FROM jobs AS n
+         WHERE n.tenant = %(tenant)s::text AND n.name = %(job_name)s::text AND n.deleted_at IS NULL))
+  AND (%(after_nominal)s::timestamptz IS NULL
+       OR r.nominal_time < %(after_nominal)s::timestamptz
+       OR (r.nominal_time = %(after_nominal)s::timestamptz AND r.job_id > %(after_job)s::uuid))
 ORDER BY r.nominal_time DESC, r.job_id
 LIMIT %(limit)s;
 
@@ -1061,9 +1074,12 @@ ORDER BY r.nominal_time DESC
 LIMIT %(limit)s;
 
 -- name: get_run_state
--- One run's delivery state (explains a redrive that changed nothing).
+-- One run's delivery state (explains a redrive, or the HTTP API's refused
+-- heartbeat/ack/nack), of tenant %(tenant)s (NULL: any): another tenant's
+-- run is no row, like a missing one.
 SELECT r.state FROM runs AS r
-WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s AND r.nominal_time = %(nominal_time)s;
+WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s AND r.nominal_time = %(nominal_time)s
+  AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text);
 
 -- name: redrive_runs
 -- Back to pending, available now (store time): one run
@@ -1071,7 +1087,8 @@ WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s AND r.nominal_
 -- is in %(states)s (dead, canceled). A redrive is a fresh retry budget:
 -- attempt 0 and first_claimed_at NULL (max_attempts and max_age_s count
 -- from the redrive), lease and outcome cleared; last_error is kept. The
--- state is re-checked by the UPDATE, so a concurrent change wins.
+-- state is re-checked by the UPDATE, so a concurrent change wins. Only runs
+-- of tenant %(tenant)s (NULL: any; the HTTP API passes its key's).
 UPDATE runs
 SET state = 'pending', attempt = 0, available_at = now(),
     lease_token = NULL, leased_until = NULL, worker = NULL, claimed_at = NULL,
@@ -1082,6 +1099,7 @@ WHERE (partition_id, job_id, nominal_time) IN (
     WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s
       AND (%(nominal_time)s::timestamptz IS NULL OR r.nominal_time = %(nominal_time)s::timestamptz)
       AND r.state = ANY(%(states)s::text[])
+      AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
     ORDER BY r.nominal_time
     LIMIT %(limit)s)
   AND state = ANY(%(states)s::text[])
@@ -1648,7 +1666,10 @@ ORDER BY c.nominal_time, c.job_id;
 -- subplan), not by a join with the data-modifying CTE: the planner
 -- estimates that CTE at one row and nested-loops it, quadratic in the
 -- batch (130 ms for 450 acks). Only a pair not changed reads its run
--- again (the CASE branch's subquery), to say why.
+-- again (the CASE branch's subquery), to say why. %(tenant)s (NULL: any)
+-- scopes every read and write to one tenant (the HTTP API's key): another
+-- tenant's run answers 'lost', exactly like a missing one. So do
+-- ack_runs and nack_runs.
 WITH a AS (
     SELECT *
     FROM unnest(%(pids)s::int4[], %(jids)s::uuid[], %(nominals)s::timestamptz[], %(tokens)s::uuid[])
@@ -1661,13 +1682,15 @@ WITH a AS (
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token
       AND r.state = 'leased'
+      AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
     RETURNING a.i
 )
 SELECT a.i,
        CASE WHEN a.i IN (SELECT i FROM extended) THEN 'leased'
             ELSE coalesce((SELECT CASE WHEN r.state = 'canceled' AND r.lease_token = a.token THEN 'canceled' END
                       FROM runs AS r
-                      WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal), 'lost') END AS answer
+                      WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
+                        AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)), 'lost') END AS answer
 FROM a
 ORDER BY a.i;
 
@@ -1691,13 +1714,15 @@ WITH a AS (
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token
       AND r.state = 'leased'
+      AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
     RETURNING a.i
 )
 SELECT a.i,
        CASE WHEN a.i IN (SELECT i FROM done) THEN 'succeeded'
             ELSE coalesce((SELECT CASE WHEN r.lease_token = a.token AND r.state IN ('succeeded', 'canceled') THEN r.state END
                       FROM runs AS r
-                      WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal), 'lost') END AS answer
+                      WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
+                        AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)), 'lost') END AS answer
 FROM a
 ORDER BY a.i;
 
@@ -1726,13 +1751,15 @@ WITH a AS (
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token
       AND r.state = 'leased'
+      AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
     RETURNING a.i
 )
 SELECT a.i,
        CASE WHEN a.i IN (SELECT i FROM failed) THEN 'failed'
             ELSE coalesce((SELECT CASE WHEN r.lease_token = a.token AND r.state IN ('failed', 'canceled') THEN r.state END
                       FROM runs AS r
-                      WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal), 'lost') END AS answer
+                      WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
+                        AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)), 'lost') END AS answer
 FROM a
 ORDER BY a.i;
 
