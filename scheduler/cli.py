@@ -22,6 +22,7 @@ Exit status, one rule for every command:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -525,6 +526,75 @@ def tenants_secret_list(dsn: str, tenant: str, as_json: bool) -> None:
         _echo_json(rows)
     else:
         _table(rows, ["secret_id", "created_at", "expires_at", "valid"])
+
+
+# ---------------------------------------------------------------- keys
+
+
+@cli.group(cls=OneLineErrors)
+def keys() -> None:
+    """API keys of the tenant HTTP API (docs/api.md, "Keys")."""
+
+
+@keys.command("create")
+@dsn_option
+@click.option("--tenant", default=None, help="The key's tenant (omit for --role admin).")
+@click.option(
+    "--role",
+    required=True,
+    type=click.Choice(["admin", "tenant", "worker"]),
+    help="admin: tenants, keys, status, verify; tenant: its schedules and runs; worker: claim/ack its runs.",
+)
+@click.option("--name", default=None, help="A label to recognize the key by in `keys list`.")
+def keys_create(dsn: str, tenant: str | None, role: str, name: str | None) -> None:
+    """Create a key and print its token ONCE on stdout, alone on its line (it cannot be read back).
+
+    Use it as `Authorization: Bearer <token>`. The key's id and role go to stderr.
+    """
+    from scheduler.api import keys as api_keys
+
+    with open_store(dsn) as conn:
+        token, row = api_keys.create(conn, tenant, role, name)
+    click.echo(
+        f"key {row['key_id']} created (role {row['role']}"
+        + (f", tenant {row['tenant']}" if row["tenant"] else "")
+        + "); the token below is shown once",
+        err=True,
+    )
+    click.echo(token)
+
+
+@keys.command("list")
+@dsn_option
+@click.option("--tenant", default=None, help="Only this tenant's keys.")
+@json_option
+def keys_list(dsn: str, tenant: str | None, as_json: bool) -> None:
+    """List keys (id, tenant, role, name, times); never a secret or its hash."""
+    from scheduler.api import keys as api_keys
+
+    rows: list[dict] = []
+    with open_store(dsn) as conn:
+        while True:
+            page = api_keys.list_keys(conn, tenant, after=rows[-1]["key_id"] if rows else None, limit=1000)
+            rows.extend(page)
+            if len(page) < 1000:
+                break
+    if as_json:
+        _echo_json(rows)
+    else:
+        _table(rows, ["key_id", "tenant", "role", "name", "created_at", "revoked_at", "last_used_at"])
+
+
+@keys.command("revoke")
+@dsn_option
+@click.argument("key_id")
+def keys_revoke(dsn: str, key_id: str) -> None:
+    """Revoke KEY_ID: every API process refuses it within a second (again: no change)."""
+    from scheduler.api import keys as api_keys
+
+    with open_store(dsn) as conn:
+        row = api_keys.revoke(conn, key_id)
+    click.echo(f"key {row['key_id']} revoked at {_fmt(row['revoked_at'])}")
 
 
 # ---------------------------------------------------------------- jobs
@@ -1425,6 +1495,11 @@ SETTING_HELP = {
     "otherwise.",
     "push_concurrency": "Push attempts this node runs at once.",
     "push_per_host": "Push attempts this node runs at once against one target host.",
+    "api_host": "Interface of the tenant HTTP API (0.0.0.0 only behind a TLS proxy; docs/api.md).",
+    "api_port": "Serve the tenant HTTP API on this port, on its own thread (0: any free port) [default: off].",
+    "api_rate_per_s": "HTTP API: requests per second each key may send (token bucket; 429 beyond).",
+    "api_burst": "HTTP API: requests a key may send at once after being idle (token bucket size).",
+    "api_pool_size": "HTTP API: store connections held at most (requests served at once).",
 }
 """Help text of each Settings field's option (every field has one; a test checks)."""
 
@@ -1435,8 +1510,9 @@ _CHOICES = {
 }
 
 
-def _settings_options(func: Callable) -> Callable:
-    """One option per Settings field (--lease-ttl-s / SCHEDULER_LEASE_TTL_S, ...) plus --config.
+def _settings_options(func: Callable, only: tuple[str, ...] | None = None) -> Callable:
+    """One option per Settings field (--lease-ttl-s / SCHEDULER_LEASE_TTL_S, ...) plus --config;
+    ``only``: just those fields.
 
     Options default to None, so :func:`_resolve_settings` can tell a flag or
     an environment variable (click's parameter source) from a value to take
@@ -1444,7 +1520,7 @@ def _settings_options(func: Callable) -> Callable:
     """
     types = settings_mod.field_types()
     defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
-    for name in reversed(list(types)):
+    for name in reversed([name for name in types if only is None or name in only]):
         kind = types[name]
         param_type: Any = (
             click.Choice(_CHOICES[name])
@@ -1510,6 +1586,96 @@ def node_cmd(ctx: click.Context, **values: Any) -> None:
     settings = settings.validated()
     logmod.configure(settings.log_format, settings.log_level)
     Node(settings).run_until_signalled()
+
+
+# ---------------------------------------------------------------- api
+
+API_PORT = 8080
+"""``scheduler api``'s port unless --port / SCHEDULER_API_PORT says otherwise."""
+
+
+@cli.command("api")
+@click.option(
+    "--host",
+    envvar="SCHEDULER_API_HOST",
+    show_envvar=True,
+    default=None,
+    help="Interface to listen on  [default: 127.0.0.1, loopback]. Bind 0.0.0.0 only behind a TLS proxy "
+    "or with --ssl-certfile.",
+)
+@click.option(
+    "--port",
+    envvar="SCHEDULER_API_PORT",
+    show_envvar=True,
+    default=None,
+    type=WholeNumber("port", 0, 65535),
+    help=f"TCP port (0: any free port)  [default: {API_PORT}].",
+)
+@click.option(
+    "--ssl-certfile",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Serve HTTPS with this PEM certificate (uvicorn's TLS; with --ssl-keyfile).",
+)
+@click.option(
+    "--ssl-keyfile",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="The certificate's PEM private key.",
+)
+@click.option("--access-log", is_flag=True, help="Log every request (method, path, status; never headers).")
+@functools.partial(
+    _settings_options, only=("dsn", "api_rate_per_s", "api_burst", "api_pool_size", "log_format", "log_level")
+)
+@click.pass_context
+def api_cmd(
+    ctx: click.Context,
+    host: str | None,
+    port: int | None,
+    ssl_certfile: str | None,
+    ssl_keyfile: str | None,
+    access_log: bool,
+    **values: Any,
+) -> None:
+    """Serve the tenant HTTP API (docs/api.md) until SIGTERM/SIGINT.
+
+    Loopback (127.0.0.1:8080) by default. Clients authenticate with
+    `Authorization: Bearer <token>` (scheduler keys create). The schema is
+    at /openapi.json.
+
+    \b
+    TLS: either --ssl-certfile/--ssl-keyfile (uvicorn terminates TLS), or
+    keep the loopback default behind a reverse proxy that does (nginx,
+    Caddy, a cloud load balancer). Never expose plain HTTP: keys travel in
+    a header.
+    """
+    from scheduler.api.server import serve
+
+    if (ssl_certfile is None) != (ssl_keyfile is None):
+        raise click.UsageError("--ssl-certfile and --ssl-keyfile go together: give both or neither")
+    settings, _ = _resolve_settings(ctx, values)
+    settings = dataclasses.replace(
+        settings,
+        api_host=host if host is not None else settings.api_host,
+        api_port=port if port is not None else API_PORT,
+    )
+    settings.check()
+    logmod.configure(settings.log_format, settings.log_level)
+    open_store(settings.dsn).close()  # misconfigured (no DSN, bad password, schema behind): exit 2 now
+    try:
+        serve(
+            settings.dsn,
+            settings.api_host,
+            settings.api_port,
+            settings=settings.api,
+            ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile,
+            access_log=access_log,
+        )
+    except OSError as exc:
+        raise ConfigError(
+            f"port: cannot listen on {settings.api_host}:{settings.api_port} ({exc.strerror or exc})"
+        ) from None
 
 
 # ---------------------------------------------------------------- worker

@@ -8,9 +8,12 @@ A node is two loops on two threads, each with its own store connection:
 * the firing loop (:class:`scheduler.firing.Firer`): one fenced firing
   transaction per ``tick_interval_s``.
 
-They share only the :class:`~scheduler.coordination.table.LeaseTable`. Two optional
+They share only the :class:`~scheduler.coordination.table.LeaseTable`. Optional
 pieces complete a production node:
 
+* the tenant HTTP API (:mod:`scheduler.api`, ``api_port`` set): uvicorn on
+  its own thread with its own store pool (docs/api.md), stopped first at
+  shutdown;
 * the HTTP endpoint (:mod:`scheduler.health`, ``metrics_port`` set):
   ``/metrics``, ``/healthz`` (loops make progress, :meth:`Node.liveness`)
   and ``/readyz`` (store answers + heartbeat fresh + loops alive + not
@@ -67,6 +70,7 @@ import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from types import FrameType
+from typing import Any
 
 from scheduler import log, store, watchdog
 from scheduler.clock import Clock, SystemClock
@@ -150,6 +154,8 @@ class Node:
             if self.settings.metrics_port is not None
             else None
         )
+        self.api: Any = None
+        """The HTTP API's :class:`scheduler.api.server.ApiThread` once started (``api_port`` set)."""
         # Progress of the watched loops (watchdog clock): thread id and last completed iteration.
         self._loop_threads: dict[str, int] = {}
         self._loop_beats: dict[str, float] = {}
@@ -291,6 +297,12 @@ class Node:
             raise
         if self.health is not None:
             self.health.start()
+        if self.settings.api_port is not None:
+            from scheduler.api.server import ApiThread  # FastAPI only in a node that serves the API
+
+            self.api = ApiThread(
+                self.settings.dsn, self.settings.api_host, self.settings.api_port, self.settings.api
+            ).start()
         log.event(
             "node_started",
             node=self.node_id,
@@ -301,6 +313,7 @@ class Node:
             poll_interval_s=self.settings.poll_interval_s,
             tick_interval_s=self.settings.tick_interval_s,
             metrics_port=self.metrics_port,
+            api_port=self.api.port if self.api is not None else None,
             retention_s=self.settings.retention_s,
         )
         self._threads = [
@@ -420,6 +433,8 @@ class Node:
     def join(self, timeout_s: float | None = None) -> None:
         """Wait for the firing loop to finish its tick, then release leases and leave."""
         leases, firing, *others = self._threads
+        if self.api is not None:
+            self.api.stop()
         firing.join(timeout_s)
         for thread in others:
             thread.join(timeout_s)

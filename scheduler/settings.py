@@ -87,6 +87,22 @@ PUSH_PER_HOST = 8
 """Push attempts one node runs at once against one target host."""
 MAX_PUSH_CONCURRENCY = 10_000
 """Largest ``push_concurrency`` / ``push_per_host`` accepted."""
+API_HOST = "127.0.0.1"
+"""Interface of the tenant HTTP API (``scheduler api``, ``node --api-port``): loopback unless asked."""
+API_RATE_PER_S = 50.0
+"""Per-key request rate of the HTTP API's token bucket (requests/s; docs/api.md, "Limits")."""
+API_BURST = 100
+"""Per-key bucket size of the HTTP API: requests a key may send at once after being idle."""
+API_POOL_SIZE = 8
+"""Store connections the HTTP API's pool holds at most (one per request in flight)."""
+MAX_API_POOL_SIZE = 200
+"""Largest ``api_pool_size`` accepted."""
+MAX_API_BODY_BYTES = 1_048_576
+"""Largest HTTP API request body (1 MiB): 413 beyond (docs/api.md, "Limits")."""
+API_PAGE_SIZE = 100
+"""Items of a list page of the HTTP API unless the request asks for another ``limit``."""
+MAX_API_PAGE_SIZE = 500
+"""Largest ``limit`` of a list page of the HTTP API."""
 SOURCES = ("flag", "env", "file", "default")
 """Where an effective setting came from, highest precedence first."""
 
@@ -134,6 +150,16 @@ class Settings:
     push_allow: str = ""
     push_concurrency: int = PUSH_CONCURRENCY
     push_per_host: int = PUSH_PER_HOST
+    api_host: str = API_HOST
+    api_port: int | None = None
+    api_rate_per_s: float = API_RATE_PER_S
+    api_burst: int = API_BURST
+    api_pool_size: int = API_POOL_SIZE
+
+    @property
+    def api(self) -> ApiSettings:
+        """The HTTP API's settings (:class:`ApiSettings`) taken from the ``api_*`` fields."""
+        return ApiSettings(rate_per_s=self.api_rate_per_s, burst=self.api_burst, pool_size=self.api_pool_size)
 
     @property
     def effective_lock_timeout_s(self) -> float:
@@ -231,6 +257,7 @@ class Settings:
             "node_prune_after_s",
             "retention_batch_interval_s",
             "stop_timeout_s",
+            "api_rate_per_s",
         )
         for name in positive:
             value = getattr(self, name)
@@ -315,12 +342,57 @@ class Settings:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_PUSH_CONCURRENCY):
                 raise ConfigError(f"{name} must be a whole number from 1 to {MAX_PUSH_CONCURRENCY} (got {value!r})")
+        if self.api_port is not None and not (isinstance(self.api_port, int) and 0 <= self.api_port <= 65535):
+            raise ConfigError(
+                f"api_port must be a TCP port 0-65535 (0: any free port), or unset (got {self.api_port!r})"
+            )
+        if not self.api_host:
+            raise ConfigError("api_host must not be empty (e.g. 127.0.0.1, or 0.0.0.0 behind a TLS proxy)")
+        self.api.check()
         try:
             AddressPolicy.parse(self.push_allow)
         except ValidationError as exc:
             raise ConfigError(str(exc)) from None
         if len(self.node_id) > 200:
             raise ConfigError("node_id must be at most 200 characters")
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiSettings:
+    """Limits of the tenant HTTP API (docs/api.md, "Limits"); :attr:`Settings.api` builds
+    it from the ``api_*`` settings (flags, ``SCHEDULER_API_*``, the config file).
+
+    ``rate_per_s`` (requests/s) and ``burst`` (requests) shape each key's token
+    bucket; ``pool_size`` bounds the store connections; ``max_body_bytes``,
+    ``page_size`` and ``max_page_size`` bound requests and list pages.
+    :meth:`check` raises ConfigError naming the setting.
+    """
+
+    rate_per_s: float = API_RATE_PER_S
+    burst: int = API_BURST
+    pool_size: int = API_POOL_SIZE
+    max_body_bytes: int = MAX_API_BODY_BYTES
+    page_size: int = API_PAGE_SIZE
+    max_page_size: int = MAX_API_PAGE_SIZE
+
+    def check(self) -> ApiSettings:
+        """Return self; raise ConfigError (naming the ``api_*`` setting) for a value out of range."""
+        if not (
+            isinstance(self.rate_per_s, (int, float))
+            and not isinstance(self.rate_per_s, bool)
+            and 0 < self.rate_per_s < math.inf
+        ):
+            raise ConfigError(f"api_rate_per_s must be a finite number > 0 (got {self.rate_per_s!r})")
+        for name, value, hi in (
+            ("api_burst", self.burst, 1_000_000),
+            ("api_pool_size", self.pool_size, MAX_API_POOL_SIZE),
+            ("api_max_body_bytes", self.max_body_bytes, 1 << 30),
+            ("api_max_page_size", self.max_page_size, 100_000),
+            ("api_page_size", self.page_size, self.max_page_size),
+        ):
+            if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= hi):
+                raise ConfigError(f"{name} must be a whole number from 1 to {hi} (got {value!r})")
+        return self
 
 
 def field_types() -> dict[str, type]:

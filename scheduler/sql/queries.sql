@@ -791,6 +791,61 @@ WHERE tenant = ANY(%(tenants)b::text[])
   AND (expires_at IS NULL OR expires_at > coalesce(%(now)s::timestamptz, now()))
 ORDER BY tenant, secret_id DESC;
 
+-- ---------------------------------------------------------------- HTTP API keys
+
+-- name: insert_api_key
+-- A new key of the HTTP API (scheduler/api/keys.py): %(secret_hash)s is the
+-- SHA-256 of its secret (never the secret). A colliding random key_id
+-- returns no row (the caller draws another).
+INSERT INTO api_keys (key_id, tenant, role, name, secret_hash, created_at)
+VALUES (%(key_id)s, %(tenant)s, %(role)s, %(name)s, %(secret_hash)s, coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (key_id) DO NOTHING
+RETURNING key_id, tenant, role, name, created_at, revoked_at, last_used_at;
+
+-- name: get_api_key
+-- What a request's key authenticates as: its tenant, role, hash and revocation.
+SELECT key_id, tenant, role, secret_hash, revoked_at
+FROM api_keys
+WHERE key_id = %(key_id)s;
+
+-- name: list_api_keys
+-- Keys (never the hash) of tenant %(tenant)s (NULL: all), by key_id, the
+-- page after %(after)s (NULL: from the start), at most %(limit)s rows.
+SELECT key_id, tenant, role, name, created_at, revoked_at, last_used_at
+FROM api_keys
+WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+  AND (%(after)s::text IS NULL OR key_id > %(after)s)
+ORDER BY key_id
+LIMIT %(limit)s;
+
+-- name: revoke_api_key
+-- Revoke key %(key_id)s at %(now)s (NULL: now()); an already revoked key
+-- keeps its first revocation time. No row: no such key.
+UPDATE api_keys
+SET revoked_at = coalesce(revoked_at, %(now)s::timestamptz, now())
+WHERE key_id = %(key_id)s
+RETURNING key_id, tenant, role, name, created_at, revoked_at, last_used_at;
+
+-- name: touch_api_key
+-- Record that key %(key_id)s was used at %(now)s (NULL: now()), unless it
+-- was recorded less than a minute before (the column is coarse on purpose:
+-- one write per key per minute at most).
+UPDATE api_keys
+SET last_used_at = coalesce(%(now)s::timestamptz, now())
+WHERE key_id = %(key_id)s
+  AND (last_used_at IS NULL
+       OR last_used_at < coalesce(%(now)s::timestamptz, now()) - INTERVAL '60 seconds');
+
+-- name: list_tenants_page
+-- Tenants after %(after)s (NULL: from the first) by name, at most %(limit)s,
+-- with weight, rate cap and live job count (the HTTP API's paged list).
+SELECT t.tenant, t.weight, t.max_rate, t.created_at,
+       (SELECT count(*) FROM jobs AS j WHERE j.tenant = t.tenant AND j.deleted_at IS NULL) AS jobs
+FROM tenants AS t
+WHERE (%(after)s::text IS NULL OR t.tenant > %(after)s)
+ORDER BY t.tenant
+LIMIT %(limit)s;
+
 -- ---------------------------------------------------------------- jobs
 
 -- name: register_schedules

@@ -1,0 +1,120 @@
+"""The tenant HTTP API as one ASGI application (FastAPI; docs/api.md).
+
+:func:`create_app` builds it: the routers of ``/v1/schedules…``
+(:mod:`scheduler.api.schedules`), ``/v1/runs…`` (:mod:`scheduler.api.runs`),
+the admin endpoints (:mod:`scheduler.api.admin`) and ``/v1/explain``
+(:mod:`scheduler.api.explain`); the error handlers of
+:mod:`scheduler.api.errors`; the body limit of :mod:`scheduler.api.limits`;
+and on ``app.state``: ``pool`` (a ``psycopg_pool.ConnectionPool`` opened
+while the app runs), ``keys`` (:class:`scheduler.api.keys.KeyVerifier`),
+``limiter`` (:class:`scheduler.api.limits.RateLimiter`), ``settings``
+(:class:`scheduler.settings.ApiSettings`).
+
+Handlers are plain ``def`` functions: FastAPI runs them in its thread pool,
+each with a pooled psycopg connection (the store layer is synchronous).
+The schema is served at ``/openapi.json`` and committed as
+``docs/openapi.json`` (:mod:`scheduler.api.schema` checks they agree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from scheduler import __version__, store
+from scheduler.api import admin, errors, explain, runs, schedules
+from scheduler.api.keys import KeyVerifier
+from scheduler.api.limits import BodyLimit, RateLimiter
+from scheduler.settings import ApiSettings
+
+STATEMENT_TIMEOUT_S = 10.0
+"""``statement_timeout`` of the API's store sessions: no request holds a connection longer."""
+
+POOL_TIMEOUT_S = 10.0
+"""How long a request waits for a free store connection before a 503."""
+
+_PROBLEM = {
+    "model": errors.Problem,
+    "content": {errors.PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+}
+
+COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {**_PROBLEM, "description": description}
+    for status, description in (
+        (401, "No key, or a malformed, unknown, revoked or wrong one (no detail)."),
+        (403, "The key's role may not use this endpoint."),
+        (404, "No such object (or another tenant's)."),
+        (413, "Request body over the limit (1 MiB)."),
+        (422, "Invalid input: `field` and `detail` name the field and the rule."),
+        (429, "Over the key's rate: `Retry-After` says when to retry."),
+    )
+}
+"""The error responses every ``/v1`` operation documents (problem+json)."""
+
+DESCRIPTION = """\
+The trigger engine's tenant API: schedules, runs and workers over HTTP.
+Authenticate with `Authorization: Bearer tk_...` (a key from `scheduler keys create`).
+Every error is `application/problem+json` naming the field and the rule.
+See docs/api.md."""
+
+
+def _pool(dsn: str, size: int) -> ConnectionPool:
+    timeout_ms = int(STATEMENT_TIMEOUT_S * 1000)
+    return ConnectionPool(
+        store.libpq_dsn(dsn),
+        min_size=1,
+        max_size=max(1, size),
+        timeout=POOL_TIMEOUT_S,
+        open=False,
+        name="scheduler-api",
+        kwargs={
+            "autocommit": True,
+            "row_factory": dict_row,
+            "application_name": "scheduler-api",
+            "connect_timeout": 5,
+            "options": f"-c statement_timeout={timeout_ms}",
+        },
+    )
+
+
+def create_app(dsn: str, *, settings: ApiSettings | None = None) -> FastAPI:
+    """The API application against the store at ``dsn``.
+
+    ``settings`` (default :class:`ApiSettings` ()) bounds requests and sets
+    the per-key rate. The store pool opens when the app starts (ASGI
+    lifespan) and closes when it stops. Raises ConfigError for a malformed
+    DSN or settings (nothing is opened).
+    """
+    api = (settings or ApiSettings()).check()
+    store.check_dsn(dsn)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.pool.open(wait=False)
+        try:
+            yield
+        finally:
+            app.state.pool.close()
+
+    app = FastAPI(
+        title="trigger engine API",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.settings = api
+    app.state.pool = _pool(dsn, api.pool_size)
+    app.state.keys = KeyVerifier()
+    app.state.limiter = RateLimiter(api.rate_per_s, api.burst)
+    errors.install(app)
+    for module in (schedules, runs, explain, admin):
+        app.include_router(module.router, responses=COMMON_RESPONSES)
+    app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes)
+    return app

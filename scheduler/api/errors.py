@@ -1,0 +1,261 @@
+"""Every error of the HTTP API as ``application/problem+json`` (RFC 9457; docs/api.md, "Errors").
+
+Body: ``{"type": "about:blank", "title": <HTTP reason>, "status": <code>,
+"detail": <one line>, "field": <input field>?}``. ``detail`` is the CLI's
+one-line message (``<field>: <rule> (got <value>)``, the value cut by
+:func:`scheduler.errors.clip`); a 401 carries no detail at all.
+
+Mapping (:func:`install`):
+
+* :class:`ApiError` → its status;
+* :class:`scheduler.errors.ValidationError` and
+  :class:`~scheduler.errors.ConfigError` → 422 (field and rule);
+  :class:`~scheduler.errors.NotFoundError` → 404;
+  :class:`~scheduler.errors.ConflictError` → 409;
+* FastAPI's request validation (a parameter or body of the wrong shape,
+  a body that is not JSON or not UTF-8) → 422 naming the field (the
+  parameter name, or the body path such as ``items[0].name``) and the rule;
+* Starlette's HTTP errors (unknown path 404, method 405, body too large
+  413) → that status;
+* the store unreachable or failing after retries → 503;
+* anything else → 500 with no internals (the exception is logged).
+"""
+
+from __future__ import annotations
+
+import http
+import logging
+from typing import Any
+
+import psycopg
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from scheduler import log as logmod
+from scheduler.errors import ConfigError, ConflictError, NotFoundError, StoreError, ValidationError, clip
+
+log = logging.getLogger("scheduler.api")
+
+PROBLEM_JSON = "application/problem+json"
+
+
+class Problem(BaseModel):
+    """The body of every error response (RFC 9457 problem details)."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str | None = None
+    field: str | None = None
+
+
+class ApiError(Exception):
+    """An error answered as ``status`` with a problem+json body.
+
+    ``title`` is the short HTTP-reason-like summary, ``detail`` the one-line
+    explanation, ``field`` the input field at fault (if any), ``headers``
+    extra response headers (e.g. ``Retry-After``).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        title: str,
+        detail: str,
+        *,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.title = title
+        self.detail = detail
+        self.field = field
+        self.headers = headers or {}
+
+
+class Unauthorized(ApiError):
+    """401 with ``WWW-Authenticate: Bearer`` and no detail (no key, malformed, unknown, revoked, wrong)."""
+
+    def __init__(self) -> None:
+        super().__init__(401, "Unauthorized", "", headers={"WWW-Authenticate": "Bearer"})
+
+
+class PayloadTooLarge(StarletteHTTPException):
+    """413: the request body is over the limit (raised while it is read, so FastAPI passes it through)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"body: must be at most {limit} bytes")
+
+
+def _reason(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def problem(
+    status: int,
+    detail: str | None = None,
+    *,
+    title: str | None = None,
+    field: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """A problem+json response: ``status``, ``title`` (default: the HTTP reason), ``detail`` and
+    ``field`` when given (a 401 has neither)."""
+    body: dict[str, Any] = {"type": "about:blank", "title": title or _reason(status), "status": status}
+    if detail:
+        body["detail"] = logmod.redact(detail)
+    if field:
+        body["field"] = field
+    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+
+
+def _loc_field(loc: tuple[Any, ...] | list[Any]) -> str:
+    """``("body", "items", 0, "name")`` → ``items[0].name``; ``("query", "count")`` → ``count``;
+    the body itself → ``body``."""
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
+        where, parts = parts[0], parts[1:]
+    else:
+        where = "body"
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or where
+
+
+_RULES = {
+    "missing": "is required",
+    "json_invalid": "must be valid JSON (UTF-8)",
+    "model_attributes_type": "must be a JSON object",
+    "dict_type": "must be a JSON object",
+    "list_type": "must be a JSON array",
+    "string_type": "must be a string",
+    "int_type": "must be a whole number",
+    "int_parsing": "must be a whole number in ASCII digits",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "extra_forbidden": "is not a known field",
+    "finite_number": "must be a finite number",
+}
+
+
+def _rule(error: dict[str, Any]) -> str:
+    kind = error.get("type", "")
+    ctx = error.get("ctx") or {}
+    if kind in _RULES:
+        return _RULES[kind]
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        sign = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[kind]
+        bound = next(iter(ctx.values()), "")
+        return f"must be {sign} {bound}"
+    if kind == "string_too_long":
+        return f"must be at most {ctx.get('max_length')} characters"
+    if kind == "string_too_short":
+        return f"must be at least {ctx.get('min_length')} characters"
+    if kind == "too_long":
+        return f"must have at most {ctx.get('max_length')} items"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected', '')}".replace("'", "")
+    if kind == "string_pattern_mismatch":
+        return f"must match {ctx.get('pattern')}"
+    message = str(error.get("msg", "is invalid"))
+    return message[:1].lower() + message[1:]
+
+
+def validation_detail(error: dict[str, Any]) -> tuple[str, str]:
+    """``(field, one-line detail)`` of one pydantic/FastAPI validation error, in the CLI's
+    ``<field>: <rule> (got <value>)`` form (the value cut by :func:`clip`; omitted when missing)."""
+    field = _loc_field(error.get("loc", ()))
+    rule = _rule(error)
+    given = error.get("input")
+    got = "" if error.get("type") in ("missing", "json_invalid") or given is None else f" (got {clip(given)})"
+    if isinstance(given, (dict, list)):
+        got = ""
+    return field, f"{field}: {rule}{got}"
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return problem(exc.status, exc.detail, title=exc.title, field=exc.field, headers=exc.headers)
+
+
+async def _validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ValidationError)
+    return problem(422, str(exc), field=exc.field)
+
+
+async def _config(request: Request, exc: Exception) -> JSONResponse:
+    return problem(422, str(exc))
+
+
+async def _not_found(request: Request, exc: Exception) -> JSONResponse:
+    text = str(exc)
+    field = text.split(":", 1)[0] if ":" in text and " " not in text.split(":", 1)[0] else None
+    return problem(404, text, field=field)
+
+
+async def _conflict(request: Request, exc: Exception) -> JSONResponse:
+    return problem(409, str(exc))
+
+
+async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    if not errors:
+        return problem(422, "request: is invalid")
+    field, detail = validation_detail(errors[0])
+    if len(errors) > 1:
+        detail += f" (and {len(errors) - 1} more)"
+    return problem(422, detail, field=field)
+
+
+async def _http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    detail = exc.detail if isinstance(exc.detail, str) and exc.detail != _reason(exc.status_code) else None
+    if exc.status_code == 404 and detail is None:
+        detail = f"path: no such resource {clip(request.url.path)}"
+    if exc.status_code == 405 and detail is None:
+        detail = f"method: {request.method} is not allowed on {clip(request.url.path)}"
+    field = "body" if exc.status_code == 413 else None
+    return problem(exc.status_code, detail, field=field, headers=dict(exc.headers or {}))
+
+
+async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    log.warning(
+        "api_store_error path=%s error=%s",
+        request.url.path,
+        logmod.redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__),
+    )
+    return problem(503, "store: unavailable, try again", headers={"Retry-After": "1"})
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("api_internal_error path=%s", request.url.path)
+    return problem(500, "internal error (logged)")
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers above on ``app`` (most specific class first)."""
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(ValidationError, _validation)
+    app.add_exception_handler(ConfigError, _config)
+    app.add_exception_handler(NotFoundError, _not_found)
+    app.add_exception_handler(ConflictError, _conflict)
+    app.add_exception_handler(RequestValidationError, _request_validation)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(StoreError, _store_unavailable)
+    app.add_exception_handler(psycopg.OperationalError, _store_unavailable)
+    app.add_exception_handler(Exception, _unexpected)

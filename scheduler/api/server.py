@@ -1,0 +1,124 @@
+"""Serving the HTTP API with uvicorn: ``scheduler api`` (:func:`serve`, in the foreground) and
+``scheduler node --api-port`` / the tests (:class:`ApiThread`, on its own thread).
+
+Loopback by default. TLS: uvicorn's own ``ssl_certfile``/``ssl_keyfile``
+(``scheduler api --ssl-certfile --ssl-keyfile``), or a reverse proxy
+terminating TLS in front of a loopback listener (docs/api.md, "Running").
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+from scheduler.api.app import create_app
+from scheduler.settings import ApiSettings
+
+log = logging.getLogger("scheduler.api")
+
+START_TIMEOUT_S = 10.0
+"""How long :meth:`ApiThread.start` waits for the listener."""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (0: any free port), IPv6 when ``host`` is one.
+
+    Raises OSError (address in use, no such interface).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _config(app: Any, **uvicorn_options: Any) -> uvicorn.Config:
+    options = {"log_level": "warning", "access_log": False, "server_header": False, "lifespan": "on"}
+    options.update(uvicorn_options)
+    # h11 bounds header size and count; the default limit of incomplete events is 16 kB per header block.
+    return uvicorn.Config(app, **options)
+
+
+def serve(
+    dsn: str,
+    host: str,
+    port: int,
+    *,
+    settings: ApiSettings | None = None,
+    ssl_certfile: str | None = None,
+    ssl_keyfile: str | None = None,
+    access_log: bool = False,
+) -> None:
+    """Serve the API on ``host:port`` until SIGINT/SIGTERM (uvicorn's handling: finish requests, exit).
+
+    Raises OSError if the address cannot be bound, ConfigError for a bad DSN or settings.
+    """
+    app = create_app(dsn, settings=settings)
+    sock = bind(host, port)
+    config = _config(app, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, access_log=access_log, log_level="info")
+    scheme = "https" if ssl_certfile else "http"
+    shown = f"[{host}]" if ":" in host else host
+    log.info("api_listening url=%s://%s:%d", scheme, shown, sock.getsockname()[1])
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+class ApiThread:
+    """The API served by uvicorn on a daemon thread (a node's ``--api-port``; the tests' ``api`` fixture).
+
+    :meth:`start` binds ``host:port`` (0: any free port; :attr:`port` is the
+    one bound) and returns once the app has started (its store pool open),
+    raising RuntimeError if it did not within :data:`START_TIMEOUT_S`.
+    :meth:`stop` asks uvicorn to finish and joins the thread (at most
+    ``timeout_s`` seconds).
+    """
+
+    def __init__(self, dsn: str, host: str = "127.0.0.1", port: int = 0, settings: ApiSettings | None = None):
+        self.app = create_app(dsn, settings=settings)
+        self.host = host
+        self._sock = bind(host, port)
+        self.port: int = self._sock.getsockname()[1]
+        self.server = uvicorn.Server(_config(self.app))
+        self.thread = threading.Thread(target=self._run, name="api", daemon=True)
+        self.error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the listener."""
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{shown}:{self.port}"
+
+    def _run(self) -> None:
+        try:
+            self.server.run(sockets=[self._sock])
+        except BaseException as exc:  # noqa: BLE001 - reported by start()/stop()
+            self.error = exc
+            log.exception("api_thread_failed")
+
+    def start(self) -> ApiThread:
+        self.thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self._sock.close()
+                raise RuntimeError(f"the API did not start on {self.url}: {self.error!r}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            self.server.force_exit = True
+            self.thread.join(timeout_s)
+        self._sock.close()
