@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from scheduler.delivery import lifecycle
-from scheduler.errors import ValidationError, clip
+from scheduler.errors import ValidationError
 
 API_KEY_ENV = "SCHEDULER_API_KEY"
 """The environment variable holding a worker's API key (never a command-line argument: ``ps`` shows those)."""
@@ -129,10 +129,11 @@ class ApiTransport:
             if resp.status < 300:
                 return json.loads(text)
         try:
-            detail = json.loads(text).get("detail") or json.loads(text).get("title") or ""
+            answer = json.loads(text)
+            detail = answer.get("detail") or answer.get("title") or ""
         except (ValueError, AttributeError):
             detail = ""
-        detail = clip(str(detail), 200)
+        detail = " ".join(str(detail).split())[:200]
         if resp.status in RETRIED_STATUSES:
             raise ApiUnavailable(resp.status, detail)
         raise ApiRefused(resp.status, detail)
