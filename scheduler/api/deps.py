@@ -20,10 +20,11 @@ import base64
 import binascii
 import json
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Annotated, Any
 
 import psycopg
-from fastapi import Query, Request
+from fastapi import Depends, Query, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from scheduler.api.errors import ApiError, Unauthorized
 from scheduler.api.keys import Principal
@@ -66,7 +67,17 @@ def _bearer(request: Request) -> str | None:
     return token.strip() or None
 
 
-def _authenticate(request: Request) -> Principal:
+BEARER = HTTPBearer(
+    auto_error=False,
+    scheme_name="key",
+    description="An API key's token (`tk_...`, from `scheduler keys create` or `POST /v1/keys`).",
+)
+"""Documents ``Authorization: Bearer`` in the OpenAPI schema; the header is checked by :func:`_authenticate`."""
+
+
+def _authenticate(
+    request: Request, _documented: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None
+) -> Principal:
     cached = getattr(request.state, "principal", None)
     if isinstance(cached, Principal):
         return cached
@@ -85,30 +96,30 @@ def _forbidden(role: str, allowed: str) -> ApiError:
     return ApiError(403, "Forbidden", f"role: a {role} key cannot use this endpoint (it needs {allowed})")
 
 
-def any_principal(request: Request) -> Principal:
+Authenticated = Annotated[Principal, Depends(_authenticate)]
+
+
+def any_principal(principal: Authenticated) -> Principal:
     """Any valid key (admin, tenant or worker): 401 otherwise, 429 over its rate."""
-    return _authenticate(request)
+    return principal
 
 
-def tenant_principal(request: Request) -> Principal:
+def tenant_principal(principal: Authenticated) -> Principal:
     """A ``tenant`` key (schedules): 403 for worker and admin keys."""
-    principal = _authenticate(request)
     if principal.role != "tenant":
         raise _forbidden(principal.role, "a tenant key")
     return principal
 
 
-def worker_principal(request: Request) -> Principal:
+def worker_principal(principal: Authenticated) -> Principal:
     """A ``worker`` or ``tenant`` key (runs): 403 for admin keys."""
-    principal = _authenticate(request)
     if principal.role not in ("worker", "tenant"):
         raise _forbidden(principal.role, "a worker or tenant key")
     return principal
 
 
-def admin_principal(request: Request) -> Principal:
+def admin_principal(principal: Authenticated) -> Principal:
     """An ``admin`` key (tenants, keys, status, verify): 403 for tenant and worker keys."""
-    principal = _authenticate(request)
     if principal.role != "admin":
         raise _forbidden(principal.role, "an admin key")
     return principal

@@ -9,7 +9,7 @@ so a bad one is a 422 with the CLI's one-line message naming the field.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, Field
@@ -47,6 +47,13 @@ class Explanation(BaseModel):
     exhausted: bool
 
 
+def _count_schema(schema: dict[str, Any]) -> None:
+    """``count`` is read as text and parsed as the CLI parses ``--count`` (the same messages);
+    its schema says what clients should send: an integer from 1 to MAX_COUNT."""
+    schema.pop("anyOf", None)
+    schema.update({"type": "integer", "minimum": 1, "maximum": MAX_COUNT, "default": DEFAULT_COUNT})
+
+
 @router.get("/v1/explain", response_model=Explanation, summary="Next fires of a cron expression")
 def explain(
     _: Annotated[Principal, Depends(any_principal)],
@@ -60,10 +67,7 @@ def explain(
     ] = None,
     count: Annotated[
         str | None,
-        Query(
-            description=f"How many fires (1-{MAX_COUNT}, default {DEFAULT_COUNT}).",
-            json_schema_extra={"type": "integer", "minimum": 1, "maximum": MAX_COUNT, "default": DEFAULT_COUNT},
-        ),
+        Query(description=f"How many fires (1-{MAX_COUNT}, default {DEFAULT_COUNT}).", json_schema_extra=_count_schema),
     ] = None,
 ) -> Explanation:
     """The next fires of ``cron`` on the wall clock of ``tz``, as `scheduler jobs next`.
@@ -73,6 +77,7 @@ def explain(
     """
     if cron is None:
         raise ValidationError("cron", "is required (?cron=EXPR)")
+    # Read as text and parsed as the CLI parses --count (the schema says integer): the same messages.
     n = DEFAULT_COUNT if count is None else parse_whole("count", count, minimum=1, maximum=MAX_COUNT, rule=COUNT_RULE)
     schedule = CronSchedule(cron, "UTC" if tz is None else tz, dialect or "unix")
     start = datetime.now(UTC) if after is None else parse_instant(after, "after")

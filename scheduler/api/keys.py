@@ -241,7 +241,7 @@ class KeyVerifier:
         now = self.clock()
         with self._lock:
             cached = self._rows.get(key_id)
-        if cached is not None and now - cached[0] < self.ttl_s:
+        if cached is not None and 0 <= now - cached[0] < self.ttl_s:
             row = cached[1]
         else:
             with connection() as conn:

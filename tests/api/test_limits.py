@@ -1,0 +1,123 @@
+"""Request limits over HTTP: body size (413), the per-key rate (429 + Retry-After), page sizes (422)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+
+from scheduler.api.limits import RateLimiter
+from scheduler.settings import MAX_API_BODY_BYTES, ApiSettings
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _problem(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    return response.json()
+
+
+def test_a_body_over_1_mib_by_content_length_is_413_before_it_is_read(api):
+    admin = api.key(None, "admin")
+    body = b'{"tenant": "' + b"a" * MAX_API_BODY_BYTES + b'"}'
+    response = httpx.post(
+        f"{api.url}/v1/tenants", content=body, headers=_auth(admin) | {"content-type": "application/json"}
+    )
+    assert _problem(response, 413) == {
+        "type": "about:blank",
+        "title": "Request Entity Too Large",
+        "status": 413,
+        "detail": f"body: must be at most {MAX_API_BODY_BYTES} bytes",
+        "field": "body",
+    }
+
+
+def test_a_streamed_body_over_1_mib_is_413_while_it_is_read(api):
+    """Chunked transfer: no Content-Length, the limit is counted on the bytes received."""
+    admin = api.key(None, "admin")
+    chunk = b" " * 65536
+
+    def chunks():
+        yield b'{"tenant": "big", "weight": 1'
+        for _ in range(MAX_API_BODY_BYTES // len(chunk) + 2):
+            yield chunk
+        yield b"}"
+
+    response = httpx.post(
+        f"{api.url}/v1/tenants", content=chunks(), headers=_auth(admin) | {"content-type": "application/json"}
+    )
+    assert "content-length" not in response.request.headers
+    assert _problem(response, 413)["detail"] == f"body: must be at most {MAX_API_BODY_BYTES} bytes"
+    listed = httpx.get(f"{api.url}/v1/tenants", headers=_auth(admin)).json()["items"]
+    assert [t["tenant"] for t in listed] == []
+
+
+def test_a_content_length_that_lies_low_cannot_smuggle_a_bigger_body(api):
+    """A declared length under the limit with more bytes sent: the server reads only what was declared."""
+    admin = api.key(None, "admin")
+    body = json.dumps({"tenant": "t1"}).encode()
+    host, port = api.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/tenants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + admin.encode() + b"\r\n"
+            b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+            + body + b"x" * 100
+        )  # fmt: skip
+        answer = sock.recv(65536).decode("latin-1")
+    assert answer.startswith("HTTP/1.1 201 "), answer
+
+
+def test_a_body_just_at_the_limit_is_read(api):
+    admin = api.key(None, "admin")
+    body = b'{"tenant": "exact", "weight": 2}'
+    body += b" " * (MAX_API_BODY_BYTES - len(body))
+    response = httpx.post(
+        f"{api.url}/v1/tenants", content=body, headers=_auth(admin) | {"content-type": "application/json"}
+    )
+    assert response.status_code == 201, response.text
+    assert response.json()["weight"] == 2
+
+
+def test_a_key_over_its_rate_gets_429_with_retry_after_and_other_keys_do_not(api_factory):
+    api = api_factory(ApiSettings(rate_per_s=0.5, burst=3))
+    token = api.key("acme", "tenant")
+    other = api.key("acme", "tenant")
+    params = {"cron": "* * * * *", "after": "2024-01-01T00:00:00Z", "count": "1"}
+    codes = [httpx.get(f"{api.url}/v1/explain", params=params, headers=_auth(token)).status_code for _ in range(3)]
+    assert codes == [200, 200, 200]
+    refused = httpx.get(f"{api.url}/v1/explain", params=params, headers=_auth(token))
+    body = _problem(refused, 429)
+    assert refused.headers["retry-after"] == "2"  # one token at 0.5/s: 2 s
+    assert body["title"] == "Too Many Requests"
+    assert body["detail"] == "rate: this key may send 0.5 requests/s (bursts of 3); retry after 2 s"
+    assert httpx.get(f"{api.url}/v1/explain", params=params, headers=_auth(other)).status_code == 200
+
+
+def test_the_token_bucket_refills_at_the_rate_and_caps_at_the_burst():
+    now = [0.0]
+    limiter = RateLimiter(rate_per_s=2.0, burst=2, clock=lambda: now[0])
+    assert [limiter.take("k") for _ in range(3)] == [0.0, 0.0, 0.5]
+    now[0] = 0.5  # one token back
+    assert limiter.take("k") == 0.0
+    assert limiter.take("k") == 0.5
+    now[0] = 100.0  # idle: the bucket holds burst (2) tokens, no more
+    assert [limiter.take("k") for _ in range(3)] == [0.0, 0.0, 0.5]
+    assert limiter.take("other") == 0.0
+
+
+def test_a_page_size_over_500_or_under_1_is_422_naming_limit(api):
+    admin = api.key(None, "admin")
+    for value, rule in (("501", "must be <= 500"), ("0", "must be >= 1"), ("-5", "must be >= 1")):
+        response = httpx.get(f"{api.url}/v1/tenants", params={"limit": value}, headers=_auth(admin))
+        body = _problem(response, 422)
+        assert body["field"] == "limit"
+        assert body["detail"] == f"limit: {rule} (got {value!r})"
+    huge = "9" * 5000
+    body = _problem(httpx.get(f"{api.url}/v1/tenants", params={"limit": huge}, headers=_auth(admin)), 422)
+    assert body["field"] == "limit"
+    assert body["detail"].startswith("limit: ")
+    assert len(body["detail"]) < 300
