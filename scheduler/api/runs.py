@@ -47,7 +47,7 @@ from scheduler.api.deps import (
     tenant_principal,
     worker_principal,
 )
-from scheduler.api.errors import ApiError, Problem
+from scheduler.api.errors import PROBLEM_JSON, ApiError, Problem
 from scheduler.delivery import lifecycle, views
 from scheduler.delivery.lifecycle import RunKey
 from scheduler.delivery.worker import ERROR_MAX_CHARS
@@ -77,14 +77,15 @@ RunId = Annotated[
     ),
 ]
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    404: {"model": Problem, "description": "No such run of the key's tenant (another tenant's run is one)."},
+_PROBLEM = {"model": Problem, "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+_CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {
-        "model": Problem,
-        "description": "Refused, nothing changed: the token no longer holds the run, or it was canceled.",
-    },
-    422: {"model": Problem, "description": "Bad input: `field` names it."},
+        **_PROBLEM,
+        "description": "Refused, nothing changed: the token no longer holds the run, or it was canceled "
+        "(redrive: the run is not dead or canceled).",
+    }
 }
+"""The one error the run endpoints add to the app's common ones (401, 403, 404, 413, 422, 429)."""
 
 
 class _Strict(BaseModel):
@@ -365,7 +366,6 @@ def _one(conn: Any, tenant: str, key: RunKey, answers: dict[str, str], done: str
     "/v1/runs",
     response_model=RunPage,
     summary="List the tenant's runs",
-    responses={422: _ERRORS[422]},
 )
 def list_runs(
     principal: Annotated[Principal, Depends(tenant_principal)],
@@ -379,7 +379,10 @@ def list_runs(
         AwareDatetime | None, Query(description="Nominal time at or after (ISO 8601 with offset).")
     ] = None,
     until: Annotated[AwareDatetime | None, Query(description="Nominal time before (ISO 8601 with offset).")] = None,
-    cursor: Annotated[str | None, Query(max_length=2048, description="`next_cursor` of the previous page.")] = None,
+    cursor: Annotated[
+        str | None,
+        Query(max_length=2048, pattern=r"^[A-Za-z0-9_-]+$", description="`next_cursor` of the previous page."),
+    ] = None,
 ) -> RunPage:
     """Runs of the key's tenant, newest nominal time first (ties by job id), ``limit`` a page."""
     after = _cursor_key(cursor)
@@ -400,7 +403,6 @@ def list_runs(
     "/v1/runs:claim",
     response_model=ClaimOut,
     summary="Lease runs of a queue",
-    responses={422: _ERRORS[422]},
 )
 def claim_runs(
     body: ClaimIn,
@@ -425,7 +427,6 @@ def claim_runs(
     "/v1/runs:heartbeat",
     response_model=HeartbeatBatchOut,
     summary="Extend the leases of runs",
-    responses={422: _ERRORS[422]},
 )
 def heartbeat_runs(
     body: HeartbeatBatchIn,
@@ -448,7 +449,6 @@ def heartbeat_runs(
     "/v1/runs:ack",
     response_model=AckBatchOut,
     summary="Record attempts that succeeded",
-    responses={422: _ERRORS[422]},
 )
 def ack_runs(
     body: AckBatchIn,
@@ -473,7 +473,6 @@ def _nack(key: RunKey, token: uuid.UUID, item: NackIn | NackOneIn) -> lifecycle.
     "/v1/runs:nack",
     response_model=NackBatchOut,
     summary="Record attempts that failed",
-    responses={422: _ERRORS[422]},
 )
 def nack_runs(
     body: NackBatchIn,
@@ -498,7 +497,7 @@ def nack_runs(
     "/v1/runs/{id}:heartbeat",
     response_model=HeartbeatResult,
     summary="Extend one run's lease",
-    responses={404: _ERRORS[404], 409: _ERRORS[409], 422: _ERRORS[422]},
+    responses=_CONFLICT,
 )
 def heartbeat_run(
     id: RunId,  # noqa: A002 - the documented path parameter
@@ -517,7 +516,7 @@ def heartbeat_run(
     "/v1/runs/{id}:ack",
     response_model=AckResult,
     summary="Record one attempt that succeeded",
-    responses={404: _ERRORS[404], 409: _ERRORS[409], 422: _ERRORS[422]},
+    responses=_CONFLICT,
 )
 def ack_run(
     id: RunId,  # noqa: A002
@@ -536,7 +535,7 @@ def ack_run(
     "/v1/runs/{id}:nack",
     response_model=NackResult,
     summary="Record one attempt that failed",
-    responses={404: _ERRORS[404], 409: _ERRORS[409], 422: _ERRORS[422]},
+    responses=_CONFLICT,
 )
 def nack_run(
     id: RunId,  # noqa: A002
@@ -555,7 +554,7 @@ def nack_run(
     "/v1/runs/{id}:redrive",
     response_model=RedriveOut,
     summary="Move a dead or canceled run back to pending",
-    responses={404: _ERRORS[404], 409: _ERRORS[409], 422: _ERRORS[422]},
+    responses=_CONFLICT,
 )
 def redrive_run(
     id: RunId,  # noqa: A002
