@@ -812,16 +812,10 @@ def list_runs(
     *,
     state: str | None = None,
     tenant: str | None = None,
-    until: datetime | None = None,
-    after: tuple[datetime, uuid.UUID] | None = None,
-    job_name: str | None = None,
 ) -> list[dict]:
-    """Runs, newest nominal time first (ties by job id), optionally of one job, with nominal
-    time at or after ``since`` and before ``until``, in one delivery ``state`` (pending,
-    leased, failed, succeeded, dead, canceled), of one ``tenant``, and/or of ``tenant``'s
-    live job named ``job_name`` (needs ``tenant``); ``after``: the (nominal time, job id)
-    of the last row of the previous page (keyset paging). Each row carries ``job_name``.
-    Raises NotFoundError if ``tenant`` is given, does not exist and nothing matched."""
+    """Runs, newest nominal time first, optionally of one job, since an instant, in one
+    delivery ``state`` (pending, leased, failed, succeeded, dead, canceled) and/or of one
+    ``tenant``. Raises NotFoundError if ``tenant`` is given, does not exist and nothing matched."""
     rows = store.execute(
         conn,
         "list_runs",
@@ -829,13 +823,9 @@ def list_runs(
             "job_id": job_id,
             "partition_id": partition_of(job_id) if job_id else None,
             "since": since,
-            "until": until,
             "limit": limit,
             "state": state,
             "tenant": tenant,
-            "after_nominal": after[0] if after else None,
-            "after_job": after[1] if after else None,
-            "job_name": job_name,
         },
     )
     if tenant is not None and not rows:

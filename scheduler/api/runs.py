@@ -37,7 +37,6 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Query
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from scheduler import jobs
 from scheduler.api.deps import (
     Principal,
     db,
@@ -261,22 +260,22 @@ def _key(text: str, field: str = "id") -> RunKey:
     return RunKey.parse(text, field)
 
 
-def _cursor_key(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
+def _cursor_key(cursor: str | None) -> RunKey | None:
+    """The last run of the previous page a cursor names (its run id); ValidationError (``cursor``) otherwise."""
     value = decode_cursor(cursor)
     if value is None:
         return None
     if not isinstance(value, str):
         raise ValidationError("cursor", "must be a next_cursor value returned by this list", cursor)
     try:
-        key = RunKey.parse(value, "cursor")
+        return RunKey.parse(value, "cursor")
     except ValidationError:
         raise ValidationError("cursor", "must be a next_cursor value returned by this list", cursor) from None
-    return key.nominal_time, key.job_id
 
 
 def _run_out(row: dict[str, Any]) -> RunOut:
     return RunOut(
-        id=views.run_id(row["job_id"], row["nominal_time"]),
+        id=row["run_id"],
         schedule=row["job_name"],
         job_id=row["job_id"],
         queue=row["queue"],
@@ -388,8 +387,8 @@ def list_runs(
     after = _cursor_key(cursor)
     tenant = _tenant(principal)
     with conn_cm as conn:
-        rows = jobs.list_runs(
-            conn, None, since, limit + 1, state=state, tenant=tenant, until=until, after=after, job_name=schedule
+        rows = views.list_tenant_runs(
+            conn, tenant, limit=limit + 1, job_name=schedule, state=state, since=since, until=until, after=after
         )
     items = [_run_out(row) for row in rows[:limit]]
     next_cursor = encode_cursor(items[-1].id) if len(rows) > limit else None

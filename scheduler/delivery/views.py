@@ -5,6 +5,8 @@
 * :func:`describe_job`: a job's spec and delivery target (header *names*
   only: values may be secrets), its next fires, its last runs with lateness
   and dispatch lag, and counters (runs per state, skips per reason);
+* :func:`list_tenant_runs`: one tenant's runs, newest first, filtered and paged
+  (the HTTP API's ``GET /v1/runs``);
 * :func:`redrive` / :func:`redrive_job`: dead or canceled runs back to
   ``pending`` (see :func:`redrive` for what a redrive resets);
 * :class:`DeliveryGauges`: the node's periodic read of queue depth per tenant
@@ -152,6 +154,46 @@ def describe_job(
             },
         },
     }
+
+
+# ---------------------------------------------------------------- a tenant's runs
+
+
+def list_tenant_runs(
+    conn: psycopg.Connection,
+    tenant: str,
+    *,
+    limit: int,
+    job_name: str | None = None,
+    state: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    after: RunKey | None = None,
+) -> list[dict]:
+    """Up to ``limit`` runs of ``tenant``, newest nominal time first (ties by job id):
+    optionally of its live job named ``job_name``, in delivery ``state``, with nominal
+    time in [``since``, ``until``), after the run ``after`` in that order (keyset
+    paging: pass the last run of the previous page). Rows as ``runs`` columns plus
+    ``run_id``, ``job_name`` and ``lateness_s`` (fired − scheduled, seconds).
+    Read per job of the tenant (``list_tenant_runs``): a page costs the tenant's own
+    jobs, never a scan of other tenants' runs. Raises ValidationError for ``limit``
+    outside 1..10,000 or an unknown ``state``."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise ValidationError("limit", "must be a whole number from 1 to 10000", limit)
+    if state is not None and state not in RUN_STATES:
+        raise ValidationError("state", f"must be one of {', '.join(RUN_STATES)}", state)
+    params = {
+        "tenant": tenant,
+        "limit": limit,
+        "job_name": job_name,
+        "state": state,
+        "since": since,
+        "until": until,
+        "after_nominal": after.nominal_time if after else None,
+        "after_job": after.job_id if after else None,
+    }
+    rows = store.run_transaction(conn, lambda c: store.execute(c, "list_tenant_runs", params))
+    return [{"run_id": run_id(row["job_id"], row["nominal_time"]), **row} for row in rows]
 
 
 # ---------------------------------------------------------------- redrive

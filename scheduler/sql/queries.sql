@@ -1065,32 +1065,19 @@ WHERE tenant = %(tenant)s
 SELECT tenant FROM tenants WHERE tenant = %(tenant)s;
 
 -- name: list_runs
--- Runs, newest nominal time first (ties by job id), each filter optional
--- (NULL: any): one job's (a primary-key range), nominal time at or after
--- %(since)s and before %(until)s, in one delivery state, of one tenant, of
--- the live job of that tenant named %(job_name)s (jobs_tenant_name_idx);
--- after the page ending at (%(after_nominal)s, %(after_job)s) (keyset
--- paging in this order). Each row has the job's name (NULL if unnamed or
--- pruned). Without a job it reads runs by nominal time: bounded by
--- %(limit)s rows returned, not by rows read.
+-- Runs, newest nominal time first, each filter optional (NULL: any): one
+-- job's (a primary-key range), since a nominal time, in one delivery state,
+-- of one tenant. Without a job it reads runs by nominal time: an operator's
+-- command, bounded by %(limit)s rows returned, not by rows read.
 SELECT r.partition_id, r.job_id, r.nominal_time, r.tenant, r.scheduled_at, r.fired_at,
        r.node_id, r.epoch, r.state, r.queue, r.origin, r.attempt, r.available_at,
        r.leased_until, r.worker, r.first_claimed_at, r.finished_at, r.last_error,
-       extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s,
-       j.name AS job_name
+       extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s
 FROM runs AS r
-LEFT JOIN jobs AS j ON j.partition_id = r.partition_id AND j.job_id = r.job_id
 WHERE (%(job_id)s::uuid IS NULL OR (r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s::uuid))
   AND (%(since)s::timestamptz IS NULL OR r.nominal_time >= %(since)s::timestamptz)
-  AND (%(until)s::timestamptz IS NULL OR r.nominal_time < %(until)s::timestamptz)
   AND (%(state)s::text IS NULL OR r.state = %(state)s::text)
   AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
-  AND (%(job_name)s::text IS NULL OR (r.partition_id, r.job_id) IN (
-         SELECT n.partition_id, n.job_id FROM jobs AS n
-         WHERE n.tenant = %(tenant)s::text AND n.name = %(job_name)s::text AND n.deleted_at IS NULL))
-  AND (%(after_nominal)s::timestamptz IS NULL
-       OR r.nominal_time < %(after_nominal)s::timestamptz
-       OR (r.nominal_time = %(after_nominal)s::timestamptz AND r.job_id > %(after_job)s::uuid))
 ORDER BY r.nominal_time DESC, r.job_id
 LIMIT %(limit)s;
 
@@ -1135,6 +1122,41 @@ LIMIT %(limit)s;
 SELECT r.state FROM runs AS r
 WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s AND r.nominal_time = %(nominal_time)s
   AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text);
+
+-- name: list_tenant_runs
+-- The HTTP API's run list: runs of tenant %(tenant)s, newest nominal time
+-- first (ties by job id), %(limit)s at most, each filter optional (NULL:
+-- any): of its live job named %(job_name)s, nominal time at or after
+-- %(since)s and before %(until)s, in delivery state %(state)s; after the
+-- page ending at (%(after_nominal)s, %(after_job)s) (keyset paging in this
+-- order). Read per job of the tenant (jobs_tenant_due_idx, then each job's
+-- primary-key range backward, at most %(limit)s rows each), so a page costs
+-- the tenant's own jobs, never a scan of every tenant's runs. Runs of a
+-- job pruned from jobs are not listed.
+SELECT r.partition_id, r.job_id, r.nominal_time, r.scheduled_at, r.fired_at, r.state, r.queue,
+       r.origin, r.attempt, r.available_at, r.leased_until, r.first_claimed_at, r.finished_at,
+       r.last_error, r.lateness_s, j.name AS job_name
+FROM jobs AS j
+CROSS JOIN LATERAL (
+    SELECT x.partition_id, x.job_id, x.nominal_time, x.scheduled_at, x.fired_at, x.state, x.queue,
+           x.origin, x.attempt, x.available_at, x.leased_until, x.first_claimed_at, x.finished_at,
+           x.last_error, extract(epoch FROM (x.fired_at - x.scheduled_at))::float8 AS lateness_s
+    FROM runs AS x
+    WHERE x.partition_id = j.partition_id AND x.job_id = j.job_id
+      AND x.tenant = %(tenant)s::text
+      AND (%(since)s::timestamptz IS NULL OR x.nominal_time >= %(since)s::timestamptz)
+      AND (%(until)s::timestamptz IS NULL OR x.nominal_time < %(until)s::timestamptz)
+      AND (%(state)s::text IS NULL OR x.state = %(state)s::text)
+      AND (%(after_nominal)s::timestamptz IS NULL
+           OR x.nominal_time < %(after_nominal)s::timestamptz
+           OR (x.nominal_time = %(after_nominal)s::timestamptz AND x.job_id > %(after_job)s::uuid))
+    ORDER BY x.nominal_time DESC
+    LIMIT %(limit)s
+) AS r
+WHERE j.tenant = %(tenant)s::text
+  AND (%(job_name)s::text IS NULL OR (j.name = %(job_name)s::text AND j.deleted_at IS NULL))
+ORDER BY r.nominal_time DESC, r.job_id
+LIMIT %(limit)s;
 
 -- name: redrive_runs
 -- Back to pending, available now (store time): one run
