@@ -1698,8 +1698,8 @@ def api_cmd(
     envvar="SCHEDULER_API_URL",
     show_envvar=True,
     help="Claim, heartbeat, ack and nack through the HTTP API at this URL instead of the store (no database "
-    "credentials); the key (a worker or tenant key) is read from the environment variable SCHEDULER_API_KEY, "
-    "never from the command line.",
+    "credentials; SCHEDULER_DSN and SCHEDULER_TENANT are then ignored); the key (a worker or tenant key) is read "
+    "from the environment variable SCHEDULER_API_KEY, never from the command line.",
 )
 @click.option("--queue", default="default", show_default=True, help="Queue (of each tenant) to serve.")
 @click.option(
@@ -1769,10 +1769,13 @@ def worker_cmd(
 
     api_key = None
     if api_url is not None:
-        source = click.get_current_context().get_parameter_source("dsn")
-        if dsn and source == click.core.ParameterSource.COMMANDLINE:
+        # Given on the command line they contradict --api-url; from the environment
+        # (SCHEDULER_DSN, SCHEDULER_TENANT of a shared profile) they are ignored.
+        ctx = click.get_current_context()
+        typed = click.core.ParameterSource.COMMANDLINE
+        if dsn and ctx.get_parameter_source("dsn") == typed:
             raise ValidationError("api_url", "give either --dsn or --api-url, not both")
-        if tenants:
+        if tenants and ctx.get_parameter_source("tenants") == typed:
             raise ValidationError("tenant", "not with --api-url: the worker serves the key's tenant")
         api_key = os.environ.get(API_KEY_ENV, "").strip()
         if not api_key:

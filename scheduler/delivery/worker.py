@@ -63,8 +63,8 @@ thread so a slow statement on one never delays the others):
 ``stop_timeout_s`` to finish, heartbeats continuing meanwhile; at the
 deadline every run still running is nacked (retryable, error ``worker
 stopped: handler still running at the stop deadline``) and its async handler
-cancelled; the remaining acks and nacks are flushed (for at most
-``FINAL_FLUSH_S`` more) and :meth:`Worker.run` returns. So no run stays leased
+cancelled; the remaining acks and nacks are flushed, and those already sent
+answered (for at most ``FINAL_FLUSH_S`` more), and :meth:`Worker.run` returns. So no run stays leased
 by a stopped worker without a heartbeat: it is either finished, nacked, or (the
 store unreachable) left to expire with its lease. A second signal ends the
 grace at once.
@@ -472,6 +472,7 @@ class Worker:
         self._inflight: dict[str, _InFlight] = {}
         self._running = 0
         self._acks: list[_InFlight] = []
+        self._sending = 0  # ack/nack batches sent and not answered yet
         self._nacks: list[_InFlight] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested = threading.Event()
@@ -588,10 +589,13 @@ class Worker:
                     f.task.cancel()
             self._flush_now.set()
             flush_deadline = time.monotonic() + FINAL_FLUSH_S
-            while (self._acks or self._nacks) and time.monotonic() < flush_deadline:
+            # A batch already sent counts as unflushed until its answer is in: cancelling
+            # its request could drop an ack the server never got (the run then waits
+            # out its lease and is delivered again).
+            while (self._acks or self._nacks or self._sending) and time.monotonic() < flush_deadline:
                 self._flush_now.set()
                 await asyncio.sleep(0.01)
-            self.stopped_cleanly = not (self._acks or self._nacks)
+            self.stopped_cleanly = not (self._acks or self._nacks or self._sending)
             if not self.stopped_cleanly:
                 log.event(
                     "worker_unflushed",
@@ -819,6 +823,7 @@ class Worker:
             return
         for f in batch:
             f.flushing = True
+        self._sending += 1
         try:
             if kind == "ack":
                 answers = await self._transport.ack([f.lease for f in batch])
@@ -829,6 +834,8 @@ class Worker:
                 f.flushing = False
             pending[:0] = [f for f in batch if self._inflight.get(f.run_id) is f]
             raise
+        finally:
+            self._sending -= 1
         done = "succeeded" if kind == "ack" else "failed"
         for f in batch:
             answer = answers.get(f.run_id, "lost")

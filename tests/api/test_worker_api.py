@@ -20,17 +20,20 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers import OneNode, pending_run, run_row, store_now, wait_for
+from helpers import OneNode, closed_port, pending_run, run_row, store_now, wait_for
 
 from scheduler import jobs, store
+from scheduler.api.server import ApiThread
 from scheduler.delivery import lifecycle
 from scheduler.delivery.lifecycle import RunKey
 from scheduler.delivery.worker import DoNotRetry, Run, Worker
 from scheduler.errors import ValidationError
+from scheduler.settings import ApiSettings
 from scheduler.spec import JobSpec
 
 S = timedelta(seconds=1)
 LEASE_S = 2.0
+UNLIMITED = ApiSettings(rate_per_s=100_000.0, burst=100_000, pool_size=4)
 
 HANDLERS = textwrap.dedent(
     """
@@ -108,7 +111,8 @@ def start(api) -> Iterator:
     def build(handler, token: str, **kwargs) -> Running:
         kwargs.setdefault("lease_s", LEASE_S)
         kwargs.setdefault("stop_timeout_s", 5.0)
-        started.append(Running(Worker(None, None, "default", handler, api_url=api.url, api_key=token, **kwargs)))
+        kwargs.setdefault("api_url", api.url)
+        started.append(Running(Worker(None, None, "default", handler, api_key=token, **kwargs)))
         return started[-1]
 
     yield build
@@ -199,6 +203,30 @@ def test_heartbeats_over_http_keep_a_run_leased_past_its_lease(api, db, start) -
     w.stop()
 
 
+def test_an_http_worker_keeps_its_result_while_the_api_is_down_and_acks_when_it_is_back(api, db, start) -> None:
+    token = api.key("acme", "worker")
+    key = due(db, "nightly")
+    first = ApiThread(api.dsn, "127.0.0.1", 0, UNLIMITED).start()
+    port = first.port
+    release = threading.Event()
+    w = start(lambda run: release.wait(30), token, lease_s=30.0, api_url=f"http://127.0.0.1:{port}")
+    try:
+        wait_for("leased", lambda: state_of(db, key), lambda s: s == ("leased", 1))
+    finally:
+        first.stop()
+    release.set()  # the handler returns while nothing listens: the ack fails and is kept
+    errors = w.worker.metrics.store_errors
+    wait_for("a failed ack", lambda: errors.labels(operation="ack")._value.get(), lambda n: n >= 2)
+    assert state_of(db, key) == ("leased", 1)
+    again = ApiThread(api.dsn, "127.0.0.1", port, UNLIMITED).start()
+    try:
+        wait_for("succeeded", lambda: state_of(db, key), lambda s: s == ("succeeded", 1))
+        w.stop()
+    finally:
+        again.stop()
+    assert w.worker.metrics.value("scheduler_worker_attempts_total", {"outcome": "succeeded"}) == 1
+
+
 def test_the_api_arguments_of_a_worker_are_validated(api) -> None:
     def handler(run: Run) -> None:
         return None
@@ -256,7 +284,19 @@ def test_an_http_worker_killed_mid_run_is_redelivered_as_attempt_2_after_its_lea
 def test_sigterm_lets_an_http_workers_handler_finish_and_ack_then_exit_0(api, db, handlers_dir) -> None:
     token = api.key("acme", "worker")
     key = due(db, "nightly")
-    proc = spawn(api, token, handlers_dir, "handlers:sleepy", "--stop-timeout-s", "30", WORKER_TEST_SLEEP_S="1.5")
+    # A DSN and a tenant in the environment (a shared profile) are ignored with --api-url: this DSN
+    # could not even be reached.
+    proc = spawn(
+        api,
+        token,
+        handlers_dir,
+        "handlers:sleepy",
+        "--stop-timeout-s",
+        "30",
+        WORKER_TEST_SLEEP_S="1.5",
+        SCHEDULER_DSN=f"postgresql://nobody@127.0.0.1:{closed_port()}/none",
+        SCHEDULER_TENANT="someone-else",
+    )
     try:
         wait_for("handler started", lambda: started(handlers_dir, key, 1), timeout_s=30)
         proc.send_signal(signal.SIGTERM)
