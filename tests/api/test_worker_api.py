@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import uuid
 from collections.abc import Iterator
@@ -20,7 +19,19 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers import OneNode, closed_port, pending_run, run_row, store_now, wait_for
+from helpers import (
+    WORKER_HANDLERS,
+    OneNode,
+    WorkerThread,
+    closed_port,
+    output_of,
+    pending_run,
+    reap,
+    run_row,
+    started,
+    store_now,
+    wait_for,
+)
 
 from scheduler import jobs, store
 from scheduler.api.server import ApiThread
@@ -34,25 +45,6 @@ from scheduler.spec import JobSpec
 S = timedelta(seconds=1)
 LEASE_S = 2.0
 UNLIMITED = ApiSettings(rate_per_s=100_000.0, burst=100_000, pool_size=4)
-
-HANDLERS = textwrap.dedent(
-    """
-    import os, pathlib, time
-
-    DIR = pathlib.Path(os.environ["WORKER_TEST_DIR"])
-
-    def slow(run):
-        # Marks that it started (file named by run id and attempt), then waits for a 'release' file (120 s at most).
-        (DIR / f"started.{run.run_id}.{run.attempt}").write_text(str(os.getpid()))
-        deadline = time.monotonic() + 120
-        while not (DIR / "release").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-    def sleepy(run):
-        (DIR / f"started.{run.run_id}.{run.attempt}").write_text(str(os.getpid()))
-        time.sleep(float(os.environ.get("WORKER_TEST_SLEEP_S", "600")))
-    """
-)
 
 
 @pytest.fixture
@@ -70,7 +62,7 @@ def node(api) -> Iterator[OneNode]:
 
 @pytest.fixture
 def handlers_dir(tmp_path: Path) -> Path:
-    (tmp_path / "handlers.py").write_text(HANDLERS)
+    (tmp_path / "handlers.py").write_text(WORKER_HANDLERS)
     return tmp_path
 
 
@@ -90,29 +82,15 @@ def state_of(conn: psycopg.Connection, key: RunKey) -> tuple[str, int]:
     return (r["state"], r["attempt"])
 
 
-class Running:
-    """A :class:`Worker` running on a thread until :meth:`stop`."""
-
-    def __init__(self, w: Worker) -> None:
-        self.worker = w
-        self.thread = threading.Thread(target=w.run, name="test-api-worker", daemon=True)
-        self.thread.start()
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self.worker.stop()
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "worker did not stop"
-
-
 @pytest.fixture
 def start(api) -> Iterator:
-    started: list[Running] = []
+    started: list[WorkerThread] = []
 
-    def build(handler, token: str, **kwargs) -> Running:
+    def build(handler, token: str, **kwargs) -> WorkerThread:
         kwargs.setdefault("lease_s", LEASE_S)
         kwargs.setdefault("stop_timeout_s", 5.0)
         kwargs.setdefault("api_url", api.url)
-        started.append(Running(Worker(None, None, "default", handler, api_key=token, **kwargs)))
+        started.append(WorkerThread(Worker(None, None, "default", handler, api_key=token, **kwargs)))
         return started[-1]
 
     yield build
@@ -133,20 +111,6 @@ def spawn(api, token: str, handlers_dir: Path, handler: str, *flags: str, **env:
         )  # fmt: skip
     proc.log_path = path  # type: ignore[attr-defined]
     return proc
-
-
-def output_of(proc: subprocess.Popen) -> str:
-    return proc.log_path.read_text()  # type: ignore[attr-defined]
-
-
-def reap(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(10)
-
-
-def started(handlers_dir: Path, key: RunKey, attempt: int) -> bool:
-    return (handlers_dir / f"started.{key.run_id}.{attempt}").exists()
 
 
 # ---------------------------------------------------------------- in a thread
