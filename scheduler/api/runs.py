@@ -31,9 +31,11 @@ naming ``id``.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
+import psycopg
 from fastapi import APIRouter, Depends, Path, Query
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -332,21 +334,51 @@ def _batch_keys(runs: list[LeaseIn] | list[NackIn]) -> list[RunKey]:
     return keys
 
 
-def _one(conn: Any, tenant: str, key: RunKey, answers: dict[str, str], done: str, verb: str) -> dict[str, str]:
-    """The single form's answer: 200 ``{"id", "answer"}`` when ``done``; 404 for a run the
-    tenant does not have; 409 for a refusal (canceled, or a token that no longer holds it)."""
-    answer = answers.get(key.run_id, "lost")
-    if answer == done:
-        return {"id": key.run_id, "answer": answer}
-    if answer == "canceled":
-        raise ApiError(
-            409,
-            "Conflict",
-            f"lease_token: refused (canceled): run {key.run_id} was canceled while this token held it; "
-            f"stop working on it (the {verb} changed nothing)",
-            field="lease_token",
-        )
-    exists, state = views.run_state(conn, key, tenant=tenant)
+def _leases(keys: list[RunKey], runs: list[LeaseIn]) -> list[tuple[RunKey, uuid.UUID]]:
+    return [(k, item.lease_token) for k, item in zip(keys, runs, strict=True)]
+
+
+def _batch(
+    runs: list[LeaseIn] | list[NackIn],
+    principal: Principal,
+    conn_cm: Any,
+    call: Callable[[psycopg.Connection, list[RunKey], str], dict[str, str]],
+) -> list[dict[str, str]]:
+    """A batch form's results: ``call(conn, keys, tenant)`` (the lifecycle's answers by run id)
+    answered for every run, in input order (``lost`` when the lifecycle gave none)."""
+    keys, tenant = _batch_keys(runs), _tenant(principal)
+    if not keys:
+        return []
+    with conn_cm as conn:
+        answers = call(conn, keys, tenant)
+    return [{"id": k.run_id, "answer": answers.get(k.run_id, "lost")} for k in keys]
+
+
+def _one(
+    run_id: str,
+    principal: Principal,
+    conn_cm: Any,
+    call: Callable[[psycopg.Connection, RunKey, str], dict[str, str]],
+    done: str,
+    verb: str,
+) -> dict[str, str]:
+    """A single form's answer: ``call(conn, key, tenant)``; 200 ``{"id", "answer"}`` when the
+    answer is ``done``; 404 for a run the tenant does not have; 409 for a refusal (canceled,
+    or a token that no longer holds the run)."""
+    key, tenant = _key(run_id), _tenant(principal)
+    with conn_cm as conn:
+        answer = call(conn, key, tenant).get(key.run_id, "lost")
+        if answer == done:
+            return {"id": key.run_id, "answer": answer}
+        if answer == "canceled":
+            raise ApiError(
+                409,
+                "Conflict",
+                f"lease_token: refused (canceled): run {key.run_id} was canceled while this token held it; "
+                f"stop working on it (the {verb} changed nothing)",
+                field="lease_token",
+            )
+        exists, state = views.run_state(conn, key, tenant=tenant)
     if not exists:
         raise ApiError(404, "Not Found", f"id: no run {key.run_id}", field="id")
     raise ApiError(
@@ -431,17 +463,16 @@ def heartbeat_runs(
     body: HeartbeatBatchIn,
     principal: Annotated[Principal, Depends(worker_principal)],
     conn_cm: Annotated[Any, Depends(db)],
-) -> HeartbeatBatchOut:
+) -> dict[str, Any]:
     """Extend each lease to now + ``lease_s``: ``leased``, or ``canceled`` / ``lost`` (stop working on it)."""
-    keys = _batch_keys(body.runs)
-    tenant = _tenant(principal)
-    if not keys:
-        return HeartbeatBatchOut(results=[])
-    with conn_cm as conn:
-        answers = lifecycle.heartbeat(
-            conn, list(zip(keys, (r.lease_token for r in body.runs), strict=True)), body.lease_s, tenant=tenant
+    return {
+        "results": _batch(
+            body.runs,
+            principal,
+            conn_cm,
+            lambda c, keys, t: lifecycle.heartbeat(c, _leases(keys, body.runs), body.lease_s, tenant=t),
         )
-    return HeartbeatBatchOut(results=[HeartbeatResult(id=k.run_id, answer=answers.get(k.run_id, "lost")) for k in keys])
+    }
 
 
 @router.post(
@@ -453,15 +484,13 @@ def ack_runs(
     body: AckBatchIn,
     principal: Annotated[Principal, Depends(worker_principal)],
     conn_cm: Annotated[Any, Depends(db)],
-) -> AckBatchOut:
+) -> dict[str, Any]:
     """``succeeded`` (also for an ack re-sent with the token that already succeeded), or refused."""
-    keys = _batch_keys(body.runs)
-    tenant = _tenant(principal)
-    if not keys:
-        return AckBatchOut(results=[])
-    with conn_cm as conn:
-        answers = lifecycle.ack(conn, list(zip(keys, (r.lease_token for r in body.runs), strict=True)), tenant=tenant)
-    return AckBatchOut(results=[AckResult(id=k.run_id, answer=answers.get(k.run_id, "lost")) for k in keys])
+    return {
+        "results": _batch(
+            body.runs, principal, conn_cm, lambda c, keys, t: lifecycle.ack(c, _leases(keys, body.runs), tenant=t)
+        )
+    }
 
 
 def _nack(key: RunKey, token: uuid.UUID, item: NackIn | NackOneIn) -> lifecycle.Nack:
@@ -477,16 +506,14 @@ def nack_runs(
     body: NackBatchIn,
     principal: Annotated[Principal, Depends(worker_principal)],
     conn_cm: Annotated[Any, Depends(db)],
-) -> NackBatchOut:
+) -> dict[str, Any]:
     """``failed`` (the partition owner then retries it after a backoff, or makes it dead), or refused."""
-    keys = _batch_keys(body.runs)
-    tenant = _tenant(principal)
-    if not keys:
-        return NackBatchOut(results=[])
-    fails = [_nack(k, item.lease_token, item) for k, item in zip(keys, body.runs, strict=True)]
-    with conn_cm as conn:
-        answers = lifecycle.nack(conn, fails, tenant=tenant)
-    return NackBatchOut(results=[NackResult(id=k.run_id, answer=answers.get(k.run_id, "lost")) for k in keys])
+
+    def nack(c: psycopg.Connection, keys: list[RunKey], t: str) -> dict[str, str]:
+        fails = [_nack(k, item.lease_token, item) for k, item in zip(keys, body.runs, strict=True)]
+        return lifecycle.nack(c, fails, tenant=t)
+
+    return {"results": _batch(body.runs, principal, conn_cm, nack)}
 
 
 # ---------------------------------------------------------------- one run
@@ -505,10 +532,11 @@ def heartbeat_run(
     conn_cm: Annotated[Any, Depends(db)],
 ) -> dict[str, str]:
     """Extend the lease to now + ``lease_s``; 409 if the token no longer holds the run or it was canceled."""
-    key, tenant = _key(id), _tenant(principal)
-    with conn_cm as conn:
-        answers = lifecycle.heartbeat(conn, [(key, body.lease_token)], body.lease_s, tenant=tenant)
-        return _one(conn, tenant, key, answers, "leased", "heartbeat")
+
+    def heartbeat(c: psycopg.Connection, key: RunKey, t: str) -> dict[str, str]:
+        return lifecycle.heartbeat(c, [(key, body.lease_token)], body.lease_s, tenant=t)
+
+    return _one(id, principal, conn_cm, heartbeat, "leased", "heartbeat")
 
 
 @router.post(
@@ -524,10 +552,11 @@ def ack_run(
     conn_cm: Annotated[Any, Depends(db)],
 ) -> dict[str, str]:
     """The run ends ``succeeded``; 409 if the token no longer holds it or it was canceled."""
-    key, tenant = _key(id), _tenant(principal)
-    with conn_cm as conn:
-        answers = lifecycle.ack(conn, [(key, body.lease_token)], tenant=tenant)
-        return _one(conn, tenant, key, answers, "succeeded", "ack")
+
+    def ack(c: psycopg.Connection, key: RunKey, t: str) -> dict[str, str]:
+        return lifecycle.ack(c, [(key, body.lease_token)], tenant=t)
+
+    return _one(id, principal, conn_cm, ack, "succeeded", "ack")
 
 
 @router.post(
@@ -543,10 +572,11 @@ def nack_run(
     conn_cm: Annotated[Any, Depends(db)],
 ) -> dict[str, str]:
     """The attempt ends ``failed``; 409 if the token no longer holds the run or it was canceled."""
-    key, tenant = _key(id), _tenant(principal)
-    with conn_cm as conn:
-        answers = lifecycle.nack(conn, [_nack(key, body.lease_token, body)], tenant=tenant)
-        return _one(conn, tenant, key, answers, "failed", "nack")
+
+    def nack(c: psycopg.Connection, key: RunKey, t: str) -> dict[str, str]:
+        return lifecycle.nack(c, [_nack(key, body.lease_token, body)], tenant=t)
+
+    return _one(id, principal, conn_cm, nack, "failed", "nack")
 
 
 @router.post(
