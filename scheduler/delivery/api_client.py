@@ -43,6 +43,9 @@ MAX_REQUEST_BYTES = 512 * 1024
 """A heartbeat, ack or nack batch is split so no request body passes this (the API's limit is 1 MB;
 1,000 nacks with 2,000-character errors would pass it)."""
 
+WORKER_LABEL_MAX = 100
+"""The API keeps at most this many characters of a claim's ``worker`` label (printable ASCII, no spaces)."""
+
 CONNECTIONS = 4
 """Keep-alive connections per worker: a claim, a heartbeat and an ack/nack can be in flight at once."""
 
@@ -127,7 +130,10 @@ class ApiTransport:
         async with self._open().post(self.url + path, data=json.dumps(body, separators=(",", ":"))) as resp:
             text = await resp.text()
             if resp.status < 300:
-                return json.loads(text)
+                try:
+                    return json.loads(text)
+                except ValueError:  # a proxy's page, a cut body: retried like an outage
+                    raise ApiUnavailable(resp.status, "the answer is not JSON") from None
         try:
             answer = json.loads(text)
             detail = answer.get("detail") or answer.get("title") or ""
@@ -142,9 +148,11 @@ class ApiTransport:
         self, *, tenant: str | None, queue: str, worker: str, limit: int, lease_s: float
     ) -> list[lifecycle.Claimed]:
         """``POST /v1/runs:claim``: up to ``limit`` runs of the key's tenant's ``queue``
-        (``tenant`` is ignored: the key decides it; ``worker`` is recorded as the API's
-        key and the given id)."""
-        answer = await self.post("/v1/runs:claim", {"queue": queue, "max": limit, "lease_s": lease_s, "worker": worker})
+        (``tenant`` is ignored: the key decides it). ``worker`` is sent as the claim's label
+        (a space or non-ASCII character as ``_``, cut to :data:`WORKER_LABEL_MAX`): the runs
+        record ``api:<key id>:<label>``."""
+        label = "".join(ch if "!" <= ch <= "~" else "_" for ch in worker)[:WORKER_LABEL_MAX] or None
+        answer = await self.post("/v1/runs:claim", {"queue": queue, "max": limit, "lease_s": lease_s, "worker": label})
         return [claimed_of(item) for item in answer["runs"]]
 
     async def _answers(self, path: str, runs: list[dict[str, Any]], extra: dict[str, Any]) -> dict[str, str]:

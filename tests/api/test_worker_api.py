@@ -147,11 +147,12 @@ def test_a_raising_handler_over_http_nacks_with_its_error(api, db, start) -> Non
     def handler(run: Run) -> None:
         raise DoNotRetry("bad payload")
 
-    w = start(handler, token)
+    w = start(handler, token, worker_id="box 7 ☃" + "x" * 200)  # the API takes 100 printable ASCII characters
     wait_for("failed", lambda: run_row(db, key), lambda r: r["state"] == "failed")
     w.stop()
     failed = run_row(db, key)
     assert (failed["attempt"], failed["retryable"], failed["last_error"]) == (1, False, "DoNotRetry: bad payload")
+    assert failed["worker"] == f"api:{token.split('_')[1]}:" + ("box_7__" + "x" * 200)[:100]
 
 
 def test_heartbeats_over_http_keep_a_run_leased_past_its_lease(api, db, start) -> None:
