@@ -384,8 +384,9 @@ def _one(
     raise ApiError(
         409,
         "Conflict",
-        f"lease_token: refused (lost): this token no longer holds run {key.run_id} (it is {state}: another "
-        f"attempt holds it, or it finished); the {verb} changed nothing",
+        f"lease_token: refused (lost): this token no longer holds run {key.run_id} "
+        f"({'it has no delivery state' if state is None else f'it is {state}'}: another attempt holds it, "
+        f"or it finished); the {verb} changed nothing",
         field="lease_token",
     )
 
