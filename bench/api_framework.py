@@ -10,9 +10,10 @@ framework"):
   validated into a typed request model, answering the count.
 
 Each framework's app runs under uvicorn (one process, the same options) in
-a subprocess; a client sends ``--requests`` sequential requests per
-endpoint over one keep-alive connection, ``--rounds`` times, and the
-median requests/s (and runs/s: × 1,000) is printed as JSON. Needs
+a subprocess, all at once; a client sends 100 sequential requests per
+endpoint over one keep-alive connection to each in turn, 5 rounds, and
+the medians of requests/s (runs/s: × 1,000) and of the server's CPU
+milliseconds per request are printed as JSON. Needs
 ``pip install litestar`` (not a dependency of the project: only this
 measurement uses it). FastAPI uses pydantic models, Litestar its native
 msgspec structs: each at its best.
@@ -206,38 +207,54 @@ def _serve(factory: str, port: int) -> subprocess.Popen:
     return subprocess.Popen(cmd)
 
 
-def _measure(url: str, path: str, body: bytes, requests: int) -> float:
-    """Requests/s of ``requests`` sequential POSTs of ``body`` to ``url + path``."""
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    import os
+
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _measure(url: str, path: str, body: bytes, requests: int, pid: int) -> tuple[float, float]:
+    """``(requests/s, server CPU ms per request)`` of ``requests`` sequential POSTs of ``body``."""
     import httpx
 
     with httpx.Client(base_url=url, headers={"content-type": "application/json"}) as client:
         for _ in range(5):  # warm up
             client.post(path, content=body).raise_for_status()
+        cpu = _cpu_s(pid)
         start = time.perf_counter()
         for _ in range(requests):
             response = client.post(path, content=body)
             response.raise_for_status()
             response.read()
-        return requests / (time.perf_counter() - start)
+        wall = time.perf_counter() - start
+        return requests / wall, (_cpu_s(pid) - cpu) * 1000 / requests
 
 
-def run(requests: int = 200, rounds: int = 3) -> dict[str, dict[str, float]]:
-    """``{framework: {"claim_req_per_s", "ack_req_per_s"}}``: medians over ``rounds``."""
+FRAMEWORKS = (("fastapi", "fastapi_app"), ("fastapi_tuned", "fastapi_tuned_app"), ("litestar", "litestar_app"))
+
+
+def run(requests: int = 100, rounds: int = 5) -> dict[str, dict[str, float]]:
+    """``{framework: {claim/ack req/s, runs/s, server CPU ms per request}}``: medians over ``rounds``.
+
+    The three servers run at once and every round measures each in turn
+    (interleaved), so a neighbour's load on the machine falls on all of them
+    alike; the server's CPU time per request is the steadier figure on a
+    shared machine.
+    """
     import httpx
 
     claim = json.dumps({"queue": "default", "max": BATCH, "lease_s": 30}).encode()
     ack = json.dumps({"items": [{"run_id": r["run_id"], "lease_token": r["lease_token"]} for r in _runs()]}).encode()
-    out: dict[str, dict[str, float]] = {}
-    for name, factory in (
-        ("fastapi", "fastapi_app"),
-        ("fastapi_tuned", "fastapi_tuned_app"),
-        ("litestar", "litestar_app"),
-    ):
-        port = _free_port()
-        proc = _serve(factory, port)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 20
+    procs: dict[str, tuple[subprocess.Popen, str]] = {}
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name, _ in FRAMEWORKS}
+    try:
+        for name, factory in FRAMEWORKS:
+            port = _free_port()
+            procs[name] = (_serve(factory, port), f"http://127.0.0.1:{port}")
+        for name, (proc, url) in procs.items():
+            deadline = time.monotonic() + 30
             while True:
                 try:
                     httpx.post(f"{url}/ack", content=b'{"items": []}', headers={"content-type": "application/json"})
@@ -246,17 +263,21 @@ def run(requests: int = 200, rounds: int = 3) -> dict[str, dict[str, float]]:
                     if time.monotonic() > deadline or proc.poll() is not None:
                         raise RuntimeError(f"{name} did not start") from None
                     time.sleep(0.1)
-            claims = [_measure(url, "/claim", claim, requests) for _ in range(rounds)]
-            acks = [_measure(url, "/ack", ack, requests) for _ in range(rounds)]
-        finally:
+        for _ in range(rounds):
+            for name, (proc, url) in procs.items():
+                for label, path, body in (("claim", "/claim", claim), ("ack", "/ack", ack)):
+                    rate, cpu_ms = _measure(url, path, body, requests, proc.pid)
+                    samples[name].setdefault(f"{label}_req_per_s", []).append(rate)
+                    samples[name].setdefault(f"{label}_cpu_ms_per_req", []).append(cpu_ms)
+    finally:
+        for proc, _ in procs.values():
             proc.terminate()
             proc.wait(10)
-        out[name] = {
-            "claim_req_per_s": round(statistics.median(claims), 1),
-            "ack_req_per_s": round(statistics.median(acks), 1),
-            "claim_runs_per_s": round(statistics.median(claims) * BATCH),
-            "ack_runs_per_s": round(statistics.median(acks) * BATCH),
-        }
+    out: dict[str, dict[str, float]] = {}
+    for name, figures in samples.items():
+        out[name] = {key: round(statistics.median(values), 2) for key, values in figures.items()}
+        for label in ("claim", "ack"):
+            out[name][f"{label}_runs_per_s"] = round(out[name][f"{label}_req_per_s"] * BATCH)
     return out
 
 

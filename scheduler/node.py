@@ -79,7 +79,7 @@ from scheduler.delivery import owner
 from scheduler.delivery.loop import SettleLoop
 from scheduler.delivery.push import PushLoop
 from scheduler.delivery.views import DeliveryGauges
-from scheduler.errors import ConfigError, StoreSetupError
+from scheduler.errors import ConfigError, SchedulerError, StoreSetupError
 from scheduler.firing import Firer
 from scheduler.health import HealthServer, StoreProbe
 from scheduler.metrics import Metrics
@@ -269,14 +269,14 @@ class Node:
         return self.health.port if self.health is not None else None
 
     def start(self) -> None:
-        """Start the endpoint (if configured), then the lease, firing and retention threads.
+        """Start the endpoint and the HTTP API (if configured), then the lease, firing and retention threads.
 
         Raises :class:`~scheduler.errors.StoreSetupError` if the store is
         misconfigured, :class:`~scheduler.errors.ConfigError` if its DSN is
         malformed (see the module doc; a store that cannot be reached
         yet is checked again by :meth:`check_store_again`),
-        :class:`~scheduler.errors.SchedulerError` if the metrics port cannot
-        be bound, or if the coordinator's preflight refuses (the etcd
+        :class:`~scheduler.errors.SchedulerError` if the metrics or API port
+        cannot be bound, or if the coordinator's preflight refuses (the etcd
         coordinator: etcd's revision below the stored epochs); nothing
         else is started then.
         """
@@ -295,14 +295,19 @@ class Node:
         except Exception:
             self.coordinator.close()
             raise
-        if self.health is not None:
-            self.health.start()
         if self.settings.api_port is not None:
             from scheduler.api.server import ApiThread  # FastAPI only in a node that serves the API
 
-            self.api = ApiThread(
-                self.settings.dsn, self.settings.api_host, self.settings.api_port, self.settings.api
-            ).start()
+            host, port = self.settings.api_host, self.settings.api_port
+            try:
+                self.api = ApiThread(self.settings.dsn, host, port, self.settings.api)
+            except OSError as exc:
+                self.coordinator.close()
+                raise SchedulerError(f"api_port: cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        if self.health is not None:
+            self.health.start()
+        if self.api is not None:
+            self.api.start()
         log.event(
             "node_started",
             node=self.node_id,

@@ -18,10 +18,11 @@ Each calls the function the CLI command calls (:mod:`scheduler.jobs`,
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -59,6 +60,30 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def _cursor_key(cursor: str | None, valid: Callable[[Any], bool]) -> Any:
+    """The sort key in ``cursor`` if ``valid`` says it is one this list produced; else ValidationError (``cursor``)."""
+    after = decode_cursor(cursor)
+    if after is not None and not valid(after):
+        raise ValidationError("cursor", "must be a next_cursor value returned by this list", cursor)
+    return after
+
+
+def _is_tenant(value: Any) -> bool:
+    try:
+        validate_tenant(value)
+    except ValidationError:
+        return False
+    return True
+
+
+def _is_key_id(value: Any) -> bool:
+    try:
+        keys_mod.check_key_id(value)
+    except ValidationError:
+        return False
+    return True
+
+
 # ---------------------------------------------------------------- tenants
 
 
@@ -81,17 +106,17 @@ class TenantCreate(BaseModel):
     """``scheduler tenants add``: name (1-200 of letters, digits and ``._:@/-``), weight 1-1000, rate cap."""
 
     model_config = ConfigDict(extra="forbid")
-    tenant: str = Field(max_length=200)
-    weight: int = 1
-    max_rate: float | None = None
+    tenant: str = Field(max_length=200, strict=True)
+    weight: int = Field(default=1, strict=True)
+    max_rate: float | None = Field(default=None, strict=True)
 
 
 class TenantUpdate(BaseModel):
     """``scheduler tenants set``: fields given change; ``max_rate: null`` removes the cap."""
 
     model_config = ConfigDict(extra="forbid")
-    weight: int | None = None
-    max_rate: float | None = None
+    weight: int | None = Field(default=None, strict=True)
+    max_rate: float | None = Field(default=None, strict=True)
 
 
 def _tenant(row: dict[str, Any]) -> Tenant:
@@ -106,9 +131,7 @@ def list_tenants(
     cursor: Annotated[str | None, Query(max_length=2048)] = None,
 ) -> TenantPage:
     """Tenants by name, a page at a time (`next_cursor` null on the last page)."""
-    after = decode_cursor(cursor)
-    if after is not None and not isinstance(after, str):
-        raise ValidationError("cursor", "must be a next_cursor value returned by this list", cursor)
+    after = _cursor_key(cursor, _is_tenant)
     with db(request) as conn:
         rows = store.execute(conn, "list_tenants_page", {"after": after, "limit": limit + 1})
     more = len(rows) > limit
@@ -188,9 +211,7 @@ def list_keys(
     cursor: Annotated[str | None, Query(max_length=2048)] = None,
 ) -> KeyPage:
     """Keys by key id (all, or one tenant's), a page at a time; never secrets or hashes."""
-    after = decode_cursor(cursor)
-    if after is not None and not isinstance(after, str):
-        raise ValidationError("cursor", "must be a next_cursor value returned by this list", cursor)
+    after = _cursor_key(cursor, _is_key_id)
     with db(request) as conn:
         rows = keys_mod.list_keys(conn, tenant, after=after, limit=limit + 1)
     more = len(rows) > limit
@@ -208,10 +229,16 @@ def create_key(request: Request, _: Admin, body: KeyCreate) -> JSONResponse:
 
 
 @router.post("/v1/keys/{key_id}:revoke", response_model=Key, summary="Revoke a key")
-def revoke_key(request: Request, _: Admin, key_id: str) -> Key:
-    """As `scheduler keys revoke`: refused by every API process within a second; again is a no-op."""
+def revoke_key(
+    request: Request,
+    _: Admin,
+    key_id: Annotated[str, Path(pattern="^[0-9a-f]{16}$", description="The key's id (tk_<key_id>_...).")],
+) -> Key:
+    """As `scheduler keys revoke`: refused by this process at once, by every other API process
+    within a second; revoking again changes nothing."""
     with db(request) as conn:
         row = keys_mod.revoke(conn, key_id)
+    request.app.state.keys.forget(key_id)  # this process at once; the others within CACHE_TTL_S
     return _key(row)
 
 

@@ -49,6 +49,7 @@ COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
         (401, "No key, or a malformed, unknown, revoked or wrong one (no detail)."),
         (403, "The key's role may not use this endpoint."),
         (404, "No such object (or another tenant's)."),
+        (409, "The request conflicts with what the store holds (e.g. the name exists)."),
         (413, "Request body over the limit (1 MiB)."),
         (422, "Invalid input: `field` and `detail` name the field and the rule."),
         (429, "Over the key's rate: `Retry-After` says when to retry."),

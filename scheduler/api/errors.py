@@ -25,19 +25,19 @@ from __future__ import annotations
 
 import http
 import logging
+import re
 from typing import Any
 
 import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from psycopg_pool import PoolTimeout
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from scheduler import log as logmod
 from scheduler.errors import ConfigError, ConflictError, NotFoundError, StoreError, ValidationError, clip
-
-log = logging.getLogger("scheduler.api")
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -91,7 +91,13 @@ class PayloadTooLarge(StarletteHTTPException):
         super().__init__(413, f"body: must be at most {limit} bytes")
 
 
+_TITLES = {413: "Content Too Large", 422: "Unprocessable Content"}
+"""RFC 9110's reason phrases where Python's differ by version (3.11 still says "... Entity")."""
+
+
 def _reason(status: int) -> str:
+    if status in _TITLES:
+        return _TITLES[status]
     try:
         return http.HTTPStatus(status).phrase
     except ValueError:
@@ -110,10 +116,19 @@ def problem(
     ``field`` when given (a 401 has neither)."""
     body: dict[str, Any] = {"type": "about:blank", "title": title or _reason(status), "status": status}
     if detail:
-        body["detail"] = logmod.redact(detail)
+        body["detail"] = redact_tokens(logmod.redact(detail))
     if field:
         body["field"] = field
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+
+
+_TOKEN = re.compile(r"tk_[0-9a-fA-F]{16}_[A-Za-z0-9_-]*")
+
+
+def redact_tokens(text: str) -> str:
+    """``text`` with anything shaped like an API token (``tk_<16 hex>_...``) replaced by
+    ``tk_<redacted>``: an error that echoes input never echoes a key pasted into a field."""
+    return _TOKEN.sub("tk_<redacted>", text)
 
 
 def _loc_field(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -222,8 +237,15 @@ async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
     return problem(422, detail, field=field)
 
 
+FASTAPI_BODY_ERROR = "There was an error parsing the body"
+"""FastAPI's 400 for a body it could not decode (not UTF-8, nested too deep): answered as
+the 422 of any other body that is not JSON."""
+
+
 async def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and exc.detail == FASTAPI_BODY_ERROR:
+        return problem(422, "body: must be valid JSON (UTF-8)", field="body")
     detail = exc.detail if isinstance(exc.detail, str) and exc.detail != _reason(exc.status_code) else None
     if exc.status_code == 404 and detail is None:
         detail = f"path: no such resource {clip(request.url.path)}"
@@ -234,16 +256,13 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
-    log.warning(
-        "api_store_error path=%s error=%s",
-        request.url.path,
-        logmod.redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__),
-    )
+    error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    logmod.event("api_store_error", logging.WARNING, path=request.url.path, error=logmod.redact(error))
     return problem(503, "store: unavailable, try again", headers={"Retry-After": "1"})
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("api_internal_error path=%s", request.url.path)
+    logmod.event("api_internal_error", logging.ERROR, exc_info=True, path=request.url.path)
     return problem(500, "internal error (logged)")
 
 
@@ -258,4 +277,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(StoreError, _store_unavailable)
     app.add_exception_handler(psycopg.OperationalError, _store_unavailable)
+    app.add_exception_handler(PoolTimeout, _store_unavailable)
     app.add_exception_handler(Exception, _unexpected)

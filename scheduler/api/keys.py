@@ -258,6 +258,12 @@ class KeyVerifier:
         self._touch(connection, key_id, now)
         return Principal(key_id=key_id, tenant=row["tenant"], role=row["role"])
 
+    def forget(self, key_id: str) -> None:
+        """Drop ``key_id``'s cached row: the next request reads the store (a revocation made by
+        this process is honoured at once)."""
+        with self._lock:
+            self._rows.pop(key_id, None)
+
     def _touch(
         self, connection: Callable[[], AbstractContextManager[psycopg.Connection]], key_id: str, now: float
     ) -> None:

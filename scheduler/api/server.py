@@ -9,17 +9,18 @@ terminating TLS in front of a loopback listener (docs/api.md, "Running").
 from __future__ import annotations
 
 import logging
+import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any
 
 import uvicorn
 
+from scheduler import log as logmod
 from scheduler.api.app import create_app
 from scheduler.settings import ApiSettings
-
-log = logging.getLogger("scheduler.api")
 
 START_TIMEOUT_S = 10.0
 """How long :meth:`ApiThread.start` waits for the listener."""
@@ -44,7 +45,14 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def _config(app: Any, **uvicorn_options: Any) -> uvicorn.Config:
-    options = {"log_level": "warning", "access_log": False, "server_header": False, "lifespan": "on"}
+    # log_config None: uvicorn leaves logging to the project (scheduler.log); its records propagate.
+    options = {
+        "log_level": "warning",
+        "access_log": False,
+        "server_header": False,
+        "lifespan": "on",
+        "log_config": None,
+    }
     options.update(uvicorn_options)
     # h11 bounds header size and count; the default limit of incomplete events is 16 kB per header block.
     return uvicorn.Config(app, **options)
@@ -60,7 +68,8 @@ def serve(
     ssl_keyfile: str | None = None,
     access_log: bool = False,
 ) -> None:
-    """Serve the API on ``host:port`` until SIGINT/SIGTERM (uvicorn's handling: finish requests, exit).
+    """Serve the API on ``host:port`` until SIGINT/SIGTERM (uvicorn's handling: finish the requests
+    in flight, then exit with status 0).
 
     Raises OSError if the address cannot be bound, ConfigError for a bad DSN or settings.
     """
@@ -69,8 +78,16 @@ def serve(
     config = _config(app, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, access_log=access_log, log_level="info")
     scheme = "https" if ssl_certfile else "http"
     shown = f"[{host}]" if ":" in host else host
-    log.info("api_listening url=%s://%s:%d", scheme, shown, sock.getsockname()[1])
+    logmod.event("api_listening", url=f"{scheme}://{shown}:{sock.getsockname()[1]}")
+    # uvicorn finishes the requests in flight on SIGTERM/SIGINT, then re-raises the signal to
+    # the handler it found: this one ends the process with status 0, as a node's stop does.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _exit_cleanly)
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    sys.exit(0)
 
 
 class ApiThread:
@@ -103,7 +120,7 @@ class ApiThread:
             self.server.run(sockets=[self._sock])
         except BaseException as exc:  # noqa: BLE001 - reported by start()/stop()
             self.error = exc
-            log.exception("api_thread_failed")
+            logmod.event("api_thread_failed", logging.ERROR, exc_info=True)
 
     def start(self) -> ApiThread:
         self.thread.start()

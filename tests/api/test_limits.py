@@ -29,7 +29,7 @@ def test_a_body_over_1_mib_by_content_length_is_413_before_it_is_read(api):
     )
     assert _problem(response, 413) == {
         "type": "about:blank",
-        "title": "Request Entity Too Large",
+        "title": "Content Too Large",
         "status": 413,
         "detail": f"body: must be at most {MAX_API_BODY_BYTES} bytes",
         "field": "body",

@@ -1,0 +1,201 @@
+"""Hostile requests over HTTP: never a 5xx, never an echo into a header, always problem+json from the app.
+
+Some requests are sent on a raw socket (bytes an HTTP client refuses to
+send): header injection, huge and malformed headers, non-UTF-8 bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import pytest
+
+from scheduler.api import keys
+
+
+def _raw(api, request: bytes) -> tuple[int, bytes]:
+    """Send ``request`` as is; return the status code (0: the server closed without answering) and the head."""
+    host, port = api.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        try:
+            sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        data = b""
+        try:
+            while b"\r\n\r\n" not in data:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except ConnectionResetError:
+            pass
+    if not data:
+        return 0, b""
+    return int(data.split(b" ", 2)[1]), data.split(b"\r\n\r\n", 1)[0]
+
+
+@pytest.fixture
+def admin(api):
+    return api.key(None, "admin")
+
+
+def _json(api, token: str, method: str, path: str, headers: dict | None = None, **kwargs) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} | (headers or {})
+    return httpx.request(method, f"{api.url}{path}", headers=headers, **kwargs)
+
+
+def test_crlf_in_a_path_or_query_is_never_echoed_into_a_header(api, admin):
+    response = _json(api, admin, "PATCH", "/v1/tenants/a%0d%0aSet-Cookie:%20x=1", json={"weight": 2})
+    assert response.status_code in (404, 422)
+    assert "set-cookie" not in response.headers
+    response = _json(api, admin, "GET", "/v1/explain", params={"cron": "* * * * *\r\nX-Evil: 1"})
+    assert response.status_code == 422 and "x-evil" not in response.headers
+
+
+def test_an_injected_header_line_in_the_authorization_value_is_just_another_header(api, admin):
+    status, head = _raw(
+        api,
+        b"GET /v1/tenants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\nX-Role: admin\r\n"
+        b"Connection: close\r\n\r\n",
+    )
+    assert status == 401
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /v1/tenants HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n",
+        b"GET /v1/tenants HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(5000)) + b"\r\n",
+        b"GET /v1/tenants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\x00\r\nConnection: close\r\n\r\n",
+        b"GET /v1/tenants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tk_\r\n \r\n\tcontinued\r\n\r\n",
+        b"POST /v1/tenants HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\n12345",
+        b"POST /v1/tenants HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+        b"POST /v1/tenants HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+        b"POST /v1/tenants HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n0\r\n\r\n",
+        b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v1/tenants/%ff%fe HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"TRACE /v1/tenants HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 100,  # a TLS ClientHello on plain HTTP
+    ],
+)
+def test_malformed_and_oversized_requests_are_refused_without_a_5xx(api, request_bytes):
+    status, _ = _raw(api, request_bytes)
+    assert status == 0 or 400 <= status < 500, status
+
+
+def test_the_server_still_answers_after_the_hostile_requests(api, admin):
+    _raw(api, b"GET /v1/tenants HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n")
+    assert _json(api, admin, "GET", "/v1/tenants").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("application/json", b'{"tenant": "\xff\xfe"}'),
+        ("application/json", b"\xff\xfe\xfd"),
+        ("application/json", b'{"tenant": "a"'),
+        ("application/json", b""),
+        ("application/json", b"[]"),
+        ("application/json", b"null"),
+        ("application/json", b'"acme"'),
+        ("application/json", b"[" * 100_000 + b"]" * 100_000),
+        ("application/json", b'{"tenant": "a", "tenant": "b", "weight": NaN}'),
+        ("text/plain", b'{"tenant": "plain"}'),
+        ("application/x-www-form-urlencoded", b"tenant=form"),
+        ("multipart/form-data; boundary=x", b"--x\r\nContent-Disposition: form-data; name=tenant\r\n\r\nm\r\n--x--"),
+        ("application/json; charset=latin-1", b'{"tenant": "caf\xe9"}'),
+    ],
+)
+def test_bodies_that_are_not_utf8_json_objects_are_4xx_problems(api, admin, content_type, body):
+    response = _json(api, admin, "POST", "/v1/tenants", content=body, headers={"content-type": content_type})
+    assert 400 <= response.status_code < 500, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["status"] == response.status_code and problem["detail"]
+    listed = _json(api, admin, "GET", "/v1/tenants").json()["items"]
+    assert listed == []
+
+
+def test_a_non_utf8_body_is_422_naming_the_body(api, admin):
+    response = _json(
+        api, admin, "POST", "/v1/tenants", content=b"\xff\xfe\xfd", headers={"content-type": "application/json"}
+    )
+    problem = response.json()
+    assert (response.status_code, problem.get("field")) == (422, "body"), problem
+    assert problem["detail"].startswith("body: must be valid JSON (UTF-8)")
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"tenant": "t", "weight": -1}, "weight"),
+        ({"tenant": "t", "weight": 10**40}, "weight"),
+        ({"tenant": "t", "weight": 1.5}, "weight"),
+        ({"tenant": "t", "weight": True}, "weight"),
+        ({"tenant": "t", "weight": "1"}, "weight"),
+        ({"tenant": "t", "max_rate": -0.5}, "max_rate"),
+        ({"tenant": "t", "max_rate": 0}, "max_rate"),
+        ({"tenant": "t", "max_rate": "inf"}, "max_rate"),
+        ({"tenant": 12}, "tenant"),
+        ({"tenant": None}, "tenant"),
+        ({}, "tenant"),
+    ],
+)
+def test_negative_huge_and_mistyped_numbers_are_422_naming_the_field(api, admin, body, field):
+    response = _json(api, admin, "POST", "/v1/tenants", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == field
+
+
+def test_a_json_number_beyond_float_range_is_422(api, admin):
+    body = b'{"tenant": "t", "max_rate": 1e999}'
+    response = _json(api, admin, "POST", "/v1/tenants", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "max_rate"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["ténant", "租户", "a\u0000b", "evil\u202etxt", "😀", "a b", "a\nb", "x" * 201, "", "..", "a/../b\\c"],
+)
+def test_unicode_and_odd_tenant_names_are_422_or_stored_exactly(api, admin, name):
+    """The tenant rule is ASCII letters, digits and ``._:@/-``: anything else is refused, nothing written."""
+    response = _json(api, admin, "POST", "/v1/tenants", json={"tenant": name})
+    if name == "a/../b\\c":
+        assert response.status_code == 422
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "tenant"
+    assert _json(api, admin, "GET", "/v1/tenants").json()["items"] == []
+    encoded = name.encode("utf-8").hex()
+    assert _json(api, admin, "GET", "/v1/keys", params={"tenant": name}).status_code == 422, encoded
+
+
+def test_query_values_with_nul_and_odd_cursors_are_422(api, admin):
+    for params in ({"tenant": "a\x00b"}, {"cursor": "AA"}, {"cursor": "\x00"}, {"cursor": "e30"}, {"limit": "1e2"}):
+        response = _json(api, admin, "GET", "/v1/keys", params=params)
+        assert response.status_code == 422, (params, response.text)
+    # A well-formed cursor carrying a value no list produced: NUL, or a wrong type.
+    import base64
+
+    for value in ("a\x00", 12, ["x"], {"k": 1}, "x" * 3000):
+        cursor = base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+        for path in ("/v1/keys", "/v1/tenants"):
+            response = _json(api, admin, "GET", path, params={"cursor": cursor})
+            assert response.status_code == 422, (path, value, response.text)
+            assert response.json()["field"] == "cursor"
+
+
+def test_a_token_is_never_echoed_or_logged(api, admin, caplog):
+    token = api.key("acme", "tenant")
+    key_id, _ = keys.parse_token(token)
+    response = _json(api, token, "GET", "/v1/explain", params={"cron": token})
+    assert response.status_code == 422
+    # The cron field echoes its input (as the CLI does), but never anything shaped like a token.
+    assert token not in response.text
+    assert response.json()["detail"] == "cron: expected 5 fields for dialect 'unix', got 1 (got 'tk_<redacted>')"
+    wrong = token[:-1] + ("A" if token[-1] != "A" else "B")
+    assert _json(api, wrong, "GET", "/v1/tenants").text.find(key_id) == -1
+    assert token not in caplog.text and admin not in caplog.text

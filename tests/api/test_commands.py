@@ -1,0 +1,147 @@
+"""The API's commands: `scheduler keys create|list|revoke`, `scheduler api`, `scheduler node --api-port`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from click.testing import CliRunner
+
+from scheduler import jobs, store
+from scheduler.api import keys
+from scheduler.cli import cli
+from scheduler.metrics import Metrics
+from scheduler.node import Node
+from scheduler.settings import Settings
+
+SCRIPT = Path(sys.executable).with_name("scheduler")
+TIMINGS = {"lease_ttl_s": 4.0, "renew_interval_s": 1.0, "poll_interval_s": 0.5, "tick_interval_s": 0.5}
+
+
+def run(args: list[str], dsn: str):
+    env = {key: None for key in os.environ if key.startswith("SCHEDULER_")} | {"SCHEDULER_DSN": dsn}
+    return CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
+
+
+def test_keys_create_prints_the_token_once_list_never_shows_it_revoke_refuses_it(pg_dsn):
+    with store.connect(pg_dsn) as conn:
+        jobs.add_tenant(conn, "acme")
+    created = run(["keys", "create", "--tenant", "acme", "--role", "worker", "--name", "ci"], pg_dsn)
+    assert created.exit_code == 0, created.stderr
+    token = created.stdout.strip()
+    assert created.stdout == token + "\n"  # the token alone on stdout
+    key_id, _ = keys.parse_token(token)
+    assert created.stderr == f"key {key_id} created (role worker, tenant acme); the token below is shown once\n"
+    with store.connect(pg_dsn) as conn:
+        assert keys.authenticate(conn, token) == keys.Principal(key_id, "acme", "worker")
+
+    listed = run(["keys", "list", "--json"], pg_dsn)
+    assert listed.exit_code == 0
+    [row] = json.loads(listed.stdout)
+    assert (row["key_id"], row["tenant"], row["role"], row["name"], row["revoked_at"]) == (
+        key_id,
+        "acme",
+        "worker",
+        "ci",
+        None,
+    )
+    text = run(["keys", "list", "--tenant", "acme"], pg_dsn).stdout
+    assert key_id in text and token.split("_", 2)[2] not in text + listed.stdout
+
+    revoked = run(["keys", "revoke", key_id], pg_dsn)
+    assert revoked.exit_code == 0 and revoked.stdout.startswith(f"key {key_id} revoked at ")
+    with store.connect(pg_dsn) as conn:
+        assert keys.authenticate(conn, token) is None
+
+
+def test_keys_create_errors_are_one_line_naming_the_field(pg_dsn):
+    for args, message in (
+        (["--tenant", "ghost", "--role", "tenant"], "tenant: no tenant 'ghost' (create it with `scheduler tenants "
+                                                    "add`)"),
+        (["--role", "worker"], "tenant: is required for a worker key"),
+        (["--tenant", "x", "--role", "admin"], "tenant: must be omitted for an admin key (admin keys belong to no "
+                                               "tenant) (got 'x')"),
+    ):  # fmt: skip
+        result = run(["keys", "create", *args], pg_dsn)
+        assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {message}\n")
+    result = run(["keys", "revoke", "nothex"], pg_dsn)
+    assert result.exit_code == 2 and result.stderr.startswith("error: key_id: must be 16 lower-case hex characters")
+
+
+def test_scheduler_api_serves_on_loopback_until_sigterm(pg_dsn):
+    with store.connect(pg_dsn) as conn:
+        token, _ = keys.create(conn, None, "admin")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")} | {"SCHEDULER_DSN": pg_dsn}
+    proc = subprocess.Popen(
+        [str(SCRIPT), "--log-format", "json", "api", "--port", "0"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        line = proc.stderr.readline()
+        event = json.loads(line)
+        assert event["event"] == "api_listening", line
+        url = event["url"]
+        assert url.startswith("http://127.0.0.1:")
+        response = httpx.get(f"{url}/v1/tenants", headers={"Authorization": f"Bearer {token}"})
+        assert response.status_code == 200 and response.json() == {"items": [], "next_cursor": None}
+        assert httpx.get(f"{url}/openapi.json").json()["info"]["title"] == "trigger engine API"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == 0, stderr
+    assert token not in stderr
+
+
+def test_scheduler_api_refuses_a_port_in_use_and_one_ssl_option_alone(pg_dsn, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")} | {"SCHEDULER_DSN": pg_dsn}
+    cert = tmp_path / "cert.pem"
+    cert.write_text("x")
+    result = subprocess.run(
+        [str(SCRIPT), "api", "--ssl-certfile", str(cert)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (result.returncode, result.stderr) == (
+        2,
+        "error: --ssl-certfile and --ssl-keyfile go together: give both or neither (see 'scheduler api --help')\n",
+    )
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run(
+            [str(SCRIPT), "api", "--port", str(port)], env=env, capture_output=True, text=True, timeout=60
+        )
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: port: cannot listen on 127.0.0.1:{port} (")
+
+
+def test_a_node_with_api_port_serves_the_api_on_its_own_thread_and_stops_it(pg_dsn):
+    with store.connect(pg_dsn) as conn:
+        token, _ = keys.create(conn, None, "admin")
+    node = Node(Settings(dsn=pg_dsn, node_id="api-node", api_port=0, **TIMINGS), metrics=Metrics())
+    node.start()
+    try:
+        assert node.api is not None and node.api.thread.name == "api"
+        url = node.api.url
+        response = httpx.get(f"{url}/v1/status", headers={"Authorization": f"Bearer {token}"})
+        assert response.status_code == 200, response.text
+        deadline = time.monotonic() + 20
+        while not response.json()["nodes"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+            response = httpx.get(f"{url}/v1/status", headers={"Authorization": f"Bearer {token}"})
+        assert [n["node_id"] for n in response.json()["nodes"]] == ["api-node"]
+    finally:
+        node.stop()
+        node.join(15)
+    assert not node.api.thread.is_alive()
+    try:
+        httpx.get(f"{url}/v1/status", timeout=2)
+        raise AssertionError("the API still answers after the node stopped")
+    except httpx.TransportError:
+        pass
