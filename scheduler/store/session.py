@@ -32,6 +32,20 @@ from scheduler.watchdog import shared as shared_watchdog
 
 T = TypeVar("T")
 
+PREPARE_THRESHOLD: int | None = None
+"""psycopg's ``prepare_threshold`` of every engine session: ``None``, never
+prepare a statement server-side. A prepared statement gets a *generic* plan
+after five executions, and PostgreSQL keeps it until the table is analyzed
+again; the engine repeats its statements over tables whose size swings by
+orders of magnitude within seconds (``runs`` fills with a herd; a partial
+index such as ``runs_push_idx`` is empty, then not). A generic plan made
+while ``runs`` was empty was a sequential scan, and the push loop's poll
+(``due_push_partitions``, 4 a second) and the settle loop's steps then read
+every run at each call: about a third of the store's CPU during a
+300,000-run herd (auto_explain, docs/performance.md "Delivery"). Planning
+each statement costs well under a millisecond; the firing statements were
+already never prepared (``FIRE_RUNS_PREPARE``) for the same reason."""
+
 
 def connect(
     dsn: str,
@@ -55,7 +69,8 @@ def connect(
     :func:`scheduler.watchdog.shared`) bounds by ``watch``. Raises
     :class:`ConfigError` for a DSN :func:`check_dsn` refuses (nothing is
     opened), :class:`StoreError` (with the password and anything the driver
-    echoed of it redacted) if the store cannot be reached.
+    echoed of it redacted) if the store cannot be reached. Statements are
+    never prepared server-side (:data:`PREPARE_THRESHOLD`).
     """
     check_dsn(dsn)
     options = []
@@ -82,6 +97,7 @@ def connect(
             f"cannot connect to the store at {redact_dsn(dsn)}: {redact_text(first_line(exc), dsn)}",
             getattr(exc, "sqlstate", None),
         ) from exc
+    conn.prepare_threshold = PREPARE_THRESHOLD
     if isinstance(conn, WatchedConnection) and watch is not None:
         conn.watch = (watchdog or shared_watchdog(), watch, application_name)
     return conn
