@@ -436,3 +436,17 @@ def test_redrive_a_dead_run_back_to_pending_and_409_for_a_live_one(api, db) -> N
     # The redriven run is claimable again, as attempt 1 of a fresh budget.
     claimed = post(api, "/v1/runs:claim", worker, {"max": 5}).json()["runs"]
     assert [(r["id"], r["attempt"]) for r in claimed] == [(dead.run_id, 1), (live.run_id, 1)]
+
+
+def test_the_apis_store_sessions_never_prepare_statements_server_side(api, db) -> None:
+    # A generic plan made while runs was empty would seq-scan every run on each claim, ack and
+    # heartbeat afterwards (scheduler/store/session.py PREPARE_THRESHOLD): the API's pool plans
+    # each statement like the engine's own sessions.
+    worker = api.key("acme", "worker")
+    key = due(db, add_job(db, "acme", "nightly"), 10)
+    for _ in range(8):  # past psycopg's default threshold (5 executions)
+        assert post(api, "/v1/runs:claim", worker, {"queue": "empty"}).json() == {"runs": []}
+    with api.server.app.state.pool.connection() as conn:
+        assert conn.prepare_threshold is None
+        assert conn.execute("SELECT count(*) AS n FROM pg_prepared_statements").fetchone()["n"] == 0
+    assert run_row(db, key)["state"] == "pending"
