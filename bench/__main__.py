@@ -341,6 +341,20 @@ def failover(dsn, coordinator, etcd_endpoints, kind, nodes, jobs, trials, poll_i
     "(the store's share without the worker's machinery).",
 )
 @click.option(
+    "--via-api",
+    is_flag=True,
+    help="Pull: the workers claim and ack over the tenant HTTP API (`scheduler worker --api-url`, a worker key "
+    "per tenant) of a `scheduler api` process the bench starts; each serves one tenant, so --workers must be at "
+    "least the tenants.",
+)
+@click.option(
+    "--steady-tenants",
+    default=10,
+    show_default=True,
+    type=AsciiIntRange(1, 1000),
+    help="Steady: tenants the jobs are spread over.",
+)
+@click.option(
     "--batch", default=1000, show_default=True, type=AsciiIntRange(1, 1000), help="Pull: runs per claim and ack."
 )
 @click.option(
@@ -369,6 +383,8 @@ def deliver(
     nodes,
     workers,
     worker_impl,
+    via_api,
+    steady_tenants,
     batch,
     lead_s,
     deliver_timeout_s,
@@ -398,6 +414,8 @@ def deliver(
         nodes=nodes,
         workers=workers,
         worker_impl=worker_impl,
+        via_api=via_api,
+        steady_tenants=steady_tenants,
         batch=batch,
         lead_s=lead_s,
         deliver_timeout_s=deliver_timeout_s,

@@ -161,10 +161,21 @@ class WorkerProcess:
     """A worker child process, output to ``log_dir/ID.log``: ``impl`` ``bench``, ``python -m
     bench.consumers worker`` over ``tenants``; ``scheduler``, ``python -m scheduler worker``
     over ``tenants`` with the handler :func:`noop` (JSON logs; the store from
-    ``SCHEDULER_DSN`` in its environment)."""
+    ``SCHEDULER_DSN`` in its environment). With ``api`` (``(url, key)``; impl
+    ``scheduler``, one tenant: the key's): ``scheduler worker --api-url`` with the
+    key in ``SCHEDULER_API_KEY`` and no DSN in its environment at all."""
 
     def __init__(
-        self, dsn: str, worker_id: str, tenants: list[str], log_dir: Path, *, queue: str, batch: int, impl: str
+        self,
+        dsn: str,
+        worker_id: str,
+        tenants: list[str],
+        log_dir: Path,
+        *,
+        queue: str,
+        batch: int,
+        impl: str,
+        api: tuple[str, str] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self._log = open(log_dir / f"{worker_id}.log", "ab")
@@ -174,7 +185,11 @@ class WorkerProcess:
             args += tenants
         else:
             args = ["scheduler", "worker", "--queue", queue, "--handler", "bench.consumers:noop"]
-            args += [arg for tenant in tenants for arg in ("--tenant", tenant)]
+            if api is None:
+                args += [arg for tenant in tenants for arg in ("--tenant", tenant)]
+            else:
+                del env["SCHEDULER_DSN"]
+                env.update(SCHEDULER_API_URL=api[0], SCHEDULER_API_KEY=api[1])
             args += ["--concurrency", str(batch), "--batch", str(batch), "--worker-id", worker_id]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", *args],
@@ -219,6 +234,39 @@ def start_workers(
     return [
         WorkerProcess(dsn, worker_id, served, log_dir, queue=queue, batch=batch, impl=impl)
         for worker_id, served in plan
+    ]
+
+
+def start_api_workers(
+    dsn: str,
+    api_url: str,
+    keys: dict[str, str],
+    workers: int,
+    log_dir: Path,
+    *,
+    queue: str = "default",
+    batch: int = BATCH,
+) -> list[WorkerProcess]:
+    """Start ``workers`` ``scheduler worker --api-url`` processes; ``keys`` is tenant → a worker
+    key's token. An HTTP worker serves its key's tenant only: worker ``i`` serves the
+    ``i % len(keys)``-th tenant, so ``workers`` must be at least ``len(keys)`` (ValueError)."""
+    tenants = sorted(keys)
+    if workers < len(tenants):
+        raise ValueError(
+            f"--workers {workers}: over the API each worker serves one tenant (its key's); give >= {len(tenants)}"
+        )
+    return [
+        WorkerProcess(
+            dsn,
+            f"api-worker-{i}",
+            [tenants[i % len(tenants)]],
+            log_dir,
+            queue=queue,
+            batch=batch,
+            impl="scheduler",
+            api=(api_url, keys[tenants[i % len(tenants)]]),
+        )
+        for i in range(workers)
     ]
 
 

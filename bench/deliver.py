@@ -11,6 +11,11 @@ node`` processes); then each run is handed over:
   (``worker_impl``, see :mod:`bench.consumers`). ``workers = 0`` is the
   *firing only* variant: no worker runs, and the report checks that every
   fired run has its delivery state (``pending``);
+* ``pull`` with ``via_api``: the same ``scheduler worker`` processes, but
+  over the tenant HTTP API (``--api-url``, a worker key per tenant, no DSN
+  in their environment) of one ``scheduler api`` process the bench starts
+  (:class:`ApiProcess`); an HTTP worker serves its key's tenant only, so
+  ``workers`` must be at least the tenants (round robin over them);
 * ``push``: the jobs are given an HTTP target (``queue`` NULL, a
   ``job_delivery`` row with ``http://127.0.0.1:PORT/run``) and the nodes,
   started with ``SCHEDULER_PUSH_ALLOW=127.0.0.1/32``, POST each run to a local
@@ -33,17 +38,29 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import os
+import socket
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from bench import queries
-from bench.consumers import BATCH, ReceiverProcess, WorkerProcess, check_impl, receiver_duplicates, start_workers
+from bench.consumers import (
+    BATCH,
+    ReceiverProcess,
+    WorkerProcess,
+    check_impl,
+    receiver_duplicates,
+    start_api_workers,
+    start_workers,
+)
 from bench.herd import Herd, load_background
 from bench.load import reset_store, start_node, wait_until
 from bench.pairs import DEFAULT_SEED
+from bench.process import NodeProcess
 from bench.report import percentile
 from bench.steady import load_steady, steady_window, tenant_names
 from scheduler import store
@@ -230,6 +247,7 @@ class Options:
     nodes: int = 1
     workers: int = 4
     worker_impl: str = "scheduler"
+    via_api: bool = False
     batch: int = BATCH
     lead_s: float = 15.0
     deliver_timeout_s: float = 300.0
@@ -245,8 +263,57 @@ class Options:
         check_impl(self.worker_impl)
         if self.mode == "push" and self.workers:
             raise ValueError("--workers: push mode delivers from the nodes; give --workers 0")
+        if self.via_api and (self.mode != "pull" or not self.workers or self.worker_impl != "scheduler"):
+            raise ValueError("--via-api: pull mode with --workers >= 1 of --worker-impl scheduler")
         if self.workload == "steady" and self.seconds <= 2 * 5:
             raise ValueError("--seconds must exceed 10 (the first and last 5 s are left out)")
+
+
+API_RATE_PER_S = 1_000_000
+"""The bench's API process admits any request rate per key (the bench measures throughput, not the limiter)."""
+
+
+class ApiProcess:
+    """``scheduler api`` on a free loopback port against ``dsn`` (the bench's ``via_api`` workers'
+    endpoint), its store pool sized for ``workers`` HTTP workers (3 requests in flight each)."""
+
+    def __init__(self, dsn: str, log_dir: Path, workers: int) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {
+            **os.environ,
+            "SCHEDULER_DSN": dsn,
+            "SCHEDULER_LOG_FORMAT": "json",
+            "SCHEDULER_API_RATE_PER_S": str(API_RATE_PER_S),
+            "SCHEDULER_API_BURST": str(API_RATE_PER_S),
+            "SCHEDULER_API_POOL_SIZE": str(min(200, 3 * workers + 2)),
+        }
+        args = ["api", "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = NodeProcess("api", log_dir / "api.log", args, env).start()
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Wait until it answers ``/openapi.json``; raises TimeoutError."""
+
+        def up() -> bool:
+            try:
+                with urllib.request.urlopen(f"{self.url}/openapi.json", timeout=2) as resp:
+                    return resp.status == 200
+            except OSError:
+                return False
+
+        wait_until(up, timeout_s, interval_s=0.2, what="the API process to listen")
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def worker_keys(conn, tenants: list[str]) -> dict[str, str]:
+    """A new ``worker`` key per tenant: tenant → token."""
+    from scheduler.api import keys
+
+    return {tenant: keys.create(conn, tenant, "worker", "bench")[0] for tenant in tenants}
 
 
 class _Consumers:
@@ -258,13 +325,27 @@ class _Consumers:
         self.receiver: ReceiverProcess | None = None
         self.workers: list[WorkerProcess] = []
         self.records: list[tuple[str, float]] | None = None
+        self.api: ApiProcess | None = None
 
     def start_receiver(self) -> str:
         """Start the receiver; return the URL the jobs target."""
         self.receiver = ReceiverProcess(self.log_dir / "receiver.tsv", self.log_dir / "receiver.log")
         return f"http://127.0.0.1:{self.receiver.wait_ready()}/run"
 
-    def start_workers(self, dsn: str, tenants: list[str]) -> None:
+    def start_workers(self, dsn: str, tenants: list[str], conn=None) -> None:
+        if self.opts.via_api and self.opts.workers:
+            self.api = ApiProcess(dsn, self.log_dir, self.opts.workers)
+            self.api.wait_ready()
+            self.workers = start_api_workers(
+                dsn,
+                self.api.url,
+                worker_keys(conn, tenants),
+                self.opts.workers,
+                self.log_dir,
+                queue=QUEUE,
+                batch=self.opts.batch,
+            )
+            return
         self.workers = start_workers(
             dsn,
             tenants,
@@ -279,6 +360,9 @@ class _Consumers:
         for worker in self.workers:
             worker.stop()
         self.workers = []
+        api, self.api = self.api, None
+        if api is not None:
+            api.stop()
 
     def stop_receiver(self) -> None:
         receiver, self.receiver = self.receiver, None
@@ -341,7 +425,7 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
         )
         # Workers start before the herd is loaded: dozens of processes starting
         # must be idle, polling empty queues, by T.
-        consumers.start_workers(dsn, tenants)
+        consumers.start_workers(dsn, tenants, conn)
         if opts.workload == "herd":
             herd.load(conn, opts.lead_s, progress, prepare)
             herd.drain(conn, progress, opts.fire_timeout_s)
@@ -413,7 +497,7 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
         seconds=opts.seconds if opts.workload == "steady" else None,
         nodes=opts.nodes,
         workers=opts.workers,
-        worker_impl=opts.worker_impl if opts.workers else None,
+        worker_impl=(("scheduler-api" if opts.via_api else opts.worker_impl) if opts.workers else None),
         worker_processes=worker_processes,
         since=since.isoformat(),
         until=until.isoformat(),

@@ -132,13 +132,13 @@ BENCH_MARKER_TENANT = "bench.reserved"
 tenant was not made by bench, and bench refuses to empty it."""
 
 
-TRUNCATE = "TRUNCATE runs, skips, job_delivery, run_requests, jobs, tenant_secrets, tenants, nodes"
+TRUNCATE = "TRUNCATE runs, skips, job_delivery, run_requests, jobs, tenant_secrets, api_keys, tenants, nodes"
 """Empties every table of jobs, tenants and their runs together (foreign keys
 reference ``tenants``: they must be truncated in one statement)."""
 
 
 def reset_store(dsn: str) -> psycopg.Connection:
-    """Migrate, then empty jobs and runs and what belongs to them (:data:`TRUNCATE`), tenants and
+    """Migrate, then empty jobs and runs and what belongs to them (:data:`TRUNCATE`), API keys, tenants and
     nodes, and free every lease.
 
     Epochs are kept (they only ever increase), and so are ``schedules``

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import re
 import sys
 import uuid
@@ -1730,12 +1731,20 @@ def api_cmd(
 @click.option(
     "--tenant",
     "tenants",
-    required=True,
     multiple=True,
     envvar="SCHEDULER_TENANT",
     show_envvar=True,
-    help="Tenant whose queue to serve; repeat it to serve several from one process, claimed in turn "
-    "(the variable: names separated by spaces).",
+    help="Tenant whose queue to serve (required with --dsn); repeat it to serve several from one process, "
+    "claimed in turn (the variable: names separated by spaces). Not with --api-url: the key's tenant.",
+)
+@click.option(
+    "--api-url",
+    default=None,
+    envvar="SCHEDULER_API_URL",
+    show_envvar=True,
+    help="Claim, heartbeat, ack and nack through the HTTP API at this URL instead of the store (no database "
+    "credentials; SCHEDULER_DSN and SCHEDULER_TENANT are then ignored); the key (a worker or tenant key) is read "
+    "from the environment variable SCHEDULER_API_KEY, never from the command line.",
 )
 @click.option("--queue", default="default", show_default=True, help="Queue (of each tenant) to serve.")
 @click.option(
@@ -1778,6 +1787,7 @@ def api_cmd(
 def worker_cmd(
     dsn: str,
     tenants: tuple[str, ...],
+    api_url: str | None,
     queue: str,
     handler_path: str,
     concurrency: int,
@@ -1794,14 +1804,34 @@ def worker_cmd(
     dead when attempts run out; raise scheduler.delivery.worker.DoNotRetry to
     make it dead at once). On SIGTERM/SIGINT: stop claiming, let in-flight
     handlers finish within --stop-timeout-s, nack the rest, exit 0.
+
+    With --api-url the worker talks to the HTTP API (docs/api.md, "Runs and
+    workers") with the key in SCHEDULER_API_KEY, and needs no --dsn.
     """
+    from scheduler.delivery.api_client import API_KEY_ENV
     from scheduler.delivery.worker import Worker, load_handler
     from scheduler.health import HealthServer
 
+    api_key = None
+    if api_url is not None:
+        # Given on the command line they contradict --api-url; from the environment
+        # (SCHEDULER_DSN, SCHEDULER_TENANT of a shared profile) they are ignored.
+        ctx = click.get_current_context()
+        typed = click.core.ParameterSource.COMMANDLINE
+        if dsn and ctx.get_parameter_source("dsn") == typed:
+            raise ValidationError("api_url", "give either --dsn or --api-url, not both")
+        if tenants and ctx.get_parameter_source("tenants") == typed:
+            raise ValidationError("tenant", "not with --api-url: the worker serves the key's tenant")
+        api_key = os.environ.get(API_KEY_ENV, "").strip()
+        if not api_key:
+            raise ConfigError(f"api_key: --api-url needs the key in the environment variable {API_KEY_ENV}")
+        logmod.add_secret(api_key)
+    elif not tenants:
+        raise ValidationError("tenant", "give --tenant (or SCHEDULER_TENANT), or --api-url")
     handler = load_handler(handler_path)
     worker = Worker(
-        dsn,
-        tenants,
+        None if api_url is not None else dsn,
+        None if api_url is not None else tenants,
         queue,
         handler,
         concurrency=concurrency,
@@ -1809,11 +1839,16 @@ def worker_cmd(
         batch=batch,
         stop_timeout_s=stop_timeout_s,
         worker_id=worker_id,
+        api_url=api_url,
+        api_key=api_key,
     )
-    try:
-        open_store(dsn).close()  # misconfigured (bad DSN, password, database, schema): exit 2 now
-    except StoreError as exc:  # merely unreachable: the worker retries, as a node does
-        logmod.event("worker_store_unreachable", logging.WARNING, error=str(exc))
+    if api_url is not None:
+        _check_api_key(api_url, api_key or "")
+    else:
+        try:
+            open_store(dsn).close()  # misconfigured (bad DSN, password, database, schema): exit 2 now
+        except StoreError as exc:  # merely unreachable: the worker retries, as a node does
+            logmod.event("worker_store_unreachable", logging.WARNING, error=str(exc))
     health = None
     if metrics_port is not None:
 
@@ -1828,6 +1863,32 @@ def worker_cmd(
     finally:
         if health is not None:
             health.stop()
+
+
+def _check_api_key(api_url: str, api_key: str) -> None:
+    """A worker's start over the API: exit 2 (ConfigError) if the API refuses the key (401/403)
+    or the request (another 4xx); merely unreachable or failing (5xx, 429): a warning, the worker retries."""
+    import asyncio
+
+    from scheduler.delivery.api_client import API_KEY_ENV, ApiRefused, ApiTransport, ApiUnavailable
+
+    async def probe() -> None:
+        transport = ApiTransport(api_url, api_key, timeout_s=5.0)
+        try:
+            await transport.check()
+        finally:
+            await transport.close()
+
+    try:
+        asyncio.run(probe())
+    except ApiUnavailable as exc:
+        if exc.status in (401, 403):
+            raise ConfigError(f"api_key: the API at {api_url} refused the key in {API_KEY_ENV} ({exc})") from None
+        logmod.event("worker_api_unreachable", logging.WARNING, error=str(exc))
+    except ApiRefused as exc:
+        raise ConfigError(f"api_url: the API at {api_url} refused the worker's request ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - unreachable (refused, timed out): the worker retries
+        logmod.event("worker_api_unreachable", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
 
 
 # ---------------------------------------------------------------- config

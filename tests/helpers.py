@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import textwrap
 import threading
 import time
 import uuid
@@ -23,6 +25,7 @@ from scheduler import jobs, store
 from scheduler.clock import Clock, SystemClock
 from scheduler.coordination import LeaseTable, SqlCoordinator
 from scheduler.delivery.lifecycle import RunKey
+from scheduler.delivery.worker import Worker
 from scheduler.firing import DEFAULT_LIMITS, Firer, FiringLimits
 from scheduler.identity import SPEC_COLUMNS
 from scheduler.metrics import Metrics
@@ -311,3 +314,67 @@ def insert_run(conn: psycopg.Connection, job_id, nominal_time: datetime, **colum
     names = ", ".join(row)
     values = ", ".join(f"%({name})s" for name in row)
     conn.execute(f"INSERT INTO runs ({names}) VALUES ({values})", row)  # noqa: S608 - column names are ours
+
+
+# ---------------------------------------------------------------- workers (tests/integration/test_worker.py, tests/api)
+
+WORKER_HANDLERS = textwrap.dedent(
+    """
+    import os, pathlib, time
+
+    DIR = pathlib.Path(os.environ["WORKER_TEST_DIR"])
+
+    def slow(run):
+        # Marks that it started (file named by run id and attempt), then waits for
+        # a 'release' file for at most 120 s.
+        (DIR / f"started.{run.run_id}.{run.attempt}").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 120
+        while not (DIR / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def sleepy(run):
+        (DIR / f"started.{run.run_id}.{run.attempt}").write_text(str(os.getpid()))
+        time.sleep(float(os.environ.get("WORKER_TEST_SLEEP_S", "600")))
+
+    def record(run):
+        # One file per (run, attempt), created exclusively: a second delivery of the same
+        # attempt would raise (and nack) instead of passing unseen.
+        with open(DIR / f"done.{run.run_id}.{run.attempt}", "x") as f:
+            f.write(repr(run.payload))
+
+    NOT_CALLABLE = 42
+    """
+)
+"""Handlers of worker processes under test (write it as ``handlers.py`` in a directory named by
+``WORKER_TEST_DIR`` in the worker's environment and its current directory)."""
+
+
+class WorkerThread:
+    """A :class:`Worker` running on a thread until :meth:`stop`."""
+
+    def __init__(self, w: Worker) -> None:
+        self.worker = w
+        self.thread = threading.Thread(target=w.run, name="test-worker", daemon=True)
+        self.thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.worker.stop()
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "worker did not stop"
+
+
+def output_of(proc: subprocess.Popen) -> str:
+    """What a worker process started with a ``log_path`` attribute wrote so far."""
+    return proc.log_path.read_text()  # type: ignore[attr-defined]
+
+
+def reap(proc: subprocess.Popen) -> None:
+    """Kill ``proc`` if it still runs, and wait for it."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+
+
+def started(handlers_dir: Path, key: RunKey, attempt: int) -> bool:
+    """Whether a :data:`WORKER_HANDLERS` handler marked ``key``'s ``attempt`` as started."""
+    return (handlers_dir / f"started.{key.run_id}.{attempt}").exists()

@@ -35,6 +35,7 @@ from scheduler.api.keys import KeyVerifier
 from scheduler.api.limits import BodyLimit, RateLimiter
 from scheduler.delivery.ssrf import AddressPolicy
 from scheduler.settings import ApiSettings
+from scheduler.store.session import PREPARE_THRESHOLD
 
 STATEMENT_TIMEOUT_S = 10.0
 """``statement_timeout`` of the API's store sessions: no request holds a connection longer."""
@@ -93,6 +94,9 @@ def _pool(dsn: str, size: int) -> ConnectionPool:
             "application_name": "scheduler-api",
             "connect_timeout": 5,
             "options": f"-c statement_timeout={timeout_ms}",
+            # Never prepared server-side, as the engine's sessions (a generic plan of
+            # claim_runs made while runs was empty would seq-scan every run later).
+            "prepare_threshold": PREPARE_THRESHOLD,
         },
     )
 

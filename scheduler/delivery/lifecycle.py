@@ -279,7 +279,11 @@ def _token(value: Any) -> uuid.UUID:
 
 
 def _answers(
-    conn: psycopg.Connection, name: str, pairs: Sequence[tuple[str | RunKey, Any]], params: dict[str, Any]
+    conn: psycopg.Connection,
+    name: str,
+    pairs: Sequence[tuple[str | RunKey, Any]],
+    params: dict[str, Any],
+    tenant: str | None,
 ) -> dict[str, str]:
     if not pairs:
         return {}
@@ -287,7 +291,7 @@ def _answers(
         raise ValidationError("runs", f"at most {MAX_BATCH} runs per call", len(pairs))
     keys = [p if isinstance(p, RunKey) else RunKey.parse(p) for p, _ in pairs]  # each run id parsed once
     arrays = _key_arrays(keys, [token for _, token in pairs])
-    rows = store.run_transaction(conn, lambda c: store.execute(c, name, {**arrays, **params}))
+    rows = store.run_transaction(conn, lambda c: store.execute(c, name, {**arrays, **params, "tenant": tenant}))
     return {keys[row["i"] - 1].run_id: row["answer"] for row in rows}
 
 
@@ -297,38 +301,48 @@ def heartbeat(
     lease_s: float = DEFAULT_LEASE_S,
     *,
     now: datetime | None = None,
+    tenant: str | None = None,
 ) -> dict[str, str]:
     """Extend the leases of ``(run id or key, token)`` pairs to now + ``lease_s``.
 
     Returns run id → ``"leased"`` (extended), ``"canceled"`` (the run was
     canceled, e.g. by the overlap policy ``replace``: stop working on it) or
     ``"lost"`` (the token is stale, the run finished, or it does not exist).
-    Raises ValidationError for a malformed run id or token, or more than
-    :data:`MAX_BATCH` pairs.
+    ``tenant`` (None: any) scopes the statement to that tenant's runs: another
+    tenant's run answers ``"lost"``, as a missing one (the HTTP API passes its
+    key's tenant). Raises ValidationError for a malformed run id or token, or
+    more than :data:`MAX_BATCH` pairs.
     """
-    return _answers(conn, "heartbeat_runs", leases, {"lease_s": _check_lease(lease_s), "now": now})
+    return _answers(conn, "heartbeat_runs", leases, {"lease_s": _check_lease(lease_s), "now": now}, tenant)
 
 
 def ack(
-    conn: psycopg.Connection, leases: Sequence[tuple[str | RunKey, uuid.UUID]], *, now: datetime | None = None
+    conn: psycopg.Connection,
+    leases: Sequence[tuple[str | RunKey, uuid.UUID]],
+    *,
+    now: datetime | None = None,
+    tenant: str | None = None,
 ) -> dict[str, str]:
     """Record the attempts of ``(run id or key, token)`` pairs as succeeded.
 
     Returns run id → ``"succeeded"`` (also for an ack re-sent with the
     token that already succeeded), or ``"canceled"`` / ``"lost"``: refused,
-    nothing changed (see :func:`heartbeat`). Raises as :func:`heartbeat`.
+    nothing changed (see :func:`heartbeat`, also for ``tenant``). Raises as
+    :func:`heartbeat`.
     """
-    return _answers(conn, "ack_runs", leases, {"now": now})
+    return _answers(conn, "ack_runs", leases, {"now": now}, tenant)
 
 
-def nack(conn: psycopg.Connection, fails: Sequence[Nack], *, now: datetime | None = None) -> dict[str, str]:
+def nack(
+    conn: psycopg.Connection, fails: Sequence[Nack], *, now: datetime | None = None, tenant: str | None = None
+) -> dict[str, str]:
     """Record failed attempts; the partition owner's :func:`settle` then retries
     them after a backoff or marks them dead (within about a second).
 
     Returns run id → ``"failed"`` or ``"canceled"`` / ``"lost"`` (refused).
     ``error`` is kept as ``last_error`` (cut to :data:`MAX_ERROR_LEN`
-    characters). Raises ValidationError for a negative or non-finite
-    ``retry_after_s`` and as :func:`heartbeat`.
+    characters); ``tenant`` as in :func:`heartbeat`. Raises ValidationError for a
+    negative or non-finite ``retry_after_s`` and as :func:`heartbeat`.
     """
     for fail in fails:
         if fail.retry_after_s is not None and not (
@@ -341,7 +355,7 @@ def nack(conn: psycopg.Connection, fails: Sequence[Nack], *, now: datetime | Non
         "retry_after_s": [f.retry_after_s for f in fails],
         "now": now,
     }
-    return _answers(conn, "nack_runs", [(f.run_id, f.token) for f in fails], params)
+    return _answers(conn, "nack_runs", [(f.run_id, f.token) for f in fails], params, tenant)
 
 
 def settle(

@@ -5,6 +5,8 @@
 * :func:`describe_job`: a job's spec and delivery target (header *names*
   only: values may be secrets), its next fires, its last runs with lateness
   and dispatch lag, and counters (runs per state, skips per reason);
+* :func:`list_tenant_runs`: one tenant's runs, newest first, filtered and paged
+  (the HTTP API's ``GET /v1/runs``);
 * :func:`redrive` / :func:`redrive_job`: dead or canceled runs back to
   ``pending`` (see :func:`redrive` for what a redrive resets);
 * :class:`DeliveryGauges`: the node's periodic read of queue depth per tenant
@@ -160,6 +162,46 @@ def describe_job(
     }
 
 
+# ---------------------------------------------------------------- a tenant's runs
+
+
+def list_tenant_runs(
+    conn: psycopg.Connection,
+    tenant: str,
+    *,
+    limit: int,
+    job_name: str | None = None,
+    state: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    after: RunKey | None = None,
+) -> list[dict]:
+    """Up to ``limit`` runs of ``tenant``, newest nominal time first (ties by job id):
+    optionally of its live job named ``job_name``, in delivery ``state``, with nominal
+    time in [``since``, ``until``), after the run ``after`` in that order (keyset
+    paging: pass the last run of the previous page). Rows as ``runs`` columns plus
+    ``run_id``, ``job_name`` and ``lateness_s`` (fired − scheduled, seconds).
+    Read per job of the tenant (``list_tenant_runs``): a page costs the tenant's own
+    jobs, never a scan of other tenants' runs. Raises ValidationError for ``limit``
+    outside 1..10,000 or an unknown ``state``."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise ValidationError("limit", "must be a whole number from 1 to 10000", limit)
+    if state is not None and state not in RUN_STATES:
+        raise ValidationError("state", f"must be one of {', '.join(RUN_STATES)}", state)
+    params = {
+        "tenant": tenant,
+        "limit": limit,
+        "job_name": job_name,
+        "state": state,
+        "since": since,
+        "until": until,
+        "after_nominal": after.nominal_time if after else None,
+        "after_job": after.job_id if after else None,
+    }
+    rows = store.run_transaction(conn, lambda c: store.execute(c, "list_tenant_runs", params))
+    return [{"run_id": run_id(row["job_id"], row["nominal_time"]), **row} for row in rows]
+
+
 # ---------------------------------------------------------------- redrive
 
 
@@ -169,6 +211,7 @@ def _redrive(
     nominal_time: datetime | None,
     states: tuple[str, ...],
     limit: int,
+    tenant: str | None = None,
 ) -> list[datetime]:
     params = {
         "partition_id": partition_of(job_id),
@@ -176,12 +219,25 @@ def _redrive(
         "nominal_time": nominal_time,
         "states": list(states),
         "limit": limit,
+        "tenant": tenant,
     }
     rows = store.run_transaction(conn, lambda c: store.execute(c, "redrive_runs", params))
     return sorted(row["nominal_time"] for row in rows)
 
 
-def redrive(conn: psycopg.Connection, text: str) -> str:
+def run_state(conn: psycopg.Connection, key: RunKey, *, tenant: str | None = None) -> tuple[bool, str | None]:
+    """``(exists, delivery state)`` of the run ``key`` (``get_run_state``), only among
+    ``tenant``'s runs when given (another tenant's run: ``(False, None)``, as a
+    missing one). The state is None for a run fired before delivery existed."""
+    rows = store.execute(
+        conn,
+        "get_run_state",
+        {"partition_id": key.partition_id, "job_id": key.job_id, "nominal_time": key.nominal_time, "tenant": tenant},
+    )
+    return (True, rows[0]["state"]) if rows else (False, None)
+
+
+def redrive(conn: psycopg.Connection, text: str, *, tenant: str | None = None, field: str = "run_id") -> str:
     """Move the dead or canceled run ``text`` (a run id) back to ``pending``; return its run id.
 
     The run becomes ``pending``, available at once (the store's now), with a fresh retry budget: ``attempt`` reset to 0
@@ -189,23 +245,22 @@ def redrive(conn: psycopg.Connection, text: str) -> str:
     count from the redrive; its dispatch lag afterwards counts to the first
     claim after the redrive), lease and outcome cleared (``finished_at``,
     ``retryable``); ``last_error`` is kept (why it died). Nothing else of
-    the run changes. Raises ValidationError (field ``run_id``) for a
+    the run changes. ``tenant`` (None: any) limits it to that tenant's runs:
+    another tenant's run is not found, as a missing one (the HTTP API passes
+    its key's tenant). Raises ValidationError (naming ``field``) for a
     malformed id, NotFoundError for an unknown run, ConflictError naming
     the state for a run that is not dead or canceled (nothing changed).
     """
-    key = RunKey.parse(text)
+    key = RunKey.parse(text, field)
     job_id, nominal = key.job_id, key.nominal_time
-    if _redrive(conn, job_id, nominal, REDRIVABLE_STATES, 1):
+    if _redrive(conn, job_id, nominal, REDRIVABLE_STATES, 1, tenant):
         return run_id(job_id, nominal)
-    rows = store.execute(
-        conn, "get_run_state", {"partition_id": partition_of(job_id), "job_id": job_id, "nominal_time": nominal}
-    )
-    if not rows:
-        raise NotFoundError(f"run_id: no run {run_id(job_id, nominal)}")
-    state = rows[0]["state"]
+    exists, state = run_state(conn, key, tenant=tenant)
+    if not exists:
+        raise NotFoundError(f"{field}: no run {run_id(job_id, nominal)}")
     described = "has no delivery state (fired before delivery existed)" if state is None else f"is {state}"
     raise ConflictError(
-        f"run_id: run {run_id(job_id, nominal)} {described}; only a dead or canceled run can be redriven "
+        f"{field}: run {run_id(job_id, nominal)} {described}; only a dead or canceled run can be redriven "
         "(nothing changed)"
     )
 

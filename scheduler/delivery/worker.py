@@ -63,8 +63,8 @@ thread so a slow statement on one never delays the others):
 ``stop_timeout_s`` to finish, heartbeats continuing meanwhile; at the
 deadline every run still running is nacked (retryable, error ``worker
 stopped: handler still running at the stop deadline``) and its async handler
-cancelled; the remaining acks and nacks are flushed (for at most
-``FINAL_FLUSH_S`` more) and :meth:`Worker.run` returns. So no run stays leased
+cancelled; the remaining acks and nacks are flushed, and those already sent
+answered (for at most ``FINAL_FLUSH_S`` more), and :meth:`Worker.run` returns. So no run stays leased
 by a stopped worker without a heartbeat: it is either finished, nacked, or (the
 store unreachable) left to expire with its lease. A second signal ends the
 grace at once.
@@ -320,6 +320,49 @@ class _Lane:
         self._executor.shutdown(wait=False)
 
 
+class StoreTransport:
+    """The worker's way to the store: :mod:`~scheduler.delivery.lifecycle` calls on three
+    connections (claim, ack/nack, heartbeat), each used by its own thread (:class:`_Lane`).
+
+    Every method is a coroutine returning what the lifecycle function returns;
+    ``errors`` are the exceptions the worker survives (reconnect after a backoff).
+    :class:`~scheduler.delivery.api_client.ApiTransport` is the same surface over the HTTP API.
+    """
+
+    errors: tuple[type[BaseException], ...] = STORE_ERRORS
+
+    def __init__(self, dsn: str, statement_timeout_s: float) -> None:
+        self._claim_lane = _Lane(dsn, "claim", statement_timeout_s)
+        self._ack_lane = _Lane(dsn, "ack", statement_timeout_s)
+        self._hb_lane = _Lane(dsn, "heartbeat", statement_timeout_s)
+
+    async def claim(
+        self, *, tenant: str | None, queue: str, worker: str, limit: int, lease_s: float
+    ) -> list[lifecycle.Claimed]:
+        """:func:`~scheduler.delivery.lifecycle.claim` of ``tenant``'s ``queue``."""
+        assert tenant is not None
+        return await self._claim_lane.call(
+            lifecycle.claim, tenant=tenant, queue=queue, worker=worker, limit=limit, lease_s=lease_s
+        )
+
+    async def heartbeat(self, leases: list[tuple[lifecycle.RunKey, uuid.UUID]], lease_s: float) -> dict[str, str]:
+        """:func:`~scheduler.delivery.lifecycle.heartbeat`: run id → answer."""
+        return await self._hb_lane.call(lifecycle.heartbeat, leases, lease_s)
+
+    async def ack(self, leases: list[tuple[lifecycle.RunKey, uuid.UUID]]) -> dict[str, str]:
+        """:func:`~scheduler.delivery.lifecycle.ack`: run id → answer."""
+        return await self._ack_lane.call(lifecycle.ack, leases)
+
+    async def nack(self, fails: list[lifecycle.Nack]) -> dict[str, str]:
+        """:func:`~scheduler.delivery.lifecycle.nack`: run id → answer."""
+        return await self._ack_lane.call(lifecycle.nack, fails)
+
+    async def close(self) -> None:
+        """Close the connections; never raises."""
+        for lane in (self._claim_lane, self._ack_lane, self._hb_lane):
+            lane.close()
+
+
 class _Threads:
     """``n`` daemon threads running submitted callables (a sync handler that never
     returns must not keep the process from exiting, as ThreadPoolExecutor's would)."""
@@ -347,8 +390,13 @@ class _Threads:
 class Worker:
     """Claim runs of ``(tenant, queue)`` and hand each to ``handler`` (see the module doc).
 
-    ``tenant``: one tenant, or a sequence of distinct tenants served in turn
-    (at most :data:`MAX_TENANTS`). ``handler``: a callable taking a :class:`Run` (sync or ``async def``).
+    ``dsn``: the store the worker claims from; or None with ``api_url`` and
+    ``api_key`` (a ``tenant`` or ``worker`` key's token): the worker claims,
+    heartbeats, acks and nacks through the HTTP API (docs/api.md, "Runs and
+    workers") and never needs database credentials; the tenant is then the
+    key's (``tenant`` must be None). ``tenant``: one tenant, or a sequence of
+    distinct tenants served in turn (at most :data:`MAX_TENANTS`).
+    ``handler``: a callable taking a :class:`Run` (sync or ``async def``).
     ``concurrency``: handlers running at once (1–10,000); ``lease_s``: each
     attempt's lease (1–3,600 s; heartbeats every third of it); ``batch``:
     most runs claimed, and acks/nacks sent, per statement (default
@@ -363,8 +411,8 @@ class Worker:
 
     def __init__(
         self,
-        dsn: str,
-        tenant: str | Sequence[str],
+        dsn: str | None,
+        tenant: str | Sequence[str] | None,
         queue: str = "default",
         handler: Callable[[Run], Any] | None = None,
         *,
@@ -377,12 +425,31 @@ class Worker:
         poll_min_s: float = POLL_MIN_S,
         poll_max_s: float = POLL_MAX_S,
         flush_interval_s: float = FLUSH_INTERVAL_S,
+        api_url: str | None = None,
+        api_key: str | None = None,
     ) -> None:
-        tenants = (tenant,) if isinstance(tenant, str) else tuple(tenant)
-        if not 1 <= len(tenants) <= MAX_TENANTS or len(set(tenants)) != len(tenants):
-            raise ValidationError("tenant", f"give 1 to {MAX_TENANTS} distinct tenants", len(tenants))
-        for name in tenants:
-            validate_tenant(name)
+        tenants: tuple[str | None, ...]
+        if api_url is not None:
+            if dsn is not None:
+                raise ValidationError("api_url", "give either a store DSN or an API URL, not both")
+            if tenant is not None:
+                raise ValidationError("tenant", "over the API the tenant is the key's: give none")
+            if not api_key:
+                raise ValidationError("api_key", "an API URL needs a key (SCHEDULER_API_KEY)")
+            from scheduler.delivery.api_client import validate_api_url
+
+            validate_api_url(api_url)
+            tenants = (None,)
+        else:
+            if dsn is None:
+                raise ValidationError("dsn", "give a store DSN or an API URL")
+            if tenant is None:
+                raise ValidationError("tenant", f"give 1 to {MAX_TENANTS} distinct tenants")
+            tenants = (tenant,) if isinstance(tenant, str) else tuple(tenant)
+            if not 1 <= len(tenants) <= MAX_TENANTS or len(set(tenants)) != len(tenants):
+                raise ValidationError("tenant", f"give 1 to {MAX_TENANTS} distinct tenants", len(tenants))
+            for name in tenants:
+                validate_tenant(name)
         validate_queue(queue)
         if handler is None or not callable(handler):
             raise ValidationError("handler", "must be callable (a function taking a Run)")
@@ -392,6 +459,7 @@ class Worker:
         _check_seconds("lease_s", lease_s, MIN_LEASE_S, MAX_LEASE_S)
         _check_seconds("stop_timeout_s", stop_timeout_s, 0.0, 86_400.0)
         self.dsn, self.tenants, self.queue, self.handler = dsn, tenants, queue, handler
+        self.api_url, self.api_key = api_url, api_key
         self.tenant = tenants[0]
         self._round_start = 0  # the tenant the next claim round starts with
         self.concurrency, self.batch = concurrency, batch
@@ -404,6 +472,7 @@ class Worker:
         self._inflight: dict[str, _InFlight] = {}
         self._running = 0
         self._acks: list[_InFlight] = []
+        self._sending = 0  # ack/nack batches sent and not answered yet
         self._nacks: list[_InFlight] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested = threading.Event()
@@ -468,16 +537,22 @@ class Worker:
         self._flush_now = asyncio.Event()
         self._done = asyncio.Event()  # every loop but the heartbeat's has ended
         statement_s = max(1.0, min(5.0, self.lease_s / 3))
-        self._claim_lane = _Lane(self.dsn, "claim", statement_s)
-        self._ack_lane = _Lane(self.dsn, "ack", statement_s)
-        self._hb_lane = _Lane(self.dsn, "heartbeat", statement_s)
+        if self.api_url is not None:
+            from scheduler.delivery.api_client import ApiTransport
+
+            assert self.api_key is not None
+            self._transport: Any = ApiTransport(self.api_url, self.api_key, timeout_s=statement_s * 2)
+        else:
+            assert self.dsn is not None
+            self._transport = StoreTransport(self.dsn, statement_s)
+        self._errors = self._transport.errors
         self._threads = None if self._async else _Threads(self.concurrency)
         if self._stop_requested.is_set():
             self._on_stop()
         log.event(
             "worker_started",
             worker=self.worker_id,
-            tenants=",".join(self.tenants),
+            tenants=",".join(t for t in self.tenants if t is not None) or "(the API key's)",
             queue=self.queue,
             concurrency=self.concurrency,
             lease_s=self.lease_s,
@@ -514,10 +589,13 @@ class Worker:
                     f.task.cancel()
             self._flush_now.set()
             flush_deadline = time.monotonic() + FINAL_FLUSH_S
-            while (self._acks or self._nacks) and time.monotonic() < flush_deadline:
+            # A batch already sent counts as unflushed until its answer is in: cancelling
+            # its request could drop an ack the server never got (the run then waits
+            # out its lease and is delivered again).
+            while (self._acks or self._nacks or self._sending) and time.monotonic() < flush_deadline:
                 self._flush_now.set()
                 await asyncio.sleep(0.01)
-            self.stopped_cleanly = not (self._acks or self._nacks)
+            self.stopped_cleanly = not (self._acks or self._nacks or self._sending)
             if not self.stopped_cleanly:
                 log.event(
                     "worker_unflushed",
@@ -540,8 +618,7 @@ class Worker:
                     f.task.cancel()
             if self._threads is not None:
                 self._threads.close()
-            for lane in (self._claim_lane, self._ack_lane, self._hb_lane):
-                lane.close()
+            await self._transport.close()
             self.metrics.inflight.set(0)
             log.event("worker_stopped", worker=self.worker_id, clean=self.stopped_cleanly)
         if failure is not None:
@@ -587,7 +664,7 @@ class Worker:
             limit = min(free, self.batch)
             try:
                 claimed = await self._claim_round(limit)
-            except STORE_ERRORS as exc:
+            except self._errors as exc:
                 wait = backoff
                 backoff = self._store_failed("claim", exc, backoff)
                 await self._sleep(wait, self._stop_event)
@@ -611,8 +688,7 @@ class Worker:
         for i in range(count):
             if total >= limit or self._stop_event is None or self._stop_event.is_set():
                 break
-            claimed = await self._claim_lane.call(
-                lifecycle.claim,
+            claimed = await self._transport.claim(
                 tenant=self.tenants[(start + i) % count],
                 queue=self.queue,
                 worker=self.worker_id,
@@ -734,7 +810,7 @@ class Worker:
                 await self._flush("ack")
                 await self._flush("nack")
                 backoff = STORE_BACKOFF_MIN_S
-            except STORE_ERRORS as exc:
+            except self._errors as exc:
                 wait = backoff
                 backoff = self._store_failed("ack", exc, backoff)
                 await self._sleep(wait, self._done)
@@ -747,16 +823,19 @@ class Worker:
             return
         for f in batch:
             f.flushing = True
+        self._sending += 1
         try:
             if kind == "ack":
-                answers = await self._ack_lane.call(lifecycle.ack, [f.lease for f in batch])
+                answers = await self._transport.ack([f.lease for f in batch])
             else:
-                answers = await self._ack_lane.call(lifecycle.nack, [f.nack for f in batch])
+                answers = await self._transport.nack([f.nack for f in batch])
         except BaseException:
             for f in batch:
                 f.flushing = False
             pending[:0] = [f for f in batch if self._inflight.get(f.run_id) is f]
             raise
+        finally:
+            self._sending -= 1
         done = "succeeded" if kind == "ack" else "failed"
         for f in batch:
             answer = answers.get(f.run_id, "lost")
@@ -810,8 +889,8 @@ class Worker:
                 answers: dict[str, str] = {}
                 for i in range(0, len(held), MAX_BATCH):
                     chunk = [f.lease for f in held[i : i + MAX_BATCH]]
-                    answers.update(await self._hb_lane.call(lifecycle.heartbeat, chunk, self.lease_s))
-            except STORE_ERRORS as exc:
+                    answers.update(await self._transport.heartbeat(chunk, self.lease_s))
+            except self._errors as exc:
                 wait = min(backoff, interval)
                 backoff = self._store_failed("heartbeat", exc, backoff)
                 continue

@@ -1182,9 +1182,47 @@ ORDER BY r.nominal_time DESC
 LIMIT %(limit)s;
 
 -- name: get_run_state
--- One run's delivery state (explains a redrive that changed nothing).
+-- One run's delivery state (explains a redrive, or the HTTP API's refused
+-- heartbeat/ack/nack), of tenant %(tenant)s (NULL: any): another tenant's
+-- run is no row, like a missing one.
 SELECT r.state FROM runs AS r
-WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s AND r.nominal_time = %(nominal_time)s;
+WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s AND r.nominal_time = %(nominal_time)s
+  AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text);
+
+-- name: list_tenant_runs
+-- The HTTP API's run list: runs of tenant %(tenant)s, newest nominal time
+-- first (ties by job id), %(limit)s at most, each filter optional (NULL:
+-- any): of its live job named %(job_name)s, nominal time at or after
+-- %(since)s and before %(until)s, in delivery state %(state)s; after the
+-- page ending at (%(after_nominal)s, %(after_job)s) (keyset paging in this
+-- order). Read per job of the tenant (jobs_tenant_due_idx, then each job's
+-- primary-key range backward, at most %(limit)s rows each), so a page costs
+-- the tenant's own jobs, never a scan of every tenant's runs. Runs of a
+-- job pruned from jobs are not listed.
+SELECT r.partition_id, r.job_id, r.nominal_time, r.scheduled_at, r.fired_at, r.state, r.queue,
+       r.origin, r.attempt, r.available_at, r.leased_until, r.first_claimed_at, r.finished_at,
+       r.last_error, r.lateness_s, j.name AS job_name
+FROM jobs AS j
+CROSS JOIN LATERAL (
+    SELECT x.partition_id, x.job_id, x.nominal_time, x.scheduled_at, x.fired_at, x.state, x.queue,
+           x.origin, x.attempt, x.available_at, x.leased_until, x.first_claimed_at, x.finished_at,
+           x.last_error, extract(epoch FROM (x.fired_at - x.scheduled_at))::float8 AS lateness_s
+    FROM runs AS x
+    WHERE x.partition_id = j.partition_id AND x.job_id = j.job_id
+      AND x.tenant = %(tenant)s::text
+      AND (%(since)s::timestamptz IS NULL OR x.nominal_time >= %(since)s::timestamptz)
+      AND (%(until)s::timestamptz IS NULL OR x.nominal_time < %(until)s::timestamptz)
+      AND (%(state)s::text IS NULL OR x.state = %(state)s::text)
+      AND (%(after_nominal)s::timestamptz IS NULL
+           OR x.nominal_time < %(after_nominal)s::timestamptz
+           OR (x.nominal_time = %(after_nominal)s::timestamptz AND x.job_id > %(after_job)s::uuid))
+    ORDER BY x.nominal_time DESC
+    LIMIT %(limit)s
+) AS r
+WHERE j.tenant = %(tenant)s::text
+  AND (%(job_name)s::text IS NULL OR (j.name = %(job_name)s::text AND j.deleted_at IS NULL))
+ORDER BY r.nominal_time DESC, r.job_id
+LIMIT %(limit)s;
 
 -- name: redrive_runs
 -- Back to pending, available now (store time): one run
@@ -1192,7 +1230,8 @@ WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s AND r.nominal_
 -- is in %(states)s (dead, canceled). A redrive is a fresh retry budget:
 -- attempt 0 and first_claimed_at NULL (max_attempts and max_age_s count
 -- from the redrive), lease and outcome cleared; last_error is kept. The
--- state is re-checked by the UPDATE, so a concurrent change wins.
+-- state is re-checked by the UPDATE, so a concurrent change wins. Only runs
+-- of tenant %(tenant)s (NULL: any; the HTTP API passes its key's).
 UPDATE runs
 SET state = 'pending', attempt = 0, available_at = now(),
     lease_token = NULL, leased_until = NULL, worker = NULL, claimed_at = NULL,
@@ -1203,6 +1242,7 @@ WHERE (partition_id, job_id, nominal_time) IN (
     WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s
       AND (%(nominal_time)s::timestamptz IS NULL OR r.nominal_time = %(nominal_time)s::timestamptz)
       AND r.state = ANY(%(states)s::text[])
+      AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
     ORDER BY r.nominal_time
     LIMIT %(limit)s)
   AND state = ANY(%(states)s::text[])
@@ -1769,7 +1809,10 @@ ORDER BY c.nominal_time, c.job_id;
 -- subplan), not by a join with the data-modifying CTE: the planner
 -- estimates that CTE at one row and nested-loops it, quadratic in the
 -- batch (130 ms for 450 acks). Only a pair not changed reads its run
--- again (the CASE branch's subquery), to say why.
+-- again (the CASE branch's subquery), to say why. %(tenant)s (NULL: any)
+-- scopes every read and write to one tenant (the HTTP API's key): another
+-- tenant's run answers 'lost', exactly like a missing one. So do
+-- ack_runs and nack_runs.
 WITH a AS (
     SELECT *
     FROM unnest(%(pids)s::int4[], %(jids)s::uuid[], %(nominals)s::timestamptz[], %(tokens)s::uuid[])
@@ -1782,13 +1825,15 @@ WITH a AS (
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token
       AND r.state = 'leased'
+      AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
     RETURNING a.i
 )
 SELECT a.i,
        CASE WHEN a.i IN (SELECT i FROM extended) THEN 'leased'
             ELSE coalesce((SELECT CASE WHEN r.state = 'canceled' AND r.lease_token = a.token THEN 'canceled' END
                       FROM runs AS r
-                      WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal), 'lost') END AS answer
+                      WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
+                        AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)), 'lost') END AS answer
 FROM a
 ORDER BY a.i;
 
@@ -1812,13 +1857,15 @@ WITH a AS (
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token
       AND r.state = 'leased'
+      AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
     RETURNING a.i
 )
 SELECT a.i,
        CASE WHEN a.i IN (SELECT i FROM done) THEN 'succeeded'
             ELSE coalesce((SELECT CASE WHEN r.lease_token = a.token AND r.state IN ('succeeded', 'canceled') THEN r.state END
                       FROM runs AS r
-                      WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal), 'lost') END AS answer
+                      WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
+                        AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)), 'lost') END AS answer
 FROM a
 ORDER BY a.i;
 
@@ -1847,13 +1894,15 @@ WITH a AS (
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token
       AND r.state = 'leased'
+      AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
     RETURNING a.i
 )
 SELECT a.i,
        CASE WHEN a.i IN (SELECT i FROM failed) THEN 'failed'
             ELSE coalesce((SELECT CASE WHEN r.lease_token = a.token AND r.state IN ('failed', 'canceled') THEN r.state END
                       FROM runs AS r
-                      WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal), 'lost') END AS answer
+                      WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
+                        AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)), 'lost') END AS answer
 FROM a
 ORDER BY a.i;
 

@@ -63,6 +63,31 @@ def test_pull_steady_every_run_claimed_once_and_acked(pg_dsn: str, tmp_path: Pat
     assert (result.worker_impl, result.worker_processes) == (impl, 2)  # --workers 2, each over every tenant
 
 
+def test_pull_steady_via_api_every_run_claimed_once_and_acked_over_http(pg_dsn: str, tmp_path: Path) -> None:
+    opts = steady("pull", 3)
+    opts.via_api = True  # 3 tenants: one `scheduler worker --api-url` each, against a `scheduler api` process
+    result = run_deliver(pg_dsn, opts, tmp_path)
+    runs = window_runs(result)
+    assert runs >= RATE
+    assert (result.runs, result.succeeded, result.lost) == (runs, runs, 0)
+    assert (result.missing, result.duplicates) == (0, 0)
+    assert result.attempts == {"1": runs}
+    assert (result.worker_impl, result.worker_processes) == ("scheduler-api", 3)
+    with store.connect(pg_dsn) as conn:
+        by = conn.execute(
+            "SELECT count(*) FILTER (WHERE worker LIKE 'api:%%:api-worker-%%') AS api, count(*) AS n FROM runs"
+            " WHERE state = 'succeeded'"
+        ).fetchone()
+    assert by["api"] == by["n"] >= runs  # every run was acked through the API
+
+
+def test_via_api_needs_a_worker_per_tenant(pg_dsn: str, tmp_path: Path) -> None:
+    from bench.consumers import start_api_workers
+
+    with pytest.raises(ValueError, match="over the API each worker serves one tenant"):
+        start_api_workers(pg_dsn, "http://127.0.0.1:1", {"a": "k", "b": "k"}, 1, tmp_path)
+
+
 def test_pull_herd_every_run_claimed_once_and_acked(pg_dsn: str, tmp_path: Path) -> None:
     opts = Options(
         mode="pull",

@@ -20,7 +20,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import urllib.request
@@ -32,7 +31,18 @@ from pathlib import Path
 import psycopg
 import pytest
 from click.testing import CliRunner
-from helpers import OneNode, closed_port, pending_run, store_now, wait_for
+from helpers import (
+    WORKER_HANDLERS,
+    OneNode,
+    WorkerThread,
+    closed_port,
+    output_of,
+    pending_run,
+    reap,
+    started,
+    store_now,
+    wait_for,
+)
 from helpers import run_row as row
 
 from scheduler import jobs
@@ -46,34 +56,6 @@ from scheduler.spec import JobSpec
 S = timedelta(seconds=1)
 LEASE_S = 2.0
 
-HANDLERS = textwrap.dedent(
-    """
-    import os, pathlib, time
-
-    DIR = pathlib.Path(os.environ["WORKER_TEST_DIR"])
-
-    def slow(run):
-        # Marks that it started (file named by run id and attempt), then waits for
-        # a 'release' file for at most 120 s.
-        (DIR / f"started.{run.run_id}.{run.attempt}").write_text(str(os.getpid()))
-        deadline = time.monotonic() + 120
-        while not (DIR / "release").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-    def sleepy(run):
-        (DIR / f"started.{run.run_id}.{run.attempt}").write_text(str(os.getpid()))
-        time.sleep(float(os.environ.get("WORKER_TEST_SLEEP_S", "600")))
-
-    def record(run):
-        # One file per (run, attempt), created exclusively: a second delivery of the same
-        # attempt would raise (and nack) instead of passing unseen.
-        with open(DIR / f"done.{run.run_id}.{run.attempt}", "x") as f:
-            f.write(repr(run.payload))
-
-    NOT_CALLABLE = 42
-    """
-)
-
 
 @pytest.fixture
 def node(pg_dsn: str) -> Iterator[OneNode]:
@@ -84,7 +66,7 @@ def node(pg_dsn: str) -> Iterator[OneNode]:
 
 @pytest.fixture
 def handlers_dir(tmp_path: Path) -> Path:
-    (tmp_path / "handlers.py").write_text(HANDLERS)
+    (tmp_path / "handlers.py").write_text(WORKER_HANDLERS)
     return tmp_path
 
 
@@ -125,29 +107,15 @@ def settle_until(conn: psycopg.Connection, node: OneNode, key: RunKey, state: st
     return wait_for(f"run {key.run_id} {state}", probe, lambda r: r["state"] == state, timeout_s=timeout_s)
 
 
-class Running:
-    """A :class:`Worker` running on a thread until :meth:`stop`."""
-
-    def __init__(self, w: Worker) -> None:
-        self.worker = w
-        self.thread = threading.Thread(target=w.run, name="test-worker", daemon=True)
-        self.thread.start()
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self.worker.stop()
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "worker did not stop"
-
-
 @pytest.fixture
 def start(pg_dsn: str) -> Iterator:
-    started: list[Running] = []
+    started: list[WorkerThread] = []
 
-    def build(handler, **kwargs) -> Running:
+    def build(handler, **kwargs) -> WorkerThread:
         kwargs.setdefault("lease_s", LEASE_S)
         kwargs.setdefault("stop_timeout_s", 5.0)
         tenant = kwargs.pop("tenant", "acme")
-        started.append(Running(Worker(pg_dsn, tenant, "default", handler, **kwargs)))
+        started.append(WorkerThread(Worker(pg_dsn, tenant, "default", handler, **kwargs)))
         return started[-1]
 
     yield build
@@ -174,20 +142,6 @@ def spawn(pg_dsn: str, handlers_dir: Path, handler: str, *flags: str, **env: str
         )  # fmt: skip
     proc.log_path = path  # type: ignore[attr-defined]
     return proc
-
-
-def output_of(proc: subprocess.Popen) -> str:
-    return proc.log_path.read_text()  # type: ignore[attr-defined]
-
-
-def reap(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(10)
-
-
-def started(handlers_dir: Path, key: RunKey, attempt: int) -> bool:
-    return (handlers_dir / f"started.{key.run_id}.{attempt}").exists()
 
 
 def holding(conn: psycopg.Connection, pg_dsn: str, handlers_dir: Path) -> tuple[RunKey, subprocess.Popen, dict]:
