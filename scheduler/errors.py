@@ -9,10 +9,14 @@ from`` so the driver's cause stays attached.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 ECHO_MAX_CHARS = 80
 """Longest input echoed whole in an error message; longer ones are cut (:func:`clip`)."""
+
+UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
+"""Characters a TEXT column cannot keep: NUL, and unpaired surrogates (not UTF-8)."""
 
 
 def clip(value: object, limit: int = ECHO_MAX_CHARS) -> str:

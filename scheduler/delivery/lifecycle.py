@@ -39,7 +39,7 @@ from typing import Any
 import psycopg
 
 from scheduler import store
-from scheduler.errors import ValidationError
+from scheduler.errors import UNSTORABLE_TEXT, ValidationError
 from scheduler.firing.batch import epochs_literal
 from scheduler.partition import partition_of
 
@@ -169,6 +169,11 @@ class SettleResult:
     retried: int = 0
     dead: int = 0
     runs: tuple[tuple[RunKey, str, int, str], ...] = ()
+
+
+def _storable(text: str) -> str:
+    """``text`` with every :data:`UNSTORABLE_TEXT` character replaced by U+FFFD."""
+    return UNSTORABLE_TEXT.sub("\ufffd", text)
 
 
 def _check_lease(lease_s: float) -> float:
@@ -341,7 +346,9 @@ def nack(
 
     Returns run id → ``"failed"`` or ``"canceled"`` / ``"lost"`` (refused).
     ``error`` is kept as ``last_error`` (cut to :data:`MAX_ERROR_LEN`
-    characters); ``tenant`` as in :func:`heartbeat`. Raises ValidationError for a
+    characters; NUL and unpaired surrogates, which the store cannot keep,
+    replaced by U+FFFD: a diagnostic is never a reason to lose the nack);
+    ``tenant`` as in :func:`heartbeat`. Raises ValidationError for a
     negative or non-finite ``retry_after_s`` and as :func:`heartbeat`.
     """
     for fail in fails:
@@ -351,7 +358,7 @@ def nack(
             raise ValidationError("retry_after_s", "must be a number of seconds from 0 to 30 days", fail.retry_after_s)
     params = {
         "retryables": [f.retryable for f in fails],
-        "errors": [None if f.error is None else f.error[:MAX_ERROR_LEN] for f in fails],
+        "errors": [None if f.error is None else _storable(f.error[:MAX_ERROR_LEN]) for f in fails],
         "retry_after_s": [f.retry_after_s for f in fails],
         "now": now,
     }

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -44,7 +43,7 @@ from typing import Any
 import psycopg
 
 from scheduler import jobs, store
-from scheduler.errors import NotFoundError, ValidationError
+from scheduler.errors import UNSTORABLE_TEXT, NotFoundError, ValidationError
 from scheduler.partition import partition_of
 from scheduler.planner import scheduled_time
 from scheduler.schedule import iter_fires
@@ -53,9 +52,6 @@ from scheduler.zones import MIN_EPOCH_S
 
 MAX_REQUEST_ID_LEN = 200
 """Longest request id (characters; the column's check)."""
-
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-"""Characters a TEXT column cannot keep: NUL, and unpaired surrogates (not UTF-8)."""
 
 DEFAULT_WAIT_S = 10.0
 """How long ``jobs trigger`` waits for the owner's outcome by default (seconds)."""
@@ -154,7 +150,7 @@ def request_run(
         request_id = str(uuid.uuid4())
     if not isinstance(request_id, str) or not 1 <= len(request_id) <= MAX_REQUEST_ID_LEN:
         raise ValidationError("request_id", f"must be 1 to {MAX_REQUEST_ID_LEN} characters", request_id)
-    if _UNSTORABLE.search(request_id):
+    if UNSTORABLE_TEXT.search(request_id):
         raise ValidationError("request_id", "must be text the store can keep (no NUL, no unpaired surrogate)")
     key = {"partition_id": partition_of(job_id), "job_id": job_id, "request_id": request_id}
 

@@ -115,6 +115,24 @@ def test_heartbeat_extends_the_lease_so_settle_leaves_it(conn, node) -> None:
     assert run_row(conn, key)["state"] == "canceled"
 
 
+def test_a_nack_error_the_store_cannot_keep_as_is_is_kept_with_replacement_characters(conn) -> None:
+    """A handler's exception message may carry NUL or an unpaired surrogate (bytes decoded
+    with surrogateescape, a fuzzed API body): the nack is recorded, those characters
+    replaced by U+FFFD, never refused by the store (which failed the whole batch)."""
+    job_id = add_job(conn)
+    key = pending_run(conn, job_id, T0)
+    other = pending_run(conn, job_id, T0 + S)
+    first, second = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=2, now=T0 + S)
+    answer = lifecycle.nack(
+        conn,
+        [Nack(key.run_id, first.token, "bad\x00byte \udce9 end"), Nack(other.run_id, second.token, "plain")],
+        now=T0 + 2 * S,
+    )
+    assert answer == {key.run_id: "failed", other.run_id: "failed"}
+    assert run_row(conn, key)["last_error"] == "bad\ufffdbyte \ufffd end"
+    assert run_row(conn, other)["last_error"] == "plain"
+
+
 def test_nack_then_settle_retries_with_backoff_until_max_attempts_then_dead(conn, node) -> None:
     job_id = add_job(conn)
     key = pending_run(conn, job_id, T0)
