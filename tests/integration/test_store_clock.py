@@ -49,6 +49,10 @@ UNSENT_HERE = {"heartbeat_runs", "ack_runs"}
 """Sent by workers, and by a node's push loop when an attempt succeeds or waits
 for its host's turn; this test's one push fails at once (its nack is sent)."""
 
+API_KEYS_ONLY = {"insert_api_key", "revoke_api_key", "touch_api_key"}
+"""Pinnable queries of the tenant API's keys (scheduler/api/keys.py): a node started
+without ``--api-port`` (this test's) serves no API and never sends them."""
+
 CLI_ONLY = {"insert_run_request", "insert_backfill_runs"}
 """Pinnable queries of `jobs trigger` and `jobs backfill` (scheduler/delivery/manual.py),
 which a node never sends (tests/integration/test_overlap.py pins them)."""
@@ -99,7 +103,9 @@ def test_a_node_built_from_default_settings_sends_null_as_now_in_every_time_depe
     assert (result.fired, result.herd_fired) == (DEFAULT_LIMITS.herd_min_jobs + 1, DEFAULT_LIMITS.herd_min_jobs)
     assert status.exit_code == 0, status.stderr
     pinnable = [(name, params) for name, params in sent if name in PINNABLE_QUERIES]
-    assert {name for name, _ in pinnable} == PINNABLE_QUERIES - ETCD_ONLY - WORKER_ONLY - UNSENT_HERE - CLI_ONLY
+    assert {
+        name for name, _ in pinnable
+    } == PINNABLE_QUERIES - ETCD_ONLY - WORKER_ONLY - UNSENT_HERE - CLI_ONLY - API_KEYS_ONLY
     assert [(name, params["now"]) for name, params in pinnable if params["now"] is not None] == []
 
 
