@@ -35,13 +35,19 @@ def add_secret(*secrets: str | None) -> None:
         _secrets.update(s for s in secrets if s and len(s) >= MIN_SECRET_CHARS)
 
 
+API_TOKEN = re.compile(r"tk_[0-9a-fA-F]{16}_[A-Za-z0-9_-]*")
+"""Anything shaped like a tenant API token (``tk_<key id>_<secret>``, scheduler/api/keys.py)."""
+
+
 def redact(text: str) -> str:
-    """Return ``text`` with every registered secret replaced by ``***``."""
+    """Return ``text`` with every registered secret replaced by ``***`` and anything
+    shaped like an API token by ``tk_<redacted>``: an error or log line that echoes
+    input never shows a key pasted into the wrong field (``keys revoke TOKEN``)."""
     with _secrets_lock:
         secrets = sorted(_secrets, key=len, reverse=True)
     for secret in secrets:
         text = text.replace(secret, "***")
-    return text
+    return API_TOKEN.sub("tk_<redacted>", text)
 
 
 LIBRARY_LOGGERS = ("psycopg", "psycopg.pool", "alembic")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import http
 import logging
-import re
 from typing import Any
 
 import psycopg
@@ -122,13 +121,11 @@ def problem(
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
 
 
-_TOKEN = re.compile(r"tk_[0-9a-fA-F]{16}_[A-Za-z0-9_-]*")
-
-
 def redact_tokens(text: str) -> str:
-    """``text`` with anything shaped like an API token (``tk_<16 hex>_...``) replaced by
-    ``tk_<redacted>``: an error that echoes input never echoes a key pasted into a field."""
-    return _TOKEN.sub("tk_<redacted>", text)
+    """``text`` with anything shaped like an API token replaced by ``tk_<redacted>``
+    (:data:`scheduler.log.API_TOKEN`): an error that echoes input never echoes a key
+    pasted into a field."""
+    return logmod.API_TOKEN.sub("tk_<redacted>", text)
 
 
 def _loc_field(loc: tuple[Any, ...] | list[Any]) -> str:

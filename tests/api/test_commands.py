@@ -77,6 +77,19 @@ def test_keys_create_errors_are_one_line_naming_the_field(pg_dsn):
     assert result.exit_code == 2 and result.stderr.startswith("error: key_id: must be 16 lower-case hex characters")
 
 
+def test_a_token_pasted_where_a_key_id_or_tenant_goes_is_never_echoed_by_the_cli(pg_dsn):
+    """``keys revoke TOKEN`` (the natural mistake) and a token given as ``--tenant`` are
+    refused with the token shown as ``tk_<redacted>``, never its secret."""
+    with store.connect(pg_dsn) as conn:
+        conn.execute("INSERT INTO tenants (tenant) VALUES ('acme') ON CONFLICT DO NOTHING")
+        token, key_id = keys.create(conn, "acme", "tenant", "t")
+    secret = token.rsplit("_", 1)[1]
+    for args in (["keys", "revoke", token], ["keys", "create", "--tenant", token, "--role", "tenant"]):
+        result = run(args, pg_dsn)
+        assert result.exit_code == 2 and "tk_<redacted>" in result.stderr, result.stderr
+        assert secret not in result.stderr and secret[:12] not in result.stderr
+
+
 def test_scheduler_api_serves_on_loopback_until_sigterm(pg_dsn):
     with store.connect(pg_dsn) as conn:
         token, _ = keys.create(conn, None, "admin")
