@@ -23,13 +23,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from scheduler import __version__, store
-from scheduler.api import admin, errors, explain, runs, schedules
+from scheduler.api import admin, errors, explain, inputs, runs, schedules
 from scheduler.api.deps import Authenticate
 from scheduler.api.keys import KeyVerifier
 from scheduler.api.limits import BodyLimit, RateLimiter
@@ -127,6 +127,7 @@ def create_app(dsn: str, *, settings: ApiSettings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        dependencies=[Depends(inputs.check_request_text)],
     )
     app.state.settings = api
     app.state.pool = _pool(dsn, api.pool_size)

@@ -196,6 +196,8 @@ def validation_detail(error: dict[str, Any]) -> tuple[str, str]:
     got = "" if error.get("type") in ("missing", "json_invalid") or given is None else f" (got {clip(given)})"
     if isinstance(given, (dict, list)):
         got = ""
+    if isinstance(given, (bytes, bytearray)):  # a body not sent as JSON reaches the model as bytes
+        rule, got = f"{rule}, sent with Content-Type: application/json", ""
     return field, f"{field}: {rule}{got}"
 
 

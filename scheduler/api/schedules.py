@@ -49,7 +49,7 @@ from urllib.parse import quote
 
 import psycopg
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema, field_validator
 
 from scheduler import jobs
 from scheduler.api.deps import Principal, db, decode_cursor, page_of, page_size, tenant_principal
@@ -185,6 +185,31 @@ class ScheduleSpec(BaseModel):
     overlap: Annotated[Any, _choice(targets.OVERLAP_POLICIES), Field(description="Overlap policy (default allow).")] = (
         None
     )
+
+    @field_validator("interval_s", "catchup_window_s", "misfire_grace_s", "jitter_s", "max_attempts", mode="before")
+    @classmethod
+    def _json_integer(cls, value: Any) -> Any:
+        """A whole-number field takes a JSON integer (or null), never ``"60"`` or ``true``:
+        the project's parser would read a string, and the schema says integer."""
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError("must be a JSON integer (not a string, a boolean or a fraction)")
+        return value
+
+    @field_validator("timeout_s", "backoff_base_s", "backoff_cap_s", mode="before")
+    @classmethod
+    def _json_number(cls, value: Any) -> Any:
+        """A number field takes a JSON number (or null), never a string or a boolean."""
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError("must be a JSON number (not a string or a boolean)")
+        return value
+
+    @field_validator("max_age_s", mode="before")
+    @classmethod
+    def _json_age(cls, value: Any) -> Any:
+        """Seconds as a JSON integer, or a duration string (``90m``, ``12h``, ``7d``)."""
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, str))):
+            raise ValueError("must be a JSON integer of seconds or a duration string such as 12h")
+        return value
 
 
 class ApplyItem(ScheduleSpec):

@@ -602,6 +602,7 @@ def test_apply_with_a_bad_item_writes_nothing(acme, db):
             "items[1]: name: must be 1-200 printable characters (got 5)",
         ),
         ([good, {"name": "x", "interval_s": 60, "url": "http://127.0.0.1:8080/hook"}], "items[1].url", None),
+        ([good, {"name": "bad", "interval_s": "60"}], "items[1].interval_s", None),
     ):
         bad = acme.post("/v1/schedules:apply", json={"items": items, "prune": True})
         assert bad.status_code == 422, bad.text
@@ -747,6 +748,12 @@ def test_worker_and_admin_keys_are_403(api, db, role):
 
 
 BAD_FIELDS = [
+    ({"interval_s": "60"}, "interval_s"),  # a string is not a JSON integer, even if it reads as one
+    ({"interval_s": " 60 "}, "interval_s"),
+    ({"interval_s": 60, "max_attempts": "5"}, "max_attempts"),
+    ({"interval_s": 60, "jitter_s": "1"}, "jitter_s"),
+    ({"interval_s": 60, "backoff_base_s": "1"}, "backoff_base_s"),
+    ({"interval_s": 60, "max_age_s": True}, "max_age_s"),
     ({"cron": "61 * * * *"}, "cron"),
     ({"cron": 5}, "cron"),
     ({"cron": "0 2 * * *", "tz": "Mars/Olympus"}, "tz"),
@@ -807,6 +814,15 @@ def test_bad_input_of_every_field_is_422_naming_it_and_writes_nothing(acme, db):
     assert count_writes(db) == before
 
 
+def test_a_body_sent_as_another_content_type_is_told_so(acme, db):
+    """A JSON object sent as text/plain was refused as 'must be a JSON object' with the bytes'
+    Python repr echoed; the detail names the content type instead."""
+    got = acme.put("/v1/schedules/ct", content=b'{"interval_s": 60}', headers={"Content-Type": "text/plain"})
+    assert (got.status_code, got.json()["field"]) == (422, "body")
+    assert got.json()["detail"] == "body: must be a JSON object, sent with Content-Type: application/json"
+    assert acme.get("/v1/schedules/ct").status_code == 404
+
+
 def test_messages_are_the_clis(acme):
     def detail(body):
         return acme.put("/v1/schedules/bad", json=body).json()["detail"]
@@ -848,9 +864,10 @@ def test_text_the_store_cannot_keep_is_refused_or_not_found(acme, db):
     acme.put("/v1/schedules/s", json={"interval_s": 60})
     before = count_writes(db)
     for path in ("/v1/schedules/a%00b", "/v1/schedules/" + "x" * 5000):
-        assert acme.get(path).status_code == 404
-        assert acme.delete(path).status_code == 404
-        assert acme.post(path + ":pause").status_code == 404
+        status = 422 if "%00" in path else 404  # a NUL in a path is refused before any read
+        assert acme.get(path).status_code == status
+        assert acme.delete(path).status_code == status
+        assert acme.post(path + ":pause").status_code == status
     for text in ("a\\u0000b", "\\ud800"):  # JSON escapes
         for path, body, field in (
             ("/v1/schedules/s:trigger", f'{{"request_id": "{text}"}}', "request_id"),
