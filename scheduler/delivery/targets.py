@@ -382,9 +382,10 @@ def parse_headers(headers: Iterable[str] | Mapping[str, str]) -> tuple[tuple[str
 
 
 def _header_echo(item: Any) -> Any:
-    """What an error may echo of a header: its name part only."""
+    """What an error may echo of a header: its name part only (without a colon, the
+    first word: ``Authorization Bearer s3cret`` echoes ``Authorization``)."""
     if isinstance(item, str):
-        return item.partition(":")[0] if ":" in item else item[:40]
+        return item.partition(":")[0] if ":" in item else (item.split(None, 1) or [""])[0][:40]
     return type(item).__name__
 
 

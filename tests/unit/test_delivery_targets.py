@@ -186,7 +186,9 @@ RESERVED = "header: name is set by the engine or breaks HTTP (Host, Content-*, S
 @pytest.mark.parametrize(
     ("header", "message"),
     [
-        ("no colon", "header: must be 'Name: value' (got 'no colon')"),
+        ("no colon", "header: must be 'Name: value' (got 'no')"),
+        # The colon forgotten before a secret: only what could be the name is echoed.
+        ("Authorization Bearer sekrit123", "header: must be 'Name: value' (got 'Authorization')"),
         (": value", f"{NAME_RULE} (got '')"),
         ("Bad Name: v", f"{NAME_RULE} (got 'Bad Name')"),
         ("Bad(Name): v", f"{NAME_RULE} (got 'Bad(Name)')"),
