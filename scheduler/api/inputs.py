@@ -22,11 +22,11 @@ from scheduler.api.errors import ApiError
 from scheduler.errors import UNSTORABLE_TEXT
 
 
-def _decoded(raw: bytes) -> str | None:
-    """``raw`` percent-decoded (``+`` as space) as UTF-8; None if it is not UTF-8 or holds text
-    the store cannot keep (NUL, an unpaired surrogate)."""
+def _decoded(raw: bytes, *, plus_is_space: bool = True) -> str | None:
+    """``raw`` percent-decoded as UTF-8 (``+`` as a space in a query, not in a path); None if it
+    is not UTF-8 or holds text the store cannot keep (NUL, an unpaired surrogate)."""
     try:
-        text = unquote_to_bytes(raw.replace(b"+", b" ")).decode("utf-8")
+        text = unquote_to_bytes(raw.replace(b"+", b" ") if plus_is_space else raw).decode("utf-8")
     except UnicodeDecodeError:
         return None
     return None if UNSTORABLE_TEXT.search(text) else text
@@ -55,7 +55,7 @@ def check_request_text(request: Request) -> None:
     names a query parameter its route does not take. Returns None for a good request."""
     raw_path: bytes = request.scope.get("raw_path") or request.scope["path"].encode("utf-8", "surrogateescape")
     route = request.scope.get("route")
-    if _decoded(raw_path) is None:
+    if _decoded(raw_path, plus_is_space=False) is None:
         field = next(iter(request.path_params), "path")
         raise _refuse(field, "must be UTF-8 text with no NUL (percent-encoded bytes that are not UTF-8 are refused)")
     known = _query_names(route)

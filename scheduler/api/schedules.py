@@ -58,7 +58,7 @@ from scheduler.delivery import manual, targets, views
 from scheduler.delivery.lifecycle import RunKey
 from scheduler.delivery.ssrf import AddressPolicy
 from scheduler.delivery.targets import DeliverySpec
-from scheduler.errors import NotFoundError, ValidationError, clip
+from scheduler.errors import UNSTORABLE_TEXT, NotFoundError, ValidationError, clip
 from scheduler.planner import DEFAULT_MISFIRE, MISFIRE_POLICIES
 from scheduler.schedule import parse_instant
 from scheduler.spec import (
@@ -485,10 +485,7 @@ def _fires(row: dict) -> list[Fire]:
 
 def _storable(text: str) -> bool:
     """False for text the store cannot hold (NUL, an unpaired surrogate): no row has it."""
-    return "\x00" not in text and not _SURROGATE.search(text)
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
+    return not UNSTORABLE_TEXT.search(text)
 
 
 def _job(conn: psycopg.Connection, tenant: str, name: str) -> dict:
