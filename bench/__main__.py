@@ -307,6 +307,63 @@ def failover(dsn, coordinator, etcd_endpoints, kind, nodes, jobs, trials, poll_i
 
 
 @cli.command()
+@click.option(
+    "--replication",
+    type=click.Choice(["sync", "async", "both"]),
+    default="both",
+    show_default=True,
+    help="The pair's replication; 'both' runs sync, then async.",
+)
+@click.option("--nodes", default=2, show_default=True, type=AsciiIntRange(1, 16), help="Node processes.")
+@click.option(
+    "--jobs", default=200, show_default=True, type=AsciiIntRange(min=1), help="Interval jobs firing every second."
+)
+@click.option(
+    "--lag-s",
+    default=3.0,
+    show_default=True,
+    type=FiniteFloatRange(0, 60),
+    help="Async: the primary's WAL sender is paused this long before the kill: the standby lags (0: no lag).",
+)
+@click.option("--trials", default=1, show_default=True, type=AsciiIntRange(1, 20), help="Kills per replication mode.")
+@click.option(
+    "--lease-ttl-s",
+    type=FiniteFloatRange(min=0, min_open=True),
+    default=None,
+    help="Nodes' --lease-ttl-s [default: the node default, 10 s].",
+)
+@click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the rows here.")
+def storefailover(replication, nodes, jobs, lag_s, trials, lease_ttl_s, out_dir, json_path) -> None:
+    """Kill the primary of a throwaway Patroni pair (etcd DCS, PostgreSQL on loopback) under
+    firing nodes: promotion, first write, runs resumed, lateness, missing/duplicate, and
+    (async, the standby lagging) runs that vanished with the old primary and fired again.
+    Needs no --dsn: it starts its own etcd and Patroni pair (patroni, PostgreSQL server
+    binaries; as root, a 'postgres' user)."""
+    from bench.storefailover import COLUMNS, as_rows, run_storefailovers
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    modes = ["sync", "async"] if replication == "both" else [replication]
+    node_args = ("--lease-ttl-s", str(lease_ttl_s)) if lease_ttl_s is not None else ()
+    results = run_storefailovers(
+        modes,
+        nodes,
+        jobs,
+        lag_s,
+        trials,
+        out_dir / "storefailover",
+        node_args,
+        echo=lambda line: click.echo(line, err=True),
+    )
+    rows = as_rows(results)
+    click.echo(report.markdown_table(rows, COLUMNS))
+    if json_path:
+        json_path.write_text(json.dumps(rows, indent=2) + "\n")
+    if any(r["missing"] or r["duplicates"] for r in rows):
+        sys.exit(1)
+
+
+@cli.command()
 @click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, required=True)
 @click.option("--mode", type=click.Choice(["pull", "push"]), default="pull", show_default=True)
 @click.option("--workload", type=click.Choice(["herd", "steady"]), default="herd", show_default=True)

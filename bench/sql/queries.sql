@@ -173,3 +173,37 @@ SELECT EXISTS (
 -- Client connections the server still accepts (max_connections less the
 -- backends now open, background processes included: an underestimate).
 SELECT current_setting('max_connections')::int - (SELECT count(*) FROM pg_stat_activity)::int AS free;
+
+-- name: runs_fired_since
+-- Every run fired at or after an instant, with what identifies its commit
+-- (storefailover: the runs one primary held, compared with its successor's).
+SELECT job_id, nominal_time, fired_at, node_id, epoch
+FROM runs
+WHERE fired_at >= %(since)s;
+
+-- name: first_write_after
+-- The earliest store write of a node seen after an instant: a heartbeat, a
+-- lease claimed, a run fired (NULL if none yet). Heartbeats are overwritten,
+-- so polled often it is the first one's time within the poll interval.
+SELECT min(t) AS first_write FROM (
+    SELECT min(heartbeat_at) AS t FROM nodes WHERE heartbeat_at > %(after)s
+    UNION ALL
+    SELECT min(acquired_at) FROM leases WHERE acquired_at > %(after)s
+    UNION ALL
+    SELECT min(fired_at) FROM runs WHERE fired_at > %(after)s
+) AS w;
+
+-- name: first_run_fired_after
+-- The first run fired after an instant (NULL if none yet).
+SELECT min(fired_at) AS fired_at FROM runs WHERE fired_at > %(after)s;
+
+-- name: lateness_in_window
+-- Lateness of every run whose slot lies in [since, until).
+SELECT extract(epoch FROM (fired_at - scheduled_at))::float8 AS lateness_s
+FROM runs
+WHERE nominal_time >= %(since)s AND nominal_time < %(until)s;
+
+-- name: count_unfired_before
+-- Active jobs with a slot before an instant still unfired (0: caught up).
+SELECT count(*) AS n FROM jobs
+WHERE deleted_at IS NULL AND NOT paused AND next_nominal_at < %(until)s;

@@ -11,14 +11,19 @@ user when started by root (initdb refuses root). Trust authentication for
 
 Each :class:`Member` stands for one database *host*: its Patroni process
 (a process group of its own, dying with this process through
-``PR_SET_PDEATHSIG``) and its postmaster with every backend (Patroni starts
-the postmaster in a session of its own). The faults act on the whole host:
-:meth:`PatroniPair.kill` SIGKILLs both process groups (a host that vanishes),
+``PR_SET_PDEATHSIG``) and its postmaster with every child (Patroni starts
+the postmaster in a session of its own, and PostgreSQL puts each child in
+a session of its own, so the host is not one process group: its processes
+are listed from /proc and signalled back to back, :meth:`Member.signal_host`).
+The faults act on the whole host:
+:meth:`PatroniPair.kill` SIGKILLs all of them (a host that vanishes),
 :meth:`PatroniPair.freeze` SIGSTOPs them (a host that hangs: its sockets stay
 open, the kernel keeps acknowledging), :meth:`PatroniPair.thaw` SIGCONTs
-them, :meth:`PatroniPair.pause_walreceiver` SIGSTOPs a standby's WAL
-receiver alone (replication lag on demand). :meth:`PatroniPair.stop` SIGKILLs
-whatever is left and removes the directories; it never raises.
+them, :meth:`PatroniPair.walsenders_paused` SIGSTOPs the primary's WAL
+senders alone (replication lag on demand). :meth:`PatroniPair.stop` SIGKILLs
+whatever is left and removes the directories; it never raises. A test
+process that is itself SIGKILLed takes the Patroni processes with it, not
+the postmasters (they outlive their parent): kill those by hand.
 
 Timings are Patroni's (seconds): ``ttl`` (the leader key's lifetime: a dead
 primary is replaced at most ``ttl`` + ``loop_wait`` after its last renewal),
@@ -83,7 +88,7 @@ RESERVED_PORTS = frozenset({5432, 55500, 55610, *range(54300, 55000)})
 script's own clusters search from (54329 up; 54400 up for CI's second pass)."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A free loopback port (the kernel's choice) outside :data:`RESERVED_PORTS`."""
     while True:
         with socket.socket() as sock:
@@ -98,16 +103,35 @@ def _die_with_parent() -> None:  # in the child, between fork and exec (after th
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _signal_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
-def _pgid(pid: int) -> int | None:
+def _stat(pid: str) -> tuple[int, int] | None:
+    """``(ppid, pgid)`` of process ``pid`` from /proc, or None if it is gone."""
     try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return None
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
+    return int(fields[1]), int(fields[2])
+
+
+def _processes() -> dict[int, tuple[int, int]]:
+    """``{pid: (ppid, pgid)}`` of every process."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(entry)
+            if stat is not None:
+                out[int(entry)] = stat
+    return out
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Processes of process group ``pgid`` (its leader first)."""
+    return sorted((pid for pid, (_, group) in _processes().items() if group == pgid), key=lambda pid: pid != pgid)
+
+
+def _children(parent: int) -> list[int]:
+    """Direct children of ``parent``."""
+    return [pid for pid, (ppid, _) in _processes().items() if ppid == parent]
 
 
 @dataclass
@@ -119,8 +143,6 @@ class Member:
     rest_port: int
     dir: Path
     proc: subprocess.Popen[bytes] | None = None
-    postmaster_pgid: int | None = None
-    """The postmaster's process group, remembered once seen (a killed host keeps it)."""
     frozen: bool = False
     _log: Any = field(default=None, repr=False)
 
@@ -138,30 +160,35 @@ class Member:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}" + (f"?{query}" if query else "")
 
     def postmaster_pid(self) -> int | None:
-        """The postmaster's pid from ``postmaster.pid`` if that process is alive, else None."""
+        """The postmaster's pid from ``postmaster.pid`` if that process is alive and is
+        this member's postmaster (its command line names the data directory), else None."""
         try:
             pid = int((self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (OSError, ValueError):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return pid
+        return pid if str(self.data_dir).encode() in cmdline else None
 
-    def groups(self) -> list[int]:
-        """Process groups of this host: Patroni's, and the postmaster's (with every backend)."""
-        groups = []
+    def host_pids(self) -> list[int]:
+        """Every live process of this host: Patroni's process group, the postmaster and
+        its children (PostgreSQL puts each child in a session of its own, so they are
+        found by parent), in that order."""
+        pids = []
         if self.proc is not None and self.proc.poll() is None:
-            groups.append(self.proc.pid)  # its own session: pgid == pid
-        pid = self.postmaster_pid()
-        if pid is not None:
-            self.postmaster_pgid = _pgid(pid) or self.postmaster_pgid
-        if self.postmaster_pgid is not None:
-            groups.append(self.postmaster_pgid)
-        return groups
+            pids += _group_members(self.proc.pid)  # its own session: pgid == pid
+        postmaster = self.postmaster_pid()
+        if postmaster is not None:
+            pids.append(postmaster)
+            pids += _children(postmaster)
+        return pids
+
+    def signal_host(self, signum: int) -> None:
+        """Send ``signum`` to every process of :meth:`host_pids` (listing the postmaster's
+        children again after signalling it, for one forked meanwhile)."""
+        for _ in range(2):
+            for pid in self.host_pids():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signum)
 
     def rest(self, path: str, timeout_s: float = 1.0) -> tuple[int, Any] | None:
         """``(status, JSON body)`` of Patroni's REST ``path``, or None if it did not answer."""
@@ -303,7 +330,7 @@ class PatroniPair:
             member_dir = self.dir / name
             member_dir.mkdir(mode=0o700)
             self._chown(member_dir)
-            self.members.append(Member(name, _free_port(), _free_port(), member_dir))
+            self.members.append(Member(name, free_port(), free_port(), member_dir))
         try:
             self.spawn(self.members[0])
             self.wait_leader(timeout_s=timeout_s)
@@ -341,7 +368,6 @@ class PatroniPair:
             preexec_fn=_die_with_parent,
             **user,  # type: ignore[arg-type]
         )
-        member.postmaster_pgid = None
         member.frozen = False
 
     # ---- topology (Patroni's REST API)
@@ -386,9 +412,7 @@ class PatroniPair:
         except psycopg.Error:
             return False
 
-    def wait_leader(
-        self, exclude: Member | None = None, timeout_s: float = 60.0, interval_s: float = 0.05
-    ) -> Member:
+    def wait_leader(self, exclude: Member | None = None, timeout_s: float = 60.0, interval_s: float = 0.05) -> Member:
         """Wait until a member other than ``exclude`` leads and accepts writes; return it."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -396,7 +420,9 @@ class PatroniPair:
             if leader is not None and leader is not exclude and self.writable(leader):
                 return leader
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no writable Patroni leader (other than {exclude and exclude.name}) in {timeout_s}s")
+                raise TimeoutError(
+                    f"no writable Patroni leader (other than {exclude and exclude.name}) in {timeout_s}s"
+                )
             self._check_alive(exclude)
             time.sleep(interval_s)
 
@@ -419,7 +445,9 @@ class PatroniPair:
             if member is exclude or member.proc is None:
                 continue
             if member.proc.poll() is not None and member.proc.returncode not in (-signal.SIGKILL,):
-                raise PatroniUnavailable(f"patroni {member.name} exited ({member.proc.returncode}):\n{member.log_tail()}")
+                raise PatroniUnavailable(
+                    f"patroni {member.name} exited ({member.proc.returncode}):\n{member.log_tail()}"
+                )
 
     def multi_host_dsn(self, dbname: str, **params: str) -> str:
         """libpq multi-host URI over both members, ``target_session_attrs=read-write`` (+ ``params``)."""
@@ -430,10 +458,8 @@ class PatroniPair:
     # ---- faults
 
     def kill(self, member: Member) -> None:
-        """SIGKILL the host: Patroni's process group, then the postmaster's (every backend)."""
-        groups = member.groups()
-        for pgid in groups:
-            _signal_group(pgid, signal.SIGKILL)
+        """SIGKILL the host: its Patroni process group, then its postmaster and every child."""
+        member.signal_host(signal.SIGKILL)
         if member.proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 member.proc.wait(10)
@@ -442,43 +468,46 @@ class PatroniPair:
     def freeze(self, member: Member) -> None:
         """SIGSTOP the host's Patroni and PostgreSQL processes (sockets stay open)."""
         member.frozen = True
-        for pgid in member.groups():
-            _signal_group(pgid, signal.SIGSTOP)
+        member.signal_host(signal.SIGSTOP)
 
     def thaw(self, member: Member) -> None:
         """SIGCONT what :meth:`freeze` stopped."""
-        for pgid in member.groups():
-            _signal_group(pgid, signal.SIGCONT)
+        member.signal_host(signal.SIGCONT)
         member.frozen = False
 
-    def walreceiver_pid(self, member: Member) -> int | None:
-        """The pid of ``member``'s WAL receiver process (a standby), or None."""
-        pgid = member.postmaster_pgid if member.postmaster_pid() is None else _pgid(member.postmaster_pid() or 0)
-        if pgid is None:
-            return None
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-                if b"walreceiver" in cmdline and os.getpgid(int(entry.name)) == pgid:
-                    return int(entry.name)
-            except (OSError, ProcessLookupError):
-                continue
-        return None
+    def children_named(self, member: Member, word: str) -> list[int]:
+        """Pids of ``member``'s postmaster children whose process title holds ``word``
+        (``walsender``, ``walreceiver``, ...)."""
+        postmaster = member.postmaster_pid()
+        if postmaster is None:
+            return []
+        found = []
+        for pid in _children(postmaster):
+            with contextlib.suppress(OSError):
+                if word.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(pid)
+        return found
 
     @contextlib.contextmanager
-    def walreceiver_paused(self, member: Member) -> Iterator[int]:
-        """SIGSTOP ``member``'s WAL receiver for the ``with`` body (its replication lags); yields its pid."""
-        pid = self.walreceiver_pid(member)
-        if pid is None:
-            raise PatroniUnavailable(f"{member.name} has no WAL receiver (not a streaming standby?)")
-        os.kill(pid, signal.SIGSTOP)
+    def walsenders_paused(self, primary: Member) -> Iterator[list[int]]:
+        """SIGSTOP ``primary``'s WAL senders for the ``with`` body: its standbys receive
+        nothing more meanwhile (asynchronous commits go on; synchronous ones wait);
+        yields their pids, SIGCONTed on exit.
+
+        The sender is paused, not the standby's receiver: a stopped receiver leaves
+        the WAL sent meanwhile in its socket buffer, and reads it all after a SIGCONT
+        even when the primary is dead by then (no lag would be left)."""
+        pids = self.children_named(primary, "walsender")
+        if not pids:
+            raise PatroniUnavailable(f"{primary.name} has no WAL sender (no streaming standby?)")
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
         try:
-            yield pid
+            yield pids
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     # ---- teardown
 
@@ -489,9 +518,8 @@ class PatroniPair:
         """SIGKILL every process of both hosts (stopped ones too), remove the directories; never raises."""
         for member in self.members:
             with contextlib.suppress(Exception):
-                for pgid in member.groups():
-                    _signal_group(pgid, signal.SIGKILL)
-                    _signal_group(pgid, signal.SIGCONT)
+                member.signal_host(signal.SIGKILL)
+                member.signal_host(signal.SIGCONT)
                 if member.proc is not None:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         member.proc.wait(10)

@@ -46,8 +46,8 @@ from harness import (
     Cluster,
     add_interval_jobs,
     max_lateness_s,
-    runs_by,
     run_cli,
+    runs_by,
     sleep_until_wall_fraction,
 )
 
