@@ -251,7 +251,6 @@ class PatroniPair:
     def _config(self, member: Member) -> dict[str, Any]:
         parameters = {
             "unix_socket_directories": str(member.dir),
-            "max_connections": "200",
             "fsync": "off",  # tmpfs, and the faults here are process kills, not power cuts
             "full_page_writes": "on",
             "wal_log_hints": "on",
@@ -282,7 +281,12 @@ class PatroniPair:
                         "use_slots": True,
                         "remove_data_directory_on_rewind_failure": True,
                         "remove_data_directory_on_diverged_timelines": True,
-                        "parameters": {"max_wal_senders": 10, "max_replication_slots": 10, "wal_keep_size": "128MB"},
+                        "parameters": {
+                            "max_connections": 200,
+                            "max_wal_senders": 10,
+                            "max_replication_slots": 10,
+                            "wal_keep_size": "128MB",
+                        },
                     },
                 },
                 "initdb": [{"encoding": "UTF8"}, {"locale": "C"}, "no-sync"],

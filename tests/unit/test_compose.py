@@ -35,7 +35,23 @@ PROMETHEUS = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text(encod
 ALERTS = yaml.safe_load((REPO / "deploy" / "alerts.yml").read_text(encoding="utf-8"))
 
 DEFAULT = {"crdb-1", "crdb-2", "crdb-3", "crdb-init", "migrate", "node-1", "node-2", "node-3", "prometheus"}
-PROFILES = {"postgres": {"postgres", "migrate-postgres", "pg-node-1", "pg-node-2", "pg-node-3"}, "bench": {"bench"}}
+PROFILES = {
+    "postgres": {"postgres", "migrate-postgres", "pg-node-1", "pg-node-2", "pg-node-3"},
+    "postgres-ha": {
+        "etcd-ha",
+        "patroni-1",
+        "patroni-2",
+        "patroni-init",
+        "migrate-ha",
+        "ha-node-1",
+        "ha-node-2",
+        "ha-node-3",
+    },
+    "bench": {"bench"},
+}
+MIGRATION_OF = {None: "migrate", "postgres": "migrate-postgres", "postgres-ha": "migrate-ha"}
+"""The migration job every node of a profile waits for."""
+PATRONI_CONFIG = yaml.safe_load((REPO / "deploy" / "patroni" / "patroni.yml").read_text(encoding="utf-8"))
 
 
 def services_in(profile: str | None) -> set[str]:
@@ -135,8 +151,8 @@ def test_nodes_serve_metrics_on_the_network_and_are_valid(name, service_env):
     store = "cockroachdb://" if not service.get("profiles") else "postgresql://"
     assert settings.dsn.startswith(store)
     assert service["stop_signal"] == "SIGTERM"
-    migrate = "migrate" if not service.get("profiles") else "migrate-postgres"
-    assert service["depends_on"][migrate]["condition"] == "service_completed_successfully"
+    (profile,) = service.get("profiles") or [None]
+    assert service["depends_on"][MIGRATION_OF[profile]]["condition"] == "service_completed_successfully"
     # the healthcheck probes the same port's /readyz
     assert f"127.0.0.1:{settings.metrics_port}/readyz" in " ".join(service["healthcheck"]["test"])
     published = [p.split(":") for p in service["ports"]]
@@ -157,6 +173,37 @@ def test_nodes_of_one_store_spread_over_the_cockroach_nodes(service_env):
     for name in ("node-1", "node-2", "node-3"):
         hosts.add(re.search(r"@([\w-]+):", SERVICES[name]["environment"]["SCHEDULER_DSN"]).group(1))
     assert hosts == {"crdb-1", "crdb-2", "crdb-3"}
+
+
+def test_ha_profile_is_a_patroni_pair_on_etcd_and_nodes_on_the_multi_host_dsn(service_env):
+    members = {"patroni-1", "patroni-2"}
+    for name in members:
+        service = SERVICES[name]
+        env = service["environment"]
+        assert env["PATRONI_NAME"] == name and service["hostname"] == name
+        assert env["PATRONI_POSTGRESQL_CONNECT_ADDRESS"] == f"{name}:5432"
+        assert env["PATRONI_RESTAPI_CONNECT_ADDRESS"] == f"{name}:8008"
+        assert env["PATRONI_ETCD3_HOSTS"] == "etcd-ha:2379" and env["PATRONI_SCOPE"] == "scheduler"
+        assert service["build"]["context"] == "deploy/patroni"
+        assert service["depends_on"] == ["etcd-ha"]
+    assert "--advertise-client-urls" in SERVICES["etcd-ha"]["command"]
+    dcs = PATRONI_CONFIG["bootstrap"]["dcs"]
+    assert dcs["synchronous_mode"] is True and not dcs.get("synchronous_mode_strict")  # two members: never strict
+    assert dcs["loop_wait"] + 2 * dcs["retry_timeout"] <= dcs["ttl"]
+    assert PATRONI_CONFIG["postgresql"]["listen"].endswith(":5432")
+    assert PATRONI_CONFIG["restapi"]["listen"].endswith(":8008")
+    # every engine service of the profile uses one DSN naming both members, writes only on the primary
+    dsns = {
+        SERVICES[name]["environment"]["SCHEDULER_DSN"]
+        for name in PROFILES["postgres-ha"]
+        if name.startswith(("migrate", "ha-node"))
+    }
+    (dsn,) = dsns
+    assert dsn.startswith("postgresql://") and "@patroni-1:5432,patroni-2:5432/scheduler?" in dsn
+    assert "target_session_attrs=read-write" in dsn and "connect_timeout=" in dsn
+    init = SERVICES["patroni-init"]["command"][0]
+    assert "target_session_attrs=read-write" in init and "CREATE DATABASE scheduler OWNER scheduler" in init
+    assert SERVICES["migrate-ha"]["depends_on"]["patroni-init"]["condition"] == "service_completed_successfully"
 
 
 def test_bench_runs_the_herd_through_the_bench_cli(service_env):
