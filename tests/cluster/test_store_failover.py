@@ -99,9 +99,7 @@ def pair(etcd_server: ThrowawayEtcd) -> Iterator[PatroniPair]:
         if _in_ci():
             pytest.fail(f"CI=true: {message}", pytrace=False)
         pytest.skip(f"{message} (skipped outside CI only)")
-    isolation = os.environ.get("SCHEDULER_TEST_ISOLATION")
-    parameters = {"default_transaction_isolation": isolation} if isolation else {}
-    server = PatroniPair(etcd_server.endpoint, synchronous=True, parameters=parameters, **PATRONI)
+    server = PatroniPair(etcd_server.endpoint, synchronous=True, **PATRONI)
     try:
         server.start()
     except PatroniUnavailable as exc:
@@ -135,6 +133,9 @@ def ha_cluster(pair: PatroniPair, tmp_path: Path) -> Iterator[Cluster]:
     dbname = f"failover_{next(_databases)}"
     with psycopg.connect(leader.dsn(), autocommit=True, connect_timeout=5) as admin:
         admin.execute(f"CREATE DATABASE {dbname}")
+        isolation = os.environ.get("SCHEDULER_TEST_ISOLATION")
+        if isolation:  # on this database only: a standby refuses serializable (Patroni's own queries)
+            admin.execute(f"ALTER DATABASE {dbname} SET default_transaction_isolation = '{isolation}'")
     # Migrated through the primary's own address: `scheduler db upgrade` takes
     # the multi-host DSN below once it accepts libpq's multi-host forms.
     upgrade(leader.dsn(dbname))
@@ -256,7 +257,10 @@ def test_primary_host_frozen_nodes_resume_on_the_new_primary_and_the_old_one_is_
     # Thawed, the old primary finds its leader key gone: its Patroni demotes it and it rejoins.
     pair.wait_streaming(old, timeout_s=REJOIN_TIMEOUT_S)
     assert not pair.writable(old)
-    with psycopg.connect(old.dsn(dbname), autocommit=True, connect_timeout=5) as direct:
+    # (read committed: a standby refuses the serializable isolation the database may default to)
+    with psycopg.connect(
+        old.dsn(dbname), autocommit=True, connect_timeout=5, options=r"-c default_transaction_isolation=read\ committed"
+    ) as direct:
         with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
             direct.execute("CREATE TABLE written_on_the_old_primary (x int)")
     cluster.wait_balanced(NODES, timeout_s=30)
