@@ -336,7 +336,7 @@ def run_storefailovers(
     """:func:`run_storefailover` ``trials`` times per replication mode, one after the other,
     on one throwaway etcd; the standby lags ``lag_s`` seconds in the async runs only."""
     results: list[StoreFailoverResult] = []
-    with ThrowawayEtcd() as etcd:
+    with ThrowawayEtcd(enable_v2=True) as etcd:  # the pair's DCS (Patroni's etcd v2 client)
         for replication in replications:
             for _ in range(trials):
                 lag = lag_s if replication == "async" else 0.0

@@ -18,8 +18,9 @@ for as long as it runs. A thread of the watchdog checks the calls every
 escalates, in order:
 
 1. ``cancel_after_s`` (statement timeout + margin): a cancel request is sent
-   on a new connection (libpq's ``PQcancel``, on a short-lived thread),
-   logged as ``store_call_cancelled``. A store that is alive ends the
+   on a new connection (libpq's non-blocking cancel, on a short-lived thread,
+   abandoned after :data:`CANCEL_TIMEOUT_S`: a frozen store host accepts the
+   connection and never answers), logged as ``store_call_cancelled``. A store that is alive ends the
    statement and the call returns an error.
 2. ``break_after_s`` (statement timeout + 2 × margin): the connection's
    socket is shut down from the watchdog's thread (``shutdown(2)`` on the
@@ -51,6 +52,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -110,24 +112,70 @@ class Call:
     """0 running, 1 cancel sent, 2 socket shut down, 3 reported stuck."""
 
 
+CANCEL_TIMEOUT_S = 5.0
+"""A cancel request still unanswered after this is abandoned (the break follows anyway)."""
+
+
+def send_cancel(cancel_conn: Any, timeout_s: float = CANCEL_TIMEOUT_S) -> None:
+    """Send a cancel request through ``cancel_conn`` (libpq's ``PGcancelConn``), bounded by ``timeout_s``.
+
+    Non-blocking libpq calls (``PQcancelStart``, ``PQcancelPoll``) and a
+    ``select`` on the request's socket: the wait never holds the GIL, and a
+    store host that accepts the connection but never answers (frozen:
+    its kernel still completes the handshake) costs at most ``timeout_s``.
+    Always finishes ``cancel_conn``. Raises ``psycopg.OperationalError`` if
+    the request failed, ``TimeoutError`` if it was not answered in time.
+    """
+    deadline = time.monotonic() + timeout_s
+    try:
+        cancel_conn.start()
+        while True:
+            status = cancel_conn.poll()
+            if status == psycopg.pq.PollingStatus.OK:
+                return
+            if status == psycopg.pq.PollingStatus.FAILED:
+                raise psycopg.OperationalError(f"cancellation failed: {cancel_conn.get_error_message()}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no answer to the cancel request within {timeout_s}s")
+            fd = cancel_conn.socket
+            if status == psycopg.pq.PollingStatus.READING:
+                select.select([fd], [], [], remaining)
+            else:
+                select.select([], [fd], [], remaining)
+    finally:
+        cancel_conn.finish()
+
+
 def _cancel_async(conn: Any) -> None:
     """Send a cancel request for ``conn``'s running statement.
 
-    The cancel key is copied from the connection here (``PQgetCancel``, on
-    the watchdog's thread while the call is registered, so the connection
-    is still open); the request itself (a new connection to the store, which
-    may block) runs on a short-lived daemon thread that never touches
-    ``conn``.
+    What the request needs is copied from the connection here (libpq's
+    ``PQcancelCreate``, or ``PQgetCancel`` before libpq 17; on the
+    watchdog's thread while the call is registered, so the connection is
+    still open); the request itself (a new connection to the store, which
+    may never be answered) runs on a short-lived daemon thread that never
+    touches ``conn``: :func:`send_cancel`, bounded and without the GIL.
+    Before libpq 17 it is the blocking ``PQcancel``, which psycopg's C
+    implementation calls holding the GIL: a frozen store host then freezes
+    the whole process until it answers.
     """
     try:
-        canceller = conn.pgconn.get_cancel()
+        if psycopg.capabilities.has_cancel_safe():
+            cancel_conn = conn.pgconn.cancel_conn()
+
+            def request() -> None:
+                send_cancel(cancel_conn)
+
+        else:  # pragma: no cover (libpq < 17)
+            request = conn.pgconn.get_cancel().cancel
     except (psycopg.Error, AttributeError) as exc:
         log.event("store_cancel_failed", logging.DEBUG, error=(str(exc).splitlines() or [type(exc).__name__])[0])
         return
 
     def send() -> None:
         try:
-            canceller.cancel()
+            request()
         except Exception as exc:  # noqa: BLE001 (best effort: the break follows anyway)
             log.event("store_cancel_failed", logging.DEBUG, error=(str(exc).splitlines() or [type(exc).__name__])[0])
 

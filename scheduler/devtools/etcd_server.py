@@ -59,10 +59,14 @@ def _die_with_parent() -> None:  # in the child, between fork and exec
 
 
 class ThrowawayEtcd:
-    """One etcd member on 127.0.0.1; ``endpoint`` is ``host:port`` for ``--etcd-endpoints``."""
+    """One etcd member on 127.0.0.1; ``endpoint`` is ``host:port`` for ``--etcd-endpoints``.
 
-    def __init__(self, binary: str | None = None) -> None:
+    ``enable_v2`` also serves etcd's v2 API (``--enable-v2``: what Patroni's
+    ``etcd:`` DCS speaks, see :mod:`scheduler.devtools.patroni_pair`)."""
+
+    def __init__(self, binary: str | None = None, *, enable_v2: bool = False) -> None:
         self.binary = binary or find_etcd()
+        self.enable_v2 = enable_v2
         self.port = 0
         self.peer_port = 0
         self.dir: Path | None = None
@@ -107,6 +111,7 @@ class ThrowawayEtcd:
                     "warn",
                     "--logger",
                     "zap",
+                    *(["--enable-v2"] if self.enable_v2 else []),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -3,9 +3,18 @@
 :class:`PatroniPair` runs two PostgreSQL members managed by Patroni (the
 ``patroni`` binary: ``SCHEDULER_PATRONI_BIN``, else ``patroni`` on PATH, else
 Debian's ``/usr/bin/patroni``) with an etcd DCS (an endpoint such as
-:class:`~scheduler.devtools.etcd_server.ThrowawayEtcd`'s, spoken to with
-Patroni's ``etcd3`` client), each on free loopback ports with its data
-directory on ``/dev/shm``. Patroni and PostgreSQL run as the ``postgres``
+:class:`~scheduler.devtools.etcd_server.ThrowawayEtcd`'s), each on free
+loopback ports with its data directory on ``/dev/shm``.
+
+The DCS is spoken to with Patroni's ``etcd:`` client (etcd's v2 API: start
+etcd with ``--enable-v2``, ``ThrowawayEtcd(enable_v2=True)``) unless
+``dcs="etcd3"``. Patroni 3.0.2's ``etcd3`` client (Debian bookworm's) lets a
+primary that was frozen past ``ttl`` and is thawed after the failover take
+the leader key back: its ``update_leader`` writes the key unconditionally
+under a new lease (seen here: the promoted standby was demoted 2 s after its
+promotion, and what it had committed was rewound away). The v2 client
+writes the key only if it still holds its own name (compare-and-swap), so
+the thawed primary finds it taken and demotes itself. Patroni and PostgreSQL run as the ``postgres``
 user when started by root (initdb refuses root). Trust authentication for
 127.0.0.1: connect as ``postgres`` without a password.
 
@@ -213,6 +222,8 @@ class Member:
 class PatroniPair:
     """Two Patroni-managed PostgreSQL members on loopback sharing the DCS at ``etcd_endpoint``.
 
+    ``dcs`` is Patroni's client: ``etcd`` (v2 API, the default; see the
+    module docstring) or ``etcd3``.
     ``scope`` names the Patroni cluster (its keys in etcd); ``parameters``
     are extra PostgreSQL settings for both members (e.g.
     ``default_transaction_isolation``). ``maximum_lag_on_failover`` (bytes)
@@ -230,6 +241,7 @@ class PatroniPair:
         scope: str | None = None,
         parameters: dict[str, str] | None = None,
         maximum_lag_on_failover: int = 64 * 1024 * 1024,
+        dcs: str = "etcd",
         patroni: str | None = None,
         pg_bin: str | None = None,
     ) -> None:
@@ -241,6 +253,9 @@ class PatroniPair:
         self.scope = scope or f"pair-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
         self.parameters = dict(parameters or {})
         self.maximum_lag_on_failover = maximum_lag_on_failover
+        if dcs not in ("etcd", "etcd3"):
+            raise ValueError(f"dcs must be 'etcd' (v2 API) or 'etcd3' (got {dcs!r})")
+        self.dcs = dcs
         self.patroni = patroni or find_patroni()
         self.pg_bin = pg_bin or find_pg_bin()
         self.dir: Path | None = None
@@ -268,7 +283,7 @@ class PatroniPair:
                 "listen": f"127.0.0.1:{member.rest_port}",
                 "connect_address": f"127.0.0.1:{member.rest_port}",
             },
-            "etcd3": {"hosts": [self.etcd_endpoint]},
+            self.dcs: {"hosts": [self.etcd_endpoint]},
             "bootstrap": {
                 "dcs": {
                     "ttl": self.ttl,

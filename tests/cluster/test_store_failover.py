@@ -1,8 +1,8 @@
 """The store fails over: a Patroni pair under two nodes, its primary's host killed or frozen.
 
-One Patroni pair (PostgreSQL 15, etcd DCS: the session's throwaway etcd;
-``ttl`` 10 s, ``loop_wait`` 1 s, ``retry_timeout`` 3 s, ``synchronous_mode``
-on) serves the module (:class:`scheduler.devtools.patroni_pair.PatroniPair`);
+One Patroni pair (PostgreSQL 15; a throwaway etcd of its own, v2 API on, as
+the DCS; ``ttl`` 10 s, ``loop_wait`` 1 s, ``retry_timeout`` 3 s,
+``synchronous_mode`` on) serves the module (:class:`scheduler.devtools.patroni_pair.PatroniPair`);
 each test gets a fresh database on it, migrated on the current primary, and
 two nodes (the harness' scaled-down timings: lease TTL 2 s) pointed at the
 multi-host DSN ``postgresql://postgres@h:p1,h:p2/db?target_session_attrs=read-write``
@@ -23,8 +23,9 @@ synchronous standby).
   Patroni (it accepts no write) and rejoins as a standby; the window is
   exact as above.
 
-Without a ``patroni`` binary the tests FAIL when ``CI=true`` (``.ci/run``
-installs Debian's ``patroni``) and are skipped only outside CI.
+Without a ``patroni`` or ``etcd`` binary the tests FAIL when ``CI=true``
+(``.ci/run`` installs Debian's ``patroni`` and ``etcd-server``) and are
+skipped only outside CI.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from harness import (
 )
 
 from scheduler import store
-from scheduler.devtools.etcd_server import ThrowawayEtcd
+from scheduler.devtools.etcd_server import EtcdUnavailable, ThrowawayEtcd, find_etcd
 from scheduler.devtools.patroni_pair import Member, PatroniPair, PatroniUnavailable, find_patroni, find_pg_bin
 from scheduler.migrate import upgrade
 from scheduler.partition import PARTITION_COUNT
@@ -89,26 +90,33 @@ def _in_ci() -> bool:
 
 
 @pytest.fixture(scope="module")
-def pair(etcd_server: ThrowawayEtcd) -> Iterator[PatroniPair]:
-    """The module's Patroni pair (see the module docstring); stopped and removed at the end."""
-    if find_patroni() is None or find_pg_bin() is None:
+def pair() -> Iterator[PatroniPair]:
+    """The module's Patroni pair and its own etcd (see the module docstring); stopped and removed at the end."""
+    if find_patroni() is None or find_pg_bin() is None or find_etcd() is None:
         message = (
-            "no patroni binary or PostgreSQL server under /usr/lib/postgresql: the store failover tests "
-            "need them; apt-get install patroni postgresql-15, or set SCHEDULER_PATRONI_BIN"
+            "no patroni, etcd or PostgreSQL server binaries: the store failover tests need them; "
+            "apt-get install patroni etcd-server postgresql-15, or set SCHEDULER_PATRONI_BIN"
         )
         if _in_ci():
             pytest.fail(f"CI=true: {message}", pytrace=False)
         pytest.skip(f"{message} (skipped outside CI only)")
-    server = PatroniPair(etcd_server.endpoint, synchronous=True, **PATRONI)
+    etcd = ThrowawayEtcd(enable_v2=True)  # Patroni's etcd (v2) client: see PatroniPair
+    try:
+        etcd.start()
+    except EtcdUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    server = PatroniPair(etcd.endpoint, synchronous=True, **PATRONI)
     try:
         server.start()
     except PatroniUnavailable as exc:
+        etcd.stop()
         pytest.fail(str(exc), pytrace=False)
     try:
         yield server
     finally:
-        print(server.log_tails(15))
+        print(server.log_tails(40))
         server.stop()
+        etcd.stop()
 
 
 def _healthy(pair: PatroniPair) -> Member:
