@@ -183,10 +183,10 @@ def test_ha_profile_is_a_patroni_pair_on_etcd_and_nodes_on_the_multi_host_dsn(se
         assert env["PATRONI_NAME"] == name and service["hostname"] == name
         assert env["PATRONI_POSTGRESQL_CONNECT_ADDRESS"] == f"{name}:5432"
         assert env["PATRONI_RESTAPI_CONNECT_ADDRESS"] == f"{name}:8008"
-        assert env["PATRONI_ETCD3_HOSTS"] == "etcd-ha:2379" and env["PATRONI_SCOPE"] == "scheduler"
+        assert env["PATRONI_ETCD_HOSTS"] == "etcd-ha:2379" and env["PATRONI_SCOPE"] == "scheduler"
         assert service["build"]["context"] == "deploy/patroni"
         assert service["depends_on"] == ["etcd-ha"]
-    assert "--advertise-client-urls" in SERVICES["etcd-ha"]["command"]
+    assert {"--advertise-client-urls", "--enable-v2"} <= set(SERVICES["etcd-ha"]["command"])  # Patroni's etcd client
     dcs = PATRONI_CONFIG["bootstrap"]["dcs"]
     assert dcs["synchronous_mode"] is True and not dcs.get("synchronous_mode_strict")  # two members: never strict
     assert dcs["loop_wait"] + 2 * dcs["retry_timeout"] <= dcs["ttl"]
