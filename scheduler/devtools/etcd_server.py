@@ -36,15 +36,22 @@ class EtcdUnavailable(SchedulerError):
     """No etcd binary, or the throwaway etcd did not start."""
 
 
-def find_etcd() -> str | None:
-    """Path of the etcd binary, or None."""
-    explicit = os.environ.get("SCHEDULER_ETCD_BIN")
+def find_binary(env_var: str, name: str) -> str | None:
+    """Path of the executable ``name``: ``$env_var`` if set (None unless it is
+    executable), else ``name`` on PATH, else ``/usr/bin/<name>`` (Debian's), else None."""
+    explicit = os.environ.get(env_var)
     if explicit:
         return explicit if os.access(explicit, os.X_OK) else None
-    found = shutil.which("etcd")
+    found = shutil.which(name)
     if found:
         return found
-    return "/usr/bin/etcd" if os.access("/usr/bin/etcd", os.X_OK) else None
+    default = f"/usr/bin/{name}"
+    return default if os.access(default, os.X_OK) else None
+
+
+def find_etcd() -> str | None:
+    """Path of the etcd binary (``SCHEDULER_ETCD_BIN``, PATH, ``/usr/bin/etcd``), or None."""
+    return find_binary("SCHEDULER_ETCD_BIN", "etcd")
 
 
 def _free_port() -> int:
@@ -53,7 +60,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # in the child, between fork and exec
+def die_with_parent() -> None:
+    """``PR_SET_PDEATHSIG`` = SIGKILL; a ``preexec_fn``: runs in the child between fork and exec."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
@@ -116,7 +124,7 @@ class ThrowawayEtcd:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
             log.close()
             deadline = time.monotonic() + timeout_s

@@ -45,7 +45,6 @@ REST API (``/cluster``), never from PostgreSQL alone.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -60,9 +59,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scheduler.devtools.etcd_server import die_with_parent, find_binary
 from scheduler.errors import SchedulerError
-
-_PR_SET_PDEATHSIG = 1
 
 
 class PatroniUnavailable(SchedulerError):
@@ -71,13 +69,7 @@ class PatroniUnavailable(SchedulerError):
 
 def find_patroni() -> str | None:
     """Path of the patroni binary (``SCHEDULER_PATRONI_BIN``, PATH, ``/usr/bin/patroni``), or None."""
-    explicit = os.environ.get("SCHEDULER_PATRONI_BIN")
-    if explicit:
-        return explicit if os.access(explicit, os.X_OK) else None
-    found = shutil.which("patroni")
-    if found:
-        return found
-    return "/usr/bin/patroni" if os.access("/usr/bin/patroni", os.X_OK) else None
+    return find_binary("SCHEDULER_PATRONI_BIN", "patroni")
 
 
 def find_pg_bin() -> str | None:
@@ -105,11 +97,6 @@ def free_port() -> int:
             port = sock.getsockname()[1]
         if port not in RESERVED_PORTS:
             return port
-
-
-def _die_with_parent() -> None:  # in the child, between fork and exec (after the uid change)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _stat(pid: str) -> tuple[int, int] | None:
@@ -384,7 +371,7 @@ class PatroniPair:
             cwd=member.dir,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,  # after the uid change: it survives it
             **user,  # type: ignore[arg-type]
         )
         member.frozen = False
