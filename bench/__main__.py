@@ -330,7 +330,7 @@ def failover(dsn, coordinator, etcd_endpoints, kind, nodes, jobs, trials, poll_i
     "--lease-ttl-s",
     type=FiniteFloatRange(min=0, min_open=True),
     default=None,
-    help="Nodes' --lease-ttl-s [default: the node default, 10 s].",
+    help="Nodes' --lease-ttl-s, above their 3 s renew interval [default: the node default, 10 s].",
 )
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the rows here.")
