@@ -1812,7 +1812,12 @@ ORDER BY c.nominal_time, c.job_id;
 -- again (the CASE branch's subquery), to say why. %(tenant)s (NULL: any)
 -- scopes every read and write to one tenant (the HTTP API's key): another
 -- tenant's run answers 'lost', exactly like a missing one. So do
--- ack_runs and nack_runs.
+-- ack_runs and nack_runs. The state test is written through coalesce so
+-- that no partial index matches it: runs_inflight_idx (leased runs) has
+-- statistics that are stale for a minute after a herd's claims (none
+-- leased), and the planner then read every leased run per batch. With
+-- store.execute_probing, each pair is one runs_pkey probe. So in ack_runs
+-- and nack_runs.
 WITH a AS (
     SELECT *
     FROM unnest(%(pids)s::int4[], %(jids)s::uuid[], %(nominals)s::timestamptz[], %(tokens)s::uuid[])
@@ -1824,7 +1829,7 @@ WITH a AS (
     FROM a
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token
-      AND r.state = 'leased'
+      AND coalesce(r.state, '') = 'leased'
       AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
     RETURNING a.i
 )
@@ -1856,7 +1861,7 @@ WITH a AS (
     FROM a
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token
-      AND r.state = 'leased'
+      AND coalesce(r.state, '') = 'leased'
       AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
     RETURNING a.i
 )
@@ -1893,7 +1898,7 @@ WITH a AS (
     FROM a
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token
-      AND r.state = 'leased'
+      AND coalesce(r.state, '') = 'leased'
       AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
     RETURNING a.i
 )
