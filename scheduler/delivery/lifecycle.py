@@ -33,6 +33,7 @@ tests; production passes None (the statement's timestamp).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -80,9 +81,11 @@ class RunKey:
     job_id: uuid.UUID
     nominal_time: datetime
 
-    @property
+    @functools.cached_property
     def run_id(self) -> str:
-        """``<job_id>.<nominal time in integer Unix microseconds>``: stable, never re-rolled."""
+        """``<job_id>.<nominal time in integer Unix microseconds>``: stable, never re-rolled.
+
+        Computed once per key (a worker asks it several times per run)."""
         delta = self.nominal_time - _EPOCH
         micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
         return f"{self.job_id}.{micros}"
