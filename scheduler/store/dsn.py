@@ -42,8 +42,10 @@ def connect_error(exc: BaseException) -> str:
     <libpq's message>``), and libpq's own message one line per address it
     tried (``connection to server at "h" (addr), port p failed: <reason>``,
     ``... on socket "/path" failed: <reason>``). Each attempt becomes
-    ``host:port: reason`` (the host and port as the DSN names them; a
-    socket's path), in the order tried, repeated ones once; libpq's hint
+    ``host:port: reason`` (the host and port as the DSN names them when
+    several were tried, else as libpq reports them: psycopg resolves a host
+    name first, so its address; a socket's path), in the order tried,
+    repeated ones once; libpq's hint
     lines (``Is the server running ...``) are dropped. A message with no
     such line (``invalid port number: "99999"``) gives its first line
     (:func:`first_line`). The result is not redacted: pass it through

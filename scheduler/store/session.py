@@ -108,7 +108,7 @@ def connect(
         ) from exc
     conn.prepare_threshold = PREPARE_THRESHOLD
     if isinstance(conn, WatchedConnection) and watch is not None:
-        conn.watch = (watchdog or shared_watchdog(), watch, application_name)
+        conn.watch_with(watchdog or shared_watchdog(), watch, application_name)
     return conn
 
 

@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from scheduler.settings import Settings
-from scheduler.watchdog import CallBounds, Watchdog, shutdown_socket
+from scheduler.watchdog import SYNC_REP_CANCELLED, CallBounds, Watchdog, WatchedConnection, shutdown_socket
 
 
 class FakeConn:
@@ -135,6 +135,44 @@ def test_settings_derive_the_client_side_bounds_from_the_ttl():
         1,
         1.0,
     )
+
+
+class Diag:
+    """What :meth:`WatchedConnection.on_notice` reads of a notice (psycopg's ``Diagnostic``)."""
+
+    def __init__(self, message: str, severity: str = "WARNING", sqlstate: str = "01000") -> None:
+        self.message_primary, self.severity_nonlocalized, self.sqlstate = message, severity, sqlstate
+
+
+def test_a_commit_wait_the_cancel_ended_is_reported_with_the_reason_and_the_bound(rig, monkeypatch):
+    """The WARNING of a COMMIT whose wait on synchronous replication was cancelled: by its
+    message, or (another ``lc_messages``) as a plain WARNING on a call the watchdog cancelled."""
+    clock, watchdog, actions = rig
+    events: list[tuple[str, dict]] = []
+    monkeypatch.setattr("scheduler.watchdog.log.event", lambda name, level=0, **fields: events.append((name, fields)))
+    conn = FakeConn(43)  # on_notice reads only the connection's watch and its call in flight
+    conn.watch = (watchdog, BOUNDS, "scheduler-fire:n1")
+    conn._call = watchdog.begin(conn, BOUNDS, "scheduler-fire:n1")
+
+    def notice(diag: Diag) -> None:
+        WatchedConnection.on_notice(conn, diag)  # type: ignore[arg-type]
+
+    notice(Diag("annulation de l'attente de la réplication synchrone"))  # not cancelled yet: not ours
+    notice(Diag("some notice", severity="NOTICE", sqlstate="00000"))
+    assert watchdog.commit_waits_cancelled == 0
+    clock.advance(5.0, watchdog)
+    assert actions == [("cancel", 43, pytest.approx(105.0))]
+    notice(Diag("annulation de l'attente de la réplication synchrone"))
+    notice(Diag(f"{SYNC_REP_CANCELLED} due to user request"))
+    assert watchdog.commit_waits_cancelled == 2
+    cancelled = [fields for name, fields in events if name == "store_commit_wait_cancelled"]
+    assert [(f["session"], f["bound_s"]) for f in cancelled] == [("scheduler-fire:n1", 5.0)] * 2
+    assert "waited on synchronous replication" in cancelled[0]["reason"]
+    assert "committed locally" in cancelled[0]["reason"]
+    watchdog.end(conn._call)
+    conn._call = None
+    notice(Diag("annulation de l'attente de la réplication synchrone"))  # no call in flight
+    assert watchdog.commit_waits_cancelled == 2
 
 
 def test_shutdown_socket_unblocks_a_reader_and_keeps_its_descriptor():
