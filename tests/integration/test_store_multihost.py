@@ -21,14 +21,18 @@ import uuid
 from datetime import timedelta
 from urllib.parse import urlsplit
 
+import httpx
 import psycopg
 import pytest
 from click.testing import CliRunner
 from helpers import OneNode, closed_port, store_now, wait_for
 
 from scheduler import jobs, migrate, store
+from scheduler.api import keys
+from scheduler.api.server import ApiThread
 from scheduler.cli import cli
 from scheduler.errors import StoreError
+from scheduler.settings import ApiSettings
 from scheduler.spec import JobSpec
 
 SECRET = "SuperSecret42"
@@ -154,6 +158,17 @@ def test_the_node_command_starts_and_claims_through_the_live_host(pg_dsn, conn) 
     events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
     assert "store_unavailable" not in events and "node_started" in events, stderr
     assert SECRET not in stderr
+
+
+def test_the_http_api_serves_through_the_live_host(pg_dsn, conn) -> None:
+    jobs.add_tenant(conn, "acme")
+    token, _ = keys.create(conn, "acme", "worker", None)
+    server = ApiThread(dead_then_live(pg_dsn, "uri hosts"), "127.0.0.1", 0, ApiSettings(pool_size=2)).start()
+    try:
+        resp = httpx.post(f"{server.url}/v1/runs:claim", json={"max": 10}, headers={"Authorization": f"Bearer {token}"})
+    finally:
+        server.stop()
+    assert (resp.status_code, resp.json()) == (200, {"runs": []}), resp.text
 
 
 # ---------------------------------------------------------------- every host failing
