@@ -64,6 +64,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -349,7 +350,14 @@ class WatchedConnection(psycopg.Connection):
     def watch_with(self, watchdog: Watchdog, bounds: CallBounds, label: str) -> None:
         """Bound every blocking call of this connection by ``bounds`` (``label`` names it in the log)."""
         if self.watch is None:
-            self.add_notice_handler(self.on_notice)
+            ref = weakref.ref(self)  # no cycle through the connection's own handler list
+
+            def notice(diag: psycopg.errors.Diagnostic) -> None:
+                conn = ref()
+                if conn is not None:
+                    conn.on_notice(diag)
+
+            self.add_notice_handler(notice)
         self.watch = (watchdog, bounds, label)
 
     def on_notice(self, diag: psycopg.errors.Diagnostic) -> None:

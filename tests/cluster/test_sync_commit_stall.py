@@ -25,12 +25,14 @@ another.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import psycopg
+import psycopg.sql
 import pytest
 from harness import MARGIN_S, Cluster, Timings, add_interval_jobs
 
@@ -60,9 +62,18 @@ STALLED_COMMITS = 3
 
 @pytest.fixture
 def private_store() -> Iterator[PrivatePostgres]:
-    """A private PostgreSQL server (a database ``scheduler`` at the schema's head), stopped after the test."""
+    """A private PostgreSQL server (a database ``scheduler`` at the schema's head, with the
+    suite's ``SCHEDULER_TEST_ISOLATION`` as its default isolation), stopped after the test."""
     with start_private_postgres(handle_sigterm=False) as pg:
         migrate.upgrade(pg.dsn)
+        isolation = os.environ.get("SCHEDULER_TEST_ISOLATION")
+        if isolation:
+            with psycopg.connect(pg.dsn, autocommit=True) as conn:
+                conn.execute(
+                    psycopg.sql.SQL("ALTER DATABASE scheduler SET default_transaction_isolation = {}").format(
+                        psycopg.sql.Literal(isolation)
+                    )
+                )
         yield pg
 
 
