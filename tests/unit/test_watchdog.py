@@ -137,6 +137,20 @@ def test_settings_derive_the_client_side_bounds_from_the_ttl():
     )
 
 
+@pytest.mark.parametrize(
+    "ttl_s, renew_s, cancel_s, break_s",
+    [(2.0, 0.5, 1.3, 1.8), (4.0, 1.0, 2.4, 3.2), (10.0, 3.0, 6.0, 8.0), (60.0, 3.0, 36.0, 48.0)],
+)
+def test_the_default_bound_on_a_store_call_is_below_the_lease_ttl(ttl_s, renew_s, cancel_s, break_s):
+    """A call stalled past every server-side timeout (a COMMIT waiting on synchronous replication)
+    is cancelled at statement timeout + margin: 60 % of the TTL (the margin at least 0.5 s), so a
+    stalled owner's call ends before its leases can be taken; its connection is broken at 80 %."""
+    s = Settings(dsn="postgresql://h/db", lease_ttl_s=ttl_s, renew_interval_s=renew_s).validated()
+    bounds = CallBounds.after_statement_timeout(s.effective_statement_timeout_s, s.effective_store_call_margin_s)
+    assert (bounds.cancel_after_s, bounds.break_after_s) == (pytest.approx(cancel_s), pytest.approx(break_s))
+    assert bounds.cancel_after_s < ttl_s
+
+
 class Diag:
     """What :meth:`WatchedConnection.on_notice` reads of a notice (psycopg's ``Diagnostic``)."""
 
