@@ -76,6 +76,11 @@ leases; it claims afresh (new epochs) once they are free or expired.
 
 Failure: if the store is unreachable, renewals fail, leases reach their local
 deadline and the node stops firing; another node claims them after the TTL.
+When the store comes back after a gap longer than ``responsive_s`` between
+two heartbeats, a node heartbeats, renews what it still holds, and waits one
+``responsive_s`` for its peers' heartbeats before it computes its share
+(:class:`LeaseLoop`, "Rejoining after a gap"), so the first node back does
+not claim every expired lease.
 Crash failover lateness is bounded by TTL + poll + tick ≈ 12 s (§6).
 """
 

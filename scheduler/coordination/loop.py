@@ -37,6 +37,29 @@ class LeaseLoop:
     can tick at once instead of waiting for its next second: overdue jobs of a
     dead node fire one poll after its TTL, not one poll plus one tick.
 
+    **Rejoining after a gap.** When this node's heartbeat succeeds again
+    more than :attr:`Settings.responsive_s` after its previous one (the store
+    or etcd was out of reach, or the node was frozen), it does not trust the
+    membership it reads at once: its peers, cut off by the same outage, have
+    heartbeats just as old, so they do not count yet, and every lease in the
+    store may have expired. Claiming then would take the peers' partitions
+    wholesale (a share of 1,024 for the first node back) only for them to
+    be lost by their owners and released again by the claimer. So the node
+    first heartbeats, then waits one ``responsive_s`` (``store_rejoined`` is
+    logged) before it computes its share and claims or drains; meanwhile it
+    renews what it still validly holds (a renewal is keyed on node and
+    epoch, so an expired lease nobody took is renewed) and fires it. The
+    threshold is the responsiveness interval, not the TTL: a gap longer than
+    ``responsive_s`` is exactly when peers sharing the outage stop counting,
+    and some of their leases may already have expired when the gap is still
+    shorter than the TTL (a lease expires one TTL after its last renewal,
+    which may precede the outage by up to ``renew_interval_s``). A
+    rebalance is also skipped while this node's own heartbeat is older than
+    ``responsive_s`` (a poll that finds the store back before the next
+    heartbeat waits for it: heartbeat first). The cost: after such a gap,
+    partitions of a node that died meanwhile are claimed ``responsive_s``
+    later.
+
     A coordinator that *watches* membership and leases (etcd: its
     :attr:`~Coordinator.watches_membership` is True) gets :meth:`wake` as its
     ``set_on_change`` callback, so a member joining or leaving, or a partition
@@ -66,6 +89,7 @@ class LeaseLoop:
         self._joined = False
         self.last_heartbeat_mono = 0.0
         """Monotonic time (seconds) of the last successful heartbeat; 0.0 before one."""
+        self._rejoin_until = 0.0  # monotonic: no share computed before it (after a gap, see above)
         self._claiming = True
         self._drain_reason: dict[str, object] = {"reason": "over_share"}
         self._wake = threading.Event()
@@ -97,7 +121,7 @@ class LeaseLoop:
                 self._next_renew = now + self._s.renew_interval_s
             if now >= self._next_poll or self._poll_requested:
                 self._poll_requested = False
-                self._rebalance()
+                self._rebalance(now)
                 self._next_poll = now + self._s.poll_interval_s
             releasable = self._table.releasable()
             if releasable:
@@ -122,12 +146,12 @@ class LeaseLoop:
         """Heartbeat, then renew every held lease (draining ones too), each its own transaction."""
         beat = self._coord.heartbeat()
         if beat:
-            self.last_heartbeat_mono = now
+            self._heard(now)
         held = list(self._table.held().values())
         sent = self._clock.monotonic()
         renewed = self._coord.renew(held)
         if not beat:
-            self.last_heartbeat_mono = now
+            self._heard(now)
         self._table.grant(renewed, sent, self._s.lease_ttl_s)
         kept = {pid for pid, _ in renewed}
         lost = [lease for lease in held if lease.partition_id not in kept]
@@ -143,6 +167,22 @@ class LeaseLoop:
             )
         self._metrics.lease_events.labels(kind="renewed").inc(len(renewed))
 
+    def _heard(self, now: float) -> None:
+        """A heartbeat succeeded at ``now``; after a gap over ``responsive_s``, start the rejoin wait."""
+        previous, self.last_heartbeat_mono = self.last_heartbeat_mono, now
+        wait = self._s.responsive_s
+        if previous and now - previous > wait:
+            self._rejoin_until = now + wait
+            log.event(
+                "store_rejoined",
+                logging.WARNING,
+                node=self._s.node_id,
+                gap_s=round(now - previous, 3),
+                wait_s=wait,
+                held=len(self._table),
+                note="heartbeat sent; waiting one responsiveness interval for the peers' before claiming",
+            )
+
     def stop_claiming(self) -> None:
         """Keep renewing but claim nothing more (the node is stopping).
 
@@ -151,7 +191,14 @@ class LeaseLoop:
         """
         self._claiming = False
 
-    def _rebalance(self) -> None:
+    def _rebalance(self, now: float) -> None:
+        """Compute the share over the live nodes; claim up to it or drain above it.
+
+        Skipped (nothing read) while this node's heartbeat is older than
+        ``responsive_s`` or its rejoin wait lasts (see the class docstring).
+        """
+        if now - self.last_heartbeat_mono > self._s.responsive_s or now < self._rejoin_until:
+            return
         live = self._coord.live_nodes()
         if self._coord.node_id not in live:
             live.append(self._coord.node_id)

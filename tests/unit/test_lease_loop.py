@@ -45,7 +45,8 @@ class FakeCoordinator(CoordinatorBase):
     :meth:`live_nodes` answers. ``calls`` records ``(manual time, method)``.
     ``renew_error`` (if set) is raised by :meth:`renew`; ``renew_takes_s``
     advances the clock inside :meth:`renew` (a slow store). ``hook(fake, method)``
-    runs after every call is recorded.
+    runs after every call is recorded. While ``down`` is set every call is
+    recorded and then raises :class:`StoreError` (the store out of reach).
     """
 
     def __init__(self, clock: ManualClock, node_id: str = ME) -> None:
@@ -61,9 +62,12 @@ class FakeCoordinator(CoordinatorBase):
         self.renew_error: Exception | None = None
         self.renew_takes_s = 0.0
         self.hook: Callable[[FakeCoordinator, str], None] | None = None
+        self.down = False
 
     def _record(self, method: str) -> None:
         self.calls.append((self.clock.monotonic(), method))
+        if self.down:
+            raise StoreError("store out of reach")
         if self.hook is not None:
             self.hook(self, method)
 
@@ -146,6 +150,14 @@ class WatchingFakeCoordinator(FakeCoordinator):
 
     def set_on_change(self, callback: Callable[[], None]) -> None:
         self.on_change = callback
+
+
+class RenewBeatsFakeCoordinator(FakeCoordinator):
+    """A fake whose renewal carries the heartbeat (as etcd's keep-alive does): ``heartbeat`` returns False."""
+
+    def heartbeat(self) -> bool:
+        self._record("heartbeat")
+        return False
 
 
 class OptionalPartsFakeCoordinator(FakeCoordinator):
@@ -469,3 +481,51 @@ def test_a_coordinator_that_does_not_watch_is_given_no_callback_and_pruned_every
         rig.at(instant)
     assert [t for t, method in rig.fake.calls if method == "prune"] == [T0, T0 + 60, T0 + 120]
     assert "set_on_change" not in {method for _, method in rig.fake.calls}
+
+
+@pytest.mark.parametrize("fake_class", [FakeCoordinator, RenewBeatsFakeCoordinator])
+def test_after_a_gap_over_the_responsiveness_interval_it_heartbeats_and_waits_before_claiming(fake_class) -> None:
+    rig = Rig(fake_class)
+    responsive = rig.settings.responsive_s
+    assert responsive == 5.0  # min(TTL 10, renew 3 + 2 polls of 1)
+    rig.fake.members = ["n1", "n2"]
+    rig.fake.take("n2", list(range(512, 1024)))
+    rig.at(T0)
+    assert rig.held() == {pid: (1, T0 + TTL_S) for pid in range(512)}
+
+    rig.fake.down = True  # the store goes away for 12 s (> TTL): every lease expires in it
+    for instant in range(1, 12):
+        rig.at(T0 + instant)
+    rig.fake.down = False
+    rig.fake.free(list(range(512, 1024)))  # n2's leases expired and n2 is gone
+    rig.fake.members = ["n1"]
+    assert rig.table.firable() == {}
+
+    rig.fake.calls.clear()
+    rig.at(T0 + 12)  # heartbeat and renewal succeed: the gap (12 s) is over 5 s, so no share yet
+    assert [method for _, method in rig.fake.calls] == ["heartbeat", "renew"]
+    assert rig.held() == {pid: (1, T0 + 12 + TTL_S) for pid in range(512)}  # its own, renewed, fire again
+    assert rig.table.firable() == every(range(512), 1)
+    for instant in (13, 14, 15, 16, 16.99):
+        rig.at(T0 + instant)
+    assert [method for _, method in rig.fake.calls if method in ("live_nodes", "claim")] == []
+    assert rig.fake.claim_limits == [512]  # the claim at T0 only
+
+    rig.at(T0 + 17)  # one responsiveness interval after the heartbeat: the share is computed, the rest claimed
+    assert rig.fake.claim_limits == [512, 512]
+    assert len(rig.table) == 1024
+    assert rig.lease_events("lost") == 0.0
+
+
+def test_a_gap_within_the_responsiveness_interval_does_not_delay_claiming() -> None:
+    rig = Rig()
+    rig.at(T0)
+    rig.fake.free(list(range(1024)))  # the node holds nothing any more (all released)
+    rig.table.drop(range(1024))
+    rig.fake.down = True
+    rig.at(T0 + 3)  # the renewal at T0 + 3 fails: the last heartbeat stays T0
+    rig.fake.down = False
+    rig.fake.calls.clear()
+    rig.at(T0 + 4.5)  # 4.5 s since the last heartbeat: within 5 s, the share is computed at once
+    assert [method for _, method in rig.fake.calls] == ["heartbeat", "renew", "live_nodes", "claim"]
+    assert rig.fake.claim_limits == [1024, 1024]
