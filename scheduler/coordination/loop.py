@@ -10,6 +10,7 @@ import psycopg
 from scheduler import log
 from scheduler.clock import Clock
 from scheduler.coordination.protocol import Coordinator
+from scheduler.coordination.rewind import RewindWatch
 from scheduler.coordination.table import Lease, LeaseTable, fair_share
 from scheduler.errors import SchedulerError
 from scheduler.metrics import Metrics
@@ -60,6 +61,13 @@ class LeaseLoop:
     partitions of a node that died meanwhile are claimed ``responsive_s``
     later.
 
+    **A store that went back in time** (:mod:`scheduler.coordination.rewind`):
+    the loop remembers the epochs it was granted (:class:`RewindWatch`) and
+    compares them with a claim's result, and with the fence rows
+    (:meth:`Coordinator.fences`) of leases a renewal missed and, on the first
+    renewal after a store error, of every partition it remembers; a rewind
+    is logged (``store_rewound``) and counted, and the loop carries on.
+
     A coordinator that *watches* membership and leases (etcd: its
     :attr:`~Coordinator.watches_membership` is True) gets :meth:`wake` as its
     ``set_on_change`` callback, so a member joining or leaving, or a partition
@@ -90,6 +98,8 @@ class LeaseLoop:
         self.last_heartbeat_mono = 0.0
         """Monotonic time (seconds) of the last successful heartbeat; 0.0 before one."""
         self._rejoin_until = 0.0  # monotonic: no share computed before it (after a gap, see above)
+        self._rewind = RewindWatch(settings.node_id, metrics)
+        self._store_failed = False  # a store call failed since the last rewind check of every partition
         self._claiming = True
         self._drain_reason: dict[str, object] = {"reason": "over_share"}
         self._wake = threading.Event()
@@ -136,6 +146,7 @@ class LeaseLoop:
                 component="lease",
                 error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
             )
+            self._store_failed = True
             # Try again soon; the table's deadlines keep firing safe meanwhile.
             self._next_renew = now + min(1.0, self._s.renew_interval_s)
             self._next_poll = now + self._s.poll_interval_s
@@ -153,6 +164,7 @@ class LeaseLoop:
         if not beat:
             self._heard(now)
         self._table.grant(renewed, sent, self._s.lease_ttl_s)
+        self._rewind.granted(renewed)
         kept = {pid for pid, _ in renewed}
         lost = [lease for lease in held if lease.partition_id not in kept]
         if lost:
@@ -166,6 +178,14 @@ class LeaseLoop:
                 sample=[lease.partition_id for lease in lost[:8]],
             )
         self._metrics.lease_events.labels(kind="renewed").inc(len(renewed))
+        # Rewind check (module rewind): the fences of what a renewal missed, and, after a store
+        # error (a reconnect, perhaps to a promoted standby), of every partition remembered.
+        check = {lease.partition_id for lease in lost}
+        if self._store_failed:
+            check.update(self._rewind.known())
+        if check:
+            self._rewind.check_fences(self._coord.fences(sorted(check)))
+        self._store_failed = False
 
     def _heard(self, now: float) -> None:
         """A heartbeat succeeded at ``now``; after a gap over ``responsive_s``, start the rejoin wait."""
@@ -208,6 +228,7 @@ class LeaseLoop:
         if len(held) < share and self._claiming:
             sent = self._clock.monotonic()
             claimed = self._coord.claim(share - len(held))
+            self._rewind.check_claimed(claimed)
             if claimed:
                 self._table.grant(claimed, sent, self._s.lease_ttl_s)
                 self._metrics.lease_events.labels(kind="claimed").inc(len(claimed))

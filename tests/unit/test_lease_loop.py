@@ -14,6 +14,7 @@ deadline ``t + 10`` and stops being firable at ``t + 9``.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -53,6 +54,7 @@ class FakeCoordinator(CoordinatorBase):
         self.node_id = node_id
         self.clock = clock
         self.owners: dict[int, tuple[str, int]] = {}
+        self.fence_owner: dict[int, str] = {}
         self.epochs = [0] * PARTITION_COUNT
         self.members = [node_id]
         self.calls: list[tuple[float, str]] = []
@@ -78,6 +80,7 @@ class FakeCoordinator(CoordinatorBase):
         for pid in pids:
             self.epochs[pid] += 1
             self.owners[pid] = (node_id, self.epochs[pid])
+            self.fence_owner[pid] = node_id
 
     def free(self, pids: list[int]) -> None:
         """Whoever holds ``pids`` lets them go (released or expired)."""
@@ -128,6 +131,11 @@ class FakeCoordinator(CoordinatorBase):
         ]
         self.free(gone)
         return gone
+
+    def fences(self, partition_ids: list[int]) -> dict[int, tuple[str | None, int]]:
+        """The fence of each partition: its last claimer (None before any) and epoch."""
+        self._record("fences")
+        return {pid: (self.fence_owner.get(pid), self.epochs[pid]) for pid in partition_ids}
 
     def leave(self) -> None:
         self._record("leave")
@@ -503,7 +511,7 @@ def test_after_a_gap_over_the_responsiveness_interval_it_heartbeats_and_waits_be
 
     rig.fake.calls.clear()
     rig.at(T0 + 12)  # heartbeat and renewal succeed: the gap (12 s) is over 5 s, so no share yet
-    assert [method for _, method in rig.fake.calls] == ["heartbeat", "renew"]
+    assert [method for _, method in rig.fake.calls] == ["heartbeat", "renew", "fences"]  # fences: rewind check
     assert rig.held() == {pid: (1, T0 + 12 + TTL_S) for pid in range(512)}  # its own, renewed, fire again
     assert rig.table.firable() == every(range(512), 1)
     for instant in (13, 14, 15, 16, 16.99):
@@ -527,5 +535,83 @@ def test_a_gap_within_the_responsiveness_interval_does_not_delay_claiming() -> N
     rig.fake.down = False
     rig.fake.calls.clear()
     rig.at(T0 + 4.5)  # 4.5 s since the last heartbeat: within 5 s, the share is computed at once
-    assert [method for _, method in rig.fake.calls] == ["heartbeat", "renew", "live_nodes", "claim"]
+    assert [method for _, method in rig.fake.calls] == ["heartbeat", "renew", "fences", "live_nodes", "claim"]
     assert rig.fake.claim_limits == [1024, 1024]
+
+
+def rewinds(rig: Rig) -> float:
+    return rig.metrics.registry.get_sample_value("scheduler_store_rewind_detected_total")
+
+
+def rewound_records(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "event", None) == "store_rewound"]
+
+
+def test_a_renewal_missing_leases_whose_fence_went_back_counts_a_rewind_per_partition(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="scheduler")
+    rig = Rig()
+    rig.at(T0)  # claims 0..1023 at epoch 1
+    # The store goes back: 0..9 were never claimed (epoch 0, no owner); 10 is n2's at epoch 1
+    # (the same number under another node); 11 is taken over by n2 the healthy way (epoch 2).
+    for pid in range(10):
+        rig.fake.epochs[pid] = 0
+        rig.fake.fence_owner.pop(pid)
+        rig.fake.owners.pop(pid)
+    rig.fake.owners[10] = ("n2", 1)
+    rig.fake.fence_owner[10] = "n2"
+    rig.fake.take("n2", [11])
+
+    rig.at(T0 + 3)  # the renewal misses 0..11: their fences are read; the poll claims 0..9 again (epoch 1 again)
+    assert rig.lease_events("lost") == 12.0
+    assert rig.held()[0] == (1, T0 + 3 + TTL_S) and 10 not in rig.held()
+    assert rewinds(rig) == 11.0
+    [record] = rewound_records(caplog)
+    assert record.levelno == logging.WARNING
+    assert record.fields["seen"] == "fence" and record.fields["partitions"] == 11
+    assert record.fields["sample"][:2] == [{"partition": 0, "had": 1, "store": 0}, {"partition": 1, "had": 1, "store": 0}]
+    assert "same run id" in record.fields["note"]
+
+    rig.fake.free([10])  # n2's lease goes; the node claims it at epoch 2
+    rig.at(T0 + 4)
+    assert rig.held()[10] == (2, T0 + 4 + TTL_S)
+    assert rewinds(rig) == 11.0  # forgotten once found: not counted again at the claims
+    rig.at(T0 + 6)
+    assert rewinds(rig) == 11.0 and len(rewound_records(caplog)) == 1
+
+
+def test_a_claim_returning_an_epoch_not_above_one_held_counts_a_rewind() -> None:
+    rig = Rig()
+    rig.at(T0)  # claims 0..1023 at epoch 1
+    rig.fake.members = ["n1", "n2"]
+    rig.at(T0 + 1)  # share 512: 512..1023 drain and, no tick running, are released
+    assert sorted(rig.table.held()) == list(range(512))
+    for pid in range(512, 1024):  # the store goes back to before their claim
+        rig.fake.epochs[pid] = 0
+        rig.fake.fence_owner.pop(pid)
+    rig.fake.members = ["n1"]
+    rig.at(T0 + 2)  # claims them again: epoch 1, not above the 1 it held
+    assert len(rig.table) == 1024
+    assert rewinds(rig) == 512.0
+    rig.at(T0 + 3)
+    assert rewinds(rig) == 512.0
+
+
+def test_after_a_store_error_every_partition_remembered_is_checked_once() -> None:
+    rig = Rig()
+    rig.at(T0)
+    rig.fake.members = ["n1", "n2"]
+    rig.at(T0 + 1)  # 512..1023 released: remembered at epoch 1, no longer held
+    rig.fake.down = True
+    rig.at(T0 + 3)
+    rig.fake.down = False
+    for pid in range(600, 610):  # the store we reconnect to never saw their claim
+        rig.fake.epochs[pid] = 0
+        rig.fake.fence_owner.pop(pid)
+    rig.fake.calls.clear()
+    rig.at(T0 + 4)
+    assert [method for _, method in rig.fake.calls][:3] == ["heartbeat", "renew", "fences"]
+    assert rewinds(rig) == 10.0
+    rig.fake.calls.clear()
+    rig.at(T0 + 7)  # the next renewal reads no fence: nothing missed, no store error since
+    assert "fences" not in [method for _, method in rig.fake.calls]
+    assert rewinds(rig) == 10.0
