@@ -8,6 +8,8 @@ The package
   every method declared, and :class:`CoordinatorBase` (no-op defaults for the
   optional ones: ``prune``, ``preflight``, the membership watch);
 * :mod:`~scheduler.coordination.loop`: :class:`LeaseLoop`;
+* :mod:`~scheduler.coordination.rewind`: noticing a store that went back in
+  time (asynchronous failover, restored backup): logged and counted;
 * :mod:`~scheduler.coordination.sql`: :class:`SqlCoordinator` (the default);
 * :mod:`~scheduler.coordination.etcd` (with ``etcd_link``, ``etcd_mirror``,
   ``etcd_keys``): ``EtcdCoordinator`` (the optional ``etcd`` extra);

@@ -568,7 +568,10 @@ def test_a_renewal_missing_leases_whose_fence_went_back_counts_a_rewind_per_part
     [record] = rewound_records(caplog)
     assert record.levelno == logging.WARNING
     assert record.fields["seen"] == "fence" and record.fields["partitions"] == 11
-    assert record.fields["sample"][:2] == [{"partition": 0, "had": 1, "store": 0}, {"partition": 1, "had": 1, "store": 0}]
+    assert record.fields["sample"][:2] == [
+        {"partition": 0, "had": 1, "store": 0},
+        {"partition": 1, "had": 1, "store": 0},
+    ]
     assert "same run id" in record.fields["note"]
 
     rig.fake.free([10])  # n2's lease goes; the node claims it at epoch 2
