@@ -114,6 +114,8 @@ def test_nodes_rebuild_membership_before_claiming_after_an_outage_longer_than_th
         assert lost == dict.fromkeys(NODES, 0)
         fenced = {node_id: len(node.events_named("fence_rejected")) for node_id, node in cluster.nodes.items()}
         assert fenced == dict.fromkeys(NODES, 0)
+        rewound = {node_id: len(node.events_named("store_rewound")) for node_id, node in cluster.nodes.items()}
+        assert rewound == dict.fromkeys(NODES, 0)  # an outage is not a rewind: the store kept every commit
         for node_id in NODES:
             rejoined = cluster.nodes[node_id].events_named("store_rejoined", cut_mono)
             assert len(rejoined) == (0 if cluster.etcd else 1), cluster.nodes[node_id].tail()
