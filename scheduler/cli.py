@@ -1997,6 +1997,14 @@ def verify_cmd(
     predelivery, and stale (leased or failed runs whose lease ended more
     than the TTL + 1 s ago: reported, their owner should have settled them).
     Dead, canceled, lost and stale runs are listed.
+
+    It checks the store it reads. After a failover to an asynchronous standby
+    (or a restored backup) the runs of the lost window are gone and their
+    slots fired again with the same run id: the store holds each once and
+    verify reports the window clean, so a clean verify does not prove no slot
+    reached the executors twice. The nodes' scheduler_store_rewind_detected_total
+    notices such a rewind when the lost window held one of their lease
+    renewals or claims; the executors' deduplication by run id absorbs it.
     """
     from scheduler.audit import verify, verify_delivery
 
