@@ -127,6 +127,9 @@ def create_app(dsn: str, *, settings: ApiSettings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        # Paths are exact: a trailing slash is a 404 (errors.py says so), never a redirect
+        # (Starlette's is absolute, built from Host and the socket's scheme: http:// behind TLS).
+        redirect_slashes=False,
         dependencies=[Depends(inputs.check_request_text)],
     )
     app.state.settings = api

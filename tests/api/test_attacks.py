@@ -237,3 +237,31 @@ def test_an_unknown_query_parameter_is_422_naming_it(api):
         assert "not a known parameter" in response.json()["detail"]
     ok = httpx.get(f"{api.url}/v1/explain?cron=0+2+*+*+*&tz=UTC&count=2", headers={"Authorization": f"Bearer {token}"})
     assert ok.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "role"),
+    [
+        ("GET", "/v1/schedules/", "tenant"),
+        ("POST", "/v1/schedules:apply/", "tenant"),
+        ("GET", "/v1/runs/", "tenant"),
+        ("GET", "/v1/explain/", "tenant"),
+        ("GET", "/v1/tenants/", "admin"),
+        ("POST", "/v1/keys/", "admin"),
+    ],
+)
+def test_a_trailing_slash_is_a_404_problem_not_a_redirect(api, method, path, role):
+    """``/v1/schedules/`` was a 307 to an absolute ``http://`` URL built from the Host header
+    (wrong behind a TLS proxy, and a redirect a client may follow with its key to another
+    host): every path is exact, and the 404 says so."""
+    token = api.key(None if role == "admin" else "acme", role)
+    response = _json(api, token, method, path, json={}, follow_redirects=False)
+    assert response.status_code == 404, (response.status_code, response.headers)
+    assert "location" not in response.headers
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json() == {
+        "type": "about:blank",
+        "title": "Not Found",
+        "status": 404,
+        "detail": f"path: no such resource {path!r} (paths take no trailing slash: {path.rstrip('/')!r})",
+    }
