@@ -203,8 +203,8 @@ def test_the_runs_group_help_names_every_subcommand():
     [line] = [line for line in result.output.splitlines() if line.strip().startswith("runs ")]
     group = cli.commands["runs"]
     assert sorted(group.commands) == ["list", "prune", "redrive"]
-    for name in group.commands:
-        assert name in group.get_short_help_str(limit=200), (name, line)
+    for name in group.commands:  # as `scheduler --help` shows the line (cut to the terminal's 80 columns)
+        assert name in line.lower(), (name, line)
 
 
 def test_trigger_force_help_says_what_it_overrides_and_what_still_holds():
