@@ -1551,6 +1551,11 @@ SETTING_HELP = {
     "api_rate_per_s": "HTTP API: requests per second each key may send (token bucket; 429 beyond).",
     "api_burst": "HTTP API: requests a key may send at once after being idle (token bucket size).",
     "api_pool_size": "HTTP API: store connections held at most (requests served at once).",
+    "api_auth_fail_rate_per_s": "HTTP API: failed authentications (401s) per second one client address may "
+    "keep making (token bucket; 429 beyond, even with a valid key).",
+    "api_auth_fail_burst": "HTTP API: failed authentications one client address may make at once.",
+    "api_forwarded_allow_ips": "HTTP API: proxies (comma-separated IPs or networks, or *) whose "
+    "X-Forwarded-For/-Proto name the client [default: none, the socket peer is the client].",
 }
 """Help text of each Settings field's option (every field has one; a test checks)."""
 
@@ -1677,7 +1682,18 @@ API_PORT = 8080
 @click.option("--access-log", is_flag=True, help="Log every request (method, path, status; never headers).")
 @functools.partial(
     _settings_options,
-    only=("dsn", "api_rate_per_s", "api_burst", "api_pool_size", "push_allow", "log_format", "log_level"),
+    only=(
+        "dsn",
+        "api_rate_per_s",
+        "api_burst",
+        "api_pool_size",
+        "api_auth_fail_rate_per_s",
+        "api_auth_fail_burst",
+        "api_forwarded_allow_ips",
+        "push_allow",
+        "log_format",
+        "log_level",
+    ),
 )
 @click.pass_context
 def api_cmd(

@@ -37,7 +37,6 @@ from scheduler.settings import Settings
 from scheduler.spec import validate_tenant
 
 
-
 class TenantName(Convertor[str]):
     """A tenant name in a path: one or more characters, ``/`` included (``c/team``); never
     empty, so ``/v1/tenants/`` is no tenant's path (a 404, as any trailing slash)."""

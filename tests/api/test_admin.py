@@ -126,6 +126,7 @@ def test_a_bad_schedule_quota_is_422_naming_it_nothing_written(admin, api, value
     assert (body["field"], body["detail"]) == ("max_schedules", detail)
     assert _listed(admin, "acme")["weight"] == 1 and _listed(admin, "acme")["max_schedules"] is None
 
+
 def test_tenant_errors_name_the_field(admin):
     assert admin.post("/v1/tenants", json={"tenant": "dup"}).status_code == 201
     body = _problem(admin.post("/v1/tenants", json={"tenant": "dup"}), 409)

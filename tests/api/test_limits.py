@@ -6,8 +6,10 @@ import json
 import socket
 
 import httpx
+import pytest
 
 from scheduler.api.limits import AuthThrottle, RateLimiter
+from scheduler.errors import ConfigError
 from scheduler.settings import MAX_API_BODY_BYTES, ApiSettings
 
 
@@ -170,9 +172,7 @@ def test_a_forwarded_for_header_is_ignored_unless_the_proxy_is_trusted(api_facto
 def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_bucket(api_factory):
     """With the proxy trusted (``forwarded_allow_ips``), the client is X-Forwarded-For's:
     one client over its bucket never slows another's valid key or its failures."""
-    api = api_factory(
-        ApiSettings(auth_fail_rate_per_s=0.01, auth_fail_burst=2, forwarded_allow_ips="127.0.0.1")
-    )
+    api = api_factory(ApiSettings(auth_fail_rate_per_s=0.01, auth_fail_burst=2, forwarded_allow_ips="127.0.0.1"))
     good = api.key(None, "admin")
     url = f"{api.url}/v1/tenants"
 
@@ -206,3 +206,20 @@ def test_the_failure_buckets_are_bounded_and_ipv6_clients_share_a_64():
     assert throttle.wait_s("2001:db8:0:1::1") == 1.0
     now[0] = 1.0  # refilled at 1/s
     assert throttle.wait_s("2001:db8:0:1::1") == 0.0
+
+
+def test_the_throttle_and_proxy_settings_are_checked():
+    assert ApiSettings(forwarded_allow_ips="10.0.0.0/8, 127.0.0.1,::1").check().forwarded_allow_ips
+    assert ApiSettings(forwarded_allow_ips="*").check()
+    for settings, message in (
+        (
+            ApiSettings(forwarded_allow_ips="proxy.example"),
+            "api_forwarded_allow_ips must be comma-separated IP addresses or networks of trusted proxies, or * "
+            "(got 'proxy.example')",
+        ),
+        (ApiSettings(auth_fail_burst=0), "api_auth_fail_burst must be a whole number from 1 to 1000000 (got 0)"),
+        (ApiSettings(auth_fail_rate_per_s=0.0), "api_auth_fail_rate_per_s must be a finite number > 0 (got 0.0)"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            settings.check()
+        assert str(caught.value) == message
