@@ -198,6 +198,10 @@ def update_tenant(request: Request, _: Admin, tenant: str, body: TenantUpdate) -
     given = body.model_fields_set
     if not given:
         raise ValidationError("body", "give weight, max_rate and/or max_schedules")
+    if "weight" in given and body.weight is None:
+        raise ValidationError(
+            "weight", "must be a whole number from 1 to 1000 (null removes nothing: a tenant always has a weight)"
+        )
     quota = body.max_schedules
     if quota is not None and not 0 <= quota <= jobs.MAX_SCHEDULES_LIMIT:
         raise ValidationError("max_schedules", f"must be a whole number from 0 to {jobs.MAX_SCHEDULES_LIMIT}", quota)

@@ -177,6 +177,8 @@ def _rule(error: dict[str, Any]) -> str:
         return f"must be one of {ctx.get('expected', '')}".replace("'", "")
     if kind == "string_pattern_mismatch":
         return f"must match {ctx.get('pattern')}"
+    if kind == "value_error" and ctx.get("error") is not None:
+        return str(ctx["error"])  # an API validator's own rule, without pydantic's "Value error, "
     message = str(error.get("msg", "is invalid"))
     return message[:1].lower() + message[1:]
 
@@ -243,7 +245,8 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
     if exc.status_code == 404 and detail is None:
         path = request.url.path
         detail = f"path: no such resource {clip(path)}"
-        if len(path) > 1 and path.endswith("/"):
+        raw_path = request.scope.get("raw_path") or b""
+        if len(path) > 1 and raw_path.endswith(b"/"):  # as sent: %2F is a name's slash, not the path's
             detail += f" (paths take no trailing slash: {clip(path.rstrip('/'))})"
     if exc.status_code == 405 and detail is None:
         detail = f"method: {request.method} is not allowed on {clip(request.url.path)}"
