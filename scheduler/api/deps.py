@@ -151,7 +151,8 @@ def _authenticate(
 
 
 def _forbidden(role: str, allowed: str) -> ApiError:
-    return ApiError(403, "Forbidden", f"role: a {role} key cannot use this endpoint (it needs {allowed})")
+    article = "an" if role[:1] in "aeiou" else "a"
+    return ApiError(403, "Forbidden", f"role: {article} {role} key cannot use this endpoint (it needs {allowed})")
 
 
 Authenticated = Annotated[Principal, Depends(_authenticate)]
