@@ -90,7 +90,7 @@ class BodyLimit:
 
 
 MAX_AUTH_FAIL_CLIENTS = 50_000
-"""Most client addresses :class:`AuthThrottle` keeps a bucket for (a few MB at most)."""
+"""Most client addresses :class:`AuthThrottle` keeps a bucket for (about 13 MB when full)."""
 
 
 class TokenBuckets:
