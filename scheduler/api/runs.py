@@ -417,7 +417,10 @@ def list_runs(
         Query(max_length=2048, pattern=r"^[A-Za-z0-9_-]+$", description="`next_cursor` of the previous page."),
     ] = None,
 ) -> RunPage:
-    """Runs of the key's tenant, newest nominal time first (ties by job id), ``limit`` a page."""
+    """Runs of the key's tenant, newest nominal time first (ties by job id), ``limit`` a page;
+    an empty window (``until`` not after ``since``) is a 422 naming ``until``."""
+    if since is not None and until is not None and until <= since:
+        raise ValidationError("until", "must be later than since", until)
     after = _cursor_key(cursor)
     tenant = _tenant(principal)
     with conn_cm as conn:

@@ -857,11 +857,14 @@ WHERE key_id = %(key_id)s
 
 -- name: list_tenants_page
 -- Tenants after %(after)s (NULL: from the first) by name, at most %(limit)s,
--- with weight, rate cap and live job count (the HTTP API's paged list).
-SELECT t.tenant, t.weight, t.max_rate, t.created_at,
+-- only %(tenant)s unless NULL, with weight, rate cap, schedule quota (NULL:
+-- the default) and live job count (the HTTP API's paged list, and its
+-- answer to a tenant write).
+SELECT t.tenant, t.weight, t.max_rate, t.max_schedules, t.created_at,
        (SELECT count(*) FROM jobs AS j WHERE j.tenant = t.tenant AND j.deleted_at IS NULL) AS jobs
 FROM tenants AS t
 WHERE (%(after)s::text IS NULL OR t.tenant > %(after)s)
+  AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
 ORDER BY t.tenant
 LIMIT %(limit)s;
 
