@@ -424,6 +424,15 @@ def storefailover(replication, nodes, jobs, lag_s, trials, lease_ttl_s, out_dir,
     type=FiniteFloatRange(min=0),
     help="After firing: wait this long for delivery; runs still on their way then count as lost.",
 )
+@click.option(
+    "--put-rate",
+    default=0.0,
+    show_default=True,
+    type=FiniteFloatRange(min=0, max=1000),
+    help="Herd: also PUT this many new schedules a second through the tenant API (an API process of its own, "
+    "a small tenant's key) from the herd's instant until it is fired, and report the PUT latency "
+    "(the API target: p99 <= 50 ms while a herd fires). 0: off.",
+)
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
 def deliver(
@@ -445,6 +454,7 @@ def deliver(
     batch,
     lead_s,
     deliver_timeout_s,
+    put_rate,
     out_dir,
     json_path,
 ) -> None:
@@ -476,13 +486,20 @@ def deliver(
         batch=batch,
         lead_s=lead_s,
         deliver_timeout_s=deliver_timeout_s,
+        put_rate=put_rate,
     )
+    try:
+        opts.check()
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     out_dir.mkdir(parents=True, exist_ok=True)
     result = run_deliver(dsn, opts, out_dir, progress=_progress())
     row = dataclasses.asdict(result)
     firing_only = mode == "pull" and not workers
     click.echo(report.markdown_table([row], FIRING_ONLY_COLUMNS if firing_only else COLUMNS))
     click.echo(f"attempts: {row['attempts']}  states: {row['states']}")
+    if row["put"] is not None:
+        click.echo(f"PUT /v1/schedules while the herd fired (ms): {row['put']}")
     if json_path:
         json_path.write_text(json.dumps(row, indent=2) + "\n")
     failed = result.missing or result.duplicates or result.without_delivery_state

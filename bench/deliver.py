@@ -61,6 +61,7 @@ from bench.herd import Herd, load_background
 from bench.load import reset_store, start_node, wait_until
 from bench.pairs import DEFAULT_SEED
 from bench.process import NodeProcess
+from bench.putprobe import PutProbe
 from bench.report import percentile
 from bench.steady import load_steady, steady_window, tenant_names
 from scheduler import store
@@ -115,7 +116,9 @@ class DeliverResult:
     (succeeded per second: herd, over T to the last ack; steady, over the
     window). Push: ``receiver_requests`` and ``receiver_duplicates``
     (requests beyond the first per ``Idempotency-Key``). Firing only
-    (``workers`` 0): ``pending`` and ``without_delivery_state``.
+    (``workers`` 0): ``pending`` and ``without_delivery_state``. ``put``
+    (``--put-rate``): the :class:`bench.putprobe.PutFigures` of the schedule
+    writes sent through the API while the herd fired, else None.
     """
 
     mode: str
@@ -157,6 +160,7 @@ class DeliverResult:
     receiver_requests: int | None
     receiver_duplicates: int | None
     node_rss_mb_max: float | None
+    put: dict[str, Any] | None = None
 
 
 # ---------------------------------------------------------------- report math
@@ -251,6 +255,7 @@ class Options:
     batch: int = BATCH
     lead_s: float = 15.0
     deliver_timeout_s: float = 300.0
+    put_rate: float = 0.0
     fire_timeout_s: float = 600.0
     seed: int = DEFAULT_SEED
 
@@ -265,6 +270,8 @@ class Options:
             raise ValueError("--workers: push mode delivers from the nodes; give --workers 0")
         if self.via_api and (self.mode != "pull" or not self.workers or self.worker_impl != "scheduler"):
             raise ValueError("--via-api: pull mode with --workers >= 1 of --worker-impl scheduler")
+        if self.put_rate and self.workload != "herd":
+            raise ValueError("--put-rate: the herd workload (schedule writes while a herd fires)")
         if self.workload == "steady" and self.seconds <= 2 * 5:
             raise ValueError("--seconds must exceed 10 (the first and last 5 s are left out)")
 
@@ -277,7 +284,7 @@ class ApiProcess:
     """``scheduler api`` on a free loopback port against ``dsn`` (the bench's ``via_api`` workers'
     endpoint), its store pool sized for ``workers`` HTTP workers (3 requests in flight each)."""
 
-    def __init__(self, dsn: str, log_dir: Path, workers: int) -> None:
+    def __init__(self, dsn: str, log_dir: Path, workers: int, name: str = "api") -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
@@ -291,7 +298,7 @@ class ApiProcess:
             "SCHEDULER_API_POOL_SIZE": str(min(200, 3 * workers + 2)),
         }
         args = ["api", "--host", "127.0.0.1", "--port", str(self.port)]
-        self.proc = NodeProcess("api", log_dir / "api.log", args, env).start()
+        self.proc = NodeProcess(name, log_dir / f"{name}.log", args, env).start()
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Wait until it answers ``/openapi.json``; raises TimeoutError."""
@@ -326,6 +333,29 @@ class _Consumers:
         self.workers: list[WorkerProcess] = []
         self.records: list[tuple[str, float]] | None = None
         self.api: ApiProcess | None = None
+        self.put_api: ApiProcess | None = None
+        self.put_probe: PutProbe | None = None
+
+    def start_put_probe(self, dsn: str, conn, tenant: str, start_at: float) -> PutProbe | None:
+        """With ``--put-rate``: an API process of its own (not the workers': their load is
+        not what this measures) and a tenant key of ``tenant``; PUTs from ``start_at``."""
+        if not self.opts.put_rate:
+            return None
+        from scheduler.api import keys
+
+        self.put_api = ApiProcess(dsn, self.log_dir, workers=1, name="api-put")
+        self.put_api.wait_ready()
+        token = keys.create(conn, tenant, "tenant", "bench-put")[0]
+        self.put_probe = PutProbe(self.put_api.url, token, self.opts.put_rate, start_at).start()
+        return self.put_probe
+
+    def stop_put_probe(self) -> dict[str, Any] | None:
+        probe, self.put_probe = self.put_probe, None
+        figures = dataclasses.asdict(probe.stop()) if probe is not None else None
+        api, self.put_api = self.put_api, None
+        if api is not None:
+            api.stop()
+        return figures
 
     def start_receiver(self) -> str:
         """Start the receiver; return the URL the jobs target."""
@@ -365,6 +395,7 @@ class _Consumers:
             api.stop()
 
     def stop_receiver(self) -> None:
+        self.stop_put_probe()
         receiver, self.receiver = self.receiver, None
         if receiver is not None:
             self.records = receiver.stop()
@@ -402,6 +433,7 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
     consumers = _Consumers(opts, log_dir)
     conn = reset_store(dsn)
     procs = []
+    put = None
     try:
         prepare = None
         env = {}
@@ -428,7 +460,9 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
         consumers.start_workers(dsn, tenants, conn)
         if opts.workload == "herd":
             herd.load(conn, opts.lead_s, progress, prepare)
+            consumers.start_put_probe(dsn, conn, small[0], herd.t.timestamp())
             herd.drain(conn, progress, opts.fire_timeout_s)
+            put = consumers.stop_put_probe()
             since = herd.t
             until = since + timedelta(seconds=1)
             window_s = None
@@ -505,6 +539,7 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
         receiver_requests=None if records is None else len(records),
         receiver_duplicates=None if records is None else receiver_duplicates(records),
         node_rss_mb_max=max((r for r in rss if r is not None), default=None),
+        put=put,
         **firing,
         **figures,
     )

@@ -224,6 +224,11 @@ def verify(
     ``job_revisions`` of candidates) and one over the window's runs in SQL;
     Python computes slots once per distinct cron schedule, plus per
     revision only for interval, one-shot and jittered ones.
+
+    It sees only the store ``conn`` reads: runs that vanished with a failed
+    asynchronous primary (or a backup restored) and whose slots fired again
+    count once, so a clean report does not prove no slot fired twice
+    (:mod:`scheduler.coordination.rewind` is what notices that).
     """
     _check_window(since, until, list_limit)
     window = {"since": since, "until": until}

@@ -1239,7 +1239,13 @@ def jobs_replan_slots(dsn: str, dry_run: bool, force: bool, as_json: bool) -> No
 @click.option(
     "--request-id", default=None, help="Deduplicates: the same id again makes no second run (default: a new UUID)."
 )
-@click.option("--force", is_flag=True, help="Run even if the job's overlap policy would skip it.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Deliver the run at once even if the job's overlap policy would skip it (forbid) or hold it "
+    "(buffer_one); replace still cancels the job's unfinished runs. The request id still deduplicates: "
+    "a repeated --request-id makes no second run, forced or not.",
+)
 @click.option(
     "--wait-s",
     default=10.0,
@@ -1253,10 +1259,11 @@ def jobs_trigger(dsn: str, job_id: str, request_id: str | None, force: bool, wai
 
     The request is stored and carried out by the node that owns the job's
     partition, within about a second: a run with nominal time = the store's
-    now, honouring the job's overlap policy unless --force (then "skipped"
-    if the policy forbids it). A paused job may be triggered; a deleted one
-    is not found. Prints the run id, or "queued" if no node carried the
-    request out within --wait-s (it stays queued until one does).
+    now, under the job's overlap policy ("skipped" if forbid finds an
+    unfinished run; buffer_one holds it) unless --force. A paused job may be
+    triggered; a deleted one is not found. Prints the run id, or "queued" if
+    no node carried the request out within --wait-s (it stays queued until
+    one does).
     """
     from scheduler.delivery import manual
 
@@ -1367,7 +1374,7 @@ def jobs_next(cron: str | None, tz: str | None, dialect: str | None, after: date
 
 @cli.group(cls=OneLineErrors)
 def runs() -> None:
-    """Inspect and prune runs (one row per fired (job, nominal time))."""
+    """List, redrive and prune runs (one per fired job and nominal time)."""
 
 
 @runs.command("list")
@@ -1544,6 +1551,11 @@ SETTING_HELP = {
     "api_rate_per_s": "HTTP API: requests per second each key may send (token bucket; 429 beyond).",
     "api_burst": "HTTP API: requests a key may send at once after being idle (token bucket size).",
     "api_pool_size": "HTTP API: store connections held at most (requests served at once).",
+    "api_auth_fail_rate_per_s": "HTTP API: failed authentications (401s) per second one client address may "
+    "keep making (token bucket; 429 beyond, even with a valid key).",
+    "api_auth_fail_burst": "HTTP API: failed authentications one client address may make at once.",
+    "api_forwarded_allow_ips": "HTTP API: proxies (comma-separated IPs or networks, or *) whose "
+    "X-Forwarded-For/-Proto name the client [default: none, the socket peer is the client].",
 }
 """Help text of each Settings field's option (every field has one; a test checks)."""
 
@@ -1670,7 +1682,18 @@ API_PORT = 8080
 @click.option("--access-log", is_flag=True, help="Log every request (method, path, status; never headers).")
 @functools.partial(
     _settings_options,
-    only=("dsn", "api_rate_per_s", "api_burst", "api_pool_size", "push_allow", "log_format", "log_level"),
+    only=(
+        "dsn",
+        "api_rate_per_s",
+        "api_burst",
+        "api_pool_size",
+        "api_auth_fail_rate_per_s",
+        "api_auth_fail_burst",
+        "api_forwarded_allow_ips",
+        "push_allow",
+        "log_format",
+        "log_level",
+    ),
 )
 @click.pass_context
 def api_cmd(
@@ -1997,6 +2020,14 @@ def verify_cmd(
     predelivery, and stale (leased or failed runs whose lease ended more
     than the TTL + 1 s ago: reported, their owner should have settled them).
     Dead, canceled, lost and stale runs are listed.
+
+    It checks the store it reads. After a failover to an asynchronous standby
+    (or a restored backup) the runs of the lost window are gone and their
+    slots fired again with the same run id: the store holds each once and
+    verify reports the window clean, so a clean verify does not prove no slot
+    reached the executors twice. The nodes' scheduler_store_rewind_detected_total
+    notices such a rewind when the lost window held one of their lease
+    renewals or claims; the executors' deduplication by run id absorbs it.
     """
     from scheduler.audit import verify, verify_delivery
 

@@ -170,6 +170,12 @@ class Metrics:
             registry=r,
         )
         self.live_nodes = Gauge("scheduler_membership_live_nodes", "Nodes with a fresh heartbeat.", registry=r)
+        self.store_rewinds = Counter(
+            "scheduler_store_rewind_detected_total",
+            "Partitions whose store state this node found older than what it had committed there "
+            "(the store went back in time: asynchronous failover, restored backup).",
+            registry=r,
+        )
         self.store_retries = Counter(
             "scheduler_store_retries_total",
             "Transactions retried, by SQLSTATE class (40 = serialization/deadlock).",

@@ -8,9 +8,12 @@ install runs the checkout's). Each revision runs in
 its own transaction and uses ``IF NOT EXISTS`` so an interrupted upgrade can
 be re-run (docs/design.md §7).
 
-The DSN may be a URI or libpq keywords (``host=... dbname=...``); see
-:func:`scheduler.store.sqlalchemy_url`. Its password, in every spelling,
-never appears in an error. Errors, as for every command that uses the store
+The DSN is any libpq accepts: a URI or keywords (``host=... dbname=...``),
+several hosts tried in turn (``h1:p1,h2:p2``, ``?host=h1,h2&port=p1,p2``,
+``host=h1,h2 port=p1,p2``) with ``target_session_attrs``; libpq opens the
+migrations' connections from it as written
+(:func:`scheduler.store.sqlalchemy_engine`). Its password, in every
+spelling, never appears in an error. Errors, as for every command that uses the store
 (CLI exit status 2 or 1):
 
 * :class:`~scheduler.errors.ValidationError` (field ``revision``): the
@@ -39,7 +42,7 @@ from alembic.util.exc import CommandError
 from alembic import command
 from scheduler import log, store
 from scheduler.errors import StoreError, ValidationError
-from scheduler.store import redact_dsn, redact_text, secret_spellings, sqlalchemy_url
+from scheduler.store import check_dsn, first_line, redact_dsn, redact_text, secret_spellings
 
 PACKAGED = Path(__file__).resolve().parent / "migrations"
 """The migration scripts inside an installed wheel."""
@@ -66,10 +69,14 @@ def script_location() -> Path | None:
 
 
 def alembic_config(dsn: str) -> Config:
-    """An alembic Config for ``dsn`` (no ini file: the script location and URL are set here).
+    """An alembic Config for ``dsn`` (no ini file: the script location and the DSN are set here).
 
-    Raises StoreError if the migration scripts are not installed.
+    The DSN goes into the ``sqlalchemy.url`` option as written (``alembic/env.py``
+    reads it as a libpq DSN). Raises ConfigError for a DSN
+    :func:`~scheduler.store.check_dsn` refuses, StoreError if the migration
+    scripts are not installed.
     """
+    check_dsn(dsn)
     location = script_location()
     if location is None:
         raise StoreError(
@@ -78,7 +85,7 @@ def alembic_config(dsn: str) -> Config:
         )
     config = Config()
     config.set_main_option("script_location", str(location))
-    config.set_main_option("sqlalchemy.url", sqlalchemy_url(dsn).replace("%", "%%"))
+    config.set_main_option("sqlalchemy.url", dsn.replace("%", "%%"))  # ConfigParser interpolates '%'
     return config
 
 
@@ -302,20 +309,16 @@ def downgrade(dsn: str, revision: str) -> Plan:
     return checked
 
 
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-
-
 def _run(action: Callable[[Config, str], None], dsn: str, revision: str) -> None:
     log.add_secret(*secret_spellings(dsn))  # alembic's and SQLAlchemy's log records too
     config = alembic_config(dsn)  # ConfigError for a malformed DSN
     try:
         action(config, revision)
     except CommandError as exc:  # alembic refuses the target: the request was wrong
-        raise ValidationError("revision", redact_text(_first_line(exc), dsn), revision) from None
+        raise ValidationError("revision", redact_text(first_line(exc), dsn), revision) from None
     except StoreError:
         raise
     except Exception as exc:  # sqlalchemy/alembic errors carry the URL: redact it
         raise StoreError(
-            f"migration to {revision} failed on {redact_dsn(dsn)}: {redact_text(_first_line(exc), dsn)}"
+            f"migration to {revision} failed on {redact_dsn(dsn)}: {redact_text(first_line(exc), dsn)}"
         ) from exc

@@ -30,6 +30,7 @@ process within ``stop_timeout_s`` whatever its threads are doing.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
 import socket
@@ -93,6 +94,10 @@ API_RATE_PER_S = 50.0
 """Per-key request rate of the HTTP API's token bucket (requests/s; docs/api.md, "Limits")."""
 API_BURST = 100
 """Per-key bucket size of the HTTP API: requests a key may send at once after being idle."""
+API_AUTH_FAIL_RATE_PER_S = 1.0
+"""Failed authentications (401s) per second one client address may keep making (docs/api.md, "Limits")."""
+API_AUTH_FAIL_BURST = 20
+"""Failed authentications one client address may make at once before it is answered 429."""
 API_POOL_SIZE = 8
 """Store connections the HTTP API's pool holds at most (one per request in flight)."""
 MAX_API_POOL_SIZE = 200
@@ -155,6 +160,9 @@ class Settings:
     api_rate_per_s: float = API_RATE_PER_S
     api_burst: int = API_BURST
     api_pool_size: int = API_POOL_SIZE
+    api_auth_fail_rate_per_s: float = API_AUTH_FAIL_RATE_PER_S
+    api_auth_fail_burst: int = API_AUTH_FAIL_BURST
+    api_forwarded_allow_ips: str = ""
 
     @property
     def api(self) -> ApiSettings:
@@ -164,6 +172,9 @@ class Settings:
             burst=self.api_burst,
             pool_size=self.api_pool_size,
             push_allow=self.push_allow,
+            auth_fail_rate_per_s=self.api_auth_fail_rate_per_s,
+            auth_fail_burst=self.api_auth_fail_burst,
+            forwarded_allow_ips=self.api_forwarded_allow_ips,
         )
 
     @property
@@ -263,6 +274,7 @@ class Settings:
             "retention_batch_interval_s",
             "stop_timeout_s",
             "api_rate_per_s",
+            "api_auth_fail_rate_per_s",
         )
         for name in positive:
             value = getattr(self, name)
@@ -369,7 +381,12 @@ class ApiSettings:
     ``push_allow`` is the node setting of that name: the networks beyond the
     public internet a schedule's URL target may reach, checked when a
     schedule is saved (``PUT``, ``apply``), as ``jobs add --push-allow``.
-    :meth:`check` raises ConfigError naming the setting.
+    ``auth_fail_rate_per_s`` (401s/s) and ``auth_fail_burst`` shape each client
+    address's bucket of failed authentications (429 beyond).
+    ``forwarded_allow_ips``: comma-separated addresses or networks of proxies
+    whose ``X-Forwarded-For``/``-Proto`` are believed (uvicorn's
+    ``forwarded_allow_ips``; ``*``: any); empty (default): none, the socket
+    peer is the client. :meth:`check` raises ConfigError naming the setting.
     """
 
     rate_per_s: float = API_RATE_PER_S
@@ -379,17 +396,21 @@ class ApiSettings:
     page_size: int = API_PAGE_SIZE
     max_page_size: int = MAX_API_PAGE_SIZE
     push_allow: str = ""
+    auth_fail_rate_per_s: float = API_AUTH_FAIL_RATE_PER_S
+    auth_fail_burst: int = API_AUTH_FAIL_BURST
+    forwarded_allow_ips: str = ""
 
     def check(self) -> ApiSettings:
         """Return self; raise ConfigError (naming the ``api_*`` setting) for a value out of range."""
-        if not (
-            isinstance(self.rate_per_s, (int, float))
-            and not isinstance(self.rate_per_s, bool)
-            and 0 < self.rate_per_s < math.inf
+        for name, value in (
+            ("api_rate_per_s", self.rate_per_s),
+            ("api_auth_fail_rate_per_s", self.auth_fail_rate_per_s),
         ):
-            raise ConfigError(f"api_rate_per_s must be a finite number > 0 (got {self.rate_per_s!r})")
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf):
+                raise ConfigError(f"{name} must be a finite number > 0 (got {value!r})")
         for name, value, hi in (
             ("api_burst", self.burst, 1_000_000),
+            ("api_auth_fail_burst", self.auth_fail_burst, 1_000_000),
             ("api_pool_size", self.pool_size, MAX_API_POOL_SIZE),
             ("api_max_body_bytes", self.max_body_bytes, 1 << 30),
             ("api_max_page_size", self.max_page_size, 100_000),
@@ -401,6 +422,15 @@ class ApiSettings:
             AddressPolicy.parse(self.push_allow)
         except ValidationError as exc:
             raise ConfigError(str(exc)) from None
+        for entry in str(self.forwarded_allow_ips).split(","):
+            try:
+                if entry.strip() not in ("", "*"):
+                    ipaddress.ip_network(entry.strip(), strict=False)
+            except ValueError:
+                raise ConfigError(
+                    "api_forwarded_allow_ips must be comma-separated IP addresses or networks of trusted proxies, "
+                    f"or * (got {self.forwarded_allow_ips!r})"
+                ) from None
         return self
 
 

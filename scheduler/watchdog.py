@@ -41,6 +41,16 @@ when one of the watchdog's own checks comes more than
 :data:`PAUSE_SLACK_S` late, every call's start is moved forward by the gap,
 so a node resumed after a freeze is judged on what its store does next.
 
+A COMMIT waiting on synchronous replication (a standby that stopped
+acknowledging) is such a call: PostgreSQL disarms ``statement_timeout``
+before that wait, so only the cancel of step 1 ends it. The store then
+answers with a WARNING (``canceling wait for synchronous replication``) and
+the COMMIT succeeds: the transaction is committed on the primary, not yet
+on the standby. The call returns as a success (a fired tick is committed and
+is not fired again); :class:`WatchedConnection` recognises the warning and
+the watchdog logs ``store_commit_wait_cancelled`` with the reason and the
+bound (:meth:`Watchdog.commit_wait_cancelled`).
+
 The watchdog also tells the node's liveness check (``/healthz``) which
 threads are inside a store call since when, and when each thread last
 completed one (:meth:`Watchdog.thread_state`).
@@ -56,6 +66,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -65,6 +76,10 @@ from scheduler import log
 
 CHECK_INTERVAL_S = 0.1
 """How often the watchdog's thread looks at the calls in flight."""
+
+SYNC_REP_CANCELLED = "canceling wait for synchronous replication"
+"""The start of PostgreSQL's WARNING when a cancel request ends a COMMIT's wait on
+synchronous replication (the transaction is committed locally)."""
 
 PAUSE_SLACK_S = 1.0
 """A check this much later than :data:`CHECK_INTERVAL_S` means the process was
@@ -232,6 +247,8 @@ class Watchdog:
         self._lock = threading.Lock()
         self._last_check: float | None = None
         self._thread: threading.Thread | None = None
+        self.commit_waits_cancelled = 0
+        """COMMITs whose wait on synchronous replication a cancel ended (:meth:`commit_wait_cancelled`)."""
 
     # ---------------------------------------------------------------- calls
 
@@ -252,6 +269,34 @@ class Watchdog:
             call = self._calls.pop(token, None)
             if call is not None:
                 self._last_done[call.thread] = self.clock()
+
+    def cancelled(self, token: int | None) -> bool:
+        """True if the call ``token`` is in flight and a cancel request was sent for it."""
+        with self._lock:
+            call = self._calls.get(token) if token is not None else None
+            return call is not None and call.stage >= 1
+
+    def commit_wait_cancelled(self, label: str, bounds: CallBounds) -> None:
+        """Report a COMMIT whose wait on synchronous replication a cancel ended (see the module doc).
+
+        Logs ``store_commit_wait_cancelled`` (WARNING) with the session
+        ``label``, the bound it ran past (``bound_s``: ``bounds.cancel_after_s``,
+        the statement timeout + margin) and the reason, and counts it in
+        :attr:`commit_waits_cancelled`.
+        """
+        with self._lock:
+            self.commit_waits_cancelled += 1
+        log.event(
+            "store_commit_wait_cancelled",
+            logging.WARNING,
+            session=label,
+            bound_s=round(bounds.cancel_after_s, 3),
+            reason=(
+                "a COMMIT waited on synchronous replication past the watchdog's bound (statement_timeout_s + "
+                "store_call_margin_s) and was cancelled: it is committed locally on the primary, "
+                "but a standby may not have it yet"
+            ),
+        )
 
     def thread_state(self, thread: int) -> tuple[float | None, float | None]:
         """``(in_call_since, last_call_done)`` of thread id ``thread`` (this watchdog's clock; None: never)."""
@@ -340,19 +385,53 @@ def shared() -> Watchdog:
 class WatchedConnection(psycopg.Connection):
     """A psycopg connection whose blocking calls register with a :class:`Watchdog`.
 
-    ``watch`` is ``(watchdog, bounds, label)``, set by
-    :func:`scheduler.store.connect`; ``None`` makes it a plain connection.
+    ``watch`` is ``(watchdog, bounds, label)``, set by :meth:`watch_with`
+    (called by :func:`scheduler.store.connect`); ``None`` makes it a plain
+    connection. The store's notices are read for the WARNING of a COMMIT
+    whose wait on synchronous replication a cancel ended (:meth:`on_notice`).
     """
 
     watch: tuple[Watchdog, CallBounds, str] | None = None
+    _call: int | None = None
+    """The token of the call in flight (None between calls)."""
+
+    def watch_with(self, watchdog: Watchdog, bounds: CallBounds, label: str) -> None:
+        """Bound every blocking call of this connection by ``bounds`` (``label`` names it in the log)."""
+        if self.watch is None:
+            ref = weakref.ref(self)  # no cycle through the connection's own handler list
+
+            def notice(diag: psycopg.errors.Diagnostic) -> None:
+                conn = ref()
+                if conn is not None:
+                    conn.on_notice(diag)
+
+            self.add_notice_handler(notice)
+        self.watch = (watchdog, bounds, label)
+
+    def on_notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        """A notice from the store: report a COMMIT whose wait on synchronous replication was cancelled.
+
+        Recognised by PostgreSQL's message (:data:`SYNC_REP_CANCELLED`), or,
+        whatever the server's ``lc_messages``, as a plain WARNING (SQLSTATE
+        01000) on a call the watchdog has sent a cancel for.
+        """
+        watch = self.watch
+        if watch is None:
+            return
+        watchdog, bounds, label = watch
+        if (diag.message_primary or "").startswith(SYNC_REP_CANCELLED) or (
+            diag.severity_nonlocalized == "WARNING" and diag.sqlstate == "01000" and watchdog.cancelled(self._call)
+        ):
+            watchdog.commit_wait_cancelled(label, bounds)
 
     def wait(self, gen, *args: Any, **kwargs: Any):  # type: ignore[override]
         watch = self.watch
         if watch is None:
             return super().wait(gen, *args, **kwargs)
         watchdog, bounds, label = watch
-        token = watchdog.begin(self, bounds, label)
+        token = self._call = watchdog.begin(self, bounds, label)
         try:
             return super().wait(gen, *args, **kwargs)
         finally:
+            self._call = None
             watchdog.end(token)

@@ -5,7 +5,8 @@ Each calls the function the CLI command calls (:mod:`scheduler.jobs`,
 :func:`scheduler.audit.verify`), so inputs, errors and results are the CLI's:
 
 * ``GET /v1/tenants`` (paged), ``POST /v1/tenants`` (as ``tenants add``; 409
-  if it exists), ``PATCH /v1/tenants/{tenant}`` (as ``tenants set``);
+  if it exists), ``PATCH /v1/tenants/{tenant}`` (as ``tenants set``: weight,
+  rate cap, schedule quota); a write answers the tenant as the list shows it;
 * ``GET /v1/keys`` (paged, ``?tenant=``), ``POST /v1/keys`` (as ``keys
   create``: the token is in this response only), ``POST
   /v1/keys/{key_id}:revoke`` (as ``keys revoke``);
@@ -25,6 +26,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.convertors import Convertor, register_url_convertor
 
 from scheduler import jobs, status, store
 from scheduler.api import keys as keys_mod
@@ -33,6 +35,22 @@ from scheduler.errors import ConflictError, ValidationError
 from scheduler.schedule import format_instant, parse_instant
 from scheduler.settings import Settings
 from scheduler.spec import validate_tenant
+
+
+class TenantName(Convertor[str]):
+    """A tenant name in a path: one or more characters, ``/`` included (``c/team``); never
+    empty, so ``/v1/tenants/`` is no tenant's path (a 404, as any trailing slash)."""
+
+    regex = ".+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("tenant_name", TenantName())
 
 router = APIRouter(tags=["admin"])
 
@@ -88,13 +106,17 @@ def _is_key_id(value: Any) -> bool:
 
 
 class Tenant(BaseModel):
-    """A tenant: fair-share weight, fleet-wide rate cap (runs/s, null: none), live job count."""
+    """A tenant as stored: fair-share weight, fleet-wide rate cap, schedule quota, live job count."""
 
     tenant: str
-    weight: int
-    max_rate: float | None
-    jobs: int | None = None
-    created_at: str | None = None
+    weight: int = Field(description="Fair-share weight, 1-1000.")
+    max_rate: float | None = Field(description="Fleet-wide cap in runs/s; null: none.")
+    max_schedules: int | None = Field(
+        description=f"Live schedules PUT and apply may leave the tenant with; null: the default "
+        f"({jobs.DEFAULT_MAX_SCHEDULES})."
+    )
+    jobs: int = Field(description="Live jobs (schedules) of the tenant now.")
+    created_at: str = Field(description="When the tenant was created (ISO 8601 UTC).")
 
 
 class TenantPage(BaseModel):
@@ -112,15 +134,33 @@ class TenantCreate(BaseModel):
 
 
 class TenantUpdate(BaseModel):
-    """``scheduler tenants set``: fields given change; ``max_rate: null`` removes the cap."""
+    """``scheduler tenants set``: the fields given change; ``max_rate: null`` removes the cap,
+    ``max_schedules: null`` restores the default quota."""
 
     model_config = ConfigDict(extra="forbid")
     weight: int | None = Field(default=None, strict=True)
     max_rate: float | None = Field(default=None, strict=True)
+    max_schedules: int | None = Field(
+        default=None,
+        strict=True,
+        description=f"Schedule quota, 0-{jobs.MAX_SCHEDULES_LIMIT}; null: back to the default "
+        f"({jobs.DEFAULT_MAX_SCHEDULES}).",
+    )
 
 
 def _tenant(row: dict[str, Any]) -> Tenant:
-    return Tenant(**jsonable({k: row.get(k) for k in ("tenant", "weight", "max_rate", "jobs", "created_at")}))
+    return Tenant(**jsonable({k: row.get(k) for k in Tenant.model_fields}))
+
+
+def _tenant_page(conn: Any, *, after: str | None, limit: int, tenant: str | None = None) -> list[dict[str, Any]]:
+    """Rows of ``list_tenants_page``: the list's page, or (``tenant``) that tenant's row alone."""
+    return store.execute(conn, "list_tenants_page", {"after": after, "limit": limit, "tenant": tenant})
+
+
+def _read_tenant(conn: Any, tenant: str) -> Tenant:
+    """``tenant`` as ``GET /v1/tenants`` lists it (the answer to a write of it)."""
+    [row] = _tenant_page(conn, after=None, limit=1, tenant=tenant)
+    return _tenant(row)
 
 
 @router.get("/v1/tenants", response_model=TenantPage, summary="List tenants")
@@ -133,32 +173,49 @@ def list_tenants(
     """Tenants by name, a page at a time (`next_cursor` null on the last page)."""
     after = _cursor_key(cursor, _is_tenant)
     with db(request) as conn:
-        rows = store.execute(conn, "list_tenants_page", {"after": after, "limit": limit + 1})
+        rows = _tenant_page(conn, after=after, limit=limit + 1)
     items, next_cursor = page_of(rows, limit, lambda row: row["tenant"])
     return TenantPage(items=[_tenant(r) for r in items], next_cursor=next_cursor)
 
 
 @router.post("/v1/tenants", status_code=201, response_model=Tenant, summary="Create a tenant")
 def create_tenant(request: Request, _: Admin, body: TenantCreate) -> Tenant:
-    """As `scheduler tenants add`; 409 if the tenant exists (change it with PATCH)."""
+    """As `scheduler tenants add`; 409 if the tenant exists (change it with PATCH).
+    The answer is the tenant as `GET /v1/tenants` lists it."""
     with db(request) as conn:
         created = jobs.add_tenant(conn, body.tenant, body.weight, body.max_rate)
-    if not created:
-        raise ConflictError(f"tenant: {body.tenant!r} exists; PATCH /v1/tenants/{body.tenant} to change it")
-    return Tenant(tenant=body.tenant, weight=body.weight, max_rate=body.max_rate, jobs=0)
+        if not created:
+            raise ConflictError(f"tenant: {body.tenant!r} exists; PATCH /v1/tenants/{body.tenant} to change it")
+        return _read_tenant(conn, body.tenant)
 
 
-@router.patch("/v1/tenants/{tenant:path}", response_model=Tenant, summary="Change a tenant")
+@router.patch("/v1/tenants/{tenant:tenant_name}", response_model=Tenant, summary="Change a tenant")
 def update_tenant(request: Request, _: Admin, tenant: str, body: TenantUpdate) -> Tenant:
-    """As `scheduler tenants set`: `weight`, `max_rate` (null: no cap); 404 for an unknown tenant."""
+    """As `scheduler tenants set`: `weight`, `max_rate` (null: no cap), `max_schedules` (null:
+    the default quota); the fields not given are kept. 404 for an unknown tenant. The answer
+    is the tenant as `GET /v1/tenants` lists it."""
     validate_tenant(tenant)
     given = body.model_fields_set
     if not given:
-        raise ValidationError("body", "give weight and/or max_rate")
-    clear = "max_rate" in given and body.max_rate is None
+        raise ValidationError("body", "give weight, max_rate and/or max_schedules")
+    if "weight" in given and body.weight is None:
+        raise ValidationError(
+            "weight", "must be a whole number from 1 to 1000 (null removes nothing: a tenant always has a weight)"
+        )
+    quota = body.max_schedules
+    if quota is not None and not 0 <= quota <= jobs.MAX_SCHEDULES_LIMIT:
+        raise ValidationError("max_schedules", f"must be a whole number from 0 to {jobs.MAX_SCHEDULES_LIMIT}", quota)
     with db(request) as conn:
-        row = jobs.set_tenant(conn, tenant, weight=body.weight, max_rate=body.max_rate, clear_max_rate=clear)
-    return _tenant(row)
+        jobs.set_tenant(
+            conn,
+            tenant,
+            weight=body.weight,
+            max_rate=body.max_rate,
+            clear_max_rate="max_rate" in given and body.max_rate is None,
+            max_schedules=quota,
+            clear_max_schedules="max_schedules" in given and quota is None,
+        )
+        return _read_tenant(conn, tenant)
 
 
 # ---------------------------------------------------------------- keys

@@ -7,7 +7,8 @@ the admin endpoints (:mod:`scheduler.api.admin`) and ``/v1/explain``
 :mod:`scheduler.api.errors`; the body limit of :mod:`scheduler.api.limits`;
 and on ``app.state``: ``pool`` (a ``psycopg_pool.ConnectionPool`` opened
 while the app runs), ``keys`` (:class:`scheduler.api.keys.KeyVerifier`),
-``limiter`` (:class:`scheduler.api.limits.RateLimiter`), ``settings``
+``limiter`` (:class:`scheduler.api.limits.RateLimiter`), ``auth_throttle``
+(:class:`scheduler.api.limits.AuthThrottle`), ``settings``
 (:class:`scheduler.settings.ApiSettings`), ``push_policy`` (the SSRF allowlist
 of schedules' URL targets at save time, from ``push_allow``).
 
@@ -32,7 +33,7 @@ from scheduler import __version__, store
 from scheduler.api import admin, errors, explain, inputs, runs, schedules
 from scheduler.api.deps import Authenticate
 from scheduler.api.keys import KeyVerifier
-from scheduler.api.limits import BodyLimit, RateLimiter
+from scheduler.api.limits import AuthThrottle, BodyLimit, RateLimiter
 from scheduler.delivery.ssrf import AddressPolicy
 from scheduler.settings import ApiSettings
 from scheduler.store.session import PREPARE_THRESHOLD
@@ -57,7 +58,10 @@ COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
         (409, "The request conflicts with what the store holds (e.g. the name exists)."),
         (413, "Request body over the limit (1 MiB)."),
         (422, "Invalid input: `field` and `detail` name the field and the rule."),
-        (429, "Over the key's rate: `Retry-After` says when to retry."),
+        (
+            429,
+            "Over the key's rate, or too many failed authentications from the address: `Retry-After` says when.",
+        ),
     )
 }
 COMMON_RESPONSES[401]["headers"] = {
@@ -65,7 +69,7 @@ COMMON_RESPONSES[401]["headers"] = {
 }
 COMMON_RESPONSES[429]["headers"] = {
     "Retry-After": {
-        "description": "Whole seconds until the key may send again (at least 1).",
+        "description": "Whole seconds until the key (or the address) may send again (at least 1).",
         "schema": {"type": "integer", "minimum": 1},
         "required": True,
     }
@@ -127,12 +131,16 @@ def create_app(dsn: str, *, settings: ApiSettings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        # Paths are exact: a trailing slash is a 404 (errors.py says so), never a redirect
+        # (Starlette's is absolute, built from Host and the socket's scheme: http:// behind TLS).
+        redirect_slashes=False,
         dependencies=[Depends(inputs.check_request_text)],
     )
     app.state.settings = api
     app.state.pool = _pool(dsn, api.pool_size)
     app.state.keys = KeyVerifier()
     app.state.limiter = RateLimiter(api.rate_per_s, api.burst)
+    app.state.auth_throttle = AuthThrottle(api.auth_fail_rate_per_s, api.auth_fail_burst)
     app.state.push_policy = AddressPolicy.parse(api.push_allow)
     errors.install(app)
     for module in (schedules, runs, explain, admin):

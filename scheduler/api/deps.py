@@ -6,7 +6,9 @@
   ``Authorization: Bearer <token>`` is checked
   (:class:`scheduler.api.keys.KeyVerifier`) and a token taken from the
   key's rate bucket (429 beyond) before the request is routed or its body
-  read;
+  read; a client address over its budget of failed authentications
+  (:class:`scheduler.api.limits.AuthThrottle`) is a 429 before its key is
+  looked at;
 * :func:`tenant_principal`, :func:`worker_principal`, :func:`admin_principal`,
   :func:`any_principal`: the request's principal (authenticated here if the
   middleware did not) with its role checked (403). No key, a malformed,
@@ -75,19 +77,24 @@ def bearer_token(authorization: str | None) -> str | None:
     return token.strip() or None
 
 
-def authenticate(app: Any, authorization: str | None) -> Principal:
-    """The principal of an ``Authorization`` header value, its key's rate taken.
+def authenticate(app: Any, authorization: str | None, client: str | None) -> Principal:
+    """The principal of an ``Authorization`` header value sent from address ``client`` (None:
+    unknown), its key's rate taken.
 
-    Raises :class:`~scheduler.api.errors.Unauthorized` (401: no key, malformed,
-    unknown, wrong, revoked) or a 429 :class:`~scheduler.api.errors.ApiError`;
-    store errors as the store raises them. Blocking (reads the store on a
-    cache miss): call it from a worker thread.
+    Raises a 429 :class:`~scheduler.api.errors.ApiError` before the key is looked
+    at while ``client`` is over its budget of failed authentications
+    (``app.state.auth_throttle``); :class:`~scheduler.api.errors.Unauthorized`
+    (401: no key, malformed, unknown, wrong, revoked; counted against
+    ``client``); a 429 when the key is over its rate; store errors as the
+    store raises them. Blocking (reads the store on a cache miss): call it
+    from a worker thread.
     """
+    throttle = app.state.auth_throttle
+    throttle.check(client)
     token = bearer_token(authorization)
-    if token is None:
-        raise Unauthorized()
-    principal = app.state.keys.verify(app.state.pool.connection, token)
+    principal = None if token is None else app.state.keys.verify(app.state.pool.connection, token)
     if principal is None:
+        throttle.failed(client)
         raise Unauthorized()
     app.state.limiter.check(principal.key_id)
     return principal
@@ -109,8 +116,9 @@ class Authenticate:
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
                 authorization = value.decode("latin-1")
+        client = scope.get("client")
         try:
-            principal = await run_in_threadpool(authenticate, scope["app"], authorization)
+            principal = await run_in_threadpool(authenticate, scope["app"], authorization, client and client[0])
         except ApiError as exc:
             response = problem(exc.status, exc.detail, title=exc.title, field=exc.field, headers=exc.headers)
         except (psycopg.OperationalError, StoreError) as exc:
@@ -136,13 +144,15 @@ def _authenticate(
     cached = getattr(request.state, "principal", None)
     if isinstance(cached, Principal):
         return cached
-    principal = authenticate(request.app, request.headers.get("authorization"))
+    client = request.client.host if request.client else None
+    principal = authenticate(request.app, request.headers.get("authorization"), client)
     request.state.principal = principal
     return principal
 
 
 def _forbidden(role: str, allowed: str) -> ApiError:
-    return ApiError(403, "Forbidden", f"role: a {role} key cannot use this endpoint (it needs {allowed})")
+    article = "an" if role[:1] in "aeiou" else "a"
+    return ApiError(403, "Forbidden", f"role: {article} {role} key cannot use this endpoint (it needs {allowed})")
 
 
 Authenticated = Annotated[Principal, Depends(_authenticate)]

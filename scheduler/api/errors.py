@@ -16,7 +16,8 @@ Mapping (:func:`install`):
   a body that is not JSON or not UTF-8) → 422 naming the field (the
   parameter name, or the body path such as ``items[0].name``) and the rule;
 * Starlette's HTTP errors (unknown path 404, method 405, body too large
-  413) → that status;
+  413) → that status; paths are exact: one with a trailing slash is a 404
+  saying so (the app never redirects);
 * the store unreachable or failing after retries → 503;
 * anything else → 500 with no internals (the exception is logged).
 """
@@ -176,6 +177,8 @@ def _rule(error: dict[str, Any]) -> str:
         return f"must be one of {ctx.get('expected', '')}".replace("'", "")
     if kind == "string_pattern_mismatch":
         return f"must match {ctx.get('pattern')}"
+    if kind == "value_error" and ctx.get("error") is not None:
+        return str(ctx["error"])  # an API validator's own rule, without pydantic's "Value error, "
     message = str(error.get("msg", "is invalid"))
     return message[:1].lower() + message[1:]
 
@@ -240,7 +243,11 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
         return problem(422, "body: must be valid JSON (UTF-8)", field="body")
     detail = exc.detail if isinstance(exc.detail, str) and exc.detail != _reason(exc.status_code) else None
     if exc.status_code == 404 and detail is None:
-        detail = f"path: no such resource {clip(request.url.path)}"
+        path = request.url.path
+        detail = f"path: no such resource {clip(path)}"
+        raw_path = request.scope.get("raw_path") or b""
+        if len(path) > 1 and raw_path.endswith(b"/"):  # as sent: %2F is a name's slash, not the path's
+            detail += f" (paths take no trailing slash: {clip(path.rstrip('/'))})"
     if exc.status_code == 405 and detail is None:
         detail = f"method: {request.method} is not allowed on {clip(request.url.path)}"
     field = "body" if exc.status_code == 413 else None

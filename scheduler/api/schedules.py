@@ -331,7 +331,11 @@ class TriggerRequest(BaseModel):
         _schema({"type": "string", "minLength": 1, "maxLength": manual.MAX_REQUEST_ID_LEN}),
         Field(description="Deduplicates: the same id again makes no second run (default: a new UUID)."),
     ] = None
-    force: StrictBool = Field(False, description="Run even if the overlap policy would skip it.")
+    force: StrictBool = Field(
+        False,
+        description="Deliver the run at once even if the overlap policy would skip it (forbid) or hold it "
+        "(buffer_one); replace still cancels unfinished runs. request_id still deduplicates.",
+    )
     wait_s: Annotated[
         Any,
         _number(0, MAX_TRIGGER_WAIT_S, inclusive=True),

@@ -4,6 +4,9 @@
 Loopback by default. TLS: uvicorn's own ``ssl_certfile``/``ssl_keyfile``
 (``scheduler api --ssl-certfile --ssl-keyfile``), or a reverse proxy
 terminating TLS in front of a loopback listener (docs/api.md, "Running").
+``X-Forwarded-For``/``-Proto`` are believed only from the proxies
+``ApiSettings.forwarded_allow_ips`` names (none by default: the client is
+the socket peer).
 """
 
 from __future__ import annotations
@@ -46,12 +49,18 @@ def bind(host: str, port: int) -> socket.socket:
 
 def _config(app: Any, **uvicorn_options: Any) -> uvicorn.Config:
     # log_config None: uvicorn leaves logging to the project (scheduler.log); its records propagate.
+    # Forwarded headers only from the proxies the settings name (uvicorn's default believes
+    # 127.0.0.1, or FORWARDED_ALLOW_IPS): otherwise the socket peer is the client, so no client
+    # picks its own address (the failed-authentication throttle is per address).
+    trusted = app.state.settings.forwarded_allow_ips.strip()
     options = {
         "log_level": "warning",
         "access_log": False,
         "server_header": False,
         "lifespan": "on",
         "log_config": None,
+        "proxy_headers": bool(trusted),
+        "forwarded_allow_ips": trusted or None,
     }
     options.update(uvicorn_options)
     # h11 bounds header size and count; the default limit of incomplete events is 16 kB per header block.

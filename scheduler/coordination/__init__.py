@@ -8,6 +8,8 @@ The package
   every method declared, and :class:`CoordinatorBase` (no-op defaults for the
   optional ones: ``prune``, ``preflight``, the membership watch);
 * :mod:`~scheduler.coordination.loop`: :class:`LeaseLoop`;
+* :mod:`~scheduler.coordination.rewind`: noticing a store that went back in
+  time (asynchronous failover, restored backup): logged and counted;
 * :mod:`~scheduler.coordination.sql`: :class:`SqlCoordinator` (the default);
 * :mod:`~scheduler.coordination.etcd` (with ``etcd_link``, ``etcd_mirror``,
   ``etcd_keys``): ``EtcdCoordinator`` (the optional ``etcd`` extra);
@@ -76,6 +78,11 @@ leases; it claims afresh (new epochs) once they are free or expired.
 
 Failure: if the store is unreachable, renewals fail, leases reach their local
 deadline and the node stops firing; another node claims them after the TTL.
+When the store comes back after a gap longer than ``responsive_s`` between
+two heartbeats, a node heartbeats, renews what it still holds, and waits one
+``responsive_s`` for its peers' heartbeats before it computes its share
+(:class:`LeaseLoop`, "Rejoining after a gap"), so the first node back does
+not claim every expired lease.
 Crash failover lateness is bounded by TTL + poll + tick ≈ 12 s (§6).
 """
 

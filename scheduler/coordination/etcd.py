@@ -85,7 +85,7 @@ from scheduler.coordination.etcd_link import EtcdLink, aetcd
 from scheduler.coordination.etcd_member import EtcdMember
 from scheduler.coordination.etcd_mirror import EtcdMirror
 from scheduler.coordination.etcd_partitions import MAX_TXN_OPS, PartitionKeys
-from scheduler.coordination.protocol import CoordinatorBase, release_lease_rows
+from scheduler.coordination.protocol import CoordinatorBase, read_fences, release_lease_rows
 from scheduler.coordination.table import Lease
 from scheduler.errors import ConfigError, CoordinatorError, EpochRegressionError, SchedulerError
 from scheduler.metrics import Metrics
@@ -348,6 +348,10 @@ class EtcdCoordinator(CoordinatorBase):
             if self._held.get(lease.partition_id) == lease.epoch:
                 del self._held[lease.partition_id]
         return deleted
+
+    def fences(self, partition_ids: list[int]) -> dict[int, tuple[str | None, int]]:
+        """The store's fence rows of ``partition_ids`` (:func:`read_fences`: the epochs live in the store)."""
+        return read_fences(self._session, partition_ids)
 
     # ------------------------------------------------------------------ close
 

@@ -10,6 +10,7 @@ import psycopg
 from scheduler import log
 from scheduler.clock import Clock
 from scheduler.coordination.protocol import Coordinator
+from scheduler.coordination.rewind import RewindWatch
 from scheduler.coordination.table import Lease, LeaseTable, fair_share
 from scheduler.errors import SchedulerError
 from scheduler.metrics import Metrics
@@ -36,6 +37,36 @@ class LeaseLoop:
     ``on_claimed`` is called after partitions are claimed, so the firing loop
     can tick at once instead of waiting for its next second: overdue jobs of a
     dead node fire one poll after its TTL, not one poll plus one tick.
+
+    **Rejoining after a gap.** When this node's heartbeat succeeds again
+    more than :attr:`Settings.responsive_s` after its previous one (the store
+    or etcd was out of reach, or the node was frozen), it does not trust the
+    membership it reads at once: its peers, cut off by the same outage, have
+    heartbeats just as old, so they do not count yet, and every lease in the
+    store may have expired. Claiming then would take the peers' partitions
+    wholesale (a share of 1,024 for the first node back) only for them to
+    be lost by their owners and released again by the claimer. So the node
+    first heartbeats, then waits one ``responsive_s`` (``store_rejoined`` is
+    logged) before it computes its share and claims or drains; meanwhile it
+    renews what it still validly holds (a renewal is keyed on node and
+    epoch, so an expired lease nobody took is renewed) and fires it. The
+    threshold is the responsiveness interval, not the TTL: a gap longer than
+    ``responsive_s`` is exactly when peers sharing the outage stop counting,
+    and some of their leases may already have expired when the gap is still
+    shorter than the TTL (a lease expires one TTL after its last renewal,
+    which may precede the outage by up to ``renew_interval_s``). A
+    rebalance is also skipped while this node's own heartbeat is older than
+    ``responsive_s`` (a poll that finds the store back before the next
+    heartbeat waits for it: heartbeat first). The cost: after such a gap,
+    partitions of a node that died meanwhile are claimed ``responsive_s``
+    later.
+
+    **A store that went back in time** (:mod:`scheduler.coordination.rewind`):
+    the loop remembers the epochs it was granted (:class:`RewindWatch`) and
+    compares them with a claim's result, and with the fence rows
+    (:meth:`Coordinator.fences`) of leases a renewal missed and, on the first
+    renewal after a store error, of every partition it remembers; a rewind
+    is logged (``store_rewound``) and counted, and the loop carries on.
 
     A coordinator that *watches* membership and leases (etcd: its
     :attr:`~Coordinator.watches_membership` is True) gets :meth:`wake` as its
@@ -66,6 +97,9 @@ class LeaseLoop:
         self._joined = False
         self.last_heartbeat_mono = 0.0
         """Monotonic time (seconds) of the last successful heartbeat; 0.0 before one."""
+        self._rejoin_until = 0.0  # monotonic: no share computed before it (after a gap, see above)
+        self._rewind = RewindWatch(settings.node_id, metrics)
+        self._store_failed = False  # a store call failed since the last rewind check of every partition
         self._claiming = True
         self._drain_reason: dict[str, object] = {"reason": "over_share"}
         self._wake = threading.Event()
@@ -97,7 +131,7 @@ class LeaseLoop:
                 self._next_renew = now + self._s.renew_interval_s
             if now >= self._next_poll or self._poll_requested:
                 self._poll_requested = False
-                self._rebalance()
+                self._rebalance(now)
                 self._next_poll = now + self._s.poll_interval_s
             releasable = self._table.releasable()
             if releasable:
@@ -112,6 +146,7 @@ class LeaseLoop:
                 component="lease",
                 error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
             )
+            self._store_failed = True
             # Try again soon; the table's deadlines keep firing safe meanwhile.
             self._next_renew = now + min(1.0, self._s.renew_interval_s)
             self._next_poll = now + self._s.poll_interval_s
@@ -122,13 +157,14 @@ class LeaseLoop:
         """Heartbeat, then renew every held lease (draining ones too), each its own transaction."""
         beat = self._coord.heartbeat()
         if beat:
-            self.last_heartbeat_mono = now
+            self._heard(now)
         held = list(self._table.held().values())
         sent = self._clock.monotonic()
         renewed = self._coord.renew(held)
         if not beat:
-            self.last_heartbeat_mono = now
+            self._heard(now)
         self._table.grant(renewed, sent, self._s.lease_ttl_s)
+        self._rewind.granted(renewed)
         kept = {pid for pid, _ in renewed}
         lost = [lease for lease in held if lease.partition_id not in kept]
         if lost:
@@ -142,6 +178,30 @@ class LeaseLoop:
                 sample=[lease.partition_id for lease in lost[:8]],
             )
         self._metrics.lease_events.labels(kind="renewed").inc(len(renewed))
+        # Rewind check (module rewind): the fences of what a renewal missed, and, after a store
+        # error (a reconnect, perhaps to a promoted standby), of every partition remembered.
+        check = {lease.partition_id for lease in lost}
+        if self._store_failed:
+            check.update(self._rewind.known())
+        if check:
+            self._rewind.check_fences(self._coord.fences(sorted(check)))
+        self._store_failed = False
+
+    def _heard(self, now: float) -> None:
+        """A heartbeat succeeded at ``now``; after a gap over ``responsive_s``, start the rejoin wait."""
+        previous, self.last_heartbeat_mono = self.last_heartbeat_mono, now
+        wait = self._s.responsive_s
+        if previous and now - previous > wait:
+            self._rejoin_until = now + wait
+            log.event(
+                "store_rejoined",
+                logging.WARNING,
+                node=self._s.node_id,
+                gap_s=round(now - previous, 3),
+                wait_s=wait,
+                held=len(self._table),
+                note="heartbeat sent; waiting one responsiveness interval for the peers' before claiming",
+            )
 
     def stop_claiming(self) -> None:
         """Keep renewing but claim nothing more (the node is stopping).
@@ -151,7 +211,14 @@ class LeaseLoop:
         """
         self._claiming = False
 
-    def _rebalance(self) -> None:
+    def _rebalance(self, now: float) -> None:
+        """Compute the share over the live nodes; claim up to it or drain above it.
+
+        Skipped (nothing read) while this node's heartbeat is older than
+        ``responsive_s`` or its rejoin wait lasts (see the class docstring).
+        """
+        if now - self.last_heartbeat_mono > self._s.responsive_s or now < self._rejoin_until:
+            return
         live = self._coord.live_nodes()
         if self._coord.node_id not in live:
             live.append(self._coord.node_id)
@@ -161,6 +228,7 @@ class LeaseLoop:
         if len(held) < share and self._claiming:
             sent = self._clock.monotonic()
             claimed = self._coord.claim(share - len(held))
+            self._rewind.check_claimed(claimed)
             if claimed:
                 self._table.grant(claimed, sent, self._s.lease_ttl_s)
                 self._metrics.lease_events.labels(kind="claimed").inc(len(claimed))

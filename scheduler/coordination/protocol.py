@@ -84,6 +84,11 @@ class Coordinator(Protocol):
         """Release ``leases``; return the partition ids actually released."""
         ...
 
+    def fences(self, partition_ids: list[int]) -> dict[int, tuple[str | None, int]]:
+        """The store's fence rows ``{partition: (owner node, epoch)}`` of ``partition_ids``
+        (one read; the lease loop's rewind check, :mod:`scheduler.coordination.rewind`)."""
+        ...
+
     def prune(self) -> None:
         """Forget members dead for ``Settings.node_prune_after_s`` (the lease loop
         calls it about once a minute)."""
@@ -105,7 +110,7 @@ class CoordinatorBase:
     (True) and :meth:`set_on_change`; one with dead members to forget
     overrides :meth:`prune`; one that can refuse a start overrides
     :meth:`preflight`. The required methods (join, heartbeat, renew,
-    live_nodes, claim, release, leave, close) have no default.
+    live_nodes, claim, release, fences, leave, close) have no default.
     """
 
     @property
@@ -143,3 +148,15 @@ def release_lease_rows(session: store.StoreSession, node_id: str, leases: list[L
         )
     )
     return [row["partition_id"] for row in rows]
+
+
+def read_fences(session: store.StoreSession, partition_ids: list[int]) -> dict[int, tuple[str | None, int]]:
+    """The fence rows of ``partition_ids`` (``select_fences``, one read in a transaction of
+    ``session``): ``{partition: (owner node or None, epoch)}``; ``{}`` for no ids.
+    Both coordinators answer :meth:`Coordinator.fences` this way."""
+    if not partition_ids:
+        return {}
+    rows = session.transaction(
+        lambda conn: store.execute(conn, "select_fences", {"partition_ids": list(partition_ids)})
+    )
+    return {row["partition_id"]: (row["owner_node"], row["owner_epoch"]) for row in rows}

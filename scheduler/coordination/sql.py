@@ -10,7 +10,8 @@ import psycopg
 
 from scheduler import store
 from scheduler.clock import Clock, SystemClock
-from scheduler.coordination.protocol import CoordinatorBase, release_lease_rows
+from scheduler.coordination.protocol import CoordinatorBase, read_fences, release_lease_rows
+from scheduler.coordination.rewind import RenewalWatermarks
 from scheduler.coordination.table import Lease
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
@@ -27,7 +28,10 @@ class SqlCoordinator(CoordinatorBase):
     separate transactions, heartbeat first, and neither touches the
     ``partitions`` rows the firing fence locks: only a claim does. Store
     times (heartbeat, expiry, "expired") are the store's clock, or the
-    ``clock``'s pin in tests (:class:`StoreSession`).
+    ``clock``'s pin in tests (:class:`StoreSession`). Each renewal also
+    checks that the store still holds what the previous one wrote
+    (:class:`~scheduler.coordination.rewind.RenewalWatermarks`: a store
+    that went back in time is logged and counted).
     """
 
     def __init__(self, settings: Settings, metrics: Metrics, clock: Clock | None = None) -> None:
@@ -36,6 +40,7 @@ class SqlCoordinator(CoordinatorBase):
         self._session = StoreSession(settings, metrics, self._clock)
         self.node_id = settings.node_id
         self.incarnation = uuid.uuid4()
+        self._watermarks = RenewalWatermarks(settings.node_id, metrics)
 
     def _tx(self, body):
         """Run ``body(conn)`` in a transaction of the store session (retried on 40001)."""
@@ -63,7 +68,11 @@ class SqlCoordinator(CoordinatorBase):
         return True
 
     def renew(self, leases: list[Lease]) -> list[tuple[int, int]]:
-        """One ``renew_leases`` statement over ``leases`` (lease rows only); the pairs renewed."""
+        """One ``renew_leases`` statement over ``leases`` (lease rows only); the pairs renewed.
+
+        The rows' ``renewed_at`` before the update are checked against what
+        this node's previous renewal (or claim) wrote (:class:`RenewalWatermarks`).
+        """
         if not leases:
             return []
         rows = self._tx(
@@ -79,6 +88,7 @@ class SqlCoordinator(CoordinatorBase):
                 },
             )
         )
+        self._watermarks.check(rows)
         return [(row["partition_id"], row["owner_epoch"]) for row in rows]
 
     def live_nodes(self) -> list[str]:
@@ -117,10 +127,15 @@ class SqlCoordinator(CoordinatorBase):
                 },
             )
         )
+        self._watermarks.claimed(rows)
         return [(row["partition_id"], row["owner_epoch"]) for row in rows]
 
     def release(self, leases: list[Lease]) -> list[int]:
         return release_lease_rows(self._session, self.node_id, leases)
+
+    def fences(self, partition_ids: list[int]) -> dict[int, tuple[str | None, int]]:
+        """The fence rows of ``partition_ids`` (:func:`read_fences`)."""
+        return read_fences(self._session, partition_ids)
 
     def leave(self) -> None:
         self._tx(

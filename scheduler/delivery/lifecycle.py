@@ -22,15 +22,18 @@ Every function takes a connection, runs one transaction (retried whole on
 safe to repeat: a retry finds the work done, or answers it from the same
 token) and raises what the store raises. Batches are lists: a worker acks
 hundreds of runs in one statement (a transaction per ack would not reach
-12,000 runs/s on two cores). A claim joins its picked runs to ``runs`` by
-primary-key probes only (:func:`scheduler.store.execute_probing`), so it
-costs the same whether ``runs`` holds a thousand pending runs or millions. ``now`` (aware) is the store clock's pin in
+12,000 runs/s on two cores). A claim joins its picked runs, and a
+heartbeat, ack or nack its pairs, to ``runs`` by primary-key probes only
+(:func:`scheduler.store.execute_probing`), so each costs the same whether
+``runs`` holds a thousand pending or leased runs or millions, and whatever
+the table's statistics say. ``now`` (aware) is the store clock's pin in
 tests; production passes None (the statement's timestamp).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -78,9 +81,11 @@ class RunKey:
     job_id: uuid.UUID
     nominal_time: datetime
 
-    @property
+    @functools.cached_property
     def run_id(self) -> str:
-        """``<job_id>.<nominal time in integer Unix microseconds>``: stable, never re-rolled."""
+        """``<job_id>.<nominal time in integer Unix microseconds>``: stable, never re-rolled.
+
+        Computed once per key (a worker asks it several times per run)."""
         delta = self.nominal_time - _EPOCH
         micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
         return f"{self.job_id}.{micros}"
@@ -296,7 +301,7 @@ def _answers(
         raise ValidationError("runs", f"at most {MAX_BATCH} runs per call", len(pairs))
     keys = [p if isinstance(p, RunKey) else RunKey.parse(p) for p, _ in pairs]  # each run id parsed once
     arrays = _key_arrays(keys, [token for _, token in pairs])
-    rows = store.run_transaction(conn, lambda c: store.execute(c, name, {**arrays, **params, "tenant": tenant}))
+    rows = store.run_transaction(conn, lambda c: store.execute_probing(c, name, {**arrays, **params, "tenant": tenant}))
     return {keys[row["i"] - 1].run_id: row["answer"] for row in rows}
 
 

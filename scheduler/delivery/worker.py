@@ -78,6 +78,7 @@ the handler's effect idempotent on it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import importlib
 import inspect
@@ -837,22 +838,27 @@ class Worker:
         finally:
             self._sending -= 1
         done = "succeeded" if kind == "ack" else "failed"
+        counts: collections.Counter[str] = collections.Counter()
         for f in batch:
             answer = answers.get(f.run_id, "lost")
             outcome = answer if answer in ("succeeded", "failed", "canceled") else "lost"
             if outcome != done:
                 log.event(f"{kind}_refused", worker=self.worker_id, run_id=f.run_id, answer=answer)
-            self._settle(f, outcome, gauge=False)
+            self._settle(f, outcome, count=False)
+            counts[outcome] += 1
+        for outcome, n in counts.items():  # one increment per outcome and batch, not per run
+            self._outcomes[outcome].inc(n)
         self.metrics.inflight.set(len(self._inflight))
         self._wake.set()
 
-    def _settle(self, f: _InFlight, outcome: str, gauge: bool = True) -> None:
-        """The attempt is over for this worker: count it by ``outcome``, stop heartbeating it."""
+    def _settle(self, f: _InFlight, outcome: str, count: bool = True) -> None:
+        """The attempt is over for this worker: stop heartbeating it; with ``count``, count it by
+        ``outcome`` and update the in-flight gauge (a batch does both once, itself)."""
         f.outcome = outcome
         if self._inflight.get(f.run_id) is f:
             del self._inflight[f.run_id]
-        self._outcomes[outcome].inc()
-        if gauge:
+        if count:
+            self._outcomes[outcome].inc()
             self.metrics.inflight.set(len(self._inflight))
 
     def _abandon(self, f: _InFlight, outcome: str, why: str) -> None:

@@ -90,7 +90,7 @@ SET owner_node = %(node_id)s,
 FROM bumped AS b
 WHERE l.partition_id = b.partition_id
   AND (l.owner_node IS NULL OR l.lease_expires_at <= coalesce(%(now)s::timestamptz, now()))
-RETURNING l.partition_id, l.owner_epoch;
+RETURNING l.partition_id, l.owner_epoch, l.renewed_at;
 
 -- name: claim_partitions_at_epoch
 -- Coordinators with an external epoch source (etcd: the claim's revision).
@@ -123,15 +123,20 @@ RETURNING l.partition_id, l.owner_epoch;
 -- a lease whose epoch moved on (taken over) is simply not returned. Writes
 -- only lease rows, never the partition rows the firing fence locks, so the
 -- fence's share locks cannot make a renewal wait. The new expiry counts
--- from store time %(now)s (NULL: now()).
+-- from store time %(now)s (NULL: now()). Returns, per lease renewed, its
+-- renewed_at before (prior_renewed_at: the statement's snapshot, through
+-- the self-join) and after: the node compares the prior value with what its
+-- last renewal wrote, to notice a store that lost that write
+-- (scheduler/coordination/rewind.py).
 UPDATE leases AS l
 SET lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(ttl_s)s * interval '1 second',
     renewed_at = coalesce(%(now)s::timestamptz, now())
-FROM unnest(%(partition_ids)b::int4[], %(epochs)b::int8[]) AS r (pid, epoch)
+FROM unnest(%(partition_ids)b::int4[], %(epochs)b::int8[]) AS r (pid, epoch), leases AS prior
 WHERE l.partition_id = r.pid
   AND l.owner_epoch = r.epoch
   AND l.owner_node = %(node_id)s
-RETURNING l.partition_id, l.owner_epoch;
+  AND prior.partition_id = l.partition_id
+RETURNING l.partition_id, l.owner_epoch, prior.renewed_at AS prior_renewed_at, l.renewed_at;
 
 -- name: release_leases
 -- Hand leases back (graceful stop, or over the fair share), keyed on (node,
@@ -145,6 +150,15 @@ WHERE l.partition_id = r.pid
   AND l.owner_epoch = r.epoch
   AND l.owner_node = %(node_id)s
 RETURNING l.partition_id;
+
+-- name: select_fences
+-- The fence rows (owner, epoch) of %(partition_ids)s, by partition: the
+-- lease loop compares them with the epochs it was granted, after a renewal
+-- missed leases and after a reconnect (scheduler/coordination/rewind.py).
+SELECT partition_id, owner_node, owner_epoch
+FROM partitions
+WHERE partition_id = ANY(%(partition_ids)b::int4[])
+ORDER BY partition_id;
 
 -- name: partition_status
 -- Every partition with its lease's owner, the fence's epoch, and the
@@ -843,11 +857,14 @@ WHERE key_id = %(key_id)s
 
 -- name: list_tenants_page
 -- Tenants after %(after)s (NULL: from the first) by name, at most %(limit)s,
--- with weight, rate cap and live job count (the HTTP API's paged list).
-SELECT t.tenant, t.weight, t.max_rate, t.created_at,
+-- only %(tenant)s unless NULL, with weight, rate cap, schedule quota (NULL:
+-- the default) and live job count (the HTTP API's paged list, and its
+-- answer to a tenant write).
+SELECT t.tenant, t.weight, t.max_rate, t.max_schedules, t.created_at,
        (SELECT count(*) FROM jobs AS j WHERE j.tenant = t.tenant AND j.deleted_at IS NULL) AS jobs
 FROM tenants AS t
 WHERE (%(after)s::text IS NULL OR t.tenant > %(after)s)
+  AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
 ORDER BY t.tenant
 LIMIT %(limit)s;
 
@@ -1812,7 +1829,12 @@ ORDER BY c.nominal_time, c.job_id;
 -- again (the CASE branch's subquery), to say why. %(tenant)s (NULL: any)
 -- scopes every read and write to one tenant (the HTTP API's key): another
 -- tenant's run answers 'lost', exactly like a missing one. So do
--- ack_runs and nack_runs.
+-- ack_runs and nack_runs. The state test is written through coalesce so
+-- that no partial index matches it: runs_inflight_idx (leased runs) has
+-- statistics that are stale for a minute after a herd's claims (none
+-- leased), and the planner then read every leased run per batch. With
+-- store.execute_probing, each pair is one runs_pkey probe. So in ack_runs
+-- and nack_runs.
 WITH a AS (
     SELECT *
     FROM unnest(%(pids)s::int4[], %(jids)s::uuid[], %(nominals)s::timestamptz[], %(tokens)s::uuid[])
@@ -1824,7 +1846,7 @@ WITH a AS (
     FROM a
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token
-      AND r.state = 'leased'
+      AND coalesce(r.state, '') = 'leased'
       AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
     RETURNING a.i
 )
@@ -1856,7 +1878,7 @@ WITH a AS (
     FROM a
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token
-      AND r.state = 'leased'
+      AND coalesce(r.state, '') = 'leased'
       AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
     RETURNING a.i
 )
@@ -1893,7 +1915,7 @@ WITH a AS (
     FROM a
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token
-      AND r.state = 'leased'
+      AND coalesce(r.state, '') = 'leased'
       AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
     RETURNING a.i
 )

@@ -6,8 +6,10 @@ Nothing outside this package opens a connection, sends a transaction's
 modules:
 
 * :mod:`~scheduler.store.dsn`: check a DSN before connecting, redact its
-  password, map it for SQLAlchemy (migrations) and libpq.
-* :mod:`~scheduler.store.session`: :func:`connect`, :func:`node_connect`
+  password, name its SQLAlchemy dialect (migrations), describe a failed
+  connection (:func:`connect_error`: every host of a multi-host DSN).
+* :mod:`~scheduler.store.session`: :func:`connect`, :func:`sqlalchemy_engine`
+  (the migrations' connections, opened by :func:`connect`), :func:`node_connect`
   (the one builder of a node's sessions: timeouts, keepalives, the
   watchdog's bounds) and :class:`StoreSession` (a node session opened on
   first use, reopened after a failure; its transactions retried).
@@ -42,13 +44,14 @@ from scheduler.store.check import (
 from scheduler.store.dsn import (
     DSN_URI_AT_RULE,
     check_dsn,
+    connect_error,
     dsn_secrets,
     first_line,
     libpq_dsn,
     redact_dsn,
     redact_text,
     secret_spellings,
-    sqlalchemy_url,
+    sqlalchemy_dialect,
 )
 from scheduler.store.pipeline import Pipeline, Sent, resend
 from scheduler.store.queries import (
@@ -71,7 +74,7 @@ from scheduler.store.retry import (
     is_retryable,
     run_transaction,
 )
-from scheduler.store.session import StoreSession, connect, keepalive_params, node_connect
+from scheduler.store.session import StoreSession, connect, keepalive_params, node_connect, sqlalchemy_engine
 
 __all__ = [
     "BACKOFF_BASE_S",
@@ -92,6 +95,7 @@ __all__ = [
     "check_node_store",
     "check_schema",
     "connect",
+    "connect_error",
     "dsn_secrets",
     "execute",
     "execute_probing",
@@ -111,6 +115,7 @@ __all__ = [
     "run_transaction",
     "secret_spellings",
     "setup_problem",
-    "sqlalchemy_url",
+    "sqlalchemy_dialect",
+    "sqlalchemy_engine",
     "stream",
 ]

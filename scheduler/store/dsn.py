@@ -1,4 +1,5 @@
-"""DSNs: check one before anything connects with it, redact its password, map it for SQLAlchemy and libpq.
+"""DSNs: check one before anything connects with it, redact its password, name its SQLAlchemy dialect, describe
+a failed connection (every host's failure on one line).
 
 Never print a DSN as given: :func:`redact_dsn` and :func:`redact_text` mask
 every spelling of its password (:func:`secret_spellings`).
@@ -7,7 +8,7 @@ every spelling of its password (:func:`secret_spellings`).
 from __future__ import annotations
 
 import re
-from urllib.parse import quote, quote_plus, unquote, urlencode, urlsplit
+from urllib.parse import quote, quote_plus, unquote, urlsplit
 
 import psycopg
 
@@ -19,6 +20,55 @@ def first_line(exc: BaseException) -> str:
     """The first line of ``exc``'s message (its type's name if it has none)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+_ALL_ATTEMPTS = "Multiple connection attempts failed. All failures were:"
+"""psycopg's line before one line per host it tried (a multi-host DSN)."""
+_PSYCOPG_ATTEMPT = re.compile(
+    r"- host: (?P<host>'[^']*'|None), port: (?P<port>'[^']*'|None), hostaddr: (?:'[^']*'|None): (?P<error>.*)"
+)
+_LIBPQ_ATTEMPT = re.compile(
+    r'connection to server (?:at "(?P<host>[^"]*)"(?: \([^)]*\))?, port (?P<port>\d+)'
+    r'|on socket "(?P<socket>[^"]*)") failed: (?P<reason>.*)'
+)
+
+
+def connect_error(exc: BaseException) -> str:
+    """One line naming each host's failure of a failed connection: ``host:port: reason; host:port: reason``.
+
+    A multi-host DSN (``h1:p1,h2:p2``, ``?host=h1,h2&port=p1,p2``,
+    ``host=h1,h2 port=p1,p2``) makes psycopg try each host in turn; its
+    error then holds one block per attempt (``- host: 'h1', port: 'p1', ...:
+    <libpq's message>``), and libpq's own message one line per address it
+    tried (``connection to server at "h" (addr), port p failed: <reason>``,
+    ``... on socket "/path" failed: <reason>``). Each attempt becomes
+    ``host:port: reason`` (the host and port as the DSN names them when
+    several were tried, else as libpq reports them: psycopg resolves a host
+    name first, so its address; a socket's path), in the order tried,
+    repeated ones once; libpq's hint
+    lines (``Is the server running ...``) are dropped. A message with no
+    such line (``invalid port number: "99999"``) gives its first line
+    (:func:`first_line`). The result is not redacted: pass it through
+    :func:`redact_text`.
+    """
+    lines = str(exc).strip().splitlines()
+    if _ALL_ATTEMPTS in lines:  # the lines above repeat the last attempt
+        lines = lines[lines.index(_ALL_ATTEMPTS) + 1 :]
+    failures: list[str] = []
+    for line in lines:
+        attempt = _PSYCOPG_ATTEMPT.match(line.strip())
+        error = attempt.group("error") if attempt else line.strip()
+        libpq = _LIBPQ_ATTEMPT.search(error)
+        if attempt is not None:
+            host, port = (attempt.group(name).strip("'") for name in ("host", "port"))
+            where = host if port == "None" else f"{host}:{port}"
+        elif libpq is not None:
+            where = libpq.group("socket") or f"{libpq.group('host')}:{libpq.group('port')}"
+        else:
+            continue
+        reason = libpq.group("reason") if libpq is not None else error.removeprefix("connection failed: ")
+        failures.append(f"{where}: {reason.strip()}")
+    return "; ".join(dict.fromkeys(failures)) if failures else first_line(exc)
 
 
 def _uri_userinfo(dsn: str) -> tuple[str, str, str] | None:
@@ -58,7 +108,7 @@ def check_dsn(dsn: str) -> None:
     """Refuse a DSN that cannot mean what it says, before anything connects with it.
 
     Called by every path that opens the store (:func:`connect`, so node
-    sessions, the CLI and the health probe; :func:`sqlalchemy_url`, so
+    sessions, the CLI and the health probe; :func:`sqlalchemy_dialect`, so
     migrations). A URI (``scheme://...``) whose authority holds more than one
     ``@``, or with an ``@`` after its authority (in the path, query or
     fragment), has a user name or password with an unescaped ``@`` (and then
@@ -122,7 +172,7 @@ def dsn_secrets(dsn: str) -> list[str]:
 
 def secret_spellings(dsn: str) -> list[str]:
     """:func:`dsn_secrets`, each also percent-encoded as in a URL (``quote``, ``quote_plus``):
-    the spellings a driver's or SQLAlchemy's error may echo (:func:`sqlalchemy_url` encodes them)."""
+    the spellings a driver's or a library's error may echo."""
     found = dsn_secrets(dsn)
     return list(dict.fromkeys(found + [quote(s, safe="") for s in found] + [quote_plus(s) for s in found]))
 
@@ -144,43 +194,21 @@ def redact_text(text: str, dsn: str) -> str:
     return text
 
 
-def sqlalchemy_url(dsn: str) -> str:
-    """Map a libpq DSN to a SQLAlchemy URL driven by psycopg 3.
+def sqlalchemy_dialect(dsn: str) -> str:
+    """The SQLAlchemy URL naming the dialect for ``dsn``, without any connection parameter.
 
-    ``postgresql://``/``postgres://`` → ``postgresql+psycopg://``;
-    ``cockroachdb://`` → ``cockroachdb+psycopg://`` (needs the
-    ``sqlalchemy-cockroachdb`` package). URLs that already name a driver are
-    returned unchanged. A key=value DSN (``host=db dbname=scheduler
-    user=u password=p``) becomes ``postgresql+psycopg://u:p@db/scheduler``
-    (user and password percent-encoded; a socket directory or several hosts,
-    and every other keyword, as query parameters psycopg receives as they
-    are). The result holds the password: never print it (see
-    :func:`redact_dsn`). Raises :class:`ConfigError` (:func:`check_dsn`) for a
-    DSN libpq would misparse or cannot parse.
+    ``cockroachdb://`` (or ``cockroachdb+<driver>://``) → ``cockroachdb+psycopg://``
+    (needs the ``sqlalchemy-cockroachdb`` package); any other DSN (a
+    ``postgresql://``/``postgres://`` URI, libpq keywords) →
+    ``postgresql+psycopg://``. SQLAlchemy never parses the DSN itself: its
+    connections are opened by libpq from the DSN as written
+    (:func:`scheduler.store.sqlalchemy_engine`), so every form libpq accepts
+    works (several hosts, ``target_session_attrs``, a socket directory), and
+    the URL holds no password. Raises :class:`ConfigError` (:func:`check_dsn`)
+    for a DSN libpq would misparse or cannot parse.
     """
     check_dsn(dsn)
-    for prefix, replacement in (
-        ("postgresql://", "postgresql+psycopg://"),
-        ("postgres://", "postgresql+psycopg://"),
-        ("cockroachdb://", "cockroachdb+psycopg://"),
-    ):
-        if dsn.startswith(prefix):
-            return replacement + dsn[len(prefix) :]
-    if "://" in dsn:
-        return dsn
-    from psycopg.conninfo import conninfo_to_dict
-
-    params = {key: str(value) for key, value in conninfo_to_dict(dsn).items()}  # parses: check_dsn passed
-    user, password, dbname = params.pop("user", None), params.pop("password", None), params.pop("dbname", None)
-    host = port = None
-    if "host" in params and not params["host"].startswith("/") and "," not in params["host"]:
-        host = params.pop("host")
-        if params.get("port", "").isdigit():
-            port = params.pop("port")
-    auth = "" if user is None else quote(user, safe="") + ("" if password is None else ":" + quote(password, safe=""))
-    netloc = (f"{auth}@" if auth else "") + (host or "") + ("" if port is None else f":{port}")
-    query = urlencode(params, quote_via=quote)
-    return f"postgresql+psycopg://{netloc}/{quote(dbname or '', safe='')}" + (f"?{query}" if query else "")
+    return "cockroachdb+psycopg://" if re.match(r"cockroachdb(\+\w+)?://", dsn) else "postgresql+psycopg://"
 
 
 def libpq_dsn(dsn: str) -> str:

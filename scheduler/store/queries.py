@@ -99,7 +99,9 @@ PROBE_JOINS_SQL = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin =
 def execute_probing(conn: psycopg.Connection[Any], name: str, params: dict[str, Any] | None = None) -> list[Row]:
     """:func:`execute` inside the caller's transaction, ``runs`` reached by index probes only (PostgreSQL).
 
-    For a claim (``claim_runs``, ``claim_push``): it locks up to 1,000
+    For a claim (``claim_runs``, ``claim_push``), and a batch of
+    heartbeats, acks or nacks (``heartbeat_runs``, ``ack_runs``,
+    ``nack_runs``): a claim locks up to 1,000
     picked runs, then updates them; the update must find each by one
     primary-key probe, so a claim costs the same whatever ``runs`` holds.
     PostgreSQL's planner, whose cost model assumes uncached random reads
@@ -110,12 +112,13 @@ def execute_probing(conn: psycopg.Connection[Any], name: str, params: dict[str, 
     ``SET LOCAL`` turns hash joins, merge joins and sequential scans off for
     the rest of the caller's transaction (its :func:`run_transaction` body),
     which leaves the planner one sane plan: a nested loop from the picked
-    runs into ``runs_pkey``. Only for statements whose every table has the
-    index the probe needs, and where ``runs`` is not matched by a partial
-    index whose statistics may be stale (an ack's ``state = 'leased'``
-    matches ``runs_inflight_idx``: forced into nested loops, a stale
-    estimate of one leased run made it scan every leased run per acked
-    pair; acks therefore keep the planner's choice). CockroachDB (it
+    runs into ``runs_pkey`` (for a batch: from its pairs). Only for
+    statements whose every table has the index the probe needs, and where
+    ``runs`` is not matched by a partial index whose statistics may be
+    stale: the batch statements test ``coalesce(state, '') = 'leased'``,
+    which no partial index matches (written ``state = 'leased'``, it
+    matched ``runs_inflight_idx``, and forced into nested loops a stale
+    estimate of one leased run made each pair scan every leased run). CockroachDB (it
     reports ``crdb_version`` at connect) has none of these settings and
     plans such joins as lookup joins: nothing is sent there. Raises what
     :func:`execute` raises."""

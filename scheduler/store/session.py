@@ -15,20 +15,23 @@ probe): opened on first use, reopened after a failure.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from scheduler.clock import Clock, SystemClock
 from scheduler.errors import StoreError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.store.dsn import check_dsn, first_line, libpq_dsn, redact_dsn, redact_text
+from scheduler.store.dsn import check_dsn, connect_error, libpq_dsn, redact_dsn, redact_text, sqlalchemy_dialect
 from scheduler.store.queries import Row
 from scheduler.store.retry import run_transaction
 from scheduler.watchdog import CallBounds, Watchdog, WatchedConnection
 from scheduler.watchdog import shared as shared_watchdog
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
 
 T = TypeVar("T")
 
@@ -68,9 +71,15 @@ def connect(
     whose blocking calls ``watchdog`` (default: the process's,
     :func:`scheduler.watchdog.shared`) bounds by ``watch``. Raises
     :class:`ConfigError` for a DSN :func:`check_dsn` refuses (nothing is
-    opened), :class:`StoreError` (with the password and anything the driver
-    echoed of it redacted) if the store cannot be reached. Statements are
-    never prepared server-side (:data:`PREPARE_THRESHOLD`).
+    opened), :class:`StoreError` if the store cannot be reached: one line,
+    ``cannot connect to the store at <DSN, password masked>: <host:port>:
+    <reason>; ...`` naming every host a multi-host DSN lists
+    (:func:`connect_error`), with the password and anything the driver
+    echoed of it redacted. ``dsn`` is handed to libpq as written, so every
+    form it accepts works here: several hosts (``h1:p1,h2:p2``,
+    ``?host=h1,h2&port=p1,p2``, ``host=h1,h2 port=p1,p2``), tried in turn
+    with ``target_session_attrs``. Statements are never prepared server-side
+    (:data:`PREPARE_THRESHOLD`).
     """
     check_dsn(dsn)
     options = []
@@ -94,13 +103,36 @@ def connect(
         )
     except psycopg.Error as exc:
         raise StoreError(
-            f"cannot connect to the store at {redact_dsn(dsn)}: {redact_text(first_line(exc), dsn)}",
+            f"cannot connect to the store at {redact_dsn(dsn)}: {redact_text(connect_error(exc), dsn)}",
             getattr(exc, "sqlstate", None),
         ) from exc
     conn.prepare_threshold = PREPARE_THRESHOLD
     if isinstance(conn, WatchedConnection) and watch is not None:
-        conn.watch = (watchdog or shared_watchdog(), watch, application_name)
+        conn.watch_with(watchdog or shared_watchdog(), watch, application_name)
     return conn
+
+
+def sqlalchemy_engine(dsn: str, application_name: str = "scheduler-migrate") -> Engine:
+    """A SQLAlchemy engine (no pool) on ``dsn`` for the migrations (``alembic/env.py``).
+
+    Its dialect comes from :func:`~scheduler.store.sqlalchemy_dialect`; each
+    of its connections is opened by :func:`connect` (libpq, from the DSN as
+    written, so every form libpq accepts works: several hosts tried in turn,
+    ``target_session_attrs``, keywords), then handed to SQLAlchemy as it
+    expects one: not autocommit, rows as tuples. Raises :class:`ConfigError`
+    for a DSN :func:`check_dsn` refuses (nothing is opened); opening a
+    connection raises :class:`StoreError` as :func:`connect` does (every
+    host's failure on one line, the password redacted).
+    """
+    from sqlalchemy import create_engine, pool
+
+    def creator() -> psycopg.Connection[Any]:
+        conn: psycopg.Connection[Any] = connect(dsn, application_name=application_name)
+        conn.autocommit = False
+        conn.row_factory = tuple_row
+        return conn
+
+    return create_engine(sqlalchemy_dialect(dsn), creator=creator, poolclass=pool.NullPool)
 
 
 def keepalive_params(settings: Settings) -> dict[str, int]:

@@ -25,8 +25,11 @@ from scheduler.api import keys
 from scheduler.api.server import ApiThread
 from scheduler.settings import ApiSettings
 
-TEST_SETTINGS = ApiSettings(rate_per_s=100_000.0, burst=100_000, pool_size=4)
-"""The ``api`` fixture's settings: the default limits but a rate no test reaches by accident."""
+TEST_SETTINGS = ApiSettings(
+    rate_per_s=100_000.0, burst=100_000, pool_size=4, auth_fail_rate_per_s=100_000.0, auth_fail_burst=100_000
+)
+"""The ``api`` fixture's settings: the default limits but rates (per key, and of failed
+authentications per address) no test reaches by accident."""
 
 
 @dataclasses.dataclass

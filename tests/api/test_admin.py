@@ -30,7 +30,16 @@ def test_tenants_create_list_page_and_update(admin, api):
     for name, weight in (("b-team", 2), ("a-team", 1), ("c/team:x@y", 5)):
         response = admin.post("/v1/tenants", json={"tenant": name, "weight": weight})
         assert response.status_code == 201, response.text
-        assert response.json() == {"tenant": name, "weight": weight, "max_rate": None, "jobs": 0, "created_at": None}
+        created = response.json()
+        assert created == {
+            "tenant": name,
+            "weight": weight,
+            "max_rate": None,
+            "max_schedules": None,
+            "jobs": 0,
+            "created_at": created["created_at"],
+        }
+        assert created["created_at"].endswith("Z")
     first = admin.get("/v1/tenants", params={"limit": 2}).json()
     assert [t["tenant"] for t in first["items"]] == ["a-team", "b-team"]
     assert first["items"][0]["jobs"] == 0 and first["items"][0]["created_at"].endswith("Z")
@@ -40,7 +49,7 @@ def test_tenants_create_list_page_and_update(admin, api):
 
     changed = admin.patch("/v1/tenants/c/team:x@y", json={"weight": 7, "max_rate": 2.5})
     assert changed.status_code == 200, changed.text
-    assert changed.json() == {"tenant": "c/team:x@y", "weight": 7, "max_rate": 2.5, "jobs": None, "created_at": None}
+    assert changed.json() == second["items"][0] | {"weight": 7, "max_rate": 2.5}
     cleared = admin.patch("/v1/tenants/c/team:x@y", json={"max_rate": None}).json()
     assert (cleared["weight"], cleared["max_rate"]) == (7, None)
     with store.connect(api.dsn) as conn:
@@ -49,6 +58,73 @@ def test_tenants_create_list_page_and_update(admin, api):
             "b-team": (2, None),
             "c/team:x@y": (7, None),
         }
+
+
+def _listed(admin, tenant: str) -> dict:
+    [item] = [t for t in admin.get("/v1/tenants").json()["items"] if t["tenant"] == tenant]
+    return item
+
+
+def test_tenant_write_responses_are_what_a_get_returns(admin, api):
+    """POST and PATCH answered ``jobs`` and ``created_at`` null (or a made-up 0) where the
+    list shows the stored values: every tenant response is the same read of the row."""
+    created = admin.post("/v1/tenants", json={"tenant": "acme", "weight": 3, "max_rate": 1.5})
+    assert created.status_code == 201, created.text
+    assert created.json() == _listed(admin, "acme")
+    schedule = httpx.put(
+        f"{api.url}/v1/schedules/hourly",
+        json={"kind": "interval", "interval_s": 3600},
+        headers={"Authorization": f"Bearer {api.key('acme', 'tenant')}"},
+    )
+    assert schedule.status_code in (200, 201), schedule.text
+    changed = admin.patch("/v1/tenants/acme", json={"weight": 4})
+    assert changed.status_code == 200, changed.text
+    assert changed.json() == _listed(admin, "acme")
+    assert (changed.json()["jobs"], changed.json()["weight"], changed.json()["max_rate"]) == (1, 4, 1.5)
+    assert changed.json()["created_at"] == created.json()["created_at"]
+
+
+def test_patch_sets_and_clears_the_schedule_quota(admin, api):
+    """``tenants set --max-schedules`` had no HTTP form: PATCH takes ``max_schedules`` (a
+    whole number 0-100000000; null: back to the default quota) and every tenant response
+    shows it; PUT then refuses a schedule over it."""
+    admin.post("/v1/tenants", json={"tenant": "acme"})
+    changed = admin.patch("/v1/tenants/acme", json={"max_schedules": 1})
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["max_schedules"] == 1
+    assert _listed(admin, "acme")["max_schedules"] == 1
+    tenant = {"Authorization": f"Bearer {api.key('acme', 'tenant')}"}
+    spec = {"kind": "interval", "interval_s": 60}
+    assert httpx.put(f"{api.url}/v1/schedules/one", json=spec, headers=tenant).status_code == 201
+    over = httpx.put(f"{api.url}/v1/schedules/two", json=spec, headers=tenant)
+    assert (over.status_code, over.json()["field"]) == (422, "max_schedules"), over.text
+    # Other fields are kept; null is the default quota again (jobs.DEFAULT_MAX_SCHEDULES).
+    kept = admin.patch("/v1/tenants/acme", json={"weight": 2}).json()
+    assert (kept["weight"], kept["max_schedules"]) == (2, 1)
+    cleared = admin.patch("/v1/tenants/acme", json={"max_schedules": None}).json()
+    assert (cleared["weight"], cleared["max_schedules"]) == (2, None)
+    assert httpx.put(f"{api.url}/v1/schedules/two", json=spec, headers=tenant).status_code == 201
+    assert admin.patch("/v1/tenants/acme", json={"max_schedules": 0}).json()["max_schedules"] == 0
+    with store.connect(api.dsn) as conn:
+        assert [r["max_schedules"] for r in jobs.list_tenants(conn)] == [0]
+
+
+@pytest.mark.parametrize(
+    ("value", "detail"),
+    [
+        (-1, "max_schedules: must be a whole number from 0 to 100000000 (got -1)"),
+        (100_000_001, "max_schedules: must be a whole number from 0 to 100000000 (got 100000001)"),
+        (1.5, "max_schedules: must be a whole number (got 1.5)"),
+        ("5", "max_schedules: must be a whole number (got '5')"),
+        (True, "max_schedules: must be a whole number (got True)"),
+        (10**40, "max_schedules: must be a whole number from 0 to 100000000 (got " + str(10**40) + ")"),
+    ],
+)
+def test_a_bad_schedule_quota_is_422_naming_it_nothing_written(admin, api, value, detail):
+    admin.post("/v1/tenants", json={"tenant": "acme"})
+    body = _problem(admin.patch("/v1/tenants/acme", json={"max_schedules": value, "weight": 5}), 422)
+    assert (body["field"], body["detail"]) == ("max_schedules", detail)
+    assert _listed(admin, "acme")["weight"] == 1 and _listed(admin, "acme")["max_schedules"] is None
 
 
 def test_tenant_errors_name_the_field(admin):
@@ -70,7 +146,7 @@ def test_tenant_errors_name_the_field(admin):
     body = _problem(admin.patch("/v1/tenants/nobody", json={"weight": 2}), 404)
     assert body["detail"] == "tenant: no tenant 'nobody'"
     body = _problem(admin.patch("/v1/tenants/dup", json={}), 422)
-    assert (body["field"], body["detail"]) == ("body", "body: give weight and/or max_rate")
+    assert (body["field"], body["detail"]) == ("body", "body: give weight, max_rate and/or max_schedules")
 
 
 def test_keys_create_list_revoke_and_the_new_key_works(admin, api):

@@ -237,3 +237,80 @@ def test_an_unknown_query_parameter_is_422_naming_it(api):
         assert "not a known parameter" in response.json()["detail"]
     ok = httpx.get(f"{api.url}/v1/explain?cron=0+2+*+*+*&tz=UTC&count=2", headers={"Authorization": f"Bearer {token}"})
     assert ok.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "role"),
+    [
+        ("GET", "/v1/schedules/", "tenant"),
+        ("POST", "/v1/schedules:apply/", "tenant"),
+        ("GET", "/v1/runs/", "tenant"),
+        ("GET", "/v1/explain/", "tenant"),
+        ("GET", "/v1/tenants/", "admin"),
+        ("POST", "/v1/keys/", "admin"),
+    ],
+)
+def test_a_trailing_slash_is_a_404_problem_not_a_redirect(api, method, path, role):
+    """``/v1/schedules/`` was a 307 to an absolute ``http://`` URL built from the Host header
+    (wrong behind a TLS proxy, and a redirect a client may follow with its key to another
+    host): every path is exact, and the 404 says so."""
+    token = api.key(None if role == "admin" else "acme", role)
+    response = _json(api, token, method, path, json={}, follow_redirects=False)
+    assert response.status_code == 404, (response.status_code, response.headers)
+    assert "location" not in response.headers
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json() == {
+        "type": "about:blank",
+        "title": "Not Found",
+        "status": 404,
+        "detail": f"path: no such resource {path!r} (paths take no trailing slash: {path.rstrip('/')!r})",
+    }
+
+
+def test_a_percent_encoded_slash_is_not_called_a_trailing_slash(api):
+    """``GET /v1/schedules/%2F`` (a name ``/``, which no schedule can have) is a plain 404:
+    the hint about trailing slashes is for a path that was sent ending in ``/``."""
+    token = api.key("acme", "tenant")
+    response = _json(api, token, "GET", "/v1/schedules/%2F")
+    assert response.status_code == 404
+    assert response.json()["detail"] == "path: no such resource '/v1/schedules//'"
+
+
+def test_a_validator_message_reaches_the_client_without_pydantic_s_prefix(api):
+    """A field checked by the API's own validator said ``interval_s: value error, must be ...``."""
+    token = api.key("acme", "tenant")
+    response = _json(api, token, "PUT", "/v1/schedules/s", json={"kind": "interval", "interval_s": 1e308})
+    assert response.status_code == 422
+    assert (response.json()["field"], response.json()["detail"]) == (
+        "interval_s",
+        "interval_s: must be a JSON integer (not a string, a boolean or a fraction) (got 1e+308)",
+    )
+
+
+def test_an_inverted_runs_window_is_422_naming_until(api):
+    """``GET /v1/runs?since=<later>&until=<earlier>`` answered an empty page, as if no run
+    matched: the window is refused as ``/v1/verify`` refuses it."""
+    token = api.key("acme", "tenant")
+    for since, until in (("2024-01-02T00:00:00Z", "2024-01-01T00:00:00Z"), ("2024-01-01T00:00:00Z",) * 2):
+        response = _json(api, token, "GET", "/v1/runs", params={"since": since, "until": until})
+        assert response.status_code == 422, response.text
+        assert (response.json()["field"], response.json()["detail"]) == (
+            "until",
+            f"until: must be later than since (got {until})",
+        )
+    ok = _json(api, token, "GET", "/v1/runs", params={"since": "2024-01-01T00:00:00Z", "until": "2024-01-01T00:00:01Z"})
+    assert ok.json() == {"items": [], "next_cursor": None}
+
+
+def test_a_null_weight_is_422_not_ignored(api, admin):
+    """``PATCH /v1/tenants/t {"weight": null}`` answered 200 and changed nothing: a tenant
+    always has a weight (only max_rate and max_schedules take null)."""
+    assert _json(api, admin, "POST", "/v1/tenants", json={"tenant": "t", "weight": 3}).status_code == 201
+    response = _json(api, admin, "PATCH", "/v1/tenants/t", json={"weight": None, "max_rate": 2.0})
+    assert response.status_code == 422, response.text
+    assert (response.json()["field"], response.json()["detail"]) == (
+        "weight",
+        "weight: must be a whole number from 1 to 1000 (null removes nothing: a tenant always has a weight)",
+    )
+    [row] = _json(api, admin, "GET", "/v1/tenants").json()["items"]
+    assert (row["weight"], row["max_rate"]) == (3, None)

@@ -113,6 +113,12 @@ def test_the_wrong_role_gets_403_naming_the_role(api):
         }
     assert httpx.get(f"{api.url}/v1/tenants", headers={"Authorization": f"Bearer {admin}"}).status_code == 200
     assert _explain(api, {"Authorization": f"Bearer {admin}"}).status_code == 200
+    # An admin key on a worker's endpoint: "an admin key" (it said "a admin key").
+    response = httpx.post(f"{api.url}/v1/runs:claim", json={}, headers={"Authorization": f"Bearer {admin}"})
+    assert (response.status_code, response.json()["detail"]) == (
+        403,
+        "role: an admin key cannot use this endpoint (it needs a worker or tenant key)",
+    )
 
 
 def test_last_used_at_is_recorded_and_the_secret_is_never_listed(api):

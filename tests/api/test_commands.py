@@ -195,3 +195,27 @@ def test_scheduler_api_serves_https_with_uvicorns_tls_options(pg_dsn, tmp_path):
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=20)
     assert proc.returncode == 0
+
+
+def test_the_runs_group_help_names_every_subcommand():
+    """``scheduler --help`` said runs were to "inspect and prune": ``redrive`` was missing."""
+    result = CliRunner().invoke(cli, ["--help"])
+    [line] = [line for line in result.output.splitlines() if line.strip().startswith("runs ")]
+    group = cli.commands["runs"]
+    assert sorted(group.commands) == ["list", "prune", "redrive"]
+    for name in group.commands:  # as `scheduler --help` shows the line (cut to the terminal's 80 columns)
+        assert name in line.lower(), (name, line)
+
+
+def test_trigger_force_help_says_what_it_overrides_and_what_still_holds():
+    """``--force`` said "run even if the overlap policy would skip it", and the command's help
+    "(then 'skipped' if the policy forbids it)": it overrides only the overlap policy's
+    skip or hold; replace still cancels, and the request id still deduplicates."""
+    result = CliRunner().invoke(cli, ["jobs", "trigger", "--help"], terminal_width=200)
+    text = " ".join(result.output.split())
+    assert "then 'skipped'" not in text and 'then "skipped"' not in text
+    assert (
+        "--force Deliver the run at once even if the job's overlap policy would skip it (forbid) or hold it "
+        "(buffer_one); replace still cancels the job's unfinished runs. The request id still deduplicates: "
+        "a repeated --request-id makes no second run, forced or not." in text
+    ), text

@@ -6,8 +6,10 @@ import json
 import socket
 
 import httpx
+import pytest
 
-from scheduler.api.limits import RateLimiter
+from scheduler.api.limits import AuthThrottle, RateLimiter
+from scheduler.errors import ConfigError
 from scheduler.settings import MAX_API_BODY_BYTES, ApiSettings
 
 
@@ -121,3 +123,103 @@ def test_a_page_size_over_500_or_under_1_is_422_naming_limit(api):
     assert body["field"] == "limit"
     assert body["detail"].startswith("limit: ")
     assert len(body["detail"]) < 300
+
+
+# ---------------------------------------------------------------- failed authentication
+
+
+def _bad_token(api) -> str:
+    """A well-formed token of a key that exists, with the wrong secret (read from the store)."""
+    token = api.key("acme", "tenant")
+    return token[:-2] + ("AA" if not token.endswith("AA") else "BA")
+
+
+def test_failed_authentication_is_throttled_per_client_address(api_factory):
+    """Wrong keys were answered 401 as fast as a client could send them: after
+    ``auth_fail_burst`` failures an address gets 429 with Retry-After, even with a valid
+    key (the throttle is decided before the key is looked at), until its bucket refills."""
+    api = api_factory(ApiSettings(rate_per_s=1000.0, burst=1000, auth_fail_rate_per_s=0.1, auth_fail_burst=3))
+    good = api.key("acme", "tenant")
+    bad = _bad_token(api)
+    params = {"cron": "* * * * *", "after": "2024-01-01T00:00:00Z", "count": "1"}
+    url = f"{api.url}/v1/explain"
+    assert httpx.get(url, params=params, headers=_auth(good)).status_code == 200  # a success takes nothing
+    codes = [httpx.get(url, params=params, headers=_auth(bad)).status_code for _ in range(2)]
+    codes.append(httpx.get(url, params=params).status_code)  # no key at all: a failure too
+    codes.append(httpx.get(url, params=params, headers=_auth(bad)).status_code)
+    assert codes == [401, 401, 401, 429]
+    refused = httpx.get(url, params=params, headers=_auth(good))
+    body = _problem(refused, 429)
+    assert refused.headers["retry-after"] == "10"  # one token at 0.1/s
+    assert body["detail"] == (
+        "auth: too many failed authentications from this address (0.1/s, bursts of 3); retry after 10 s"
+    )
+    assert "www-authenticate" not in refused.headers
+
+
+def test_a_forwarded_for_header_is_ignored_unless_the_proxy_is_trusted(api_factory):
+    """Without ``forwarded_allow_ips`` the socket peer is the client: a client cannot get a
+    fresh bucket per request by sending its own X-Forwarded-For."""
+    api = api_factory(ApiSettings(auth_fail_rate_per_s=0.01, auth_fail_burst=2))
+    url = f"{api.url}/v1/tenants"
+    codes = [
+        httpx.get(url, headers={"X-Forwarded-For": f"203.0.113.{i}", "Authorization": "Bearer x"}).status_code
+        for i in range(4)
+    ]
+    assert codes == [401, 401, 429, 429]
+
+
+def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_bucket(api_factory):
+    """With the proxy trusted (``forwarded_allow_ips``), the client is X-Forwarded-For's:
+    one client over its bucket never slows another's valid key or its failures."""
+    api = api_factory(ApiSettings(auth_fail_rate_per_s=0.01, auth_fail_burst=2, forwarded_allow_ips="127.0.0.1"))
+    good = api.key(None, "admin")
+    url = f"{api.url}/v1/tenants"
+
+    def get(client: str, token: str) -> int:
+        return httpx.get(url, headers={"X-Forwarded-For": client} | _auth(token)).status_code
+
+    assert [get("203.0.113.7", "tk_bad") for _ in range(3)] == [401, 401, 429]
+    assert get("203.0.113.7", good) == 429
+    assert get("203.0.113.8", good) == 200
+    assert [get("203.0.113.8", "tk_bad") for _ in range(3)] == [401, 401, 429]
+    assert get("2001:db8::1", "tk_bad") == 401
+
+
+def test_the_failure_buckets_are_bounded_and_ipv6_clients_share_a_64():
+    now = [0.0]
+    throttle = AuthThrottle(rate_per_s=1.0, burst=2, max_clients=3, clock=lambda: now[0])
+    for _ in range(2):
+        throttle.failed("198.51.100.1")
+    assert throttle.wait_s("198.51.100.1") == 1.0
+    assert throttle.wait_s("198.51.100.2") == 0.0
+    # One host's /64 is one client: rotating the low bits gives no fresh bucket.
+    throttle.failed("2001:db8:0:1::1")
+    throttle.failed("2001:db8:0:1::ffff")
+    assert throttle.wait_s("2001:db8:0:1:abcd::9") == 1.0
+    assert throttle.wait_s("2001:db8:0:2::1") == 0.0
+    # At most max_clients buckets: the least recently failed is dropped first.
+    throttle.failed("198.51.100.3")
+    throttle.failed("198.51.100.4")
+    assert len(throttle) == 3
+    assert throttle.wait_s("198.51.100.1") == 0.0  # evicted
+    assert throttle.wait_s("2001:db8:0:1::1") == 1.0
+    now[0] = 1.0  # refilled at 1/s
+    assert throttle.wait_s("2001:db8:0:1::1") == 0.0
+
+
+def test_the_throttle_and_proxy_settings_are_checked():
+    assert ApiSettings(forwarded_allow_ips="10.0.0.0/8, 127.0.0.1,::1").check().forwarded_allow_ips
+    assert ApiSettings(forwarded_allow_ips="*").check()
+    for settings, message in (
+        (
+            ApiSettings(forwarded_allow_ips="proxy.example"),
+            "api_forwarded_allow_ips must be comma-separated IP addresses or networks of trusted proxies, or * "
+            "(got 'proxy.example')",
+        ),
+        (ApiSettings(auth_fail_burst=0), "api_auth_fail_burst must be a whole number from 1 to 1000000 (got 0)"),
+        (ApiSettings(auth_fail_rate_per_s=0.0), "api_auth_fail_rate_per_s must be a finite number > 0 (got 0.0)"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            settings.check()
+        assert str(caught.value) == message

@@ -436,6 +436,68 @@ def locked(dsn: str, statement: str, params: Any = None) -> Iterator[psycopg.Con
             yield lock_conn
 
 
+def snapshot_store(conn: psycopg.Connection) -> None:
+    """Copy what firing and the lease loop write (fences, leases, jobs' slots, runs, skips)
+    into ``snap_*`` tables, in one transaction: the state a store rewound by
+    :func:`rewind_store` goes back to (an asynchronous replica's, a backup's)."""
+
+    def body(c: psycopg.Connection) -> None:
+        c.execute("CREATE TABLE snap_partitions AS SELECT partition_id, owner_node, owner_epoch FROM partitions")
+        c.execute("CREATE TABLE snap_leases AS SELECT * FROM leases")
+        c.execute("CREATE TABLE snap_jobs AS SELECT job_id, next_nominal_at, next_due_at FROM jobs")
+        c.execute("CREATE TABLE snap_runs AS SELECT partition_id, job_id, nominal_time FROM runs")
+        c.execute("CREATE TABLE snap_skips AS SELECT * FROM skips")
+
+    store.run_transaction(conn, body)
+
+
+def rewind_store(conn: psycopg.Connection) -> list[dict]:
+    """Put the store back to :func:`snapshot_store`'s copy in one transaction, as a
+    failover to a lagging replica would; return the runs that vanished
+    (``partition_id, job_id, nominal_time``), by nominal time then job."""
+
+    def body(c: psycopg.Connection) -> list[dict]:
+        c.execute(
+            "UPDATE partitions AS p SET owner_node = s.owner_node, owner_epoch = s.owner_epoch"
+            " FROM snap_partitions AS s WHERE p.partition_id = s.partition_id"
+        )
+        c.execute(
+            "UPDATE leases AS l SET owner_node = s.owner_node, owner_epoch = s.owner_epoch,"
+            " lease_expires_at = s.lease_expires_at, acquired_at = s.acquired_at, renewed_at = s.renewed_at"
+            " FROM snap_leases AS s WHERE l.partition_id = s.partition_id"
+        )
+        c.execute(
+            "UPDATE jobs AS j SET next_nominal_at = s.next_nominal_at, next_due_at = s.next_due_at"
+            " FROM snap_jobs AS s WHERE j.job_id = s.job_id"
+        )
+        c.execute(
+            "DELETE FROM skips AS k WHERE NOT EXISTS (SELECT 1 FROM snap_skips AS s"
+            " WHERE (s.partition_id, s.job_id, s.first_nominal) = (k.partition_id, k.job_id, k.first_nominal))"
+        )
+        return c.execute(
+            "DELETE FROM runs AS r WHERE NOT EXISTS (SELECT 1 FROM snap_runs AS s"
+            " WHERE (s.partition_id, s.job_id, s.nominal_time) = (r.partition_id, r.job_id, r.nominal_time))"
+            " RETURNING r.partition_id, r.job_id, r.nominal_time"
+        ).fetchall()
+
+    gone = store.run_transaction(conn, body)
+    return sorted(gone, key=lambda row: (row["nominal_time"], str(row["job_id"])))
+
+
+def runs_present(conn: psycopg.Connection, keys: list[dict]) -> int:
+    """How many of the runs ``keys`` (``partition_id, job_id, nominal_time``) the store holds."""
+    return conn.execute(
+        "SELECT count(*) AS n FROM runs AS r"
+        " JOIN unnest(%s::int4[], %s::uuid[], %s::timestamptz[]) AS k (pid, jid, nominal)"
+        "   ON (r.partition_id, r.job_id, r.nominal_time) = (k.pid, k.jid, k.nominal)",
+        (
+            [k["partition_id"] for k in keys],
+            [k["job_id"] for k in keys],
+            [k["nominal_time"] for k in keys],
+        ),
+    ).fetchone()["n"]
+
+
 # ---------------------------------------------------------------- history
 
 

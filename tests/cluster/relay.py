@@ -8,6 +8,10 @@ every connection open at the time keeps its sockets open but silently drops
 what it reads (the relay's kernel still acknowledges the bytes, so TCP
 keepalives and retransmission timeouts see a healthy peer), while
 connections accepted afterwards are forwarded normally.
+:meth:`FreezingRelay.cut` models the store going away for everyone (a
+network partition, a primary gone before a replica is promoted): every open
+connection is closed and new ones are closed as soon as they are accepted,
+until :meth:`FreezingRelay.restore`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+
+import psycopg
 
 
 class _Link:
@@ -62,6 +68,7 @@ class FreezingRelay:
         self._links: list[_Link] = []
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        self._cut = threading.Event()
         self.accepted = 0
 
     @property
@@ -80,6 +87,10 @@ class FreezingRelay:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._cut.is_set():
+                with contextlib.suppress(OSError):
+                    client.close()
+                continue
             try:
                 upstream = socket.create_connection(self._upstream, timeout=5)
                 upstream.settimeout(None)
@@ -100,6 +111,23 @@ class FreezingRelay:
         for link in links:
             link.frozen.set()
         return len(links)
+
+    def cut(self) -> int:
+        """Close every connection open now and refuse new ones until :meth:`restore`; return how many closed."""
+        self._cut.set()
+        with self._lock:
+            links, self._links = self._links, []
+        for link in links:
+            link.close()
+        return len(links)
+
+    def restore(self) -> None:
+        """Forward new connections again (after :meth:`cut`)."""
+        self._cut.clear()
+
+    def dsn(self, dsn: str) -> str:
+        """``dsn`` pointed at this relay (host 127.0.0.1, this relay's port)."""
+        return psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=str(self.port))
 
     def stop(self) -> None:
         """Close the listener and every relayed connection; idempotent."""

@@ -24,7 +24,6 @@ import urllib.error
 import urllib.request
 from datetime import timedelta
 
-import psycopg
 import pytest
 from harness import MARGIN_S, Cluster, add_interval_jobs
 from relay import FreezingRelay
@@ -56,24 +55,10 @@ def healthz(port: int) -> int | None:
         return None
 
 
-@pytest.fixture
-def relay(pg_dsn: str):
-    info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
-    server = FreezingRelay(str(info.get("host", "127.0.0.1")), int(info.get("port", 5432))).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def _relayed_dsn(pg_dsn: str, relay: FreezingRelay) -> str:
-    return psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1", port=str(relay.port))
-
-
 def _start(cluster: Cluster, pg_dsn: str, relay: FreezingRelay, flags: list[str]):
     add_interval_jobs(cluster.conn, JOBS)
     since = cluster.now()
-    node = cluster.spawn("n1", ["--metrics-port", "0", *flags], dsn=_relayed_dsn(pg_dsn, relay))
+    node = cluster.spawn("n1", ["--metrics-port", "0", *flags], dsn=relay.dsn(pg_dsn))
     port = node.wait_event("metrics_listening", timeout_s=15)["port"]
     cluster.wait_balanced(["n1"])
     cluster.wait_fired("n1", cluster.now())

@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
+import psycopg
 import pytest
 from click.testing import CliRunner
 
@@ -172,3 +173,22 @@ def test_workers_the_server_cannot_connect_are_not_started(pg_dsn: str, tmp_path
     with pytest.raises(RuntimeError, match=r"\d+ scheduler worker processes need about \d+ store connections"):
         start_workers(pg_dsn, ["big", "small-000"], max_connections // 3, tmp_path, impl="scheduler")
     assert list(tmp_path.iterdir()) == []  # no worker started (none wrote a log)
+
+
+def test_put_rate_writes_schedules_through_the_api_while_the_herd_fires(pg_dsn: str, tmp_path: Path) -> None:
+    opts = Options(mode="pull", workload="herd", jobs=200, tenants=3, workers=0, lead_s=1.0, put_rate=50)
+    result = run_deliver(pg_dsn, opts, tmp_path)
+    assert (result.runs, result.missing, result.duplicates) == (200, 0, 0)
+    put = result.put
+    assert put is not None
+    assert put["errors"] == 0 and put["statuses"] == {"201": put["count"]}
+    assert put["count"] >= 1
+    assert 0 < put["p50_ms"] <= put["p99_ms"] <= put["max_ms"]
+    with psycopg.connect(pg_dsn) as conn:
+        names = conn.execute("SELECT name FROM jobs WHERE name LIKE 'bench-put-%%' ORDER BY name").fetchall()
+    assert sorted(n for (n,) in names) == sorted(f"bench-put-{i}" for i in range(put["count"]))
+
+
+def test_put_rate_is_for_the_herd_only() -> None:
+    with pytest.raises(ValueError, match="--put-rate: the herd workload"):
+        Options(mode="pull", workload="steady", put_rate=5).check()

@@ -22,7 +22,7 @@ from alembic.config import Config
 from alembic import command
 from scheduler.devtools.embedded import PrivatePostgres, find_postgres_bin, start_private_postgres
 from scheduler.errors import StoreError
-from scheduler.store import connect, sqlalchemy_url
+from scheduler.store import connect
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,7 +80,7 @@ def test_private_server_runs_queries_and_is_cleaned_up() -> None:
 def test_schema_migrates_on_a_private_server() -> None:
     with start_private_postgres(dbname="demo") as pg:
         cfg = Config(str(REPO / "alembic.ini"))
-        cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(pg.dsn).replace("%", "%%"))
+        cfg.set_main_option("sqlalchemy.url", pg.dsn.replace("%", "%%"))
         command.upgrade(cfg, "head")
         with connect(pg.dsn) as conn:
             assert conn.execute("SELECT count(*) AS n FROM partitions").fetchone()["n"] == 1024

@@ -1,7 +1,7 @@
 """Schema migrations (alembic/versions/0001..): apply, round-trip, re-run.
 
 Driven through alembic's Python API with the repo's ``alembic.ini`` and the
-URL from :func:`scheduler.store.sqlalchemy_url`, like ``scheduler db upgrade``.
+DSN as the ``sqlalchemy.url`` option (``alembic/env.py`` hands it to libpq), like ``scheduler db upgrade``.
 Schemas are compared as catalog snapshots (columns, constraints, indexes,
 partition row count), so "equals head" means "same DDL as the template that
 ``scripts/test`` migrated".
@@ -18,7 +18,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 from alembic import command
-from scheduler.store import connect, sqlalchemy_url
+from scheduler.store import connect, sqlalchemy_engine
 
 REPO = Path(__file__).resolve().parents[2]
 VERSIONS = REPO / "alembic" / "versions"
@@ -30,7 +30,7 @@ PARTITIONED_TABLES = ("jobs", "runs", "skips")
 def alembic_config(dsn: str) -> Config:
     cfg = Config(str(REPO / "alembic.ini"))
     # ConfigParser interpolates '%': escape it (URL-encoded passwords).
-    cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(dsn).replace("%", "%%"))
+    cfg.set_main_option("sqlalchemy.url", dsn.replace("%", "%%"))
     return cfg
 
 
@@ -294,7 +294,6 @@ def test_the_schedule_key_step_gives_existing_jobs_their_keys_in_batches(pg_dsn:
 
     from alembic.migration import MigrationContext
     from alembic.operations import Operations
-    from sqlalchemy import create_engine, pool
 
     from scheduler.identity import SPEC_COLUMNS, identity_of
     from scheduler.partition import partition_of
@@ -324,7 +323,7 @@ def test_the_schedule_key_step_gives_existing_jobs_their_keys_in_batches(pg_dsn:
     fill = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fill)
     fill.BATCH = 4
-    engine = create_engine(sqlalchemy_url(pg_dsn), poolclass=pool.NullPool)
+    engine = sqlalchemy_engine(pg_dsn)
     for _ in range(2):  # the second run finds nothing to do
         with engine.connect() as connection:
             with Operations.context(MigrationContext.configure(connection)):

@@ -334,6 +334,35 @@ def test_a_refused_connection_is_retried(pg_dsn, conn, epochs) -> None:
     assert (row["state"], row["retryable"]) == ("failed", True)
 
 
+def test_a_failed_secrets_read_retries_the_claimed_runs_and_sends_nothing_unsigned(
+    pg_dsn, conn, receiver, epochs, monkeypatch
+) -> None:
+    """The secrets are read right after the claim, in the same hop to the store thread: when
+    that read fails the claimed run is not sent (never unsigned) but nacked for a retry, and
+    the claim itself stands (attempt 1 used)."""
+    job_id = http_job(conn, receiver.url())
+    key = pending_push_run(conn, job_id, T0)
+
+    def broken(*args, **kwargs):
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(tenant_secrets, "signing_secrets", broken)
+    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 3 * S))
+    try:
+        (outcome,) = loop.run_once()
+    finally:
+        loop.close()
+    assert (outcome.run.key, outcome.outcome, outcome.error) == (key, "retry", "signing secrets unavailable")
+    assert receiver.requests == []
+    row = run_row(conn, key)
+    assert (row["state"], row["attempt"], row["retryable"], row["last_error"]) == (
+        "failed",
+        1,
+        True,
+        "signing secrets unavailable",
+    )
+
+
 @pytest.mark.parametrize(
     "host",
     ["127.0.0.1", "169.254.169.254", "[::1]", "metadata.test", "localhost.test"],

@@ -1,4 +1,4 @@
-"""CockroachDB URLs: DSN mapping, the SQLAlchemy dialect, and alembic's env.py.
+"""CockroachDB URLs: the SQLAlchemy dialect, and alembic's env.py.
 
 No CockroachDB server runs here: these tests build engines and run alembic
 in offline (``--sql``) mode, which picks the dialect from the URL without
@@ -13,12 +13,11 @@ import io
 
 import pytest
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine
 
 from alembic import command
 from scheduler.errors import ConfigError
 from scheduler.migrate import alembic_config
-from scheduler.store import libpq_dsn, sqlalchemy_url
+from scheduler.store import libpq_dsn, sqlalchemy_dialect, sqlalchemy_engine
 
 CRDB = "cockroachdb://root@crdb-1:26257/scheduler?sslmode=disable"
 
@@ -32,24 +31,23 @@ def cockroach_dialect_installed() -> None:
 @pytest.mark.parametrize(
     "dsn, url",
     [
-        ("postgresql://u:p@h:5432/db", "postgresql+psycopg://u:p@h:5432/db"),
-        ("postgres://u@h/db", "postgresql+psycopg://u@h/db"),
-        ("cockroachdb://root@h:26257/db?sslmode=disable", "cockroachdb+psycopg://root@h:26257/db?sslmode=disable"),
-        ("cockroachdb+psycopg://root@h:26257/db", "cockroachdb+psycopg://root@h:26257/db"),
-        ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("postgresql://u:p@h:5432/db", "postgresql+psycopg://"),
+        ("postgres://u@h/db", "postgresql+psycopg://"),
+        ("postgresql://u:p@h1:5432,h2:5433/db?target_session_attrs=read-write", "postgresql+psycopg://"),
+        ("host=h1,h2 port=5432,5433 dbname=db user=u password='p@ss word'", "postgresql+psycopg://"),
+        ("cockroachdb://root@h:26257/db?sslmode=disable", "cockroachdb+psycopg://"),
+        ("cockroachdb+psycopg://root@h:26257/db", "cockroachdb+psycopg://"),
+        ("postgresql+psycopg://u@h/db", "postgresql+psycopg://"),
     ],
 )
-def test_sqlalchemy_url_maps_the_scheme(dsn, url):
-    assert sqlalchemy_url(dsn) == url
+def test_sqlalchemy_gets_the_dialect_only(dsn, url):
+    """The DSN itself goes to libpq (store.sqlalchemy_engine): the URL holds no host, user or password."""
+    assert sqlalchemy_dialect(dsn) == url
 
 
-def test_sqlalchemy_url_maps_a_key_value_dsn():
-    assert sqlalchemy_url("host=h port=5433 dbname=db user=u password='p@ss word' sslmode=require") == (
-        "postgresql+psycopg://u:p%40ss%20word@h:5433/db?sslmode=require"
-    )
-    assert sqlalchemy_url("host=/run/postgresql dbname=db") == "postgresql+psycopg:///db?host=%2Frun%2Fpostgresql"
+def test_a_dsn_libpq_cannot_parse_is_a_bad_setting():
     with pytest.raises(ConfigError, match="dsn: must be a URI") as caught:  # a bad setting: exit status 2
-        sqlalchemy_url("host=h password=Secret1234 dbname")
+        sqlalchemy_dialect("host=h password=Secret1234 dbname")
     assert "Secret1234" not in str(caught.value)
 
 
@@ -60,7 +58,7 @@ def test_nodes_open_cockroachdb_urls_with_libpq(dsn):
 
 @pytest.mark.parametrize("dsn", [CRDB, "cockroachdb+psycopg://root@crdb-1:26257/scheduler"])
 def test_engine_uses_the_cockroachdb_dialect_without_connecting(cockroach_dialect_installed, dsn):
-    engine = create_engine(sqlalchemy_url(dsn))
+    engine = sqlalchemy_engine(dsn)
     assert (engine.dialect.name, engine.dialect.driver) == ("cockroachdb", "psycopg")
     engine.dispose()
 

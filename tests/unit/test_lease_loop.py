@@ -14,6 +14,7 @@ deadline ``t + 10`` and stops being firable at ``t + 9``.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -45,13 +46,15 @@ class FakeCoordinator(CoordinatorBase):
     :meth:`live_nodes` answers. ``calls`` records ``(manual time, method)``.
     ``renew_error`` (if set) is raised by :meth:`renew`; ``renew_takes_s``
     advances the clock inside :meth:`renew` (a slow store). ``hook(fake, method)``
-    runs after every call is recorded.
+    runs after every call is recorded. While ``down`` is set every call is
+    recorded and then raises :class:`StoreError` (the store out of reach).
     """
 
     def __init__(self, clock: ManualClock, node_id: str = ME) -> None:
         self.node_id = node_id
         self.clock = clock
         self.owners: dict[int, tuple[str, int]] = {}
+        self.fence_owner: dict[int, str] = {}
         self.epochs = [0] * PARTITION_COUNT
         self.members = [node_id]
         self.calls: list[tuple[float, str]] = []
@@ -61,9 +64,12 @@ class FakeCoordinator(CoordinatorBase):
         self.renew_error: Exception | None = None
         self.renew_takes_s = 0.0
         self.hook: Callable[[FakeCoordinator, str], None] | None = None
+        self.down = False
 
     def _record(self, method: str) -> None:
         self.calls.append((self.clock.monotonic(), method))
+        if self.down:
+            raise StoreError("store out of reach")
         if self.hook is not None:
             self.hook(self, method)
 
@@ -74,6 +80,7 @@ class FakeCoordinator(CoordinatorBase):
         for pid in pids:
             self.epochs[pid] += 1
             self.owners[pid] = (node_id, self.epochs[pid])
+            self.fence_owner[pid] = node_id
 
     def free(self, pids: list[int]) -> None:
         """Whoever holds ``pids`` lets them go (released or expired)."""
@@ -125,6 +132,11 @@ class FakeCoordinator(CoordinatorBase):
         self.free(gone)
         return gone
 
+    def fences(self, partition_ids: list[int]) -> dict[int, tuple[str | None, int]]:
+        """The fence of each partition: its last claimer (None before any) and epoch."""
+        self._record("fences")
+        return {pid: (self.fence_owner.get(pid), self.epochs[pid]) for pid in partition_ids}
+
     def leave(self) -> None:
         self._record("leave")
 
@@ -146,6 +158,14 @@ class WatchingFakeCoordinator(FakeCoordinator):
 
     def set_on_change(self, callback: Callable[[], None]) -> None:
         self.on_change = callback
+
+
+class RenewBeatsFakeCoordinator(FakeCoordinator):
+    """A fake whose renewal carries the heartbeat (as etcd's keep-alive does): ``heartbeat`` returns False."""
+
+    def heartbeat(self) -> bool:
+        self._record("heartbeat")
+        return False
 
 
 class OptionalPartsFakeCoordinator(FakeCoordinator):
@@ -469,3 +489,132 @@ def test_a_coordinator_that_does_not_watch_is_given_no_callback_and_pruned_every
         rig.at(instant)
     assert [t for t, method in rig.fake.calls if method == "prune"] == [T0, T0 + 60, T0 + 120]
     assert "set_on_change" not in {method for _, method in rig.fake.calls}
+
+
+@pytest.mark.parametrize("fake_class", [FakeCoordinator, RenewBeatsFakeCoordinator])
+def test_after_a_gap_over_the_responsiveness_interval_it_heartbeats_and_waits_before_claiming(fake_class) -> None:
+    rig = Rig(fake_class)
+    responsive = rig.settings.responsive_s
+    assert responsive == 5.0  # min(TTL 10, renew 3 + 2 polls of 1)
+    rig.fake.members = ["n1", "n2"]
+    rig.fake.take("n2", list(range(512, 1024)))
+    rig.at(T0)
+    assert rig.held() == {pid: (1, T0 + TTL_S) for pid in range(512)}
+
+    rig.fake.down = True  # the store goes away for 12 s (> TTL): every lease expires in it
+    for instant in range(1, 12):
+        rig.at(T0 + instant)
+    rig.fake.down = False
+    rig.fake.free(list(range(512, 1024)))  # n2's leases expired and n2 is gone
+    rig.fake.members = ["n1"]
+    assert rig.table.firable() == {}
+
+    rig.fake.calls.clear()
+    rig.at(T0 + 12)  # heartbeat and renewal succeed: the gap (12 s) is over 5 s, so no share yet
+    assert [method for _, method in rig.fake.calls] == ["heartbeat", "renew", "fences"]  # fences: rewind check
+    assert rig.held() == {pid: (1, T0 + 12 + TTL_S) for pid in range(512)}  # its own, renewed, fire again
+    assert rig.table.firable() == every(range(512), 1)
+    for instant in (13, 14, 15, 16, 16.99):
+        rig.at(T0 + instant)
+    assert [method for _, method in rig.fake.calls if method in ("live_nodes", "claim")] == []
+    assert rig.fake.claim_limits == [512]  # the claim at T0 only
+
+    rig.at(T0 + 17)  # one responsiveness interval after the heartbeat: the share is computed, the rest claimed
+    assert rig.fake.claim_limits == [512, 512]
+    assert len(rig.table) == 1024
+    assert rig.lease_events("lost") == 0.0
+
+
+def test_a_gap_within_the_responsiveness_interval_does_not_delay_claiming() -> None:
+    rig = Rig()
+    rig.at(T0)
+    rig.fake.free(list(range(1024)))  # the node holds nothing any more (all released)
+    rig.table.drop(range(1024))
+    rig.fake.down = True
+    rig.at(T0 + 3)  # the renewal at T0 + 3 fails: the last heartbeat stays T0
+    rig.fake.down = False
+    rig.fake.calls.clear()
+    rig.at(T0 + 4.5)  # 4.5 s since the last heartbeat: within 5 s, the share is computed at once
+    assert [method for _, method in rig.fake.calls] == ["heartbeat", "renew", "fences", "live_nodes", "claim"]
+    assert rig.fake.claim_limits == [1024, 1024]
+
+
+def rewinds(rig: Rig) -> float:
+    return rig.metrics.registry.get_sample_value("scheduler_store_rewind_detected_total")
+
+
+def rewound_records(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "event", None) == "store_rewound"]
+
+
+def test_a_renewal_missing_leases_whose_fence_went_back_counts_a_rewind_per_partition(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="scheduler")
+    rig = Rig()
+    rig.at(T0)  # claims 0..1023 at epoch 1
+    # The store goes back: 0..9 were never claimed (epoch 0, no owner); 10 is n2's at epoch 1
+    # (the same number under another node); 11 is taken over by n2 the healthy way (epoch 2).
+    for pid in range(10):
+        rig.fake.epochs[pid] = 0
+        rig.fake.fence_owner.pop(pid)
+        rig.fake.owners.pop(pid)
+    rig.fake.owners[10] = ("n2", 1)
+    rig.fake.fence_owner[10] = "n2"
+    rig.fake.take("n2", [11])
+
+    rig.at(T0 + 3)  # the renewal misses 0..11: their fences are read; the poll claims 0..9 again (epoch 1 again)
+    assert rig.lease_events("lost") == 12.0
+    assert rig.held()[0] == (1, T0 + 3 + TTL_S) and 10 not in rig.held()
+    assert rewinds(rig) == 11.0
+    [record] = rewound_records(caplog)
+    assert record.levelno == logging.WARNING
+    assert record.fields["seen"] == "fence" and record.fields["partitions"] == 11
+    assert record.fields["sample"][:2] == [
+        {"partition": 0, "had": 1, "store": 0},
+        {"partition": 1, "had": 1, "store": 0},
+    ]
+    assert "same run id" in record.fields["note"]
+
+    rig.fake.free([10])  # n2's lease goes; the node claims it at epoch 2
+    rig.at(T0 + 4)
+    assert rig.held()[10] == (2, T0 + 4 + TTL_S)
+    assert rewinds(rig) == 11.0  # forgotten once found: not counted again at the claims
+    rig.at(T0 + 6)
+    assert rewinds(rig) == 11.0 and len(rewound_records(caplog)) == 1
+
+
+def test_a_claim_returning_an_epoch_not_above_one_held_counts_a_rewind() -> None:
+    rig = Rig()
+    rig.at(T0)  # claims 0..1023 at epoch 1
+    rig.fake.members = ["n1", "n2"]
+    rig.at(T0 + 1)  # share 512: 512..1023 drain and, no tick running, are released
+    assert sorted(rig.table.held()) == list(range(512))
+    for pid in range(512, 1024):  # the store goes back to before their claim
+        rig.fake.epochs[pid] = 0
+        rig.fake.fence_owner.pop(pid)
+    rig.fake.members = ["n1"]
+    rig.at(T0 + 2)  # claims them again: epoch 1, not above the 1 it held
+    assert len(rig.table) == 1024
+    assert rewinds(rig) == 512.0
+    rig.at(T0 + 3)
+    assert rewinds(rig) == 512.0
+
+
+def test_after_a_store_error_every_partition_remembered_is_checked_once() -> None:
+    rig = Rig()
+    rig.at(T0)
+    rig.fake.members = ["n1", "n2"]
+    rig.at(T0 + 1)  # 512..1023 released: remembered at epoch 1, no longer held
+    rig.fake.down = True
+    rig.at(T0 + 3)
+    rig.fake.down = False
+    for pid in range(600, 610):  # the store we reconnect to never saw their claim
+        rig.fake.epochs[pid] = 0
+        rig.fake.fence_owner.pop(pid)
+    rig.fake.calls.clear()
+    rig.at(T0 + 4)
+    assert [method for _, method in rig.fake.calls][:3] == ["heartbeat", "renew", "fences"]
+    assert rewinds(rig) == 10.0
+    rig.fake.calls.clear()
+    rig.at(T0 + 7)  # the next renewal reads no fence: nothing missed, no store error since
+    assert "fences" not in [method for _, method in rig.fake.calls]
+    assert rewinds(rig) == 10.0

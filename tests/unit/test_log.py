@@ -7,11 +7,12 @@ import io
 import json
 import logging
 
+import psycopg
 import pytest
 
 from scheduler import log, store
 from scheduler.errors import ConfigError
-from scheduler.store import dsn_secrets, redact_dsn, redact_text
+from scheduler.store import connect_error, dsn_secrets, redact_dsn, redact_text
 
 
 @pytest.fixture
@@ -75,6 +76,27 @@ def test_short_secrets_are_not_scrubbed_from_free_text():
         ("host=h user=u password=s3cret dbname=d", "host=h user=u password=*** dbname=d", ["s3cret"]),
         ("host=h password='with space' dbname=d", "host=h password=*** dbname=d", ["'with space'", "with space"]),
         ("postgresql://u@h/db", "postgresql://u@h/db", []),
+        # several hosts (a high-availability pair), in the three spellings libpq accepts
+        (
+            "postgresql://u:s3cret-pw@h1:5432,h2:5433/db?target_session_attrs=read-write",
+            "postgresql://u:***@h1:5432,h2:5433/db?target_session_attrs=read-write",
+            ["s3cret-pw"],
+        ),
+        (
+            "postgresql://u:s3cret-pw@/db?host=h1,h2&port=5432,5433&target_session_attrs=read-write",
+            "postgresql://u:***@/db?host=h1,h2&port=5432,5433&target_session_attrs=read-write",
+            ["s3cret-pw"],
+        ),
+        (
+            "postgresql:///db?host=h1,h2&port=5432,5433&user=u&password=s3cret-pw&target_session_attrs=read-write",
+            "postgresql:///db?host=h1,h2&port=5432,5433&user=u&password=***&target_session_attrs=read-write",
+            ["s3cret-pw"],
+        ),
+        (
+            "host=h1,h2 port=5432,5433 user=u password=s3cret-pw dbname=d target_session_attrs=read-write",
+            "host=h1,h2 port=5432,5433 user=u password=*** dbname=d target_session_attrs=read-write",
+            ["s3cret-pw"],
+        ),
     ],
 )
 def test_dsn_passwords_are_found_and_masked(dsn, redacted, secrets):
@@ -88,6 +110,33 @@ def test_redact_text_removes_the_dsn_and_its_password_in_any_spelling():
     out = redact_text(text, dsn)
     assert "pa%40ss" not in out and "pa@ss" not in out
     assert "postgresql://u:***@h:5432/db" in out
+
+
+def test_a_multi_host_connection_error_names_each_host_on_one_line_without_the_password():
+    """psycopg's error for a multi-host DSN: the last attempt, then one block per host tried
+    (libpq's hint lines in between); store.connect_error keeps each host's reason, in order."""
+    dsn = "postgresql://u:s3cret-pw@h1:5432,h2:5433,h3:5434/db?target_session_attrs=read-write"
+    error = psycopg.OperationalError(
+        'connection failed: connection to server at "10.0.0.3", port 5434 failed: timeout expired\n'
+        "Multiple connection attempts failed. All failures were:\n"
+        "- host: 'h1', port: '5432', hostaddr: '10.0.0.1': connection failed: connection to server at "
+        '"10.0.0.1", port 5432 failed: Connection refused\n'
+        "\tIs the server running on that host and accepting TCP/IP connections?\n"
+        "- host: 'h2', port: '5433', hostaddr: '10.0.0.2': connection failed: connection to server at "
+        '"10.0.0.2", port 5433 failed: session is read-only\n'
+        "- host: 'h3', port: '5434', hostaddr: '10.0.0.3': connection timeout expired"
+    )
+    assert redact_text(connect_error(error), dsn) == (
+        "h1:5432: Connection refused; h2:5433: session is read-only; h3:5434: connection timeout expired"
+    )
+    single = psycopg.OperationalError(
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  password '
+        'authentication failed for user "u"\n\tIs the server running?'
+    )
+    assert connect_error(single) == '127.0.0.1:5432: FATAL:  password authentication failed for user "u"'
+    assert connect_error(psycopg.OperationalError('invalid port number: "99999"\nmore')) == (
+        'invalid port number: "99999"'
+    )
 
 
 @pytest.mark.parametrize("fmt", ["json", "text"])

@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from scheduler.settings import Settings
-from scheduler.watchdog import CallBounds, Watchdog, shutdown_socket
+from scheduler.watchdog import SYNC_REP_CANCELLED, CallBounds, Watchdog, WatchedConnection, shutdown_socket
 
 
 class FakeConn:
@@ -135,6 +135,58 @@ def test_settings_derive_the_client_side_bounds_from_the_ttl():
         1,
         1.0,
     )
+
+
+@pytest.mark.parametrize(
+    "ttl_s, renew_s, cancel_s, break_s",
+    [(2.0, 0.5, 1.3, 1.8), (4.0, 1.0, 2.4, 3.2), (10.0, 3.0, 6.0, 8.0), (60.0, 3.0, 36.0, 48.0)],
+)
+def test_the_default_bound_on_a_store_call_is_below_the_lease_ttl(ttl_s, renew_s, cancel_s, break_s):
+    """A call stalled past every server-side timeout (a COMMIT waiting on synchronous replication)
+    is cancelled at statement timeout + margin: 60 % of the TTL (the margin at least 0.5 s), so a
+    stalled owner's call ends before its leases can be taken; its connection is broken at 80 %."""
+    s = Settings(dsn="postgresql://h/db", lease_ttl_s=ttl_s, renew_interval_s=renew_s).validated()
+    bounds = CallBounds.after_statement_timeout(s.effective_statement_timeout_s, s.effective_store_call_margin_s)
+    assert (bounds.cancel_after_s, bounds.break_after_s) == (pytest.approx(cancel_s), pytest.approx(break_s))
+    assert bounds.cancel_after_s < ttl_s
+
+
+class Diag:
+    """What :meth:`WatchedConnection.on_notice` reads of a notice (psycopg's ``Diagnostic``)."""
+
+    def __init__(self, message: str, severity: str = "WARNING", sqlstate: str = "01000") -> None:
+        self.message_primary, self.severity_nonlocalized, self.sqlstate = message, severity, sqlstate
+
+
+def test_a_commit_wait_the_cancel_ended_is_reported_with_the_reason_and_the_bound(rig, monkeypatch):
+    """The WARNING of a COMMIT whose wait on synchronous replication was cancelled: by its
+    message, or (another ``lc_messages``) as a plain WARNING on a call the watchdog cancelled."""
+    clock, watchdog, actions = rig
+    events: list[tuple[str, dict]] = []
+    monkeypatch.setattr("scheduler.watchdog.log.event", lambda name, level=0, **fields: events.append((name, fields)))
+    conn = FakeConn(43)  # on_notice reads only the connection's watch and its call in flight
+    conn.watch = (watchdog, BOUNDS, "scheduler-fire:n1")
+    conn._call = watchdog.begin(conn, BOUNDS, "scheduler-fire:n1")
+
+    def notice(diag: Diag) -> None:
+        WatchedConnection.on_notice(conn, diag)  # type: ignore[arg-type]
+
+    notice(Diag("annulation de l'attente de la réplication synchrone"))  # not cancelled yet: not ours
+    notice(Diag("some notice", severity="NOTICE", sqlstate="00000"))
+    assert watchdog.commit_waits_cancelled == 0
+    clock.advance(5.0, watchdog)
+    assert actions == [("cancel", 43, pytest.approx(105.0))]
+    notice(Diag("annulation de l'attente de la réplication synchrone"))
+    notice(Diag(f"{SYNC_REP_CANCELLED} due to user request"))
+    assert watchdog.commit_waits_cancelled == 2
+    cancelled = [fields for name, fields in events if name == "store_commit_wait_cancelled"]
+    assert [(f["session"], f["bound_s"]) for f in cancelled] == [("scheduler-fire:n1", 5.0)] * 2
+    assert "waited on synchronous replication" in cancelled[0]["reason"]
+    assert "committed locally" in cancelled[0]["reason"]
+    watchdog.end(conn._call)
+    conn._call = None
+    notice(Diag("annulation de l'attente de la réplication synchrone"))  # no call in flight
+    assert watchdog.commit_waits_cancelled == 2
 
 
 def test_shutdown_socket_unblocks_a_reader_and_keeps_its_descriptor():

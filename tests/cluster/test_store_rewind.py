@@ -1,0 +1,115 @@
+"""A store that went back in time: an asynchronous failover lost its tail (or a backup was restored).
+
+No Patroni here: the test copies what firing and the lease loop write
+(:func:`harness.snapshot_store`), lets a node fire and renew past that
+point, then cuts the node off (:meth:`relay.FreezingRelay.cut`, the old
+primary gone), puts the store back to the copy in one transaction
+(:func:`harness.rewind_store`, the replica promoted without the lost tail)
+and lets the node reconnect. The node must notice, exactly once per
+partition (``scheduler_store_rewind_detected_total``, the ``store_rewound``
+WARNING), carry on fenced, and fire again the slots whose runs vanished,
+with the same run identity; ``verify`` then finds every slot exactly once.
+
+Two rewinds:
+
+``renewals``
+    the copy is taken while the node holds every partition: the rewind
+    loses renewals (and runs) but no claim. The node's next renewal finds
+    each lease row's ``renewed_at`` older than the value its last renewal
+    wrote: 1,024 partitions, and the leases stay held.
+``claims``
+    the copy is taken before the node starts: the rewind loses its claims
+    too. Its renewals miss every lease (lost); the fence rows it then reads
+    show epoch 0 below the epoch 1 it held (a tick's fence may reject the
+    partitions with due jobs first: dropped, they are seen when claimed
+    again at an epoch not above the one held): 1,024 partitions in all; it
+    claims them again (epoch 1 again, see :mod:`scheduler.coordination.rewind`
+    for why that is safe) without counting any twice.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+import pytest
+from harness import MARGIN_S, Cluster, add_interval_jobs, partitions, rewind_store, runs_present, snapshot_store
+
+from scheduler.partition import PARTITION_COUNT
+
+pytestmark = pytest.mark.cluster
+
+JOBS = 100
+"""Interval jobs firing every second."""
+
+COUNTER = "scheduler_store_rewind_detected_total"
+
+
+def rewinds_counted(port: int) -> float:
+    """The node's ``scheduler_store_rewind_detected_total`` (from ``/metrics``)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    match = re.search(rf"^{COUNTER} (\S+)$", text, re.MULTILINE)
+    assert match, f"{COUNTER} not exported"
+    return float(match.group(1))
+
+
+@pytest.mark.parametrize("lost", ["renewals", "claims"])
+def test_a_rewound_store_is_detected_once_per_partition_and_the_lost_slots_fire_again(
+    cluster: Cluster, pg_dsn, relay, lost: str
+) -> None:
+    conn = cluster.conn
+    add_interval_jobs(conn, JOBS)
+    since = cluster.now()
+    if lost == "claims":
+        snapshot_store(conn)
+    node = cluster.spawn("n1", ["--metrics-port", "0"], dsn=relay.dsn(pg_dsn))
+    port = node.wait_event("metrics_listening", timeout_s=15)["port"]
+    cluster.wait_balanced(["n1"])
+    cluster.wait_fired("n1", cluster.now())
+    if lost == "renewals":
+        snapshot_store(conn)
+        snapped = cluster.now()
+        cluster.wait_for(
+            "every lease renewed after the copy",
+            lambda: conn.execute("SELECT count(*) AS n FROM leases WHERE renewed_at > %s", (snapped,)).fetchone()["n"],
+            lambda n: n == PARTITION_COUNT,
+            timeout_s=5 + MARGIN_S,
+        )
+        cluster.wait_fired("n1", snapped)  # runs the rewind will lose
+    assert rewinds_counted(port) == 0
+
+    relay.cut()
+    cut_mono = time.monotonic()
+    vanished = rewind_store(conn)
+    assert vanished, "the rewind lost no run"
+    assert runs_present(conn, vanished) == 0
+    relay.restore()
+    restored = cluster.now()
+
+    # One record per way it was seen: with "claims", a tick's fence may reject the partitions
+    # with due jobs first (dropped, then claimed again: seen at the claim), the renewal the rest.
+    events = cluster.wait_for(
+        "store_rewound records covering every partition",
+        lambda: node.events_named("store_rewound", cut_mono),
+        lambda found: sum(e["partitions"] for e in found) >= PARTITION_COUNT,
+        timeout_s=10 + MARGIN_S,
+    )
+    assert {e["level"] for e in events} == {"warning"}
+    assert {e["seen"] for e in events} <= ({"renewal"} if lost == "renewals" else {"fence", "claim"}), events
+    assert all("same run id" in e["note"] for e in events)
+    cluster.wait_for("the counter", lambda: rewinds_counted(port), lambda n: n == PARTITION_COUNT, timeout_s=5)
+    cluster.wait_balanced(["n1"])
+    cluster.wait_for(
+        "every vanished run fired again",
+        lambda: runs_present(conn, vanished),
+        lambda n: n == len(vanished),
+        timeout_s=10 + MARGIN_S,
+    )
+    history = cluster.finish(since, covering=restored, timeout_s=30)
+    assert (history.report.missing, history.report.duplicates) == (0, 0)
+    assert rewinds_counted(port) == PARTITION_COUNT  # counted once, not again at each renewal or claim
+    assert sum(e["partitions"] for e in node.events_named("store_rewound")) == PARTITION_COUNT
+    assert {row.owner_epoch for row in partitions(conn).values()} == {1}  # claimed once, or again at 1
+    assert node.terminate() == 0
