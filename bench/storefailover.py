@@ -228,11 +228,8 @@ def run_storefailover(
         old = pair.wait_leader()
         with psycopg.connect(old.dsn(), autocommit=True, connect_timeout=5) as admin:
             admin.execute("CREATE DATABASE bench")
-        # Migrated through the primary's own address (reset_store runs `upgrade`);
-        # the multi-host DSN below serves the nodes.
-        reset_store(old.dsn("bench")).close()
         dsn = pair.multi_host_dsn("bench", connect_timeout="2")
-        conn = store.connect(dsn, application_name="bench")
+        conn = reset_store(dsn)  # migrated through both hosts: libpq finds the primary
         ensure_tenants(conn, ["storefailover"])
         now = store.now(conn)
         anchor = now.replace(microsecond=0) + timedelta(seconds=1)

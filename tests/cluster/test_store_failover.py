@@ -3,7 +3,8 @@
 One Patroni pair (PostgreSQL 15; a throwaway etcd of its own, v2 API on, as
 the DCS; ``ttl`` 10 s, ``loop_wait`` 1 s, ``retry_timeout`` 3 s,
 ``synchronous_mode`` on) serves the module (:class:`scheduler.devtools.patroni_pair.PatroniPair`);
-each test gets a fresh database on it, migrated on the current primary, and
+each test gets a fresh database on it, migrated by ``scheduler db upgrade``
+through the multi-host DSN, and
 two nodes (the harness' scaled-down timings: lease TTL 2 s) pointed at the
 multi-host DSN ``postgresql://postgres@h:p1,h:p2/db?target_session_attrs=read-write``
 with :data:`JOBS` one-second interval jobs. Before each test both members
@@ -55,7 +56,6 @@ from harness import (
 from scheduler import store
 from scheduler.devtools.etcd_server import EtcdUnavailable, ThrowawayEtcd, find_etcd
 from scheduler.devtools.patroni_pair import Member, PatroniPair, PatroniUnavailable, find_patroni, find_pg_bin
-from scheduler.migrate import upgrade
 from scheduler.partition import PARTITION_COUNT
 
 pytestmark = pytest.mark.cluster
@@ -144,10 +144,9 @@ def ha_cluster(pair: PatroniPair, tmp_path: Path) -> Iterator[Cluster]:
         isolation = os.environ.get("SCHEDULER_TEST_ISOLATION")
         if isolation:  # on this database only: a standby refuses serializable (Patroni's own queries)
             admin.execute(f"ALTER DATABASE {dbname} SET default_transaction_isolation = '{isolation}'")
-    # Migrated through the primary's own address: `scheduler db upgrade` takes
-    # the multi-host DSN below once it accepts libpq's multi-host forms.
-    upgrade(leader.dsn(dbname))
     dsn = pair.multi_host_dsn(dbname, connect_timeout="2")
+    migrated = run_cli("db", "upgrade", "--dsn", dsn)  # through both hosts: libpq finds the primary
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
     group = Cluster(dsn, store.connect(dsn), tmp_path)
     try:
         yield group
