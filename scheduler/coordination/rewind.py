@@ -248,12 +248,6 @@ class RenewalWatermarks:
         report(self._metrics, self._node_id, "renewal", sorted(found))
 
 
-def run_id(job_id: object, nominal: datetime) -> str:
-    """A run's identity as executors see it: ``<job_id>.<nominal time in µs since the epoch>``."""
-    delta = nominal - datetime(1970, 1, 1, tzinfo=nominal.tzinfo)
-    return f"{job_id}.{(delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds}"
-
-
 class RunMarks:
     """The last run this node committed per partition, checked after a reconnect (the firer).
 
@@ -325,7 +319,7 @@ class RunMarks:
                 store = f"fired again by {row['run_node']} at epoch {row['run_epoch']}"
             else:
                 continue
-            found.append((pid, f"run {run_id(jid, nominal)} at epoch {epoch}", store))
+            found.append((pid, f"run of job {jid} at {nominal.isoformat()}, epoch {epoch}", store))
             del self._last[pid]
         found.sort()
         report(self._metrics, self._node_id, "runs", found)

@@ -150,6 +150,11 @@ class Firer:
         for session in sessions.values():
             session.close()
 
+    @property
+    def marks(self) -> RunMarks:
+        """The last run this node committed per partition (the rewind check's memory)."""
+        return self._marks
+
     def check_marks(self) -> list[int]:
         """The rewind check after a reconnect (:class:`~scheduler.coordination.rewind.RunMarks`):
         one ``select_runs_present`` on the ``read`` session, before the tick fires
