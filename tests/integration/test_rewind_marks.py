@@ -144,22 +144,16 @@ def test_a_herd_chunk_marks_its_highest_job_per_partition(pg_dsn, conn) -> None:
     node = OneNode(pg_dsn, node_id="herd", limits=FiringLimits(herd_min_jobs=20, first_pass_herd_quota=20))
     try:
         due = store_now(conn).replace(microsecond=0) - timedelta(seconds=120)
-        jobs.add_tenant(conn, "big")
-        rows = []
-        for _ in range(40):
-            job_id = uuid.uuid4()
-            anchor = due - timedelta(hours=1)
-            rows.append((partition_of(job_id), job_id, "big", 3600, anchor, due, due, anchor, anchor))
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO jobs (partition_id, job_id, tenant, kind, interval_s, anchor_at, next_nominal_at,"
-                " next_due_at, created_at, changed_at) VALUES (%s, %s, %s, 'interval', %s, %s, %s, %s, %s, %s)",
-                rows,
-            )
+        job_ids = jobs.add_jobs(conn, [JobSpec.build(tenant="big", interval_s=3600) for _ in range(40)])
+        conn.execute(  # all due at one instant, 2 minutes ago: one herd
+            "UPDATE jobs SET anchor_at = %(a)s, created_at = %(a)s, changed_at = %(a)s,"
+            " next_nominal_at = %(d)s, next_due_at = %(d)s WHERE job_id = ANY(%(j)s)",
+            {"a": due - timedelta(hours=1), "d": due, "j": job_ids},
+        )
         stamp_schedule_keys(conn)
         result = node.firer.tick()
         assert result.herd_fired == 40
         assert node.firer.marks.remembered() == last_runs(conn)
-        assert len(node.firer.marks) == len({row[0] for row in rows})
+        assert len(node.firer.marks) == len({partition_of(j) for j in job_ids})
     finally:
         node.close()
