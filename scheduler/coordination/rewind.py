@@ -73,8 +73,10 @@ remembers:
   open (impossible in a real failover: the old primary's connections die
   with it), runs committed by a node that died (nobody remembers them), a
   lost run whose slot the store has since moved past without it (a
-  misfire skip after a long outage), and anything lost before this process
-  started.
+  misfire skip after a long outage), a lost run this node fired again
+  itself before a check that failed could be repeated (same node, same
+  epoch: indistinguishable), run-now and backfill runs (not remembered),
+  and anything lost before this process started.
 
 A rewind is logged (``store_rewound``, WARNING: the partitions, the epochs,
 times or runs remembered and found, and what it means) and counted per
