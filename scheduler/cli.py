@@ -2027,7 +2027,9 @@ def verify_cmd(
     verify reports the window clean, so a clean verify does not prove no slot
     reached the executors twice. The nodes' scheduler_store_rewind_detected_total
     notices such a rewind when the lost window held one of their lease
-    renewals or claims; the executors' deduplication by run id absorbs it.
+    renewals or claims, or, checked after they reconnect, the last run one of
+    them committed in a partition (not runs of a node that died with the old
+    primary); the executors' deduplication by run id absorbs it.
     """
     from scheduler.audit import verify, verify_delivery
 

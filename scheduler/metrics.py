@@ -176,6 +176,8 @@ class Metrics:
             "(the store went back in time: asynchronous failover, restored backup).",
             registry=r,
         )
+        self._rewound: dict[int, tuple[str, float]] = {}  # partition -> (watch, monotonic s) last counted
+        self._rewound_lock = threading.Lock()
         self.store_retries = Counter(
             "scheduler_store_retries_total",
             "Transactions retried, by SQLSTATE class (40 = serialization/deadlock).",
@@ -270,6 +272,24 @@ class Metrics:
         """Replace the queue-depth gauge's series by ``depths`` (label value → runs);
         a tenant absent from ``depths`` disappears from the exposition."""
         self.queue_depth.replace(depths)
+
+    def count_rewound(self, partitions: Iterable[int], watch: str, now_s: float, window_s: float) -> list[int]:
+        """Count in ``scheduler_store_rewind_detected_total`` the ``partitions`` (ids) the
+        rewind watch ``watch`` found rewound at monotonic ``now_s`` (seconds), except those
+        a *different* watch counted within the last ``window_s`` seconds (one rewind seen
+        two ways counts once; scheduler/coordination/rewind.py). Returns the partitions
+        counted, in the order given. Thread-safe (the lease loop and the firer both count)."""
+        counted = []
+        with self._rewound_lock:
+            for pid in partitions:
+                last = self._rewound.get(pid)
+                if last is not None and last[0] != watch and now_s - last[1] < window_s:
+                    continue
+                self._rewound[pid] = (watch, now_s)
+                counted.append(pid)
+        if counted:
+            self.store_rewinds.inc(len(counted))
+        return counted
 
     def retry(self, sqlstate: str) -> None:
         """Count one transaction retry for ``sqlstate``."""

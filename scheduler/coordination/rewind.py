@@ -38,11 +38,55 @@ remembers:
   store times written into the same row, so clock skew between primary and
   standby does not matter.
 
-A rewind is logged (``store_rewound``, WARNING: the partitions, the epochs
-or times remembered and found, and what it means) and counted per
+* **Runs** (:class:`RunMarks`, the firer, any coordinator). The two watches
+  above need the lost window to hold a claim or a renewal; the usual
+  asynchronous loss does not (a replication lag of milliseconds, renewals
+  every ``renew_interval_s``): it holds only fired runs. So the firer
+  remembers, per partition it fired in, the last run it committed there
+  (its key ``partition_id, job_id, nominal_time`` and the epoch it was fired
+  under), taken from the firing statement's own answer (``fire_runs`` and
+  ``fire_group`` return, per partition, their highest inserted run: no
+  extra query). Commits are atomic and ordered, so if the store lost a
+  tail holding any of this node's commits in a partition, it lost the last
+  one. When the firer's store sessions were closed after an error (a
+  reconnect: the only way to reach a promoted standby), its first tick on
+  the new connections first runs one query (``select_runs_present``: one
+  primary-key probe of ``runs`` and of ``jobs`` per remembered run) and
+  reports (``seen="runs"``) every partition whose remembered run
+
+  - is gone while its job is still at or before that run's slot (the store
+    will fire it again: exactly the re-fire the executors must absorb), or
+  - is there but written by another node or under another epoch (someone
+    already fired the slot again after the loss).
+
+  A run that retention or ``runs prune`` deleted, or whose job was edited,
+  deleted or pruned, has a job past its slot or no job: not reported (and
+  not re-fired either). Reported partitions are forgotten (the store's word
+  stands; the next run fired there is remembered afresh); a check that
+  fails is logged (``rewind_check_failed``) and run again on the next tick,
+  on a new connection; firing is never held for it. Entries are kept when
+  the lease is lost or released (the check is run on the reconnect after
+  the failover, and a failover longer than the TTL loses the leases first;
+  a run this node committed is its concern whoever owns the partition now),
+  at most one per partition (1,024) and replaced by the next run fired
+  there. What it cannot see: a rewind while the firer's connections stayed
+  open (impossible in a real failover: the old primary's connections die
+  with it), runs committed by a node that died (nobody remembers them), a
+  lost run whose slot the store has since moved past without it (a
+  misfire skip after a long outage), a lost run this node fired again
+  itself before a check that failed could be repeated (same node, same
+  epoch: indistinguishable), run-now and backfill runs (not remembered),
+  and anything lost before this process started.
+
+A rewind is logged (``store_rewound``, WARNING: the partitions, the epochs,
+times or runs remembered and found, and what it means) and counted per
 partition in ``scheduler_store_rewind_detected_total``; the remembered value
-is then replaced by the store's, so one rewind counts once. Nothing else
-changes: the node never stops for it, and keeps firing fenced.
+is then replaced by the store's, so one rewind counts once. A rewind seen by
+both the lease loop's watches and the firer's (the lease watches and the
+runs watch each see it at their first call after the reconnect) counts and
+is logged once: a partition counted by one is not counted again by the
+other within :data:`SEEN_TWICE_S` (:meth:`Metrics.count_rewound`). Nothing
+else changes: the node never stops for it, and keeps firing fenced.
 
 Why fencing stays correct after a rewind
 ----------------------------------------
@@ -66,8 +110,10 @@ slot whose run vanished fires again, same run id.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from scheduler import log
 from scheduler.metrics import Metrics
@@ -82,16 +128,28 @@ SAMPLE = 8
 """Partitions named in one ``store_rewound`` record (the count covers them all)."""
 
 
+SEEN_TWICE_S = 60.0
+"""Seconds within which a partition counted by the lease loop's watches (``claim``,
+``fence``, ``renewal``) is not counted again by the firer's (``runs``), and the
+converse: both see one rewind on their first call after the reconnect."""
+
+
 def report(metrics: Metrics, node_id: str, seen: str, found: list[tuple[int, object, object]]) -> None:
-    """Log one ``store_rewound`` WARNING and count ``len(found)`` partitions.
+    """Log one ``store_rewound`` WARNING and count the partitions of ``found``.
 
     ``found``: ``(partition, what this node had, what the store shows)``,
     by partition id; ``seen``: how it was noticed (``claim``, ``fence``,
-    ``renewal``). Nothing for an empty ``found``.
+    ``renewal``: the lease loop; ``runs``: the firer). Partitions the other
+    side counted within :data:`SEEN_TWICE_S` are left out (neither counted
+    nor logged). Nothing for an empty ``found``.
     """
     if not found:
         return
-    metrics.store_rewinds.inc(len(found))
+    watch = "runs" if seen == "runs" else "lease"
+    counted = set(metrics.count_rewound([pid for pid, _, _ in found], watch, time.monotonic(), SEEN_TWICE_S))
+    found = [entry for entry in found if entry[0] in counted]
+    if not found:
+        return
     log.event(
         "store_rewound",
         logging.WARNING,
@@ -190,3 +248,81 @@ class RenewalWatermarks:
                 found.append((pid, written[1], prior))
         self._written = {row["partition_id"]: (row["owner_epoch"], row["renewed_at"]) for row in rows}
         report(self._metrics, self._node_id, "renewal", sorted(found))
+
+
+class RunMarks:
+    """The last run this node committed per partition, checked after a reconnect (the firer).
+
+    An entry is ``partition -> (job_id, nominal_time, epoch)``; at most one per
+    partition (0..1023). :meth:`committed` takes a firing statement's answer
+    (its ``mark_*`` arrays: per partition, the highest run it inserted);
+    :meth:`params` are the ``select_runs_present`` parameters (ascending
+    partitions); :meth:`check` compares that query's rows, reports
+    (``seen="runs"``) and forgets the rewound partitions. Used by one thread
+    (the firing loop). See the module docstring for what it catches and not.
+    """
+
+    def __init__(self, node_id: str, metrics: Metrics) -> None:
+        self._node_id = node_id
+        self._metrics = metrics
+        self._last: dict[int, tuple[Any, datetime, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def remembered(self) -> dict[int, tuple[Any, datetime, int]]:
+        """A copy of the entries: ``{partition: (job_id, nominal_time, epoch)}``."""
+        return dict(self._last)
+
+    def committed(self, row: dict) -> None:
+        """Remember the runs a committed firing statement reports (``mark_pids``,
+        ``mark_jobs``, ``mark_nominals``, ``mark_epochs``: parallel arrays), each
+        replacing its partition's entry. A row without them (no run inserted) changes nothing."""
+        for pid, jid, nominal, epoch in zip(
+            row.get("mark_pids") or (),
+            row.get("mark_jobs") or (),
+            row.get("mark_nominals") or (),
+            row.get("mark_epochs") or (),
+            strict=True,
+        ):
+            self._last[pid] = (jid, nominal, epoch)
+
+    def params(self) -> dict[str, list]:
+        """``select_runs_present``'s parameters: ``pids``, ``jids``, ``nominals`` (by partition)."""
+        pids = sorted(self._last)
+        return {
+            "pids": pids,
+            "jids": [self._last[pid][0] for pid in pids],
+            "nominals": [self._last[pid][1] for pid in pids],
+        }
+
+    def check(self, rows: list[dict]) -> list[int]:
+        """``select_runs_present`` rows for :meth:`params`: report and forget the rewound partitions.
+
+        A remembered run is rewound if it is missing while its job exists
+        with its slot (``next_nominal_at``) at or before the run's nominal
+        time, or present under another node or epoch. Rows of entries
+        replaced since the query was sent are ignored. Returns the rewound
+        partitions, ascending.
+        """
+        found = []
+        for row in rows:
+            pid = row["partition_id"]
+            entry = self._last.get(pid)
+            if entry is None or (str(entry[0]), entry[1]) != (str(row["job_id"]), row["nominal_time"]):
+                continue
+            jid, nominal, epoch = entry
+            if row["run_node"] is None:
+                slot = row["next_nominal_at"]
+                if not row["job_exists"] or slot is None or slot > nominal:
+                    continue  # pruned, or its job moved past it: not fired again
+                store: object = "missing"
+            elif row["run_node"] != self._node_id or row["run_epoch"] != epoch:
+                store = f"fired again by {row['run_node']} at epoch {row['run_epoch']}"
+            else:
+                continue
+            found.append((pid, f"run of job {jid} at {nominal.isoformat()}, epoch {epoch}", store))
+            del self._last[pid]
+        found.sort()
+        report(self._metrics, self._node_id, "runs", found)
+        return [pid for pid, _, _ in found]

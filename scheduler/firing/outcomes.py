@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Any
 
 from scheduler import log, store
+from scheduler.coordination.rewind import RunMarks
 from scheduler.coordination.table import LeaseTable
 from scheduler.fairness import TokenBucket, node_share_of_cap
 from scheduler.firing.state import TickResult
@@ -15,12 +16,15 @@ from scheduler.metrics import Metrics
 
 class Outcomes:
     """Counts the chunks of a firer's ticks once committed (into the tick's
-    :class:`TickResult` and the metrics), and drops the leases the fence rejected."""
+    :class:`TickResult` and the metrics), drops the leases the fence rejected,
+    and hands each committed chunk's last runs to ``marks`` (the rewind check,
+    :class:`~scheduler.coordination.rewind.RunMarks`), if given."""
 
-    def __init__(self, node_id: str, table: LeaseTable, metrics: Metrics) -> None:
+    def __init__(self, node_id: str, table: LeaseTable, metrics: Metrics, marks: RunMarks | None = None) -> None:
         self._node_id = node_id
         self._table = table
         self._metrics = metrics
+        self._marks = marks
 
     def collect(self, pipeline: store.Pipeline, result: TickResult) -> list[store.Sent]:
         """Count the chunks whose COMMIT succeeded (:meth:`scheduler.store.Pipeline.collect`); return the others."""
@@ -35,6 +39,8 @@ class Outcomes:
         ``item.batch`` is the per-timer chunk's :class:`~scheduler.firing.batch.Batch`,
         None for a herd's ``fire_group`` chunk.
         """
+        if self._marks is not None:
+            self._marks.committed(row)
         fenced = set(row["fenced"])
         rejected = sorted(item.partitions - fenced)
         if rejected:

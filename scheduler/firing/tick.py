@@ -53,6 +53,13 @@ tick. All sessions are then closed and reopened, never reused after an
 error. On a retryable SQLSTATE (40001, 40P01) the chunks that did not commit
 are re-sent at once on a fresh session (:func:`scheduler.store.resend`),
 each retried whole with backoff.
+
+A store that went back in time (an asynchronous failover): every committed
+chunk's last run per partition is remembered
+(:class:`~scheduler.coordination.rewind.RunMarks`, from the statement's own
+answer), and the first tick after the sessions were closed checks, before
+firing, that the store still has them (:meth:`Firer.check_marks`, one
+query); a lost one is logged (``store_rewound``, ``seen="runs"``) and counted.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ import psycopg
 
 from scheduler import log, store
 from scheduler.clock import Clock
+from scheduler.coordination.rewind import RunMarks
 from scheduler.coordination.table import LeaseTable
 from scheduler.delivery import owner
 from scheduler.errors import SchedulerError
@@ -116,7 +124,9 @@ class Firer:
         self._tenants: list[str] = []
         self._drr = DeficitRoundRobin()
         self._caps = RateCaps()
-        self._outcomes = Outcomes(settings.node_id, table, metrics)
+        self._marks = RunMarks(settings.node_id, metrics)
+        self._outcomes = Outcomes(settings.node_id, table, metrics, self._marks)
+        self._check_marks = False  # sessions were closed since the last rewind check (a reconnect is coming)
         self._sessions: dict[str, store.StoreSession] = {}
         self._wake = threading.Event()
 
@@ -130,10 +140,47 @@ class Firer:
         return session.connection()
 
     def close(self) -> None:
-        """Close the firing connections."""
+        """Close the firing connections (after an error, or at shutdown).
+
+        The next tick reconnects, and first checks the runs this node last
+        committed (:meth:`check_marks`).
+        """
         sessions, self._sessions = self._sessions, {}
+        self._check_marks = self._check_marks or bool(sessions)
         for session in sessions.values():
             session.close()
+
+    @property
+    def marks(self) -> RunMarks:
+        """The last run this node committed per partition (the rewind check's memory)."""
+        return self._marks
+
+    def check_marks(self) -> list[int]:
+        """The rewind check after a reconnect (:class:`~scheduler.coordination.rewind.RunMarks`):
+        one ``select_runs_present`` on the ``read`` session, before the tick fires
+        anything (a slot fired again first would hide its loss). Returns the
+        partitions found rewound (reported and forgotten), ascending.
+
+        Does nothing unless the sessions were closed since the last check and
+        runs are remembered. A store error is logged (``rewind_check_failed``),
+        the ``read`` session closed and the check left due for the next tick;
+        never raised, so firing is never held.
+        """
+        if not self._check_marks:
+            return []
+        if not len(self._marks):
+            self._check_marks = False
+            return []
+        try:
+            rows = store.execute(self._connection("read"), "select_runs_present", self._marks.params())
+        except (psycopg.Error, SchedulerError, OSError) as exc:
+            log.event("rewind_check_failed", logging.WARNING, node=self._s.node_id, error=store.first_line(exc))
+            idle = self._sessions.pop("read", None)
+            if idle is not None:
+                idle.close()
+            return []
+        self._check_marks = False
+        return self._marks.check(rows)
 
     # ------------------------------------------------------------------ tick
 
@@ -186,6 +233,7 @@ class Firer:
         return result
 
     def _tick(self, firable: dict[int, int], result: TickResult) -> None:
+        self.check_marks()
         read = self._connection("read")
         lanes_max = self._limits.write_lanes
         count = lanes_max if len(firable) > PARTITION_COUNT // 2 else 1

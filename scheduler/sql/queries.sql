@@ -160,6 +160,20 @@ FROM partitions
 WHERE partition_id = ANY(%(partition_ids)b::int4[])
 ORDER BY partition_id;
 
+-- name: select_runs_present
+-- The rewind check of the firer's marks (scheduler/coordination/rewind.py,
+-- RunMarks): per remembered run (pids[i], jids[i], nominals[i]), what the
+-- store holds of it now: the run's node_id and epoch (NULL: no such run) and
+-- its job's slot (job_exists false: no such job row). One primary-key probe
+-- of runs and one of jobs per key; at most one key per partition.
+SELECT a.pid AS partition_id, a.jid AS job_id, a.nominal AS nominal_time,
+       r.node_id AS run_node, r.epoch AS run_epoch,
+       j.job_id IS NOT NULL AS job_exists, j.next_nominal_at
+FROM unnest(%(pids)b::int4[], %(jids)b::uuid[], %(nominals)b::timestamptz[]) AS a (pid, jid, nominal)
+LEFT JOIN runs AS r ON r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
+LEFT JOIN jobs AS j ON j.partition_id = a.pid AND j.job_id = a.jid
+ORDER BY a.pid;
+
 -- name: partition_status
 -- Every partition with its lease's owner, the fence's epoch, and the
 -- lease's time left and age (seconds, at store time %(now)s; NULL: now()).
@@ -391,7 +405,12 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS store_now;
 -- Per-job arrays are array literals in text (one str.join in the node:
 -- psycopg's binary list dumper costs ~1 µs per element in Python); the
 -- small per-plan arrays are binary.
--- Returns the fenced partitions, the counts and the runs' lateness.
+-- Returns the fenced partitions, the counts and the runs' lateness, and
+-- the rewind marks (scheduler/coordination/rewind.py, RunMarks): per
+-- partition with a run inserted, ascending, its highest run (nominal time,
+-- then job id) and the epoch it was fired under (mark_pids, mark_jobs,
+-- mark_nominals, mark_epochs: parallel arrays, one aggregate over the
+-- statement's own inserted rows, no read).
 WITH fence AS (
     SELECT p.partition_id
     FROM partitions AS p
@@ -445,7 +464,8 @@ WITH fence AS (
            'pending', r.queue, 'schedule', coalesce(%(now)s::timestamptz, statement_timestamp())
     FROM fires AS r
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
-    RETURNING extract(epoch FROM (fired_at - scheduled_at))::float8 AS lag_s
+    RETURNING partition_id, job_id, nominal_time, epoch,
+              extract(epoch FROM (fired_at - scheduled_at))::float8 AS lag_s
 ), guarded AS (
     SELECT ad.partition_id, ad.job_id, ad.tenant, ad.queue, ad.epoch, ad.overlap, ad.next_nominal_at,
            (%(f_nominal)b::timestamptz[])[g.i] AS nominal, (%(f_scheduled)b::timestamptz[])[g.i] AS scheduled,
@@ -506,7 +526,8 @@ WITH fence AS (
     FROM guarded AS gd
     WHERE gd.fate <> 'skip'
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
-    RETURNING extract(epoch FROM (fired_at - scheduled_at))::float8 AS lag_s
+    RETURNING partition_id, job_id, nominal_time, epoch,
+              extract(epoch FROM (fired_at - scheduled_at))::float8 AS lag_s
 ), overlap_skipped AS (
     INSERT INTO skips (partition_id, job_id, first_nominal, until_nominal, slots,
                        reason, recorded_at, node_id, epoch)
@@ -519,13 +540,23 @@ WITH fence AS (
     GROUP BY gd.partition_id, gd.job_id
     ON CONFLICT (partition_id, job_id, first_nominal) DO NOTHING
     RETURNING 1
+), marks AS (
+    SELECT m.partition_id, max(m.nominal_time) AS nominal_time, max(m.epoch) AS epoch,
+           (array_agg(m.job_id ORDER BY m.nominal_time DESC, m.job_id DESC))[1] AS job_id
+    FROM (SELECT partition_id, job_id, nominal_time, epoch FROM inserted
+          UNION ALL SELECT partition_id, job_id, nominal_time, epoch FROM overlap_ins) AS m
+    GROUP BY m.partition_id
 )
 SELECT (SELECT pids FROM fenced) AS fenced,
        (SELECT count(*) FROM advanced) AS advanced,
        (SELECT count(*) FROM skipped) + (SELECT count(*) FROM overlap_skipped) AS skipped,
        (SELECT count(*) FROM inserted) + (SELECT count(*) FROM overlap_ins) AS inserted,
        (SELECT coalesce(array_agg(lag_s), '{}') FROM (SELECT lag_s FROM inserted
-                                                    UNION ALL SELECT lag_s FROM overlap_ins) AS l) AS lags_s;
+                                                    UNION ALL SELECT lag_s FROM overlap_ins) AS l) AS lags_s,
+       (SELECT coalesce(array_agg(partition_id ORDER BY partition_id), '{}') FROM marks) AS mark_pids,
+       (SELECT coalesce(array_agg(job_id ORDER BY partition_id), '{}') FROM marks) AS mark_jobs,
+       (SELECT coalesce(array_agg(nominal_time ORDER BY partition_id), '{}') FROM marks) AS mark_nominals,
+       (SELECT coalesce(array_agg(epoch ORDER BY partition_id), '{}') FROM marks) AS mark_epochs;
 
 -- name: fire_group
 -- The fenced firing statement for one herd chunk (scheduler/firing/herds.py):
@@ -564,7 +595,8 @@ SELECT (SELECT pids FROM fenced) AS fenced,
 -- statement's timestamp, or the store clock's pin %(now)s when given;
 -- scheduled_at is the instant), returned once as lag_s. The plans are a
 -- MATERIALIZED CTE joined by hash. Returns the fenced partitions, the counts
--- and the runs' lateness.
+-- and the runs' lateness, and the rewind marks as fire_runs does (here every
+-- run's nominal time is %(due)s; per partition, the highest job id).
 WITH fence AS (
     SELECT p.partition_id
     FROM partitions AS p
@@ -601,7 +633,7 @@ WITH fence AS (
     FROM advanced AS ad
     WHERE ad.overlap = 'allow'
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
-    RETURNING 1
+    RETURNING partition_id, job_id
 ), guarded AS (
     SELECT ad.partition_id, ad.job_id, ad.tenant, ad.queue, ad.overlap, ad.next_nominal_at,
            (%(epochs)s::int8[])[ad.partition_id + 1] AS epoch,
@@ -652,7 +684,7 @@ WITH fence AS (
     FROM guarded AS gd
     WHERE gd.fate <> 'skip'
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
-    RETURNING 1
+    RETURNING partition_id, job_id
 ), overlap_skipped AS (
     INSERT INTO skips (partition_id, job_id, first_nominal, until_nominal, slots,
                        reason, recorded_at, node_id, epoch)
@@ -663,13 +695,23 @@ WITH fence AS (
     WHERE gd.fate = 'skip'
     ON CONFLICT (partition_id, job_id, first_nominal) DO NOTHING
     RETURNING 1
+), marks AS (
+    SELECT m.partition_id, (array_agg(m.job_id ORDER BY m.job_id DESC))[1] AS job_id
+    FROM (SELECT partition_id, job_id FROM inserted
+          UNION ALL SELECT partition_id, job_id FROM overlap_ins) AS m
+    GROUP BY m.partition_id
 )
 SELECT (SELECT pids FROM fenced) AS fenced,
        (SELECT count(*) FROM advanced) AS advanced,
        (SELECT count(*) FROM inserted) + (SELECT count(*) FROM overlap_ins) AS inserted,
        (SELECT count(*) FROM overlap_skipped) AS skipped,
        extract(epoch FROM (coalesce(%(now)s::timestamptz, statement_timestamp())
-                           - %(due)s::timestamptz))::float8 AS lag_s;
+                           - %(due)s::timestamptz))::float8 AS lag_s,
+       (SELECT coalesce(array_agg(partition_id ORDER BY partition_id), '{}') FROM marks) AS mark_pids,
+       (SELECT coalesce(array_agg(job_id ORDER BY partition_id), '{}') FROM marks) AS mark_jobs,
+       (SELECT coalesce(array_agg(%(due)s::timestamptz), '{}') FROM marks) AS mark_nominals,
+       (SELECT coalesce(array_agg((%(epochs)s::int8[])[partition_id + 1] ORDER BY partition_id), '{}')
+        FROM marks) AS mark_epochs;
 
 -- name: last_handled
 -- Per job (pids[i], jids[i]): the latest nominal time of its runs and the

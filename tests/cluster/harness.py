@@ -451,21 +451,26 @@ def snapshot_store(conn: psycopg.Connection) -> None:
     store.run_transaction(conn, body)
 
 
-def rewind_store(conn: psycopg.Connection) -> list[dict]:
+def rewind_store(conn: psycopg.Connection, *, leases: bool = True) -> list[dict]:
     """Put the store back to :func:`snapshot_store`'s copy in one transaction, as a
     failover to a lagging replica would; return the runs that vanished
-    (``partition_id, job_id, nominal_time``), by nominal time then job."""
+    (``partition_id, job_id, nominal_time``), by nominal time then job.
+
+    ``leases=False`` leaves the fence and lease rows as they are (a lost
+    window that held runs but no claim and no renewal): only jobs' slots,
+    skips and runs go back."""
 
     def body(c: psycopg.Connection) -> list[dict]:
-        c.execute(
-            "UPDATE partitions AS p SET owner_node = s.owner_node, owner_epoch = s.owner_epoch"
-            " FROM snap_partitions AS s WHERE p.partition_id = s.partition_id"
-        )
-        c.execute(
-            "UPDATE leases AS l SET owner_node = s.owner_node, owner_epoch = s.owner_epoch,"
-            " lease_expires_at = s.lease_expires_at, acquired_at = s.acquired_at, renewed_at = s.renewed_at"
-            " FROM snap_leases AS s WHERE l.partition_id = s.partition_id"
-        )
+        if leases:
+            c.execute(
+                "UPDATE partitions AS p SET owner_node = s.owner_node, owner_epoch = s.owner_epoch"
+                " FROM snap_partitions AS s WHERE p.partition_id = s.partition_id"
+            )
+            c.execute(
+                "UPDATE leases AS l SET owner_node = s.owner_node, owner_epoch = s.owner_epoch,"
+                " lease_expires_at = s.lease_expires_at, acquired_at = s.acquired_at, renewed_at = s.renewed_at"
+                " FROM snap_leases AS s WHERE l.partition_id = s.partition_id"
+            )
         c.execute(
             "UPDATE jobs AS j SET next_nominal_at = s.next_nominal_at, next_due_at = s.next_due_at"
             " FROM snap_jobs AS s WHERE j.job_id = s.job_id"
