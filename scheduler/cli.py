@@ -421,7 +421,7 @@ def db_current(dsn: str, as_json: bool) -> None:
 
 @cli.group(cls=OneLineErrors)
 def tenants() -> None:
-    """Tenants: fairness weight and fleet-wide rate cap."""
+    """Tenants: fairness weight, fleet-wide rate cap, schedule quota and push signing secrets."""
 
 
 @tenants.command("add")
