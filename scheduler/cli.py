@@ -180,7 +180,9 @@ class Decimal(click.ParamType):
 
 
 WEIGHT = WholeNumber("weight", 1, 1000)
-MAX_RATE = Decimal("max_rate", "must be a positive, finite number of runs per second in ASCII digits")
+MAX_RATE = Decimal(
+    "max_rate", "must be a number of runs per second > 0 and <= 1000000000 in ASCII digits", high=1e9
+)  # the bound is scheduler.jobs.MAX_TENANT_RATE (that module is imported lazily)
 MAX_SCHEDULES = WholeNumber("max_schedules", 0, 100_000_000)
 
 

@@ -55,7 +55,7 @@ class TokenBucket:
 
 def node_share_of_cap(max_rate_per_s: float, partitions_owned: int) -> float:
     """A fleet-wide cap's share for a node owning ``partitions_owned`` partitions."""
-    return max_rate_per_s * partitions_owned / PARTITION_COUNT
+    return max_rate_per_s * (partitions_owned / PARTITION_COUNT)  # never above the cap (no overflow)
 
 
 class DeficitRoundRobin:

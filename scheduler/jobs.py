@@ -57,7 +57,6 @@ import csv
 import dataclasses
 import hashlib
 import json
-import math
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -1127,11 +1126,21 @@ def set_tenant(
     return rows[0]
 
 
+MAX_TENANT_RATE = 1e9
+"""Largest tenant rate cap accepted (runs/s, fleet-wide): far above what a fleet fires (a node
+fires ~50,000 runs/s), so any useful cap fits, and small enough that a node's share of it and
+its token bucket stay ordinary numbers (1e308 overflowed the firer's arithmetic)."""
+
+
 def _check_weight_rate(weight: int | None, max_rate: float | None) -> None:
     if weight is not None and not (isinstance(weight, int) and 1 <= weight <= 1000):
         raise ValidationError("weight", "must be a whole number from 1 to 1000", weight)
-    if max_rate is not None and not (isinstance(max_rate, (int, float)) and 0 < max_rate < math.inf):
-        raise ValidationError("max_rate", "must be a positive, finite number of runs per second", max_rate)
+    if max_rate is not None and not (
+        isinstance(max_rate, (int, float)) and not isinstance(max_rate, bool) and 0 < max_rate <= MAX_TENANT_RATE
+    ):
+        raise ValidationError(
+            "max_rate", f"must be a number of runs per second > 0 and <= {MAX_TENANT_RATE:.0f}", max_rate
+        )
 
 
 def list_tenants(conn: psycopg.Connection) -> list[dict]:

@@ -71,6 +71,12 @@ class Outcomes:
 class RateCaps:
     """The token buckets of a firer's rate-capped tenants (see scheduler/fairness.py)."""
 
+    MAX_LIMIT = 2**31 - 1
+    """A tick's limit of one tenant saturates here (runs): a cap so large that its bucket
+    holds more limits nothing, and whatever ``tenants.max_rate`` holds (the API and CLI
+    refuse caps above :data:`scheduler.jobs.MAX_TENANT_RATE`; an older or hand-written row
+    may not), a tick's limit is an ordinary integer, never ``int(inf)``."""
+
     def __init__(self) -> None:
         self._buckets: dict[str, TokenBucket] = {}
 
@@ -92,7 +98,7 @@ class RateCaps:
                 bucket = self._buckets[tenant] = TokenBucket(
                     rate, burst, burst if bucket is None else min(burst, bucket.tokens), now_s
                 )
-            limits[tenant] = int(bucket.refill(now_s))
+            limits[tenant] = int(min(bucket.refill(now_s), self.MAX_LIMIT))
         return limits or None
 
     def charge(self, used: Counter[str]) -> None:

@@ -141,6 +141,16 @@ def test_tenant_errors_name_the_field(admin):
     assert (body["field"], body["detail"]) == ("weight", "weight: must be a whole number from 1 to 1000 (got 0)")
     body = _problem(admin.post("/v1/tenants", json={"tenant": "w", "max_rate": -1}), 422)
     assert body["field"] == "max_rate"
+    # 1e308 is finite, and it overflowed every node's token bucket (every tick crashed).
+    for value in (1e308, 1000000001):
+        body = _problem(admin.post("/v1/tenants", json={"tenant": "w", "max_rate": value}), 422)
+        assert (body["field"], body["detail"]) == (
+            "max_rate",
+            f"max_rate: must be a number of runs per second > 0 and <= 1000000000 (got {float(value)!r})",
+        )
+        body = _problem(admin.patch("/v1/tenants/dup", json={"max_rate": value}), 422)
+        assert body["field"] == "max_rate"
+    assert _listed(admin, "dup")["max_rate"] is None
     body = _problem(admin.post("/v1/tenants", json={"tenant": "w", "colour": "red"}), 422)
     assert (body["field"], body["detail"]) == ("colour", "colour: is not a known field (got 'red')")
     body = _problem(admin.patch("/v1/tenants/nobody", json={"weight": 2}), 404)

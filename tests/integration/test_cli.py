@@ -491,6 +491,16 @@ def test_tenants_add_list_set(pg_dsn, conn) -> None:
     one_line_error(run(["tenants", "add", "bad tenant"], pg_dsn), 2, "error: tenant: must be 1-200 characters")
     one_line_error(run(["tenants", "add", "initech", "--weight", "0"], pg_dsn), 2, "error: weight: ")
     one_line_error(run(["tenants", "set", "acme", "--max-rate", "inf"], pg_dsn), 2, "error: max_rate: ")
+    # A finite cap too large to mean anything (it overflowed the firer's token bucket: every
+    # node's tick crashed, for every tenant) is refused naming the bound; nothing written.
+    one_line_error(
+        run(["tenants", "set", "acme", "--max-rate", "1e308"], pg_dsn),
+        2,
+        "error: max_rate: must be a number of runs per second > 0 and <= 1000000000 in ASCII digits (got '1e308')",
+    )
+    one_line_error(run(["tenants", "add", "initech", "--max-rate", "1000000001"], pg_dsn), 2, "error: max_rate: ")
+    assert conn.execute("SELECT max_rate FROM tenants WHERE tenant = 'acme'").fetchone()["max_rate"] is None
+    assert conn.execute("SELECT count(*) AS n FROM tenants WHERE tenant = 'initech'").fetchone()["n"] == 0
 
 
 # ---------------------------------------------------------------- db upgrade

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.fairness import DeficitRoundRobin, TokenBucket, node_share_of_cap
+from scheduler.firing.outcomes import RateCaps
 
 tenant_weights = st.dictionaries(
     st.text("abcdefghij", min_size=1, max_size=4), st.integers(1, 20), min_size=1, max_size=30
@@ -106,3 +107,22 @@ def test_token_bucket_and_node_share() -> None:
     bucket = TokenBucket(rate_per_s=100, burst=100, tokens=0, updated_s=0.0)
     assert bucket.refill(0.5) == 50
     assert bucket.refill(10.0) == 100  # capped at burst
+
+
+def test_a_huge_stored_cap_gives_a_finite_limit_not_a_crash() -> None:
+    """A cap of 1e308 runs/s (stored before the bound existed, or written by hand) made the
+    node's share overflow to infinity and ``int(inf)`` crashed every tick of every node, for
+    every tenant. A cap that large limits nothing: the tick's limit saturates."""
+    caps = RateCaps()
+    tenants = {"big": {"max_rate": 1e308}, "small": {"max_rate": 2.0}}
+    assert node_share_of_cap(1e308, 1024) == 1e308
+    limits = caps.limits(tenants, owned=1024, now_s=100.0, tick_interval_s=1.0)
+    assert limits == {"big": RateCaps.MAX_LIMIT, "small": 2}
+    assert caps.limits(tenants, owned=1024, now_s=101.0, tick_interval_s=1.0) == {"big": RateCaps.MAX_LIMIT, "small": 2}
+
+
+def test_the_cli_bound_of_a_rate_cap_is_the_store_side_bound() -> None:
+    from scheduler.cli import MAX_RATE
+    from scheduler.jobs import MAX_TENANT_RATE
+
+    assert MAX_RATE.high == MAX_TENANT_RATE
