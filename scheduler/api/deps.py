@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Annotated, Any
 
@@ -35,6 +36,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from scheduler import store
 from scheduler.api.errors import ApiError, Unauthorized, problem, store_unavailable
 from scheduler.api.keys import Principal
 from scheduler.api.limits import page_limit
@@ -58,13 +60,28 @@ MAX_CURSOR_CHARS = 2048
 """Longest cursor accepted (a sort key is small)."""
 
 
+@contextlib.contextmanager
+def pooled(pool: Any) -> Iterator[psycopg.Connection]:
+    """A connection of ``pool``, returned to it on exit; closed first (so the pool replaces
+    it) when the request met an error after which a node session reconnects
+    (:func:`scheduler.store.drops_connection`: e.g. a server turned read-only, which keeps
+    the connection up and refuses every write; a new one reaches the writable host)."""
+    with pool.connection() as conn:
+        try:
+            yield conn
+        except Exception as exc:
+            if store.drops_connection(exc):
+                conn.close()
+            raise
+
+
 def db(request: Request) -> AbstractContextManager[psycopg.Connection]:
-    """A connection from the app's pool (``app.state.pool``), returned to it on exit.
+    """A connection from the app's pool (``app.state.pool``; :func:`pooled`), returned to it on exit.
 
     Autocommit with dict rows; ``statement_timeout`` bounds every statement.
     Raises ``psycopg_pool.PoolTimeout`` (answered 503) when none frees up in time.
     """
-    return request.app.state.pool.connection()
+    return pooled(request.app.state.pool)
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -92,7 +109,7 @@ def authenticate(app: Any, authorization: str | None, client: str | None) -> Pri
     throttle = app.state.auth_throttle
     throttle.check(client)
     token = bearer_token(authorization)
-    principal = None if token is None else app.state.keys.verify(app.state.pool.connection, token)
+    principal = None if token is None else app.state.keys.verify(lambda: pooled(app.state.pool), token)
     if principal is None:
         throttle.failed(client)
         raise Unauthorized()
@@ -121,7 +138,7 @@ class Authenticate:
             principal = await run_in_threadpool(authenticate, scope["app"], authorization, client and client[0])
         except ApiError as exc:
             response = problem(exc.status, exc.detail, title=exc.title, field=exc.field, headers=exc.headers)
-        except (psycopg.OperationalError, StoreError) as exc:
+        except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction, StoreError) as exc:
             response = store_unavailable(scope["path"], exc)
         else:
             scope.setdefault("state", {})["principal"] = principal

@@ -282,5 +282,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(StoreError, _store_unavailable)
     app.add_exception_handler(psycopg.OperationalError, _store_unavailable)
+    app.add_exception_handler(psycopg.errors.ReadOnlySqlTransaction, _store_unavailable)  # a demoted primary
     app.add_exception_handler(PoolTimeout, _store_unavailable)
     app.add_exception_handler(Exception, _unexpected)

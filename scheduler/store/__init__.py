@@ -74,7 +74,14 @@ from scheduler.store.retry import (
     is_retryable,
     run_transaction,
 )
-from scheduler.store.session import StoreSession, connect, keepalive_params, node_connect, sqlalchemy_engine
+from scheduler.store.session import (
+    StoreSession,
+    connect,
+    drops_connection,
+    keepalive_params,
+    node_connect,
+    sqlalchemy_engine,
+)
 
 __all__ = [
     "BACKOFF_BASE_S",
@@ -95,6 +102,7 @@ __all__ = [
     "check_node_store",
     "check_schema",
     "connect",
+    "drops_connection",
     "connect_error",
     "dsn_secrets",
     "execute",

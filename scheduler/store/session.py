@@ -188,6 +188,18 @@ def node_connect(
     )
 
 
+def drops_connection(exc: BaseException) -> bool:
+    """True if a session that met ``exc`` must be closed and opened again.
+
+    A lost or unusable connection (``psycopg.OperationalError``, :class:`StoreError`),
+    and a server that refuses writes as read-only (SQLSTATE 25006: a primary demoted to
+    standby, or ``default_transaction_read_only`` turned on): it keeps the connection up
+    and refuses every write, and only a new connection lets libpq pick the writable host of
+    a multi-host DSN (``target_session_attrs=read-write``).
+    """
+    return isinstance(exc, (StoreError, psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction))
+
+
 class StoreSession:
     """A node session: one autocommit connection of a node (:func:`node_connect`), opened on
     first use and reopened after a failure.
@@ -247,8 +259,9 @@ class StoreSession:
         """Run ``body(conn)`` in one transaction, retried whole on 40001/40P01 (:func:`run_transaction`).
 
         A store error is counted (``metrics``) and re-raised; after a lost
-        connection, a :class:`StoreError` or an error that closed it, the
-        session is closed, to be reopened by the next call.
+        connection, a :class:`StoreError`, an error that closed it or a
+        server that refused a write as read-only (:func:`drops_connection`),
+        the session is closed, to be reopened by the next call.
         """
         try:
             conn = self._connection()
@@ -256,11 +269,7 @@ class StoreSession:
         except (psycopg.Error, StoreError) as exc:
             if self._metrics is not None:
                 self._metrics.error(getattr(exc, "sqlstate", None))
-            if (
-                isinstance(exc, StoreError)
-                or isinstance(exc, psycopg.OperationalError)
-                or (self._conn is not None and self._conn.closed)
-            ):
+            if drops_connection(exc) or (self._conn is not None and self._conn.closed):
                 self.close()
             raise
 

@@ -29,3 +29,38 @@ def test_an_unreachable_store_is_503_with_retry_after_and_no_password(caplog):
     finally:
         server.stop()
     assert "S3cretPassw0rd" not in caplog.text
+
+
+def test_a_pooled_connection_whose_server_turned_read_only_is_replaced(pg_dsn):
+    """A server turned read-only under the API's pool (a demoted primary) refuses writes with
+    SQLSTATE 25006 and keeps the connection up; returned to the pool as it was, every request
+    it served would fail the same way. The request that meets it fails (503, as any store
+    failure) and the connection is closed, so the pool opens a new one, to the writable host
+    a multi-host DSN names."""
+    import psycopg
+    import pytest
+    from psycopg.rows import dict_row
+    from psycopg_pool import ConnectionPool
+
+    from scheduler.api import errors
+    from scheduler.api.deps import pooled
+
+    pool = ConnectionPool(
+        pg_dsn, min_size=1, max_size=1, open=True, kwargs={"autocommit": True, "row_factory": dict_row}
+    )
+    try:
+        with pooled(pool) as conn:
+            pid = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"]
+            conn.execute("SET default_transaction_read_only = on")
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction), pooled(pool) as conn:
+            conn.execute("CREATE TEMP TABLE t (x int)")
+        with pooled(pool) as conn:
+            assert conn.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"] != pid
+            conn.execute("CREATE TEMP TABLE t (x int)")
+    finally:
+        pool.close()
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    errors.install(app)
+    assert app.exception_handlers[psycopg.errors.ReadOnlySqlTransaction] is errors._store_unavailable  # 503

@@ -94,3 +94,27 @@ def test_every_node_component_opens_watched_sessions(pg_dsn):
         coordinator.close()
         retention.close()
         probe.close()
+
+
+def test_a_session_that_finds_its_server_read_only_reconnects(pg_dsn):
+    """A server that turns read-only under an open session (a demoted primary, a standby
+    promoted elsewhere, `default_transaction_read_only` set and reloaded) answers every write
+    with SQLSTATE 25006 but keeps the connection up: the lease loop kept writing into it
+    every second and never reached the writable host `target_session_attrs=read-write`
+    would pick on a new connection. A read-only refusal closes the session, so the next
+    call connects again (and libpq chooses the writable host)."""
+    session = store.StoreSession(settings(pg_dsn), role="lease")
+    try:
+        pid = session.transaction(lambda c: c.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"])
+        session.transaction(lambda c: c.execute("SET default_transaction_read_only = on"))
+        try:
+            session.transaction(lambda c: c.execute("CREATE TEMP TABLE t (x int)"))
+        except Exception as exc:  # noqa: BLE001 - the test asserts its type below
+            refused = exc
+        assert getattr(refused, "sqlstate", None) == "25006"
+        assert not session.open
+        again = session.transaction(lambda c: c.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"])
+        assert again != pid
+        session.transaction(lambda c: c.execute("CREATE TEMP TABLE t (x int)"))  # writable again
+    finally:
+        session.close()
