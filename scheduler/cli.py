@@ -527,15 +527,16 @@ def tenants_secret_rotate(dsn: str, tenant: str, grace: str, as_json: bool) -> N
 
     grace_s = tenant_secrets.parse_grace(grace)
     with open_store(dsn) as conn:
-        secret_id, secret, created_at = tenant_secrets.rotate(conn, tenant, grace_s)
+        secret_id, secret, created_at, limited = tenant_secrets.rotate(conn, tenant, grace_s)
     if as_json:
         _echo_json({"tenant": tenant, "secret_id": secret_id, "secret": secret, "created_at": created_at})
     else:
         click.echo(secret)
+        # Nothing said of previous secrets when none was valid (a tenant's first secret).
         previous = "stop being valid now" if grace_s == 0 else f"valid for {grace.strip()} more"
+        previous = f"; previous secrets {previous}" if limited else ""
         click.echo(
-            f"secret {secret_id} of tenant {tenant} created; previous secrets {previous}. "
-            "Store it now: it is not shown again.",
+            f"secret {secret_id} of tenant {tenant} created{previous}. Store it now: it is not shown again.",
             err=True,
         )
 
