@@ -58,6 +58,12 @@ from scheduler.settings import Settings
 EXIT_INVALID = 2
 EXIT_FAILED = 1
 DSN_HINT = "postgresql://user:password@localhost:5432/scheduler"
+DSN_HELP = (
+    f"Store URI, e.g. {DSN_HINT}; several hosts: "
+    "postgresql://user@h1:5432,h2:5432/db?target_session_attrs=read-write "
+    "(libpq: tried in turn, the first writable one is used; docs/operations.md)."
+)
+"""The help of every ``--dsn``: the single-host form and libpq's multi-host one."""
 
 
 def _fail(message: str, status: int) -> None:
@@ -230,7 +236,7 @@ def dsn_option(func: Callable) -> Callable:
         show_envvar=True,
         default="",
         callback=_register_dsn,
-        help=f"Store URI, e.g. {DSN_HINT}.",
+        help=DSN_HELP,
     )(func)
 
 
@@ -1512,7 +1518,7 @@ def runs_prune(dsn: str, older_than: str, batch_rows: int, as_json: bool) -> Non
 
 
 SETTING_HELP = {
-    "dsn": f"Store URI, e.g. {DSN_HINT}.",
+    "dsn": DSN_HELP,
     "node_id": "Node identity [default: hostname + random suffix].",
     "lease_ttl_s": "Lease time-to-live.",
     "renew_interval_s": "Heartbeat and lease renewal period.",
