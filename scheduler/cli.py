@@ -1686,7 +1686,12 @@ API_PORT = 8080
     default=None,
     help="The certificate's PEM private key.",
 )
-@click.option("--access-log", is_flag=True, help="Log every request (method, path, status; never headers).")
+@click.option(
+    "--access-log",
+    is_flag=True,
+    help="Log every request as event api_request (method, path without the query, status, duration_ms, client; "
+    "never headers).",
+)
 @functools.partial(
     _settings_options,
     only=(
