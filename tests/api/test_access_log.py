@@ -55,6 +55,7 @@ def test_each_request_is_one_api_request_line_without_its_query_or_token(records
     ok = httpx.get(f"{server.url}/v1/tenants", params={"limit": "5"}, headers=headers)
     missing = httpx.get(f"{server.url}/v1/nope", headers=headers)
     assert (ok.status_code, missing.status_code) == (200, 404)
+    server.stop()  # a record is written once the response is sent: read them all after the last
     logged = _requests_logged(buffer)
     durations = [line.pop("duration_ms") for line in logged]
     for line in logged:
@@ -78,6 +79,7 @@ def test_without_the_flag_nothing_is_logged_per_request(pg_dsn):
     server = ApiThread(pg_dsn, "127.0.0.1", 0, TEST_SETTINGS).start()
     try:
         assert httpx.get(f"{server.url}/v1/tenants").status_code == 401
+        server.stop()
     finally:
         server.stop()
         logger.handlers[:], level = saved
