@@ -7,7 +7,6 @@ every spelling of its password (:func:`secret_spellings`).
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from urllib.parse import quote, quote_plus, unquote, urlsplit
@@ -111,8 +110,8 @@ def _with_unresolved(failures: list[tuple[str, str]], dsn: str, exc: BaseExcepti
 
 def _dsn_hosts(dsn: str) -> list[tuple[str, str, bool]]:
     """``(host, port, resolvable)`` of each host ``dsn`` lists, in order: the port as given, else
-    ``PGPORT`` or 5432; ``resolvable`` when psycopg resolves its name before connecting (not a
-    socket directory, an IP address or a host given a ``hostaddr``). [] if libpq cannot parse it."""
+    ``PGPORT`` or 5432; ``resolvable`` when psycopg may resolve it before connecting (neither a
+    socket directory nor a host given a ``hostaddr``). [] if libpq cannot parse it."""
     try:
         params = conninfo_to_dict(libpq_dsn(dsn))
     except psycopg.Error:
@@ -124,17 +123,9 @@ def _dsn_hosts(dsn: str) -> list[tuple[str, str, bool]]:
     for i, host in enumerate(hosts):
         port = (ports[i] if len(ports) > 1 and i < len(ports) else ports[0]) or "5432"
         addr = hostaddrs[i] if i < len(hostaddrs) else ""
-        resolvable = bool(host) and not host.startswith("/") and host[1:2] != ":" and not addr
-        out.append((host, port, resolvable and not _is_ip(host)))
+        # An IP address is "resolved" too (never failing): libpq then names it as the DSN spells it.
+        out.append((host, port, bool(host) and not host.startswith("/") and host[1:2] != ":" and not addr))
     return out
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def _uri_userinfo(dsn: str) -> tuple[str, str, str] | None:
