@@ -58,6 +58,12 @@ from scheduler.settings import Settings
 EXIT_INVALID = 2
 EXIT_FAILED = 1
 DSN_HINT = "postgresql://user:password@localhost:5432/scheduler"
+DSN_HELP = (
+    f"Store URI, e.g. {DSN_HINT}; several hosts: "
+    "postgresql://user@h1:5432,h2:5432/db?target_session_attrs=read-write "
+    "(libpq: tried in turn, the first writable one is used; docs/operations.md)."
+)
+"""The help of every ``--dsn``: the single-host form and libpq's multi-host one."""
 
 
 def _fail(message: str, status: int) -> None:
@@ -232,7 +238,7 @@ def dsn_option(func: Callable) -> Callable:
         show_envvar=True,
         default="",
         callback=_register_dsn,
-        help=f"Store URI, e.g. {DSN_HINT}.",
+        help=DSN_HELP,
     )(func)
 
 
@@ -529,15 +535,16 @@ def tenants_secret_rotate(dsn: str, tenant: str, grace: str, as_json: bool) -> N
 
     grace_s = tenant_secrets.parse_grace(grace)
     with open_store(dsn) as conn:
-        secret_id, secret, created_at = tenant_secrets.rotate(conn, tenant, grace_s)
+        secret_id, secret, created_at, limited = tenant_secrets.rotate(conn, tenant, grace_s)
     if as_json:
         _echo_json({"tenant": tenant, "secret_id": secret_id, "secret": secret, "created_at": created_at})
     else:
         click.echo(secret)
+        # Nothing said of previous secrets when none was valid (a tenant's first secret).
         previous = "stop being valid now" if grace_s == 0 else f"valid for {grace.strip()} more"
+        previous = f"; previous secrets {previous}" if limited else ""
         click.echo(
-            f"secret {secret_id} of tenant {tenant} created; previous secrets {previous}. "
-            "Store it now: it is not shown again.",
+            f"secret {secret_id} of tenant {tenant} created{previous}. Store it now: it is not shown again.",
             err=True,
         )
 
@@ -1513,7 +1520,7 @@ def runs_prune(dsn: str, older_than: str, batch_rows: int, as_json: bool) -> Non
 
 
 SETTING_HELP = {
-    "dsn": f"Store URI, e.g. {DSN_HINT}.",
+    "dsn": DSN_HELP,
     "node_id": "Node identity [default: hostname + random suffix].",
     "lease_ttl_s": "Lease time-to-live.",
     "renew_interval_s": "Heartbeat and lease renewal period.",
@@ -1681,7 +1688,12 @@ API_PORT = 8080
     default=None,
     help="The certificate's PEM private key.",
 )
-@click.option("--access-log", is_flag=True, help="Log every request (method, path, status; never headers).")
+@click.option(
+    "--access-log",
+    is_flag=True,
+    help="Log every request as event api_request (method, path without the query, status, duration_ms, client; "
+    "never headers).",
+)
 @functools.partial(
     _settings_options,
     only=(

@@ -31,6 +31,7 @@ from starlette.convertors import Convertor, register_url_convertor
 from scheduler import jobs, status, store
 from scheduler.api import keys as keys_mod
 from scheduler.api.deps import Principal, admin_principal, db, decode_cursor, page_of, page_size
+from scheduler.api.inputs import JsonRoute
 from scheduler.errors import ConflictError, ValidationError
 from scheduler.schedule import format_instant, parse_instant
 from scheduler.settings import Settings
@@ -52,7 +53,7 @@ class TenantName(Convertor[str]):
 
 register_url_convertor("tenant_name", TenantName())
 
-router = APIRouter(tags=["admin"])
+router = APIRouter(tags=["admin"], route_class=JsonRoute)
 
 MAX_VERIFY_WINDOW_S = 86_400
 """Longest ``/v1/verify`` window (seconds)."""
@@ -300,11 +301,15 @@ def revoke_key(
 # ---------------------------------------------------------------- status, verify
 
 
+MAX_TIMING_S = 1_000_000_000
+"""Bound of the fleet timings ``/v1/status`` and ``/v1/verify`` take (seconds, exclusive)."""
+
+
 def _positive(field: str, value: float | None, default: float) -> float:
     if value is None:
         return default
-    if not 0 < value < 1e9:
-        raise ValidationError(field, "must be a number of seconds > 0", value)
+    if not 0 < value < MAX_TIMING_S:
+        raise ValidationError(field, f"must be a number of seconds > 0 and < {MAX_TIMING_S}", value)
     return value
 
 

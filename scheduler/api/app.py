@@ -31,6 +31,7 @@ from psycopg_pool import ConnectionPool
 
 from scheduler import __version__, store
 from scheduler.api import admin, errors, explain, inputs, runs, schedules
+from scheduler.api.access import AccessLog
 from scheduler.api.deps import Authenticate
 from scheduler.api.keys import KeyVerifier
 from scheduler.api.limits import AuthThrottle, BodyLimit, RateLimiter
@@ -105,11 +106,12 @@ def _pool(dsn: str, size: int) -> ConnectionPool:
     )
 
 
-def create_app(dsn: str, *, settings: ApiSettings | None = None) -> FastAPI:
+def create_app(dsn: str, *, settings: ApiSettings | None = None, access_log: bool = False) -> FastAPI:
     """The API application against the store at ``dsn``.
 
     ``settings`` (default :class:`ApiSettings` ()) bounds requests and sets
-    the per-key rate. The store pool opens when the app starts (ASGI
+    the per-key rate; ``access_log`` logs one ``api_request`` record per
+    request (:class:`scheduler.api.access.AccessLog`). The store pool opens when the app starts (ASGI
     lifespan) and closes when it stops. Raises ConfigError for a malformed
     DSN or settings (nothing is opened).
     """
@@ -146,7 +148,9 @@ def create_app(dsn: str, *, settings: ApiSettings | None = None) -> FastAPI:
     for module in (schedules, runs, explain, admin):
         app.include_router(module.router, responses=COMMON_RESPONSES)
     app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes)
-    app.add_middleware(Authenticate)  # outermost: no key, nothing else is looked at
+    app.add_middleware(Authenticate)  # no key, nothing else is looked at
+    if access_log:
+        app.add_middleware(AccessLog)  # outermost: sees every answer, 401s and 429s included
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -15,6 +15,9 @@ Mapping (:func:`install`):
 * FastAPI's request validation (a parameter or body of the wrong shape,
   a body that is not JSON or not UTF-8) → 422 naming the field (the
   parameter name, or the body path such as ``items[0].name``) and the rule;
+* a JSON body naming a key twice or nested too deep (:class:`BodyRefused`,
+  raised by :func:`scheduler.api.inputs.decode_body`) → 422 naming the key
+  or ``body``; a body that is not JSON → 422 ``body`` saying where it broke;
 * Starlette's HTTP errors (unknown path 404, method 405, body too large
   413) → that status; paths are exact: one with a trailing slash is a 404
   saying so (the app never redirects);
@@ -89,6 +92,16 @@ class PayloadTooLarge(StarletteHTTPException):
 
     def __init__(self, limit: int) -> None:
         super().__init__(413, f"body: must be at most {limit} bytes")
+
+
+class BodyRefused(StarletteHTTPException):
+    """422: a request body that is JSON but breaks a rule of its own (a duplicate key, nested too
+    deep), raised while it is decoded (so FastAPI passes it through); ``field`` is the body's
+    field at fault, ``rule`` the rule."""
+
+    def __init__(self, field: str, rule: str) -> None:
+        super().__init__(422, f"{field}: {rule}")
+        self.field = field
 
 
 _TITLES = {413: "Content Too Large", 422: "Unprocessable Content"}
@@ -180,12 +193,18 @@ def _rule(error: dict[str, Any]) -> str:
     if kind == "value_error" and ctx.get("error") is not None:
         return str(ctx["error"])  # an API validator's own rule, without pydantic's "Value error, "
     message = str(error.get("msg", "is invalid"))
-    return message[:1].lower() + message[1:]
+    # "Input should be ..." reads "input should be ..."; an acronym keeps its capitals ("UUID input ...").
+    return message if message[1:2].isupper() else message[:1].lower() + message[1:]
 
 
 def validation_detail(error: dict[str, Any]) -> tuple[str, str]:
     """``(field, one-line detail)`` of one pydantic/FastAPI validation error, in the CLI's
-    ``<field>: <rule> (got <value>)`` form (the value cut by :func:`clip`; omitted when missing)."""
+    ``<field>: <rule> (got <value>)`` form (the value cut by :func:`clip`; omitted when missing).
+    A body that is not JSON is the field ``body``, its detail saying where it broke."""
+    if error.get("type") == "json_invalid":  # loc ("body", <character position>)
+        loc, reason = list(error.get("loc", ())), (error.get("ctx") or {}).get("error")
+        where = f" at character {loc[1]}" if len(loc) > 1 and isinstance(loc[1], int) else ""
+        return "body", f"body: {_RULES['json_invalid']}" + (f": {reason}{where}" if reason else "")
     field = _loc_field(error.get("loc", ()))
     rule = _rule(error)
     given = error.get("input")
@@ -233,7 +252,7 @@ async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
 
 
 FASTAPI_BODY_ERROR = "There was an error parsing the body"
-"""FastAPI's 400 for a body it could not decode (not UTF-8, nested too deep): answered as
+"""FastAPI's 400 for a body it could not decode (not UTF-8): answered as
 the 422 of any other body that is not JSON."""
 
 
@@ -250,7 +269,7 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
             detail += f" (paths take no trailing slash: {clip(path.rstrip('/'))})"
     if exc.status_code == 405 and detail is None:
         detail = f"method: {request.method} is not allowed on {clip(request.url.path)}"
-    field = "body" if exc.status_code == 413 else None
+    field = "body" if exc.status_code == 413 else getattr(exc, "field", None)
     return problem(exc.status_code, detail, field=field, headers=dict(exc.headers or {}))
 
 

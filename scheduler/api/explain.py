@@ -16,11 +16,12 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, Field
 
 from scheduler.api.deps import Principal, any_principal
+from scheduler.api.inputs import JsonRoute
 from scheduler.errors import ValidationError
 from scheduler.schedule import CronSchedule, format_instant, parse_instant
 from scheduler.spec import parse_whole
 
-router = APIRouter(tags=["explain"])
+router = APIRouter(tags=["explain"], route_class=JsonRoute)
 
 DEFAULT_COUNT = 5
 MAX_COUNT = 10_000

@@ -49,12 +49,13 @@ from scheduler.api.deps import (
     worker_principal,
 )
 from scheduler.api.errors import PROBLEM_JSON, ApiError, Problem
+from scheduler.api.inputs import JsonRoute
 from scheduler.delivery import lifecycle, views
 from scheduler.delivery.lifecycle import RunKey
 from scheduler.delivery.worker import ERROR_MAX_CHARS
 from scheduler.errors import ValidationError
 
-router = APIRouter(tags=["runs"])
+router = APIRouter(tags=["runs"], route_class=JsonRoute)
 
 RUN_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.[0-9]{1,17}$"
 """A run id as the API writes it: the job id (lowercase UUID), a dot, the nominal time in Unix microseconds."""

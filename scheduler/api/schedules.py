@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema, f
 from scheduler import jobs
 from scheduler.api.deps import Principal, db, decode_cursor, page_of, page_size, tenant_principal
 from scheduler.api.errors import PROBLEM_JSON, ApiError, Problem
+from scheduler.api.inputs import JsonRoute
 from scheduler.delivery import manual, targets, views
 from scheduler.delivery.lifecycle import RunKey
 from scheduler.delivery.ssrf import AddressPolicy
@@ -73,7 +74,7 @@ from scheduler.spec import (
     parse_whole,
 )
 
-router = APIRouter(tags=["schedules"])
+router = APIRouter(tags=["schedules"], route_class=JsonRoute)
 
 MAX_APPLY_ITEMS = 10_000
 """Most items one ``apply`` takes (the 1 MB body bounds it anyway)."""

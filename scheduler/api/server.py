@@ -49,6 +49,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 def _config(app: Any, **uvicorn_options: Any) -> uvicorn.Config:
     # log_config None: uvicorn leaves logging to the project (scheduler.log); its records propagate.
+    # Its access log stays off (its logger has no handler then): the app's AccessLog logs requests.
     # Forwarded headers only from the proxies the settings name (uvicorn's default believes
     # 127.0.0.1, or FORWARDED_ALLOW_IPS): otherwise the socket peer is the client, so no client
     # picks its own address (the failed-authentication throttle is per address).
@@ -78,13 +79,14 @@ def serve(
     access_log: bool = False,
 ) -> None:
     """Serve the API on ``host:port`` until SIGINT/SIGTERM (uvicorn's handling: finish the requests
-    in flight, then exit with status 0).
+    in flight, then exit with status 0). ``access_log``: one ``api_request`` record per request
+    (:mod:`scheduler.api.access`; uvicorn's own access log stays off).
 
     Raises OSError if the address cannot be bound, ConfigError for a bad DSN or settings.
     """
-    app = create_app(dsn, settings=settings)
+    app = create_app(dsn, settings=settings, access_log=access_log)
     sock = bind(host, port)
-    config = _config(app, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, access_log=access_log, log_level="info")
+    config = _config(app, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, log_level="info")
     scheme = "https" if ssl_certfile else "http"
     shown = f"[{host}]" if ":" in host else host
     logmod.event("api_listening", url=f"{scheme}://{shown}:{sock.getsockname()[1]}")
@@ -102,6 +104,7 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 class ApiThread:
     """The API served by uvicorn on a daemon thread (a node's ``--api-port``; the tests' ``api`` fixture).
 
+    ``access_log`` logs each request as ``scheduler api --access-log`` does.
     :meth:`start` binds ``host:port`` (0: any free port; :attr:`port` is the
     one bound) and returns once the app has started (its store pool open),
     raising RuntimeError if it did not within :data:`START_TIMEOUT_S`.
@@ -109,8 +112,15 @@ class ApiThread:
     ``timeout_s`` seconds).
     """
 
-    def __init__(self, dsn: str, host: str = "127.0.0.1", port: int = 0, settings: ApiSettings | None = None):
-        self.app = create_app(dsn, settings=settings)
+    def __init__(
+        self,
+        dsn: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        settings: ApiSettings | None = None,
+        access_log: bool = False,
+    ):
+        self.app = create_app(dsn, settings=settings, access_log=access_log)
         self.host = host
         self._sock = bind(host, port)
         self.port: int = self._sock.getsockname()[1]

@@ -104,12 +104,14 @@ def _insert(
 
 def rotate(
     conn: psycopg.Connection, tenant: str, grace_s: float = DEFAULT_GRACE_S, now: datetime | None = None
-) -> tuple[int, str, datetime]:
-    """Add a new signing secret for ``tenant``; return ``(secret_id, secret, created_at)``.
+) -> tuple[int, str, datetime, int]:
+    """Add a new signing secret for ``tenant``; return ``(secret_id, secret, created_at, limited)``.
 
     Every other secret valid at store time ``now`` (None: the store's
     ``now()``; tests pin it) stays valid until ``now + grace_s`` seconds
-    (one expiring earlier keeps its expiry; ``grace_s`` 0 ends them at once).
+    (one expiring earlier keeps its expiry; ``grace_s`` 0 ends them at once);
+    ``limited`` counts the secrets whose validity was so cut (0 for a
+    tenant's first secret, nothing before it to limit).
     One transaction, retried on 40001/40P01. Raises ValidationError for a
     bad ``grace_s``, NotFoundError for an unknown tenant (nothing written).
     The caller shows the secret once; it cannot be read back.
@@ -117,15 +119,15 @@ def rotate(
     grace = check_grace(grace_s)
     secret = new_secret()
 
-    def body(c: psycopg.Connection) -> dict:
+    def body(c: psycopg.Connection) -> tuple[dict, int]:
         _require_tenant(c, tenant, lock=True)  # one rotation of a tenant at a time
-        store.execute(c, "limit_tenant_secrets", {"tenant": tenant, "now": now, "grace_s": grace})
+        limited = store.execute(c, "limit_tenant_secrets", {"tenant": tenant, "now": now, "grace_s": grace})
         row = _insert(c, tenant, secret, now, only_if_none=False)
         assert row is not None
-        return row
+        return row, len(limited)
 
-    row = store.run_transaction(conn, body)
-    return row["secret_id"], secret, row["created_at"]
+    row, limited = store.run_transaction(conn, body)
+    return row["secret_id"], secret, row["created_at"], limited
 
 
 def list_secrets(conn: psycopg.Connection, tenant: str, now: datetime | None = None) -> list[dict]:

@@ -7,10 +7,12 @@ every spelling of its password (:func:`secret_spellings`).
 
 from __future__ import annotations
 
+import os
 import re
 from urllib.parse import quote, quote_plus, unquote, urlsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from scheduler import log
 from scheduler.errors import ConfigError
@@ -33,7 +35,14 @@ _LIBPQ_ATTEMPT = re.compile(
 )
 
 
-def connect_error(exc: BaseException) -> str:
+_UNRESOLVED_HOST = re.compile(r"failed to resolve host (?P<host>'[^']*'|None): ")
+"""psycopg's error when no host name of the DSN resolved (naming only the last one)."""
+
+UNRESOLVED = "name does not resolve"
+"""The reason :func:`connect_error` gives a host whose name does not resolve."""
+
+
+def connect_error(exc: BaseException, dsn: str | None = None) -> str:
     """One line naming each host's failure of a failed connection: ``host:port: reason; host:port: reason``.
 
     A multi-host DSN (``h1:p1,h2:p2``, ``?host=h1,h2&port=p1,p2``,
@@ -46,15 +55,20 @@ def connect_error(exc: BaseException) -> str:
     several were tried, else as libpq reports them: psycopg resolves a host
     name first, so its address; a socket's path), in the order tried,
     repeated ones once; libpq's hint
-    lines (``Is the server running ...``) are dropped. A message with no
-    such line (``invalid port number: "99999"``) gives its first line
+    lines (``Is the server running ...``) are dropped. psycopg resolves host
+    names before libpq tries any and leaves out those that do not resolve
+    (naming only the last, and only when none did): given the ``dsn``, each
+    host name of it the error does not name is ``host:port: name does not
+    resolve`` (:data:`UNRESOLVED`; the port as the DSN gives it, else
+    ``PGPORT`` or 5432), in the DSN's order among the others. A message with
+    no such line (``invalid port number: "99999"``) gives its first line
     (:func:`first_line`). The result is not redacted: pass it through
     :func:`redact_text`.
     """
     lines = str(exc).strip().splitlines()
     if _ALL_ATTEMPTS in lines:  # the lines above repeat the last attempt
         lines = lines[lines.index(_ALL_ATTEMPTS) + 1 :]
-    failures: list[str] = []
+    failures: list[tuple[str, str]] = []  # (host as named, "host:port: reason")
     for line in lines:
         attempt = _PSYCOPG_ATTEMPT.match(line.strip())
         error = attempt.group("error") if attempt else line.strip()
@@ -63,12 +77,55 @@ def connect_error(exc: BaseException) -> str:
             host, port = (attempt.group(name).strip("'") for name in ("host", "port"))
             where = host if port == "None" else f"{host}:{port}"
         elif libpq is not None:
+            host = libpq.group("socket") or libpq.group("host")
             where = libpq.group("socket") or f"{libpq.group('host')}:{libpq.group('port')}"
         else:
             continue
         reason = libpq.group("reason") if libpq is not None else error.removeprefix("connection failed: ")
-        failures.append(f"{where}: {reason.strip()}")
-    return "; ".join(dict.fromkeys(failures)) if failures else first_line(exc)
+        failures.append((host, f"{where}: {reason.strip()}"))
+    if dsn is not None:
+        failures = _with_unresolved(failures, dsn, exc)
+    return "; ".join(dict.fromkeys(text for _, text in failures)) if failures else first_line(exc)
+
+
+def _with_unresolved(failures: list[tuple[str, str]], dsn: str, exc: BaseException) -> list[tuple[str, str]]:
+    """``failures`` with a ``host:port: name does not resolve`` entry for each host name of ``dsn``
+    psycopg would resolve that no failure names, placed in the DSN's order."""
+    named = {host for host, _ in failures}
+    if _UNRESOLVED_HOST.match(str(exc).strip()):
+        named = set()  # no name resolved, no host tried
+    hosts = _dsn_hosts(dsn)
+    unresolved = {(host, port) for host, port, resolvable in hosts if resolvable and host not in named}
+    if not unresolved:
+        return failures
+    pending, out = list(failures), []
+    for host, port, _ in hosts:
+        if (host, port) in unresolved:
+            out.append((host, f"{host}:{port}: {UNRESOLVED}"))
+        else:
+            out.extend(f for f in pending if f[0] == host)
+            pending = [f for f in pending if f[0] != host]
+    return out + pending
+
+
+def _dsn_hosts(dsn: str) -> list[tuple[str, str, bool]]:
+    """``(host, port, resolvable)`` of each host ``dsn`` lists, in order: the port as given, else
+    ``PGPORT`` or 5432; ``resolvable`` when psycopg may resolve it before connecting (neither a
+    socket directory nor a host given a ``hostaddr``). [] if libpq cannot parse it."""
+    try:
+        params = conninfo_to_dict(libpq_dsn(dsn))
+    except psycopg.Error:
+        return []
+    hosts = str(params.get("host") or os.environ.get("PGHOST") or "").split(",")
+    ports = str(params.get("port") or os.environ.get("PGPORT") or "5432").split(",")
+    hostaddrs = str(params.get("hostaddr") or "").split(",")
+    out = []
+    for i, host in enumerate(hosts):
+        port = (ports[i] if len(ports) > 1 and i < len(ports) else ports[0]) or "5432"
+        addr = hostaddrs[i] if i < len(hostaddrs) else ""
+        # An IP address is "resolved" too (never failing): libpq then names it as the DSN spells it.
+        out.append((host, port, bool(host) and not host.startswith("/") and host[1:2] != ":" and not addr))
+    return out
 
 
 def _uri_userinfo(dsn: str) -> tuple[str, str, str] | None:

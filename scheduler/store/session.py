@@ -103,7 +103,7 @@ def connect(
         )
     except psycopg.Error as exc:
         raise StoreError(
-            f"cannot connect to the store at {redact_dsn(dsn)}: {redact_text(connect_error(exc), dsn)}",
+            f"cannot connect to the store at {redact_dsn(dsn)}: {redact_text(connect_error(exc, dsn), dsn)}",
             getattr(exc, "sqlstate", None),
         ) from exc
     conn.prepare_threshold = PREPARE_THRESHOLD

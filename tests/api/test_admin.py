@@ -230,7 +230,10 @@ def test_status_is_scheduler_status(admin, api):
     assert body["partitions_total"] == expected["partitions_total"]
     assert body["nodes"] == [] and body["lease_ttl_s"] == 10.0 and body["responsive_s"] == 5.0
     body = _problem(admin.get("/v1/status", params={"lease_ttl_s": "-1"}), 422)
-    assert (body["field"], body["detail"]) == ("lease_ttl_s", "lease_ttl_s: must be a number of seconds > 0 (got -1.0)")
+    assert (body["field"], body["detail"]) == (
+        "lease_ttl_s",
+        "lease_ttl_s: must be a number of seconds > 0 and < 1000000000 (got -1.0)",
+    )
 
 
 def test_verify_is_scheduler_verify_over_at_most_a_day(admin, api):

@@ -314,3 +314,87 @@ def test_a_null_weight_is_422_not_ignored(api, admin):
     )
     [row] = _json(api, admin, "GET", "/v1/tenants").json()["items"]
     assert (row["weight"], row["max_rate"]) == (3, None)
+
+
+def _problem_of(response: httpx.Response) -> tuple[int, str | None, str]:
+    assert response.headers["content-type"] == "application/problem+json", response.text
+    problem = response.json()
+    return response.status_code, problem.get("field"), problem["detail"]
+
+
+RUN_ID = "00000000-0000-0000-0000-000000000000.1"
+
+
+def test_pydantic_s_own_wording_keeps_an_acronym_s_capitals(api):
+    """A rule without a mapping of its own is pydantic's message with its first letter lowered:
+    never ``uUID input should be a string``."""
+    token = api.key("acme", "worker")
+    response = _json(api, token, "POST", "/v1/runs:ack", json={"runs": [{"id": RUN_ID, "lease_token": 5}]})
+    assert _problem_of(response) == (
+        422,
+        "runs[0].lease_token",
+        "runs[0].lease_token: UUID input should be a string, bytes or UUID object (got 5)",
+    )
+
+
+def test_a_status_timing_too_large_names_the_upper_bound(api, admin):
+    response = _json(api, admin, "GET", "/v1/status", params={"lease_ttl_s": "1e308"})
+    assert _problem_of(response) == (
+        422,
+        "lease_ttl_s",
+        "lease_ttl_s: must be a number of seconds > 0 and < 1000000000 (got 1e+308)",
+    )
+
+
+@pytest.mark.parametrize("depth", [129, 3000, 100_000])
+def test_a_body_nested_too_deep_says_so_and_names_the_limit(api, depth):
+    token = api.key("acme", "tenant")
+    body = b'{"interval_s": 60, "payload": ' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+    response = _json(api, token, "PUT", "/v1/schedules/x", content=body, headers={"content-type": "application/json"})
+    assert _problem_of(response) == (422, "body", "body: must nest arrays and objects at most 128 deep")
+    with store.connect(api.dsn) as conn:
+        assert conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"] == 0
+
+
+def test_a_payload_nested_65_deep_is_still_refused_by_the_payload_rule(api):
+    token = api.key("acme", "tenant")
+    body = b'{"interval_s": 60, "payload": ' + b"[" * 65 + b"]" * 65 + b"}"
+    response = _json(api, token, "PUT", "/v1/schedules/x", content=body, headers={"content-type": "application/json"})
+    assert _problem_of(response) == (422, "payload", "payload: must nest arrays and objects at most 64 deep")
+
+
+def test_truncated_json_is_422_naming_the_body_and_where_it_broke(api, admin):
+    response = _json(
+        api, admin, "POST", "/v1/tenants", content=b'{"tenant": "a"', headers={"content-type": "application/json"}
+    )
+    assert _problem_of(response) == (
+        422,
+        "body",
+        "body: must be valid JSON (UTF-8): Expecting ',' delimiter at character 14",
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"interval_s": 60, "interval_s": 61}', "interval_s"),
+        (b'{"interval_s": 60, "payload": {"a": 1, "b": {"c": 1, "c": 2}}}', "payload.b.c"),
+        (b'{"interval_s": 60, "payload": [1, {"k": 1, "k": 1}]}', "payload[1].k"),
+    ],
+)
+def test_a_duplicate_json_key_is_422_naming_it_and_nothing_is_written(api, body, field):
+    """Last-one-wins would let ``{"interval_s": 60, "interval_s": 61}`` through as 61 in an API
+    that refuses unknown fields so that a typo never silently means something else."""
+    token = api.key("acme", "tenant")
+    response = _json(api, token, "PUT", "/v1/schedules/x", content=body, headers={"content-type": "application/json"})
+    assert _problem_of(response) == (422, field, f"{field}: must appear once in its object (a duplicate JSON key)")
+    with store.connect(api.dsn) as conn:
+        assert conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"] == 0
+
+
+@pytest.mark.parametrize("length", [b"-1", b"abc"])
+def test_a_malformed_content_length_is_the_http_server_s_plain_400(api, length):
+    """Malformed framing never reaches the app: docs/api.md names this the one non-problem response."""
+    status, head = _raw(api, b"POST /v1/tenants HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n")
+    assert status == 400
+    assert b"content-type: text/plain; charset=utf-8" in head.lower()

@@ -134,7 +134,7 @@ def test_a_2xx_is_acked_with_the_headers_and_a_signature_verify_accepts(pg_dsn, 
     job_id = http_job(
         conn, receiver.url(), payload={"k": 1, "name": "été"}, headers={"X-Token": "abc", "Idempotency-Key": "x"}
     )
-    _, secret, _ = tenant_secrets.rotate(conn, "acme", 0, now=T0 - 10 * S)
+    _, secret, _, _ = tenant_secrets.rotate(conn, "acme", 0, now=T0 - 10 * S)
     key = pending_push_run(conn, job_id, T0)
     clock = ManualClock(store_at=T0 + 3 * S)
     metrics = Metrics()
@@ -408,9 +408,9 @@ def test_a_rotation_signs_with_both_secrets_until_the_grace_ends(pg_dsn, conn, r
     first = pending_push_run(conn, job_id, T0)
     second = pending_push_run(conn, job_id, T0 + 100 * S)
     third = pending_push_run(conn, job_id, T0 + 200 * S)
-    old_id, old, _ = tenant_secrets.rotate(conn, "acme", 0, now=T0 - 100 * S)
-    new_id, new, created = tenant_secrets.rotate(conn, "acme", 60, now=T0 + 50 * S)
-    assert (old_id, new_id, created) == (1, 2, T0 + 50 * S)
+    old_id, old, _, _ = tenant_secrets.rotate(conn, "acme", 0, now=T0 - 100 * S)
+    new_id, new, created, limited = tenant_secrets.rotate(conn, "acme", 60, now=T0 + 50 * S)
+    assert (old_id, new_id, created, limited) == (1, 2, T0 + 50 * S, 1)
     assert old.startswith("whsec_") and new.startswith("whsec_") and old != new
     listed = tenant_secrets.list_secrets(conn, "acme", now=T0 + 50 * S)
     assert listed == [
@@ -708,3 +708,14 @@ def test_the_claim_fences_only_the_partitions_with_runs_due(pg_dsn, conn, receiv
     (claim,) = [params for name, params in sent if name == "claim_push"]
     assert claim["pids"] == sorted({k.partition_id for k in keys[:2]})
     assert run_row(conn, keys[2])["state"] == "pending"
+
+
+def test_the_first_secret_rotate_says_nothing_about_previous_secrets(pg_dsn, conn) -> None:
+    jobs.add_tenant(conn, "acme", 1, None)
+    first = cli(["tenants", "secret", "rotate", "acme"], pg_dsn)
+    second = cli(["tenants", "secret", "rotate", "acme"], pg_dsn)
+    assert (first.exit_code, second.exit_code) == (0, 0)
+    assert first.stderr == "secret 1 of tenant acme created. Store it now: it is not shown again.\n"
+    assert second.stderr == (
+        "secret 2 of tenant acme created; previous secrets valid for 24h more. Store it now: it is not shown again.\n"
+    )

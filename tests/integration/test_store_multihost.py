@@ -206,3 +206,54 @@ def test_a_read_only_host_is_skipped_and_named_with_target_session_attrs(pg_dsn,
     # Without the attribute the read-only host is taken, as libpq does.
     listed = run(["jobs", "list"], multi_host(pg_dsn, form, [live, ("127.0.0.1", dead)]))
     assert (listed.exit_code, listed.stderr) == (0, "")
+
+
+# ---------------------------------------------------------------- hosts whose names do not resolve
+
+UNRESOLVED = "name does not resolve"
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_hosts_whose_names_do_not_resolve_are_each_named(form) -> None:
+    """psycopg resolves names before libpq tries a host and drops those that fail (reporting only
+    the last, and only when none resolved): the error still names every host. ``.invalid``
+    names never resolve (RFC 2606), so no network is needed."""
+    dsn = multi_host("postgresql://postgres@x/sched", form, [("nonexistent.invalid", 5432), ("other.invalid", 5433)])
+    failures = f"nonexistent.invalid:5432: {UNRESOLVED}; other.invalid:5433: {UNRESOLVED}"
+    expected = f"cannot connect to the store at {store.redact_dsn(dsn)}: {failures}"
+    with pytest.raises(StoreError) as caught:
+        store.connect(dsn)
+    assert str(caught.value) == expected
+    assert SECRET not in expected
+    assert one_error_line(run(["jobs", "list", "--tenant", "t"], dsn), 1) == f"error: {expected}"
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_an_unresolved_host_and_a_dead_one_are_both_named_in_order(form) -> None:
+    dead = closed_port()
+    for hosts, failures in (
+        (
+            [("nonexistent.invalid", 5), ("127.0.0.1", dead)],
+            f"nonexistent.invalid:5: {UNRESOLVED}; 127.0.0.1:{dead}: Connection refused",
+        ),
+        (
+            [("127.0.0.1", dead), ("nonexistent.invalid", 5)],
+            f"127.0.0.1:{dead}: Connection refused; nonexistent.invalid:5: {UNRESOLVED}",
+        ),
+    ):
+        dsn = multi_host("postgresql://postgres@x/sched", form, hosts)
+        expected = f"cannot connect to the store at {store.redact_dsn(dsn)}: {failures}"
+        with pytest.raises(StoreError) as caught:
+            store.connect(dsn)
+        assert str(caught.value) == expected
+        assert one_error_line(run(["jobs", "list", "--tenant", "t"], dsn), 1) == f"error: {expected}"
+
+
+def test_a_single_host_that_does_not_resolve_is_named_with_its_port() -> None:
+    dsn = f"postgresql://postgres:{SECRET}@nonexistent.invalid:5432/sched"
+    with pytest.raises(StoreError) as caught:
+        store.connect(dsn)
+    assert str(caught.value) == (
+        f"cannot connect to the store at postgresql://postgres:***@nonexistent.invalid:5432/sched: "
+        f"nonexistent.invalid:5432: {UNRESOLVED}"
+    )

@@ -213,3 +213,15 @@ def test_push_allow_is_a_setting_parsed_into_the_address_policy():
     assert str(info.value) == (
         "push_allow: must be a comma-separated list of networks or addresses (e.g. 10.0.0.0/8) (got 'intranet')"
     )
+
+
+MULTI_HOST_HELP = "several hosts: postgresql://user@h1:5432,h2:5432/db?target_session_attrs=read-write"
+
+
+@pytest.mark.parametrize("command", [["node"], ["api"], ["worker"], ["jobs", "list"], ["db", "upgrade"]])
+def test_the_dsn_help_shows_the_multi_host_form(command):
+    result = run([*command, "--help"])
+    assert result.exit_code == 0, result.stderr
+    flat = "".join(result.stdout.split())  # click may wrap inside a long URI
+    for text in (MULTI_HOST_HELP, "(libpq: tried in turn, the first writable one is used; docs/operations.md)"):
+        assert "".join(text.split()) in flat, result.stdout
