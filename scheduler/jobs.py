@@ -826,13 +826,13 @@ def _check_quota(c: psycopg.Connection, tenant: str, added: int, default: int) -
     a write adding ``added`` live jobs (net) beyond its quota."""
     rows = store.execute(c, "lock_tenant_quota", {"tenant": tenant})
     quota = default if not rows or rows[0]["max_schedules"] is None else rows[0]["max_schedules"]
-    live = store.execute(c, "count_jobs_of_tenant", {"tenant": tenant, "name_prefix": None})[0]["n"]
+    # Counted up to quota + 1 only: the check costs O(min(jobs, quota)), not O(jobs).
+    live = store.execute(c, "count_jobs_of_tenant_upto", {"tenant": tenant, "limit": quota + 1})[0]["n"]
     if live + added > quota:
-        raise ValidationError(
-            "max_schedules",
-            f"tenant {clip(tenant)} may have at most {quota} schedules; "
-            f"it has {live} and this request would make {live + added}",
-        )
+        has = f"it has {live} and this request would make {live + added}"
+        if live > quota:  # the quota was lowered below what the tenant has
+            has = f"it has more than {quota} and this request would add {added}"
+        raise ValidationError("max_schedules", f"tenant {clip(tenant)} may have at most {quota} schedules; {has}")
 
 
 def find_job(conn: psycopg.Connection, tenant: str, name: str) -> dict:

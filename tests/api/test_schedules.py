@@ -641,6 +641,32 @@ def test_schedule_quota(api, acme, db):
     assert rows(db, "SELECT max_schedules FROM tenants WHERE tenant = 'acme'") == [{"max_schedules": None}]
 
 
+def test_the_quota_check_reads_at_most_quota_plus_one_jobs(api, acme, db):
+    """A PUT counted every live job of its tenant to check the quota: a tenant with 100,000
+    jobs read them all on each schedule write (over a second per PUT while a herd fired).
+    It counts up to the quota + 1: below the quota as exactly as before, and a tenant whose
+    quota was lowered below what it has is told so without a full count."""
+    db.execute(
+        "INSERT INTO jobs (partition_id, job_id, tenant, kind, interval_s, anchor_at, next_due_at, created_at)"
+        " SELECT g % 1024, gen_random_uuid(), 'acme', 'interval', 3600, now(), now() + interval '1 hour', now()"
+        " FROM generate_series(1, 500) AS g"
+    )
+    jobs.set_tenant(db, "acme", max_schedules=50)
+    over = acme.put("/v1/schedules/one", json={"interval_s": 60})
+    assert (over.status_code, over.json()["detail"]) == (
+        422,
+        "max_schedules: tenant 'acme' may have at most 50 schedules; it has more than 50 and this request would add 1",
+    )
+    assert rows(db, "SELECT count(*) AS n FROM jobs WHERE name = 'one'") == [{"n": 0}]
+    jobs.set_tenant(db, "acme", max_schedules=600)
+    assert acme.put("/v1/schedules/one", json={"interval_s": 60}).status_code == 201
+    jobs.set_tenant(db, "acme", max_schedules=501)
+    over = acme.put("/v1/schedules/two", json={"interval_s": 60})
+    assert over.json()["detail"] == (
+        "max_schedules: tenant 'acme' may have at most 501 schedules; it has 501 and this request would make 502"
+    )
+
+
 def test_url_targets_follow_the_operators_push_allow(api, api_factory, db):
     """A URL target is checked when saved with the operator's push_allow (as ``jobs add
     --push-allow``): loopback is refused by default, accepted where it is allowed."""

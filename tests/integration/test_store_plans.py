@@ -154,3 +154,39 @@ def test_a_batch_of_heartbeats_acks_or_nacks_reads_its_runs_not_every_leased_run
         assert after["idx_tup_fetch"] - before["idx_tup_fetch"] <= 3 * BATCH
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("statistics", ["current", "of an empty table"])
+def test_a_schedule_quota_check_does_not_read_every_job(pg_dsn, statistics):
+    """Each schedule write counts its tenant's live jobs against the quota. With no index on
+    live jobs by tenant that count was a sequential scan of the whole jobs table: on a store
+    of 5 M jobs, a second of store CPU per PUT, and PUTs far past their 50 ms while a herd
+    fired. It reads the tenant's own jobs through an index, at most quota + 1 of them."""
+    from scheduler import jobs as jobs_mod
+
+    conn = store.connect(pg_dsn, application_name="scheduler-test")
+    try:
+        if statistics != "current":
+            conn.execute("ANALYZE jobs")
+        conn.execute("INSERT INTO tenants (tenant) VALUES ('acme'), ('big') ON CONFLICT (tenant) DO NOTHING")
+        conn.execute(
+            "INSERT INTO jobs (partition_id, job_id, tenant, kind, interval_s, anchor_at, next_due_at)"
+            " SELECT g %% 1024, gen_random_uuid(), CASE WHEN g <= 30 THEN 'acme' ELSE 'big' END, 'interval',"
+            " 3600, %(t)s, %(t)s FROM generate_series(1, 20000) AS g",
+            {"t": T0},
+        )
+        if statistics == "current":
+            conn.execute("ANALYZE jobs")
+        with conn.transaction():
+            before = conn.execute("SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'jobs'").fetchone()[
+                "seq_scan"
+            ]
+            jobs_mod._check_quota(conn, "acme", 1, 100)
+            with pytest.raises(jobs_mod.ValidationError, match="it has 30 and this request would make 31"):
+                jobs_mod._check_quota(conn, "acme", 1, 30)
+            after = conn.execute("SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'jobs'").fetchone()[
+                "seq_scan"
+            ]
+        assert after - before == 0
+    finally:
+        conn.close()
