@@ -74,6 +74,8 @@ BIG_TENANT = "big"
 PUSH_ALLOW = "127.0.0.1/32"
 """The nodes' ``push_allow``: the receiver listens on loopback, refused by default."""
 QUEUE = "default"
+PUT_TENANT = "bench-put"
+"""The tenant of ``--put-rate``'s schedules: a tenant of its own, with the default quota."""
 
 COLUMNS = [
     "mode",
@@ -336,16 +338,19 @@ class _Consumers:
         self.put_api: ApiProcess | None = None
         self.put_probe: PutProbe | None = None
 
-    def start_put_probe(self, dsn: str, conn, tenant: str, start_at: float) -> PutProbe | None:
+    def start_put_probe(self, dsn: str, conn, start_at: float) -> PutProbe | None:
         """With ``--put-rate``: an API process of its own (not the workers': their load is
-        not what this measures) and a tenant key of ``tenant``; PUTs from ``start_at``."""
+        not what this measures) and a key of tenant :data:`PUT_TENANT` (created here, so the
+        PUTs count against a quota of their own); PUTs from ``start_at``."""
         if not self.opts.put_rate:
             return None
+        from scheduler import jobs
         from scheduler.api import keys
 
         self.put_api = ApiProcess(dsn, self.log_dir, workers=1, name="api-put")
         self.put_api.wait_ready()
-        token = keys.create(conn, tenant, "tenant", "bench-put")[0]
+        jobs.add_tenant(conn, PUT_TENANT)
+        token = keys.create(conn, PUT_TENANT, "tenant", "bench-put")[0]
         self.put_probe = PutProbe(self.put_api.url, token, self.opts.put_rate, start_at).start()
         return self.put_probe
 
@@ -460,7 +465,7 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
         consumers.start_workers(dsn, tenants, conn)
         if opts.workload == "herd":
             herd.load(conn, opts.lead_s, progress, prepare)
-            consumers.start_put_probe(dsn, conn, small[0], herd.t.timestamp())
+            consumers.start_put_probe(dsn, conn, herd.t.timestamp())
             herd.drain(conn, progress, opts.fire_timeout_s)
             put = consumers.stop_put_probe()
             since = herd.t
