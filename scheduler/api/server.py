@@ -35,7 +35,10 @@ def bind(host: str, port: int) -> socket.socket:
     Raises OSError (address in use, no such interface).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, not 0: asyncio turns Nagle off (TCP_NODELAY) only on connections
+    # accepted from a socket that says it is TCP; without it every answer's body waited
+    # ~40 ms for the client's delayed ACK of its headers.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
