@@ -33,7 +33,6 @@ tests; production passes None (the statement's timestamp).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -81,14 +80,20 @@ class RunKey:
     job_id: uuid.UUID
     nominal_time: datetime
 
-    @functools.cached_property
+    @property
     def run_id(self) -> str:
         """``<job_id>.<nominal time in integer Unix microseconds>``: stable, never re-rolled.
 
-        Computed once per key (a worker asks it several times per run)."""
-        delta = self.nominal_time - _EPOCH
-        micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-        return f"{self.job_id}.{micros}"
+        Computed once per key (a worker asks it several times per run) and kept in the
+        instance's ``__dict__`` (not a field: equality and hash stay the key's). Not
+        :func:`functools.cached_property`: before Python 3.12 its first read of every key
+        takes one lock shared by all instances, which the API's threads queued on."""
+        cached: str | None = self.__dict__.get("_run_id")
+        if cached is None:
+            delta = self.nominal_time - _EPOCH
+            micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+            cached = self.__dict__["_run_id"] = f"{self.job_id}.{micros}"
+        return cached
 
     @classmethod
     def of(cls, job_id: uuid.UUID, nominal_time: datetime) -> RunKey:
