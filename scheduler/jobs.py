@@ -823,11 +823,13 @@ def _item(index: int) -> Iterator[None]:
 
 def _check_quota(c: psycopg.Connection, tenant: str, added: int, default: int) -> None:
     """Lock ``tenant``'s row and refuse (ValidationError, field ``max_schedules``)
-    a write adding ``added`` live jobs (net) beyond its quota."""
+    a write adding ``added`` live named jobs (net) beyond its quota. Unnamed jobs
+    (the operator's ``jobs add`` without a name) do not count: the count reads
+    ``jobs_tenant_name_idx`` only, at most quota + 1 entries."""
     rows = store.execute(c, "lock_tenant_quota", {"tenant": tenant})
     quota = default if not rows or rows[0]["max_schedules"] is None else rows[0]["max_schedules"]
     # Counted up to quota + 1 only: the check costs O(min(jobs, quota)), not O(jobs).
-    live = store.execute(c, "count_jobs_of_tenant_upto", {"tenant": tenant, "limit": quota + 1})[0]["n"]
+    live = store.execute(c, "count_named_jobs_of_tenant_upto", {"tenant": tenant, "limit": quota + 1})[0]["n"]
     if live + added > quota:
         has = f"it has {live} and this request would make {live + added}"
         if live > quota:  # the quota was lowered below what the tenant has
