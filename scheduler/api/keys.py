@@ -23,6 +23,7 @@ import base64
 import dataclasses
 import hashlib
 import hmac
+import logging
 import re
 import secrets as _random
 import threading
@@ -34,8 +35,8 @@ from typing import Any, Literal
 
 import psycopg
 
-from scheduler import store
-from scheduler.errors import ConflictError, NotFoundError, ValidationError, clip
+from scheduler import log, store
+from scheduler.errors import ConflictError, NotFoundError, StoreError, ValidationError, clip
 from scheduler.spec import validate_tenant
 
 ROLES = ("admin", "tenant", "worker")
@@ -232,7 +233,8 @@ class KeyVerifier:
         """The :class:`Principal` of ``token`` or None (malformed, unknown, revoked, wrong secret).
 
         ``connection()`` gives a connection (a context manager) when the
-        store must be read or ``last_used_at`` written. Raises store errors.
+        store must be read or ``last_used_at`` written. Raises store errors of the read; the
+        ``last_used_at`` write is best effort (a failure is logged, ``api_key_touch_failed``).
         """
         parsed = parse_token(token)
         if parsed is None:
@@ -274,5 +276,12 @@ class KeyVerifier:
             if last is not None and now - last < self.touch_interval_s:
                 return
             self._touched[key_id] = now
-        with connection() as conn:
-            store.run_transaction(conn, lambda c: store.execute(c, "touch_api_key", {"key_id": key_id, "now": None}))
+        # Best effort: a store that cannot take the write now (read-only after a failover,
+        # unreachable for a moment) must not fail a request whose key checked out.
+        try:
+            with connection() as conn:
+                store.run_transaction(
+                    conn, lambda c: store.execute(c, "touch_api_key", {"key_id": key_id, "now": None})
+                )
+        except (psycopg.Error, StoreError) as exc:
+            log.event("api_key_touch_failed", logging.INFO, key_id=key_id, error=store.first_line(exc))

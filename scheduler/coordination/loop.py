@@ -200,7 +200,8 @@ class LeaseLoop:
                 gap_s=round(now - previous, 3),
                 wait_s=wait,
                 held=len(self._table),
-                note="heartbeat sent; waiting one responsiveness interval for the peers' before claiming",
+                note="heartbeat sent; no new claims for one responsiveness interval, until the peers' heartbeats "
+                "land (leases still held are renewed and fire meanwhile)",
             )
 
     def stop_claiming(self) -> None:

@@ -64,3 +64,31 @@ def test_a_pooled_connection_whose_server_turned_read_only_is_replaced(pg_dsn):
     app = FastAPI()
     errors.install(app)
     assert app.exception_handlers[psycopg.errors.ReadOnlySqlTransaction] is errors._store_unavailable  # 503
+
+
+def test_a_read_only_store_does_not_fail_a_request_over_its_keys_last_used_time(pg_dsn):
+    """Every authenticated request may record its key's ``last_used_at`` (at most once a
+    minute per key). On a store turned read-only (a demoted primary) that write failed the
+    request itself: a GET answered 503 while the read it asked for would have worked. The
+    record is best effort: the key is verified, the request goes on."""
+    from scheduler import store
+    from scheduler.api import keys
+    from scheduler.api.keys import KeyVerifier
+
+    conn = store.connect(pg_dsn)
+    try:
+        conn.execute("INSERT INTO tenants (tenant) VALUES ('acme') ON CONFLICT (tenant) DO NOTHING")
+        token, row = keys.create(conn, "acme", "tenant", "ro")
+        conn.execute("SET default_transaction_read_only = on")
+
+        class Borrowed:
+            def __enter__(self):
+                return conn
+
+            def __exit__(self, *exc):
+                return None
+
+        principal = KeyVerifier(ttl_s=0.0, touch_interval_s=0.0).verify(Borrowed, token)
+        assert principal is not None and (principal.key_id, principal.tenant) == (row["key_id"], "acme")
+    finally:
+        conn.close()
