@@ -61,7 +61,7 @@ PROBE_TIMEOUT_S = 1.0
 
 
 class StoreProbe:
-    """Answers "is the store reachable?" with a cheap query on a dedicated connection.
+    """Answers "is the store reachable, and writable?" with two cheap queries on a dedicated connection.
 
     With ``settings`` (a node's), the connection is a node session
     (:func:`scheduler.store.node_connect`: keepalives, ``tcp_user_timeout``,
@@ -94,7 +94,7 @@ class StoreProbe:
         self._busy = threading.Lock()
 
     def check(self) -> str | None:
-        """Return ``None`` if the store answered in time, else a one-line reason."""
+        """Return ``None`` if the store answered in time and takes writes, else a one-line reason."""
         if not self._busy.acquire(blocking=False):
             return "store: the previous probe has not returned yet"
         outcome: list[str | None] = []
@@ -107,7 +107,14 @@ class StoreProbe:
 
     def _query(self, outcome: list[str | None]) -> None:
         try:
-            store.now(self._connection())
+            conn = self._connection()
+            store.now(conn)
+            if store.execute(conn, "store_read_only")[0]["read_only"] == "on":
+                # Not ready: the node can fire nothing. The session is closed, so the next probe
+                # connects again (a multi-host DSN's target_session_attrs may reach the primary).
+                outcome.append("store: read-only (a standby or default_transaction_read_only): no write can commit")
+                self.close()
+                return
             outcome.append(None)
         except (psycopg.Error, SchedulerError, OSError) as exc:
             outcome.append("store: " + (str(exc).splitlines() or [type(exc).__name__])[0])

@@ -346,6 +346,12 @@ SELECT version_num FROM alembic_version;
 -- The store's clock: %(now)s when the caller pins it (tests), else now().
 SELECT coalesce(%(now)s::timestamptz, now()) AS store_now;
 
+-- name: store_read_only
+-- Whether this session may write ('on': a standby, or default_transaction_
+-- read_only): the readiness probe's second question (a store that answers
+-- reads and refuses every write lets a node fire nothing).
+SELECT current_setting('transaction_read_only') AS read_only;
+
 -- name: fire_runs
 -- The fenced firing statement (docs/design.md §4). One statement, so atomic:
 --   fence    locks the partition rows FOR SHARE where owner and epoch are

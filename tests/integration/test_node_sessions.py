@@ -118,3 +118,25 @@ def test_a_session_that_finds_its_server_read_only_reconnects(pg_dsn):
         session.transaction(lambda c: c.execute("CREATE TEMP TABLE t (x int)"))  # writable again
     finally:
         session.close()
+
+
+def test_the_readiness_probe_says_a_read_only_store_is_not_ready(pg_dsn):
+    """A store that answers reads but refuses every write (a standby after a failover it was
+    not promoted in, or `default_transaction_read_only`) left `/readyz` saying `store: ok`
+    while the node could fire nothing. The probe asks whether its session may write."""
+    dbname = store.connect(pg_dsn).execute("SELECT current_database() AS d").fetchone()["d"]
+    probe = StoreProbe(pg_dsn, application_name="scheduler-probe:n1", settings=settings(pg_dsn))
+    admin = store.connect(pg_dsn)
+    try:
+        assert probe.check() is None
+        admin.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
+        probe.close()  # a new session picks the setting up (as one to a standby would be)
+        reason = probe.check()
+        assert reason is not None and reason.startswith("store: read-only")
+        admin.execute(f'ALTER DATABASE "{dbname}" RESET default_transaction_read_only')
+        probe.check()  # the probe closed its read-only session: this one is new
+        assert probe.check() is None
+    finally:
+        admin.execute(f'ALTER DATABASE "{dbname}" RESET default_transaction_read_only')
+        probe.close()
+        admin.close()
