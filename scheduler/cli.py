@@ -61,7 +61,8 @@ DSN_HINT = "postgresql://user:password@localhost:5432/scheduler"
 DSN_HELP = (
     f"Store URI, e.g. {DSN_HINT}; several hosts: "
     "postgresql://user@h1:5432,h2:5432/db?target_session_attrs=read-write "
-    "(libpq: tried in turn, the first writable one is used; docs/operations.md)."
+    "(libpq: tried in turn; with target_session_attrs=read-write the first writable one is used; "
+    "docs/operations.md)."
 )
 """The help of every ``--dsn``: the single-host form and libpq's multi-host one."""
 
@@ -325,6 +326,7 @@ def _table(rows: list[dict], columns: list[str]) -> None:
     envvar="SCHEDULER_LOG_LEVEL",
     show_envvar=True,
     show_default=True,
+    help="Least severe log records written (stderr).",
 )
 @click.pass_context
 def cli(ctx: click.Context, log_format: str, log_level: str) -> None:

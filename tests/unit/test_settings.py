@@ -223,5 +223,9 @@ def test_the_dsn_help_shows_the_multi_host_form(command):
     result = run([*command, "--help"])
     assert result.exit_code == 0, result.stderr
     flat = "".join(result.stdout.split())  # click may wrap inside a long URI
-    for text in (MULTI_HOST_HELP, "(libpq: tried in turn, the first writable one is used; docs/operations.md)"):
+    for text in (
+        MULTI_HOST_HELP,
+        "(libpq: tried in turn; with target_session_attrs=read-write the first writable one is used; "
+        "docs/operations.md)",
+    ):
         assert "".join(text.split()) in flat, result.stdout
