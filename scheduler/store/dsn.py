@@ -83,7 +83,9 @@ def connect_error(exc: BaseException, dsn: str | None = None) -> str:
             continue
         reason = libpq.group("reason") if libpq is not None else error.removeprefix("connection failed: ")
         failures.append((host, f"{where}: {reason.strip()}"))
-    if dsn is not None:
+    if dsn is not None and (failures or _UNRESOLVED_HOST.match(str(exc).strip())):
+        # Only an error about connection attempts can have left hosts out; one about the DSN
+        # itself (``invalid port number``) tried none, and says so on its first line.
         failures = _with_unresolved(failures, dsn, exc)
     return "; ".join(dict.fromkeys(text for _, text in failures)) if failures else first_line(exc)
 
