@@ -87,19 +87,35 @@ def one_line(text: str) -> str:
     return _LINE_BREAKS.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
 
 
-class TextFormatter(logging.Formatter):
-    """``<time> <level> <event> key=value ...``, always one line.
+_BARE_VALUE = re.compile(r'[^\s"=\\]+')
+"""A text-format value written as is: no whitespace, quote, ``=`` or backslash."""
 
-    Line breaks inside values (a store error's ``LINE 1: ...`` and ``HINT``
-    lines, a traceback, given as the last field ``exc=``) are escaped as
-    ``\\n``, so each record is exactly one line, as in JSON.
+
+def text_value(value: object) -> str:
+    """``value`` as the text format writes it (logfmt): bare when :data:`_BARE_VALUE` allows,
+    else a JSON string (quotes and backslashes escaped), and never a line break: a value
+    with spaces cannot pass for more ``key=value`` pairs (a request path is client input)."""
+    text = str(value)
+    if _BARE_VALUE.fullmatch(text) and not _LINE_BREAKS.search(text):
+        return text
+    return one_line(json.dumps(text, ensure_ascii=False))
+
+
+class TextFormatter(logging.Formatter):
+    """``<time> <level> <event> key=value ...``, always one line (logfmt).
+
+    A value with whitespace, ``"``, ``=`` or ``\\`` is written as a JSON string
+    (:func:`text_value`), so values cannot forge fields; line breaks inside
+    values (a store error's ``LINE 1: ...`` and ``HINT`` lines, a traceback,
+    given as the last field ``exc=``) are escaped, so each record is exactly
+    one line, as in JSON.
     """
 
     def format(self, record: logging.LogRecord) -> str:
         event_name, values = _event_and_fields(record)
         if record.exc_info:
             values = {**values, "exc": self.formatException(record.exc_info)}
-        fields = " ".join(f"{k}={one_line(str(v))}" for k, v in values.items())
+        fields = " ".join(f"{k}={text_value(v)}" for k, v in values.items())
         ts = time.strftime("%H:%M:%S", time.localtime(record.created)) + f".{int(record.msecs):03d}"
         return redact(f"{ts} {record.levelname.lower():5} {one_line(event_name)} {fields}".rstrip())
 

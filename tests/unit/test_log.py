@@ -49,6 +49,25 @@ def test_text_records_start_with_level_and_event(captured):
     assert line.split()[1:] == ["info", "node_started", "node=n1"]
 
 
+def test_a_text_value_cannot_forge_fields_or_records(captured):
+    """A request path is client input: `/v1/schedules/a%0a04:00:00.000 info api_request
+    method=FAKE` was written bare (only its line break escaped), so a reader of the text
+    log, or a logfmt parser, saw a second `method=`. Values with whitespace, quotes, `=` or
+    backslashes are JSON strings; plain ones stay bare."""
+    import shlex
+
+    configure, buffer = captured
+    configure("text")
+    forged = "/v1/schedules/a\n04:00:00.000 info api_request method=FAKE"
+    log.event("api_request", method="GET", path=forged, status=404, note='say "hi"', empty="")
+    (line,) = buffer.getvalue().splitlines()
+    fields = dict(part.split("=", 1) for part in shlex.split(line.split(" api_request ", 1)[1]))
+    assert fields["method"] == "GET" and fields["status"] == "404"
+    assert json.loads(line.split(" path=", 1)[1].split(" status=", 1)[0]) == forged
+    assert ' note="say \\"hi\\""' in line and ' empty=""' in line
+    assert log.text_value("127.0.0.1:5432") == "127.0.0.1:5432"
+
+
 @pytest.mark.parametrize("fmt", ["json", "text"])
 def test_registered_secrets_never_reach_a_record(captured, fmt):
     configure, buffer = captured
@@ -156,8 +175,9 @@ def test_multi_line_store_errors_stay_one_record_per_line(captured, fmt):
         assert records[0]["error"] == error and "Traceback" in records[1]["exc"]
     else:
         assert lines[0].split()[1:3] == ["warning", "store_unavailable"]
-        assert 'error=ERROR:  relation "jobs" does not exist\\nLINE 1: SELECT 1 FROM jobs\\n' in lines[0]
-        assert lines[1].split()[1:3] == ["error", "tick_crashed"] and "exc=Traceback" in lines[1]
+        # a value with spaces is a JSON string: it reads back exactly
+        assert json.loads(lines[0].split(" error=", 1)[1]) == error
+        assert lines[1].split()[1:3] == ["error", "tick_crashed"] and 'exc="Traceback' in lines[1]
 
 
 @pytest.mark.parametrize(
