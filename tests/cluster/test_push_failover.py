@@ -65,9 +65,15 @@ def test_a_node_killed_while_pushing_is_redelivered_by_the_new_owner_with_the_sa
         assert backend_pids(cluster.conn, "scheduler-push:n1"), "n1's push session not found"
         cluster.nodes["n1"].kill()
         killed_at = cluster.now()
-        # A transaction n1 sent before it died (an ack) may still commit: read once its session is gone.
+        # A transaction n1 sent before it died (an ack) may still commit: read once its sessions are
+        # gone (the push loop claims on one and records outcomes on another).
         cluster.wait_for(
-            "n1's push session to end", lambda: backend_pids(cluster.conn, "scheduler-push:n1"), not_, timeout_s=10
+            "n1's push sessions to end",
+            lambda: (
+                backend_pids(cluster.conn, "scheduler-push:n1") + backend_pids(cluster.conn, "scheduler-push-record:n1")
+            ),
+            not_,
+            timeout_s=10,
         )
         in_flight = leased_by_n1()  # final: n1 records nothing any more
         sent_before_kill = in_flight & received()
