@@ -11,11 +11,19 @@ skipped silently); tests that request none (``tests/unit``) need no database.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# The etcd tests use gRPC (aetcd) in this process, and the cluster tests then fork it to start
+# node processes (subprocess with a preexec_fn). gRPC's fork handlers, run in the child while
+# other threads were inside gRPC, aborted the child ("epoll_wait error: Bad file descriptor",
+# status -6: a CI failure). The child only execs: it needs no gRPC, so no fork handlers. Set
+# before grpc is first imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 # Import the fixtures module by path whatever pytest's import mode is.
 _TESTS_DIR = str(Path(__file__).resolve().parent)
