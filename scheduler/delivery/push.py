@@ -523,11 +523,15 @@ class PushLoop:
         try:
             return await asyncio.to_thread(body)
         except (psycopg.Error, SchedulerError, OSError) as exc:
-            self._metrics.error(getattr(exc, "sqlstate", None))
-            log.event("push_store_failed", logging.WARNING, node=self._s.node_id, error=_first_line(exc))
+            self._store_error(exc)
             session.close()
             self._store_down_until = time.monotonic() + STORE_RETRY_S
             return None
+
+    def _store_error(self, exc: BaseException) -> None:
+        """Count and log a failed store call (``push_store_failed``)."""
+        self._metrics.error(getattr(exc, "sqlstate", None))
+        log.event("push_store_failed", logging.WARNING, node=self._s.node_id, error=_first_line(exc))
 
     async def _main(self, stop: threading.Event) -> None:
         self._reset()
@@ -608,8 +612,7 @@ class PushLoop:
             try:
                 return runs, tenant_secrets.signing_secrets(c, {r.tenant for r in runs}, now)
             except (psycopg.Error, SchedulerError, OSError) as exc:
-                self._metrics.error(getattr(exc, "sqlstate", None))
-                log.event("push_store_failed", logging.WARNING, node=self._s.node_id, error=_first_line(exc))
+                self._store_error(exc)
                 return runs, None
 
         answer = await self._store(claim_and_secrets)
