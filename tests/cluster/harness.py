@@ -364,9 +364,10 @@ def runs_by(
 
 
 def delivery_states(conn: psycopg.Connection, job_ids: list) -> list[dict]:
-    """Every run of ``job_ids``: ``partition_id, job_id, nominal_time, state, attempt, worker``."""
+    """Every run of ``job_ids``: ``partition_id, job_id, nominal_time, state, attempt, worker, last_error``."""
     return conn.execute(
-        "SELECT partition_id, job_id, nominal_time, state, attempt, worker FROM runs WHERE job_id = ANY(%s)"
+        "SELECT partition_id, job_id, nominal_time, state, attempt, worker, last_error FROM runs"
+        " WHERE job_id = ANY(%s)"
         " ORDER BY nominal_time, job_id",
         (job_ids,),
     ).fetchall()
@@ -409,6 +410,12 @@ def blocked_backends(
         {"app": application_name, "blocker": blocker_pid, "mode": waiting_mode},
     ).fetchall()
     return [row["pid"] for row in rows]
+
+
+def running_queries(conn: psycopg.Connection, pids: list[int]) -> list[str]:
+    """The SQL text each backend of ``pids`` is running (or last ran)."""
+    rows = conn.execute("SELECT query FROM pg_stat_activity WHERE pid = ANY(%s::int4[])", (pids,)).fetchall()
+    return [row["query"] for row in rows]
 
 
 def in_transaction(conn: psycopg.Connection, application_name: str) -> list[int]:
@@ -759,6 +766,8 @@ class Cluster:
         params: Any,
         action: Callable[[list[int]], None],
         waiting_mode: str | None = None,
+        statement: str | None = None,
+        attempts: int = 5,
     ) -> datetime:
         """Run ``action(backend_pids)`` while ``node_id`` is inside a firing tick.
 
@@ -769,19 +778,28 @@ class Cluster:
         those sessions' backend pids, then releases the locks. Returns the
         store time just before the locks were taken. The node's
         ``lock_timeout`` must outlast the few milliseconds this takes.
+
+        ``statement``: a fragment of the SQL text the waiting session must be
+        running (``pg_stat_activity.query``). Another statement of the tick may
+        reach the lock first (the rewind check after a reconnect reads jobs
+        before the due scan does): the locks are then released and the next
+        tick tried, up to ``attempts`` ticks.
         """
-        sleep_until_wall_fraction(0.85)
-        before = self.now()
-        with locked(self.dsn, lock_sql, params) as lock_conn:
-            blocker = lock_conn.info.backend_pid
-            waiting = self.wait_for(
-                f"{node_id}'s firing session to wait on the test's lock",
-                lambda: blocked_backends(self.conn, f"scheduler-fire:{node_id}", blocker, waiting_mode),
-                timeout_s=3.0,
-                interval_s=0.005,
-            )
-            action(waiting)
-        return before
+        for _ in range(attempts):
+            sleep_until_wall_fraction(0.85)
+            before = self.now()
+            with locked(self.dsn, lock_sql, params) as lock_conn:
+                blocker = lock_conn.info.backend_pid
+                waiting = self.wait_for(
+                    f"{node_id}'s firing session to wait on the test's lock",
+                    lambda: blocked_backends(self.conn, f"scheduler-fire:{node_id}", blocker, waiting_mode),
+                    timeout_s=3.0,
+                    interval_s=0.005,
+                )
+                if statement is None or all(statement in query for query in running_queries(self.conn, waiting)):
+                    action(waiting)
+                    return before
+        raise AssertionError(f"{node_id}'s tick never waited on the test's lock in a statement with {statement!r}")
 
     def finish(self, since: datetime, covering: datetime | None = None, timeout_s: float = 20.0) -> History:
         """Close the test's window, wait until the nodes have fired every slot

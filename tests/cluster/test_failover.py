@@ -86,6 +86,8 @@ tick's first read of ``jobs`` is the due read these tests hold up."""
 
 LOCK_JOBS_TABLE = "LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE"
 """Holds up the firing loop's read of due jobs (it waits for an AccessShareLock)."""
+DUE_SCAN = "d.next_due_at <= coalesce("
+"""A fragment of ``select_due_jobs`` (the tick's read of due jobs), in no other statement of a tick."""
 LOCK_JOB_ROWS = "SELECT 1 FROM jobs WHERE partition_id = ANY(%s) FOR UPDATE"
 """Holds up the fenced firing statement of these partitions' jobs (reads pass)."""
 
@@ -238,7 +240,12 @@ def test_paused_between_read_and_commit_is_fenced_out_then_rejoins(cluster: Clus
     # Freeze n2 inside a tick: it has chosen its partitions and epochs and sent
     # its read of due jobs (held up by the table lock); it resumes with them.
     paused_at = cluster.at_mid_tick(
-        VICTIM, LOCK_JOBS_TABLE, None, lambda _pids: victim.pause(), waiting_mode="AccessShareLock"
+        VICTIM,
+        LOCK_JOBS_TABLE,
+        None,
+        lambda _pids: victim.pause(),
+        waiting_mode="AccessShareLock",
+        statement=DUE_SCAN,
     )
     old = owned_by(cluster.conn, VICTIM)
 
