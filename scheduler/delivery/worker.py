@@ -364,6 +364,38 @@ class StoreTransport:
             lane.close()
 
 
+class _Completions:
+    """Results of sync handlers, handed from their threads to the loop in batches.
+
+    :meth:`put` (any thread) appends ``(attempt, error)`` and wakes the loop only if no
+    wake-up is pending: one ``call_soon_threadsafe`` (a write to the loop's self-pipe)
+    per batch of results, not per run. ``deliver`` runs on the loop for each result,
+    in the order put."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[Any, BaseException | None], None]) -> None:
+        self._loop = loop
+        self._deliver = deliver
+        self._items: collections.deque[tuple[Any, BaseException | None]] = collections.deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def put(self, attempt: Any, error: BaseException | None) -> None:
+        with self._lock:
+            self._items.append((attempt, error))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the worker is gone
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            self._scheduled = False
+            items, self._items = self._items, collections.deque()
+        for attempt, error in items:
+            self._deliver(attempt, error)
+
+
 class _Threads:
     """``n`` daemon threads running submitted callables (a sync handler that never
     returns must not keep the process from exiting, as ThreadPoolExecutor's would)."""
@@ -548,6 +580,7 @@ class Worker:
             self._transport = StoreTransport(self.dsn, statement_s)
         self._errors = self._transport.errors
         self._threads = None if self._async else _Threads(self.concurrency)
+        self._done_by_threads = _Completions(asyncio.get_running_loop(), self._finished)
         if self._stop_requested.is_set():
             self._on_stop()
         log.event(
@@ -728,21 +761,20 @@ class Worker:
         self._running += 1
         if self._async:
             f.task = asyncio.get_running_loop().create_task(self._run_async(f))
-        else:
-            assert self._threads is not None
-            loop = asyncio.get_running_loop()
-            handler = self.handler
+            return
+        assert self._threads is not None
+        handler = self.handler
+        done = self._done_by_threads
 
-            def work() -> None:
-                error: BaseException | None = None
-                try:
-                    handler(run)
-                except BaseException as exc:  # noqa: BLE001 (every failure of the handler nacks)
-                    error = exc
-                with contextlib.suppress(RuntimeError):  # the loop has closed: the worker is gone
-                    loop.call_soon_threadsafe(self._finished, f, error)
+        def work() -> None:
+            error: BaseException | None = None
+            try:
+                handler(run)
+            except BaseException as exc:  # noqa: BLE001 (every failure of the handler nacks)
+                error = exc
+            done.put(f, error)
 
-            self._threads.submit(work)
+        self._threads.submit(work)
 
     async def _run_async(self, f: _InFlight) -> None:
         error: BaseException | None = None

@@ -1901,7 +1901,7 @@ ORDER BY c.nominal_time, c.job_id;
 -- and nack_runs.
 WITH a AS (
     SELECT *
-    FROM unnest(%(pids)s::int4[], %(jids)s::uuid[], %(nominals)s::timestamptz[], %(tokens)s::uuid[])
+    FROM unnest(%(pids)b::int4[], %(jids)b::uuid[], %(nominals)b::timestamptz[], %(tokens)b::uuid[])
          WITH ORDINALITY AS a (pid, jid, nominal, token, i)
 ), extended AS (
     UPDATE runs AS r
@@ -1932,7 +1932,7 @@ ORDER BY a.i;
 -- heartbeat_runs.
 WITH a AS (
     SELECT *
-    FROM unnest(%(pids)s::int4[], %(jids)s::uuid[], %(nominals)s::timestamptz[], %(tokens)s::uuid[])
+    FROM unnest(%(pids)b::int4[], %(jids)b::uuid[], %(nominals)b::timestamptz[], %(tokens)b::uuid[])
          WITH ORDINALITY AS a (pid, jid, nominal, token, i)
 ), done AS (
     UPDATE runs AS r
@@ -1965,8 +1965,8 @@ ORDER BY a.i;
 -- IN, as in heartbeat_runs.
 WITH a AS (
     SELECT *
-    FROM unnest(%(pids)s::int4[], %(jids)s::uuid[], %(nominals)s::timestamptz[], %(tokens)s::uuid[],
-                %(retryables)s::bool[], %(errors)s::text[], %(retry_after_s)s::float8[])
+    FROM unnest(%(pids)b::int4[], %(jids)b::uuid[], %(nominals)b::timestamptz[], %(tokens)b::uuid[],
+                %(retryables)b::bool[], %(errors)b::text[], %(retry_after_s)b::float8[])
          WITH ORDINALITY AS a (pid, jid, nominal, token, retryable, error, retry_after_s, i)
 ), failed AS (
     UPDATE runs AS r
