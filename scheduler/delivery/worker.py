@@ -370,7 +370,8 @@ class _Completions:
     :meth:`put` (any thread) appends ``(attempt, error)`` and wakes the loop only if no
     wake-up is pending: one ``call_soon_threadsafe`` (a write to the loop's self-pipe)
     per batch of results, not per run. ``deliver`` runs on the loop for each result,
-    in the order put."""
+    in the order put; one that raises is reported to the loop's exception handler (as
+    a failed ``call_soon_threadsafe`` callback was) and the batch goes on."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[Any, BaseException | None], None]) -> None:
         self._loop = loop
@@ -393,7 +394,10 @@ class _Completions:
             self._scheduled = False
             items, self._items = self._items, collections.deque()
         for attempt, error in items:
-            self._deliver(attempt, error)
+            try:
+                self._deliver(attempt, error)
+            except Exception as exc:  # one result's failure must not drop the rest of the batch
+                self._loop.call_exception_handler({"message": "a handler result was not recorded", "exception": exc})
 
 
 class _Threads:
