@@ -44,7 +44,9 @@ edit in place (as ``--replace``), leave unchanged (nothing written) and,
 with ``prune``, delete, all in one transaction, with an optional
 precondition on each item's :func:`spec_digest` (``If-Match``) and the
 tenant's schedule quota (``tenants.max_schedules``, default
-:data:`DEFAULT_MAX_SCHEDULES`) counted under the tenant row's lock.
+:data:`DEFAULT_MAX_SCHEDULES`) counted under the tenant row's lock, which it
+takes before it reads the tenant's jobs (applies of one tenant run one after
+the other).
 :func:`find_job` and :func:`list_schedules` read a tenant's named jobs; the
 per-job functions (:func:`set_paused`, :func:`delete_job`, :func:`get_job`)
 take an optional ``tenant`` that scopes the lookup.
@@ -718,6 +720,13 @@ def apply_jobs(
     :func:`delete_job`; unnamed jobs are left alone). ``dry_run``: the same
     checks, nothing written.
 
+    Applies of one tenant are serialized: the transaction locks the tenant
+    row before it reads any of the tenant's jobs, so two concurrent applies
+    (with ``prune`` or not) act as one after the other. At SERIALIZABLE the
+    snapshot predates the lock, so the second of two overlapping applies
+    fails with 40001 instead and is retried whole: the retry reads the
+    first one's outcome.
+
     ``precondition(name, digest)`` runs for each spec inside the transaction,
     after the job of that name is locked (``digest``: :func:`spec_digest` of
     its stored spec, ``None`` if there is none); whatever it raises aborts
@@ -751,6 +760,9 @@ def apply_jobs(
         now = _store_now(c)
         report = ApplyReport(dry_run=dry_run)
         store.execute(c, "ensure_tenant", {"tenant": tenant})
+        # First the tenant row's lock, then every read of its jobs: a concurrent apply
+        # of the tenant has committed (and is seen) or waits for this one.
+        quota = store.execute(c, "lock_tenant_quota", {"tenant": tenant})[0]["max_schedules"]
         existing = {
             row["name"]: row
             for row in store.execute(c, "find_jobs_by_names", {"tenants": [tenant] * len(names), "names": names})
@@ -774,7 +786,7 @@ def apply_jobs(
         pruned = store.execute(c, "jobs_of_tenant_except", {"tenant": tenant, "names": names}) if prune else []
         report.deleted = sorted(row["name"] for row in pruned)
         if created:
-            _check_quota(c, tenant, len(created) - len(pruned), default_max_schedules)
+            _check_quota(c, tenant, len(created) - len(pruned), default_max_schedules if quota is None else quota)
         new_rows = []
         for spec in created:
             with _item(index_of[spec.name]):
@@ -821,13 +833,12 @@ def _item(index: int) -> Iterator[None]:
         raise
 
 
-def _check_quota(c: psycopg.Connection, tenant: str, added: int, default: int) -> None:
-    """Lock ``tenant``'s row and refuse (ValidationError, field ``max_schedules``)
-    a write adding ``added`` live named jobs (net) beyond its quota. Unnamed jobs
-    (the operator's ``jobs add`` without a name) do not count: the count reads
-    ``jobs_tenant_name_idx`` only, at most quota + 1 entries."""
-    rows = store.execute(c, "lock_tenant_quota", {"tenant": tenant})
-    quota = default if not rows or rows[0]["max_schedules"] is None else rows[0]["max_schedules"]
+def _check_quota(c: psycopg.Connection, tenant: str, added: int, quota: int) -> None:
+    """Refuse (ValidationError, field ``max_schedules``) a write adding ``added``
+    live named jobs (net) to ``tenant`` beyond ``quota``; the caller holds the
+    tenant row's lock. Unnamed jobs (the operator's ``jobs add`` without a
+    name) do not count: the count reads ``jobs_tenant_name_idx`` only, at most
+    quota + 1 entries."""
     # Counted up to quota + 1 only: the check costs O(min(jobs, quota)), not O(jobs).
     live = store.execute(c, "count_named_jobs_of_tenant_upto", {"tenant": tenant, "limit": quota + 1})[0]["n"]
     if live + added > quota:

@@ -1114,9 +1114,10 @@ ORDER BY partition_id, job_id
 FOR UPDATE;
 
 -- name: lock_tenant_quota
--- A write that creates schedules: the tenant row locked until commit (so
--- two creators of one tenant count one after the other) with its quota
--- (max_schedules NULL: the default).
+-- apply: the tenant row locked until commit, before any read of the
+-- tenant's jobs (so two applies of one tenant read, prune and count the
+-- quota one after the other), with its quota (max_schedules NULL: the
+-- default).
 SELECT tenant, max_schedules FROM tenants WHERE tenant = %(tenant)s FOR UPDATE;
 
 -- name: paused_since

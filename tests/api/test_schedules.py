@@ -612,6 +612,55 @@ def test_apply_with_a_bad_item_writes_nothing(acme, db):
         assert count_writes(db) == before
 
 
+def test_concurrent_applies_with_prune_are_one_serial_order(api, db):
+    """Three applies with prune, each declaring one other schedule, all in flight at once:
+    apply read the set it prunes before it locked the tenant row, so each missed the
+    others' new schedules and all three survived. Held at the tenant row (a transaction of
+    the test locks it) until all three wait, then let go: exactly one survives, and the
+    ``deleted`` lists chain them in one serial order (the first deletes ``old``, each next
+    one the schedule of the one before it)."""
+    token = api.key("acme", "tenant")
+    with client(api, token) as acme:
+        assert acme.put("/v1/schedules/old", json={"interval_s": 60}).status_code == 201
+    names = ["setA-1", "setB-1", "setC-1"]
+    results: dict[str, httpx.Response] = {}
+
+    def apply(name: str) -> None:
+        with client(api, token) as c:
+            results[name] = c.post(
+                "/v1/schedules:apply", json={"items": [{"name": name, "interval_s": 60}], "prune": True}
+            )
+
+    with psycopg.connect(api.dsn, row_factory=dict_row) as holder:
+        holder.execute("SELECT tenant FROM tenants WHERE tenant = 'acme' FOR UPDATE")
+        threads = [threading.Thread(target=apply, args=(name,)) for name in names]
+        for thread in threads:
+            thread.start()
+        waiting_sql = (
+            "SELECT count(*) AS n FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        deadline = time.monotonic() + 30
+        while rows(db, waiting_sql) != [{"n": 3}]:
+            assert time.monotonic() < deadline, rows(db, waiting_sql)
+            time.sleep(0.02)
+        holder.commit()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(results) == names and all(r.status_code == 200 for r in results.values()), results
+    deleted = {name: results[name].json()["deleted"] for name in names}
+    survivors = [r["name"] for r in rows(db, "SELECT name FROM jobs WHERE tenant = 'acme' AND deleted_at IS NULL")]
+    order: list[str] = []  # each next apply deleted exactly the schedule before it
+    for _ in names:
+        after = [name for name in names if deleted[name] == [order[-1] if order else "old"]]
+        if len(after) != 1:
+            break
+        order += after
+    assert (len(order), survivors) == (3, [order[-1]]), (deleted, survivors)
+    gone = rows(db, "SELECT name FROM jobs WHERE tenant = 'acme' AND deleted_at IS NOT NULL ORDER BY name")
+    assert sorted(r["name"] for r in gone) == sorted(["old", *order[:-1]])
+
+
 # ---------------------------------------------------------------- quota
 
 
