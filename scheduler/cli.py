@@ -802,7 +802,12 @@ def _delivery_options(func: Callable) -> Callable:
     callback=instant("at"),
     help="One-shot instant, ISO-8601 with offset (2030-01-01T09:00:00Z).",
 )
-@click.option("--name", default=None, help="Unique per tenant; makes the call idempotent.")
+@click.option(
+    "--name",
+    default=None,
+    help="Unique per tenant; makes the call idempotent. A named job is an API schedule "
+    "(an API apply with prune that does not list it deletes it).",
+)
 @click.option("--replace", is_flag=True, help="With --name: change an existing job whose spec differs.")
 @click.option(
     "--misfire",
@@ -943,6 +948,8 @@ def jobs_import(
     name is new: the others are `unchanged` (same spec) or rejected (their
     name's job has another spec; delete it first). Invalid lines are
     reported (line, expression, reason) and every valid line is imported.
+    Imported jobs are named schedules of the tenant for the HTTP API: a
+    `POST /v1/schedules:apply` with prune deletes every one it does not list.
     Exit status 0 even with rejected lines (count them in the summary line or
     --json); 2 only when the file itself is unusable (unreadable, no expr column).
 

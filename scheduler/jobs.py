@@ -707,6 +707,7 @@ def apply_jobs(
     specs: list[JobSpec],
     *,
     prune: bool = False,
+    allow_empty: bool = False,
     dry_run: bool = False,
     precondition: Precondition | None = None,
     default_max_schedules: int = DEFAULT_MAX_SCHEDULES,
@@ -717,8 +718,12 @@ def apply_jobs(
     job has another spec is edited in place (as ``add_job(replace=True)``), one
     with the same spec is left as it is (nothing written: no revision); with
     ``prune``, every other live named job of the tenant is deleted (as
-    :func:`delete_job`; unnamed jobs are left alone). ``dry_run``: the same
-    checks, nothing written.
+    :func:`delete_job`; unnamed jobs are left alone, but named ones are
+    deleted however they were made: ``jobs add --name``, every
+    ``jobs import`` line). ``prune`` with no ``specs`` would delete every
+    named job of the tenant, so it is refused (ValidationError, field
+    ``items``) unless ``allow_empty``. ``dry_run``: the same checks, nothing
+    written.
 
     Applies of one tenant are serialized: the transaction locks the tenant
     row before it reads any of the tenant's jobs, so two concurrent applies
@@ -741,6 +746,10 @@ def apply_jobs(
     ``push_policy``.
     """
     validate_tenant(tenant)
+    if prune and not specs and not allow_empty:
+        raise ValidationError(
+            "items", "must not be empty with prune (it would delete every named schedule) unless allow_empty is set"
+        )
     seen: set[str] = set()
     for index, spec in enumerate(specs):
         with _item(index):

@@ -18,7 +18,8 @@ field, e.g. ``interval_s`` for the CLI's ``interval``):
   (``jobs describe``), ``DELETE`` (204; ``If-Match`` as for PUT), ``POST …/{name}:pause``,
   ``:resume`` (catch-up ``none`` or ``backfill``), ``:trigger`` (request id,
   force; ``jobs trigger``'s dedup), ``:backfill`` (``jobs backfill``).
-* ``POST /v1/schedules:apply``: a tenant's whole set in one transaction.
+* ``POST /v1/schedules:apply``: a tenant's whole set in one transaction
+  (``prune`` with no items only with ``allow_empty``).
 
 Names in URLs: a schedule's name is one path segment, percent-encoded by
 the client; it may contain ``:`` (``import:…:1``). Only ``POST`` has
@@ -377,7 +378,16 @@ class ApplyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     items: Annotated[list[ApplyItem], Field(max_length=MAX_APPLY_ITEMS)]
-    prune: StrictBool = Field(False, description="Delete the tenant's other named schedules.")
+    prune: StrictBool = Field(
+        False,
+        description="Delete the tenant's other named schedules, however they were made (jobs add --name, "
+        "every jobs import line); unnamed jobs stay.",
+    )
+    allow_empty: StrictBool = Field(
+        False,
+        description="With prune and no items: delete every named schedule of the tenant "
+        "(refused, 422 on items, without it).",
+    )
     dry_run: StrictBool = Field(False, description="Check and report; write nothing.")
 
 
@@ -619,11 +629,17 @@ def _problem(description: str) -> dict[str, Any]:
     "/v1/schedules:apply",
     response_model=ApplyResult,
     summary="Make the tenant's schedules match a set (one transaction)",
-    responses={422: _problem("A bad item (field items[i].<field>), or the quota (field max_schedules).")},
+    responses={
+        422: _problem(
+            "A bad item (field items[i].<field>), no items with prune but not allow_empty (field items), "
+            "or the quota (field max_schedules)."
+        )
+    },
 )
 def apply_schedules(body: ApplyRequest, request: Request, principal: Tenant) -> ApplyResult:
     """Create, change (in place) or leave each item; with ``prune``, delete the
-    tenant's other named schedules; ``dry_run``: write nothing. All or nothing."""
+    tenant's other named schedules (no items: only with ``allow_empty``);
+    ``dry_run``: write nothing. All or nothing."""
     specs = []
     policy = _policy(request)
     for index, item in enumerate(body.items):
@@ -638,6 +654,7 @@ def apply_schedules(body: ApplyRequest, request: Request, principal: Tenant) -> 
                 principal.tenant,
                 specs,
                 prune=body.prune,
+                allow_empty=body.allow_empty,
                 dry_run=body.dry_run,
                 push_policy=policy,
             )

@@ -612,6 +612,54 @@ def test_apply_with_a_bad_item_writes_nothing(acme, db):
         assert count_writes(db) == before
 
 
+def test_prune_deletes_every_named_job_however_made_and_no_items_needs_allow_empty(api, acme, db):
+    """``prune`` deletes the tenant's named jobs whatever made them (``jobs add --name``,
+    ``jobs import`` lines), never unnamed ones; ``items: []`` with ``prune`` (every named
+    job deleted) is refused, nothing written, dry run or not, unless ``allow_empty``."""
+    from scheduler.spec import JobSpec
+
+    with store.connect(api.dsn) as conn:
+        jobs.add_job(conn, JobSpec.build(tenant="acme", interval_s=60, name="cli-named"))
+        unnamed = jobs.add_job(conn, JobSpec.build(tenant="acme", interval_s=60)).job_id
+        imported = jobs.import_name("acme", "0 2 * * *", "unix", "UTC", 1)
+        jobs.import_jobs(conn, [JobSpec.build(tenant="acme", cron="0 2 * * *", name=imported)])
+    assert acme.put("/v1/schedules/api-made", json={"interval_s": 60}).status_code == 201
+    before = count_writes(db)
+    refusal = {
+        "field": "items",
+        "detail": "items: must not be empty with prune (it would delete every named schedule)"
+        " unless allow_empty is set",
+    }
+    for body in ({"items": [], "prune": True}, {"items": [], "prune": True, "dry_run": True}):
+        refused = acme.post("/v1/schedules:apply", json=body)
+        assert refused.status_code == 422, refused.text
+        assert {key: refused.json()[key] for key in refusal} == refusal
+    assert count_writes(db) == before
+    # allow_empty changes nothing where items are given or prune is not asked for.
+    assert acme.post("/v1/schedules:apply", json={"items": [], "allow_empty": True}).json()["deleted"] == []
+    kept = acme.post("/v1/schedules:apply", json={"items": [{"name": "api-made", "interval_s": 60}], "prune": True})
+    assert kept.json()["deleted"] == sorted(["cli-named", imported])
+    assert acme.put("/v1/schedules/again", json={"interval_s": 60}).status_code == 201
+    dry = acme.post("/v1/schedules:apply", json={"items": [], "prune": True, "allow_empty": True, "dry_run": True})
+    assert dry.json() == {
+        "created": [],
+        "changed": [],
+        "unchanged": [],
+        "deleted": ["again", "api-made"],
+        "dry_run": True,
+    }
+    emptied = acme.post("/v1/schedules:apply", json={"items": [], "prune": True, "allow_empty": True})
+    assert emptied.json() == {
+        "created": [],
+        "changed": [],
+        "unchanged": [],
+        "deleted": ["again", "api-made"],
+        "dry_run": False,
+    }
+    live = rows(db, "SELECT job_id, name FROM jobs WHERE tenant = 'acme' AND deleted_at IS NULL")
+    assert live == [{"job_id": unnamed, "name": None}]
+
+
 def test_concurrent_applies_with_prune_are_one_serial_order(api, db):
     """Three applies with prune, each declaring one other schedule, all in flight at once:
     apply read the set it prunes before it locked the tenant row, so each missed the
@@ -637,8 +685,7 @@ def test_concurrent_applies_with_prune_are_one_serial_order(api, db):
         for thread in threads:
             thread.start()
         waiting_sql = (
-            "SELECT count(*) AS n FROM pg_stat_activity"
-            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
         )
         deadline = time.monotonic() + 30
         while rows(db, waiting_sql) != [{"n": 3}]:
@@ -790,7 +837,7 @@ def test_another_tenants_schedule_is_404_for_reads_and_writes(api, acme, db):
         # PUT under the same name is the other tenant's own schedule, never acme's.
         assert other.put("/v1/schedules/secret", json={"interval_s": 5}, headers={"If-Match": "*"}).status_code == 412
         assert other.put("/v1/schedules/secret", json={"interval_s": 5}).status_code == 201
-        pruned = other.post("/v1/schedules:apply", json={"items": [], "prune": True})
+        pruned = other.post("/v1/schedules:apply", json={"items": [], "prune": True, "allow_empty": True})
         assert pruned.json()["deleted"] == ["secret"]
     assert job(db, "secret") == row
     assert count_writes(db)["runs"] == before["runs"] and count_writes(db)["requests"] == before["requests"]
