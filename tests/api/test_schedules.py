@@ -635,27 +635,20 @@ def test_prune_deletes_every_named_job_however_made_and_no_items_needs_allow_emp
         assert refused.status_code == 422, refused.text
         assert {key: refused.json()[key] for key in refusal} == refusal
     assert count_writes(db) == before
-    # allow_empty changes nothing where items are given or prune is not asked for.
+    # allow_empty without prune deletes nothing.
     assert acme.post("/v1/schedules:apply", json={"items": [], "allow_empty": True}).json()["deleted"] == []
     kept = acme.post("/v1/schedules:apply", json={"items": [{"name": "api-made", "interval_s": 60}], "prune": True})
     assert kept.json()["deleted"] == sorted(["cli-named", imported])
     assert acme.put("/v1/schedules/again", json={"interval_s": 60}).status_code == 201
-    dry = acme.post("/v1/schedules:apply", json={"items": [], "prune": True, "allow_empty": True, "dry_run": True})
-    assert dry.json() == {
-        "created": [],
-        "changed": [],
-        "unchanged": [],
-        "deleted": ["again", "api-made"],
-        "dry_run": True,
-    }
-    emptied = acme.post("/v1/schedules:apply", json={"items": [], "prune": True, "allow_empty": True})
-    assert emptied.json() == {
-        "created": [],
-        "changed": [],
-        "unchanged": [],
-        "deleted": ["again", "api-made"],
-        "dry_run": False,
-    }
+    for dry_run in (True, False):
+        body = {"items": [], "prune": True, "allow_empty": True, "dry_run": dry_run}  # the dry run first
+        assert acme.post("/v1/schedules:apply", json=body).json() == {
+            "created": [],
+            "changed": [],
+            "unchanged": [],
+            "deleted": ["again", "api-made"],
+            "dry_run": dry_run,
+        }
     live = rows(db, "SELECT job_id, name FROM jobs WHERE tenant = 'acme' AND deleted_at IS NULL")
     assert live == [{"job_id": unnamed, "name": None}]
 
