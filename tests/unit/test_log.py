@@ -318,4 +318,3 @@ def test_a_text_value_escapes_every_control_character_in_every_record(captured):
     assert not [c for c in buffer.getvalue() if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F]
     assert json.loads(lines[1].split(" other=", 1)[1].split(" plain=", 1)[0]) == "del\x7fc1\x9b2J\x85end"
     assert log.one_line("a\x1bb\x00\x7f\x9b\n") == "a\\x1bb\\x00\\x7f\\x9b\\n"
-
