@@ -98,8 +98,9 @@ class PayloadTooLarge(StarletteHTTPException):
 
 class BodyRefused(StarletteHTTPException):
     """422: a request body that is not UTF-8, or is JSON but breaks a rule of its own (a duplicate
-    key, nested too deep, a number that is not finite or has too many digits), raised while it is decoded (so FastAPI passes it through); ``field`` is the body's
-    field at fault, ``rule`` the rule."""
+    key, nested too deep, a number that is not finite or has too many digits), raised while it
+    is decoded (so FastAPI passes it through); ``field`` is the body's field at fault, ``rule``
+    the rule."""
 
     def __init__(self, field: str, rule: str) -> None:
         super().__init__(422, f"{field}: {rule}")
