@@ -79,36 +79,48 @@ class JsonFormatter(logging.Formatter):
         return redact(json.dumps(payload, default=lambda v: redact(str(v))))
 
 
-_LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""What a log line never holds raw: C0 controls (line breaks, ESC, NUL, BEL ...), DEL, C1
+controls (``\\x85`` NEL, ``\\x9b`` CSI ...) and the Unicode line and paragraph separators: a
+value written raw could split a record or drive the terminal showing the log."""
 
 
 def one_line(text: str) -> str:
-    """``text`` with every line break escaped (``\\n``, ``\\r``, ...): a value never splits a record."""
-    return _LINE_BREAKS.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+    """``text`` with every line break and other control character (:data:`_CONTROL`) escaped
+    (``\\n``, ``\\x1b``, ...): a value never splits a record nor reaches a terminal raw."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
 
 
-_BARE_VALUE = re.compile(r'[^\s"=\\]+')
-"""A text-format value written as is: no whitespace, quote, ``=`` or backslash."""
+_BARE_VALUE = re.compile(r'[^\s"=\\\x00-\x1f\x7f-\x9f\u2028\u2029]+')
+"""A text-format value written as is: no whitespace, quote, ``=``, backslash or control character."""
+
+
+def _json_escape_controls(quoted: str) -> str:
+    """``quoted`` (a JSON string) with the control characters JSON leaves raw with non-ASCII
+    output kept (DEL, C1, U+2028/9) escaped as ``\\u00XX``: still the same JSON string."""
+    return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", quoted)
 
 
 def text_value(value: object) -> str:
     """``value`` as the text format writes it (logfmt): bare when :data:`_BARE_VALUE` allows,
-    else a JSON string (quotes and backslashes escaped), and never a line break: a value
-    with spaces cannot pass for more ``key=value`` pairs (a request path is client input)."""
+    else a JSON string (quotes, backslashes and every control character escaped, so
+    ``json.loads`` reads the value back): a value with spaces cannot pass for more
+    ``key=value`` pairs (a request path is client input), nor a line break split the record,
+    nor an escape sequence reach the terminal showing the log."""
     text = str(value)
-    if _BARE_VALUE.fullmatch(text) and not _LINE_BREAKS.search(text):
+    if _BARE_VALUE.fullmatch(text):
         return text
-    return one_line(json.dumps(text, ensure_ascii=False))
+    return _json_escape_controls(json.dumps(text, ensure_ascii=False))
 
 
 class TextFormatter(logging.Formatter):
     """``<time> <level> <event> key=value ...``, always one line (logfmt).
 
-    A value with whitespace, ``"``, ``=`` or ``\\`` is written as a JSON string
-    (:func:`text_value`), so values cannot forge fields; line breaks inside
-    values (a store error's ``LINE 1: ...`` and ``HINT`` lines, a traceback,
-    given as the last field ``exc=``) are escaped, so each record is exactly
-    one line, as in JSON.
+    A value with whitespace, ``"``, ``=``, ``\\`` or a control character is
+    written as a JSON string (:func:`text_value`), so values cannot forge
+    fields nor drive a terminal; line breaks inside values (a store error's
+    ``LINE 1: ...`` and ``HINT`` lines, a traceback, given as the last field
+    ``exc=``) are escaped, so each record is exactly one line, as in JSON.
     """
 
     def format(self, record: logging.LogRecord) -> str:

@@ -3,7 +3,8 @@
 :class:`AccessLog` is an ASGI middleware logging one ``api_request`` record
 per request through the project's logging (:mod:`scheduler.log`, text or
 JSON as every other record): ``method``, ``path`` (percent-decoded, never
-the query string: a query value could be anything a client put there),
+the query string: a query value could be anything a client put there; its
+control characters escaped by the log formats, as in every value),
 ``status`` (500 when the app failed before answering), ``duration_ms``
 (from the request reaching the app to its last response byte handed on,
 milliseconds) and ``client`` (``address:port``, the socket peer or the one
@@ -47,7 +48,7 @@ class AccessLog:
             logmod.event(
                 "api_request",
                 method=scope["method"],
-                path=logmod.one_line(scope["path"]),
+                path=scope["path"],  # control characters are escaped by the formatters
                 status=status,
                 duration_ms=round((time.monotonic() - started) * 1000, 3),
                 client=f"{shown}:{port}" if port is not None else shown or "-",

@@ -26,7 +26,6 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.convertors import Convertor, register_url_convertor
 
 from scheduler import jobs, status, store
 from scheduler.api import keys as keys_mod
@@ -36,22 +35,6 @@ from scheduler.errors import ConflictError, ValidationError
 from scheduler.schedule import format_instant, parse_instant
 from scheduler.settings import Settings
 from scheduler.spec import validate_tenant
-
-
-class TenantName(Convertor[str]):
-    """A tenant name in a path: one or more characters, ``/`` included (``c/team``); never
-    empty, so ``/v1/tenants/`` is no tenant's path (a 404, as any trailing slash)."""
-
-    regex = ".+"
-
-    def convert(self, value: str) -> str:
-        return value
-
-    def to_string(self, value: str) -> str:
-        return value
-
-
-register_url_convertor("tenant_name", TenantName())
 
 router = APIRouter(tags=["admin"], route_class=JsonRoute)
 
@@ -190,7 +173,7 @@ def create_tenant(request: Request, _: Admin, body: TenantCreate) -> Tenant:
         return _read_tenant(conn, body.tenant)
 
 
-@router.patch("/v1/tenants/{tenant:tenant_name}", response_model=Tenant, summary="Change a tenant")
+@router.patch("/v1/tenants/{tenant:path_name}", response_model=Tenant, summary="Change a tenant")
 def update_tenant(request: Request, _: Admin, tenant: str, body: TenantUpdate) -> Tenant:
     """As `scheduler tenants set`: `weight`, `max_rate` (null: no cap), `max_schedules` (null:
     the default quota); the fields not given are kept. 404 for an unknown tenant. The answer

@@ -15,12 +15,14 @@ Mapping (:func:`install`):
 * FastAPI's request validation (a parameter or body of the wrong shape,
   a body that is not JSON or not UTF-8) → 422 naming the field (the
   parameter name, or the body path such as ``items[0].name``) and the rule;
-* a JSON body naming a key twice or nested too deep (:class:`BodyRefused`,
-  raised by :func:`scheduler.api.inputs.decode_body`) → 422 naming the key
-  or ``body``; a body that is not JSON → 422 ``body`` saying where it broke;
+* a JSON body not UTF-8, naming a key twice, nested too deep or holding a
+  number JSON or Python cannot take (NaN, 1e400, over 4300 digits)
+  (:class:`BodyRefused`, raised by :func:`scheduler.api.inputs.decode_body`)
+  → 422 naming the key, the value's path or ``body``; a body that is not JSON → 422 ``body`` saying where it broke;
 * Starlette's HTTP errors (unknown path 404, method 405, body too large
   413) → that status; paths are exact: one with a trailing slash is a 404
-  saying so (the app never redirects);
+  saying so (the app never redirects), a 405 too when only a route whose
+  name takes ``/`` matched it;
 * the store unreachable or failing after retries → 503;
 * anything else → 500 with no internals (the exception is logged).
 """
@@ -95,9 +97,10 @@ class PayloadTooLarge(StarletteHTTPException):
 
 
 class BodyRefused(StarletteHTTPException):
-    """422: a request body that is JSON but breaks a rule of its own (a duplicate key, nested too
-    deep), raised while it is decoded (so FastAPI passes it through); ``field`` is the body's
-    field at fault, ``rule`` the rule."""
+    """422: a request body that is not UTF-8, or is JSON but breaks a rule of its own (a duplicate
+    key, nested too deep, a number that is not finite or has too many digits), raised while it
+    is decoded (so FastAPI passes it through); ``field`` is the body's field at fault, ``rule``
+    the rule."""
 
     def __init__(self, field: str, rule: str) -> None:
         super().__init__(422, f"{field}: {rule}")
@@ -252,25 +255,31 @@ async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
 
 
 FASTAPI_BODY_ERROR = "There was an error parsing the body"
-"""FastAPI's 400 for a body it could not decode (not UTF-8): answered as
-the 422 of any other body that is not JSON."""
+"""FastAPI's 400 for a body whose decoding failed other than as JSON or a :class:`BodyRefused`
+(none is known: bytes that are not UTF-8 are a BodyRefused): answered as the 422 of any other
+body that is not JSON."""
 
 
 async def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 400 and exc.detail == FASTAPI_BODY_ERROR:
         return problem(422, "body: must be valid JSON (UTF-8)", field="body")
-    detail = exc.detail if isinstance(exc.detail, str) and exc.detail != _reason(exc.status_code) else None
-    if exc.status_code == 404 and detail is None:
-        path = request.url.path
+    status = exc.status_code
+    detail = exc.detail if isinstance(exc.detail, str) and exc.detail != _reason(status) else None
+    path = request.url.path
+    raw_path = request.scope.get("raw_path") or b""
+    trailing_slash = len(path) > 1 and raw_path.endswith(b"/")  # as sent: %2F is a name's slash, not the path's
+    if status == 405 and trailing_slash:  # a route whose name takes "/" matched it with another method
+        status, detail = 404, None
+    if status == 404 and detail is None:
         detail = f"path: no such resource {clip(path)}"
-        raw_path = request.scope.get("raw_path") or b""
-        if len(path) > 1 and raw_path.endswith(b"/"):  # as sent: %2F is a name's slash, not the path's
+        if trailing_slash:
             detail += f" (paths take no trailing slash: {clip(path.rstrip('/'))})"
-    if exc.status_code == 405 and detail is None:
+    if status == 405 and detail is None:
         detail = f"method: {request.method} is not allowed on {clip(request.url.path)}"
-    field = "body" if exc.status_code == 413 else getattr(exc, "field", None)
-    return problem(exc.status_code, detail, field=field, headers=dict(exc.headers or {}))
+    field = "body" if status == 413 else getattr(exc, "field", None)
+    headers = dict(exc.headers or {}) if status == exc.status_code else {}
+    return problem(status, detail, field=field, headers=headers)
 
 
 def store_unavailable(path: str, exc: BaseException | None = None) -> JSONResponse:

@@ -9,6 +9,13 @@ dependency of the whole application (it runs after routing, so it knows the
 route's parameters, and after :class:`~scheduler.api.deps.Authenticate`, so a
 request without a key still gets only a 401); it answers 422 naming the
 parameter (``path`` parameters by their route name), before anything is read.
+A query parameter given twice (``?limit=5&limit=6``, which FastAPI reads as
+the last) is refused the same way, on every endpoint.
+
+Names in paths (a schedule's, a tenant's) are matched by :class:`PathName`
+(``{name:path_name}``), which takes ``/``: the router matches the decoded path,
+so ``PUT /v1/schedules/a%2Fb`` reaches the endpoint and the name rule's 422
+instead of being no route's path (a 404).
 
 Request bodies: every route of the API is a :class:`JsonRoute`, whose
 requests decode a JSON body with :func:`decode_body` instead of a plain
@@ -16,18 +23,25 @@ requests decode a JSON body with :func:`decode_body` instead of a plain
 "interval_s": 61}``, which ``json.loads`` reads as 61) and a body nesting
 arrays and objects deeper than :data:`MAX_BODY_DEPTH` are refused with a 422
 naming the key or the body, so nothing is silently dropped and the rule is
-the same at any depth (Python's own limit is its recursion limit).
+the same at any depth (Python's own limit is its recursion limit). The body is
+decoded strictly as UTF-8 first (``json.loads`` of bytes guesses UTF-16 and
+UTF-32); ``NaN``/``Infinity`` literals and numbers infinite as doubles, and
+numbers over :data:`MAX_NUMBER_DIGITS` digits (which Python will not convert)
+are refused while decoding, naming where they are.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
+from starlette.convertors import Convertor, register_url_convertor
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from scheduler.api.errors import ApiError, BodyRefused
 from scheduler.errors import UNSTORABLE_TEXT
@@ -41,6 +55,27 @@ def _decoded(raw: bytes, *, plus_is_space: bool = True) -> str | None:
     except UnicodeDecodeError:
         return None
     return None if UNSTORABLE_TEXT.search(text) else text
+
+
+class PathName(Convertor[str]):
+    """A name in a path (``{name:path_name}``): one or more of any characters, ``/`` included.
+
+    The router matches the percent-decoded path, where a name's ``%2F`` is a ``/`` like the
+    path's own: matched as one segment (Starlette's default), ``PUT /v1/schedules/a%2Fb`` was
+    no route's path, a 404 naming ``/v1/schedules/a/b``. Taken whole, the name reaches its
+    endpoint and its own rule (a schedule name's 422, a tenant name's ``c/team``). A path
+    sent ending in ``/`` stays the 404 of a trailing slash (:func:`check_request_text`)."""
+
+    regex = ".+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("path_name", PathName())
 
 
 def _refuse(field: str, rule: str) -> ApiError:
@@ -63,13 +98,18 @@ def _query_names(route: Any) -> set[str]:
 def check_request_text(request: Request) -> None:
     """Refuse (ApiError 422 naming the parameter) a request whose path or a query name or
     value is not UTF-8 or holds NUL or an unpaired surrogate once percent-decoded, or that
-    names a query parameter its route does not take. Returns None for a good request."""
+    names a query parameter its route does not take or names one twice; a path sent ending
+    in ``/`` (matched by a :class:`PathName` parameter) is a 404 (StarletteHTTPException),
+    as an unmatched one. Returns None for a good request."""
     raw_path: bytes = request.scope.get("raw_path") or request.scope["path"].encode("utf-8", "surrogateescape")
     route = request.scope.get("route")
     if _decoded(raw_path, plus_is_space=False) is None:
         field = next(iter(request.path_params), "path")
         raise _refuse(field, "must be UTF-8 text with no NUL (percent-encoded bytes that are not UTF-8 are refused)")
+    if raw_path.endswith(b"/"):  # a route taking "/" in a parameter matched; paths take none at the end
+        raise StarletteHTTPException(404)
     known = _query_names(route)
+    given: set[str] = set()
     for pair in request.scope.get("query_string", b"").split(b"&"):
         if not pair:
             continue
@@ -81,11 +121,25 @@ def check_request_text(request: Request) -> None:
             raise _refuse(name[:80], f"is not a known parameter of {request.method} {getattr(route, 'path', '')}")
         if _decoded(raw_value) is None:
             raise _refuse(name, "must be UTF-8 text with no NUL")
+        if name in given:
+            raise _refuse(name, "must be given once (a repeated query parameter)")
+        given.add(name)
 
 
 MAX_BODY_DEPTH = 128
 """How deep a request body may nest arrays and objects (a schedule's ``payload``, itself at
 most 64 deep, sits one level down)."""
+
+
+MAX_NUMBER_DIGITS = 4300
+"""Most digits a JSON number in a request body may be written with (Python's own limit on
+converting a decimal integer; a longer one is valid JSON, refused by this rule, naming it)."""
+
+NON_FINITE_RULE = "must be a finite number (NaN and Infinity are not JSON, nor a number beyond a double such as 1e400)"
+"""The rule a ``NaN``, ``Infinity`` or ``-Infinity`` literal, or a number that is infinite as a
+double (``1e400``), breaks: refused while the body is decoded, wherever it is."""
+
+_BOM = b"\xef\xbb\xbf"
 
 
 class _Pairs(dict):
@@ -94,12 +148,42 @@ class _Pairs(dict):
     duplicate: str | None = None
 
 
+class _Refused:
+    """A JSON value that breaks ``rule`` (decoded in its place; :func:`decode_body` refuses it,
+    naming where it was)."""
+
+    def __init__(self, rule: str) -> None:
+        self.rule = rule
+
+
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = _Pairs(pairs)
     if len(obj) != len(pairs):
         seen: set[str] = set()
         obj.duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
     return obj
+
+
+def _too_many_digits(text: str) -> _Refused | None:
+    if sum(c.isdigit() for c in text) > MAX_NUMBER_DIGITS:
+        return _Refused(f"must be a number of at most {MAX_NUMBER_DIGITS} digits")
+    return None
+
+
+def _int(text: str) -> int | _Refused:
+    return _too_many_digits(text) or int(text)
+
+
+def _float(text: str) -> float | _Refused:
+    refused = _too_many_digits(text)
+    if refused is not None:
+        return refused
+    number = float(text)
+    return number if math.isfinite(number) else _Refused(f"{NON_FINITE_RULE} (got {text})")
+
+
+def _constant(name: str) -> _Refused:
+    return _Refused(f"{NON_FINITE_RULE} (got {name})")
 
 
 def _path(path: str, part: str | int) -> str:
@@ -112,20 +196,38 @@ def _path(path: str, part: str | int) -> str:
 def decode_body(body: bytes) -> Any:
     """The JSON value of a request ``body`` (bytes, UTF-8), every object a plain ``dict``.
 
-    Raises :class:`BodyRefused` (a 422) for an object naming a key twice (``field`` the key's
-    path, e.g. ``payload.b.c``) or a value nesting arrays and objects deeper than
-    :data:`MAX_BODY_DEPTH` (``field`` ``body``); ``json.JSONDecodeError`` for text that is not
-    JSON and ``UnicodeDecodeError`` for bytes that are not text, as ``json.loads`` does.
+    The bytes are decoded strictly as UTF-8 (one leading UTF-8 byte order mark is ignored, as
+    RFC 8259 allows; UTF-16 and UTF-32, which ``json.loads`` of bytes would guess, are not
+    UTF-8). Raises :class:`BodyRefused` (a 422) for bytes that are not UTF-8 (``field``
+    ``body``, the detail naming the first bad byte and its offset), an object naming a key
+    twice (``field`` the key's path, e.g. ``payload.b.c``), a ``NaN``/``Infinity``/``-Infinity``
+    literal or a number infinite as a double (``1e400``; :data:`NON_FINITE_RULE`) or written
+    with more than :data:`MAX_NUMBER_DIGITS` digits (``field`` the value's path; ``body``
+    for the body itself), or a value nesting arrays and objects deeper than
+    :data:`MAX_BODY_DEPTH` (``field`` ``body``); ``json.JSONDecodeError`` for text that is
+    not JSON, as ``json.loads`` does. The first fault in the order written is the one named.
     """
+    try:
+        text = body.removeprefix(_BOM).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        offset = exc.start + (len(_BOM) if body.startswith(_BOM) else 0)
+        bad = body[offset]
+        raise BodyRefused(
+            "body", f"must be valid JSON (UTF-8): byte 0x{bad:02x} at offset {offset} is not UTF-8"
+        ) from None
     too_deep = BodyRefused("body", f"must nest arrays and objects at most {MAX_BODY_DEPTH} deep")
     try:
-        value = json.loads(body, object_pairs_hook=_object)
+        value = json.loads(
+            text, object_pairs_hook=_object, parse_int=_int, parse_float=_float, parse_constant=_constant
+        )
     except RecursionError:
         raise too_deep from None
     # Depth first, in the order written: the first duplicate key found is the first written.
     stack: list[tuple[Any, str, int]] = [(value, "", 1)]
     while stack:
         node, path, depth = stack.pop()
+        if isinstance(node, _Refused):
+            raise BodyRefused(path or "body", node.rule)
         if isinstance(node, (dict, list)) and depth > MAX_BODY_DEPTH:
             raise too_deep
         if isinstance(node, _Pairs) and node.duplicate is not None:

@@ -682,7 +682,7 @@ def _errors(name: str) -> Iterator[None]:
 
 
 @router.post(
-    "/v1/schedules/{name}:pause",
+    "/v1/schedules/{name:path_name}:pause",
     response_model=Schedule,
     summary="Pause a schedule",
     responses={200: _with_etag("The schedule, paused.")},
@@ -699,7 +699,7 @@ def pause_schedule(name: NamePath, request: Request, response: Response, princip
 
 
 @router.post(
-    "/v1/schedules/{name}:resume",
+    "/v1/schedules/{name:path_name}:resume",
     response_model=ResumeResult,
     summary="Resume a schedule",
     responses={200: _with_etag("The schedule, resumed, and the runs of its catch-up.")},
@@ -725,7 +725,7 @@ def resume_schedule(
 
 
 @router.post(
-    "/v1/schedules/{name}:trigger",
+    "/v1/schedules/{name:path_name}:trigger",
     response_model=TriggerResult,
     summary="Run a schedule now, once",
     responses={202: {"model": TriggerResult, "description": "Queued: no partition owner carried it out yet."}},
@@ -775,7 +775,7 @@ def _wait(value: Any) -> float:
     return number
 
 
-@router.post("/v1/schedules/{name}:backfill", response_model=BackfillResult, summary="Backfill a past range")
+@router.post("/v1/schedules/{name:path_name}:backfill", response_model=BackfillResult, summary="Backfill a past range")
 def backfill_schedule(name: NamePath, body: BackfillRequest, request: Request, principal: Tenant) -> BackfillResult:
     """A run (origin backfill) for each slot of the schedule in ``[since, until)`` that
     has none, in one transaction; bounded by ``max_runs`` (refused beyond, nothing
@@ -830,7 +830,7 @@ def list_schedules(
 
 
 @router.get(
-    "/v1/schedules/{name}",
+    "/v1/schedules/{name:path_name}",
     response_model=Description,
     summary="Describe a schedule",
     responses={200: _with_etag("The schedule described.")},
@@ -860,7 +860,7 @@ def get_schedule(name: NamePath, request: Request, response: Response, principal
 
 
 @router.put(
-    "/v1/schedules/{name}",
+    "/v1/schedules/{name:path_name}",
     response_model=PutResult,
     summary="Create or replace a schedule (idempotent)",
     responses={
@@ -912,7 +912,7 @@ def put_schedule(
 
 
 @router.delete(
-    "/v1/schedules/{name}",
+    "/v1/schedules/{name:path_name}",
     status_code=204,
     response_class=Response,
     summary="Delete a schedule",

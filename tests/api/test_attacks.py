@@ -248,6 +248,9 @@ def test_an_unknown_query_parameter_is_422_naming_it(api):
         ("GET", "/v1/explain/", "tenant"),
         ("GET", "/v1/tenants/", "admin"),
         ("POST", "/v1/keys/", "admin"),
+        ("GET", "/v1/schedules/a/", "tenant"),
+        ("POST", "/v1/schedules/a/b:pause/", "tenant"),
+        ("PATCH", "/v1/tenants/acme/", "admin"),
     ],
 )
 def test_a_trailing_slash_is_a_404_problem_not_a_redirect(api, method, path, role):
@@ -268,12 +271,12 @@ def test_a_trailing_slash_is_a_404_problem_not_a_redirect(api, method, path, rol
 
 
 def test_a_percent_encoded_slash_is_not_called_a_trailing_slash(api):
-    """``GET /v1/schedules/%2F`` (a name ``/``, which no schedule can have) is a plain 404:
-    the hint about trailing slashes is for a path that was sent ending in ``/``."""
+    """``GET /v1/schedules/%2F`` (a name ``/``, which no schedule can have) is no schedule's
+    404, never the 404 about trailing slashes: that one is for a path sent ending in ``/``."""
     token = api.key("acme", "tenant")
     response = _json(api, token, "GET", "/v1/schedules/%2F")
     assert response.status_code == 404
-    assert response.json()["detail"] == "path: no such resource '/v1/schedules//'"
+    assert response.json()["detail"] == "name: no schedule '/'"
 
 
 def test_a_validator_message_reaches_the_client_without_pydantic_s_prefix(api):
@@ -398,3 +401,132 @@ def test_a_malformed_content_length_is_the_http_server_s_plain_400(api, length):
     status, head = _raw(api, b"POST /v1/tenants HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n")
     assert status == 400
     assert b"content-type: text/plain; charset=utf-8" in head.lower()
+
+
+def _put_x(api, token: str, body: bytes) -> httpx.Response:
+    return _json(api, token, "PUT", "/v1/schedules/x", content=body, headers={"content-type": "application/json"})
+
+
+def _no_jobs(api) -> bool:
+    with store.connect(api.dsn) as conn:
+        return conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"] == 0
+
+
+@pytest.mark.parametrize(
+    ("encoding", "detail"),
+    [
+        ("utf-16", "body: must be valid JSON (UTF-8): byte 0xff at offset 0 is not UTF-8"),
+        ("utf-32", "body: must be valid JSON (UTF-8): byte 0xff at offset 0 is not UTF-8"),
+        ("utf-16-be", "body: must be valid JSON (UTF-8): Expecting value at character 0"),
+    ],
+)
+def test_a_body_in_another_unicode_encoding_is_422_not_utf8(api, encoding, detail):
+    """``iconv -t UTF-16`` of ``{"interval_s":60}`` was accepted (200, written): ``json.loads``
+    of bytes guesses UTF-16 and UTF-32. docs/api.md says a body that is not UTF-8 is a 422."""
+    token = api.key("acme", "tenant")
+    response = _put_x(api, token, '{"interval_s":60}'.encode(encoding))
+    status, field, text = _problem_of(response)
+    assert (status, field) == (422, "body") and text.startswith(detail), text
+    assert _no_jobs(api)
+
+
+def test_a_utf8_byte_order_mark_before_the_body_is_ignored(api):
+    """RFC 8259 lets a parser ignore a leading UTF-8 BOM (editors on Windows write one); the
+    API does, as ``--payload-file`` does; anywhere else it is a character JSON does not take."""
+    token = api.key("acme", "tenant")
+    assert _put_x(api, token, b'\xef\xbb\xbf{"interval_s":60}').status_code == 201
+    twice = _put_x(api, token, b'\xef\xbb\xbf\xef\xbb\xbf{"interval_s":60}')
+    assert _problem_of(twice)[:2] == (422, "body")
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"interval_s": 60, "payload": ' + b"7" * 5000 + b"}", "payload"),
+        (b'{"interval_s": 60, "payload": {"n": [-' + b"1" * 4301 + b"]}}", "payload.n[0]"),
+        (b'{"interval_s": 1' + b"0" * 5000 + b"}", "interval_s"),
+        (b'{"interval_s": 60, "payload": 0.' + b"5" * 4301 + b"}", "payload"),
+    ],
+)
+def test_a_number_with_too_many_digits_is_422_naming_the_rule_and_the_field(api, body, field):
+    """A 5000-digit integer is valid JSON, but Python refuses to convert it (its digit limit):
+    it was answered ``body: must be valid JSON (UTF-8)``, which it is."""
+    token = api.key("acme", "tenant")
+    assert _problem_of(_put_x(api, token, body)) == (422, field, f"{field}: must be a number of at most 4300 digits")
+    assert _no_jobs(api)
+
+
+def test_a_number_of_4300_digits_is_still_read(api):
+    token = api.key("acme", "tenant")
+    response = _put_x(api, token, b'{"interval_s": 60, "payload": [' + b"9" * 4300 + b"]}")
+    assert response.status_code == 201, response.text
+    assert _json(api, token, "GET", "/v1/schedules/x").json()["schedule"]["payload"] == [int("9" * 4300)]
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "body"),
+    [
+        ("NaN", "backoff_base_s", b'{"interval_s": 60, "backoff_base_s": NaN}'),
+        ("Infinity", "backoff_base_s", b'{"interval_s": 60, "backoff_base_s": Infinity}'),
+        ("-Infinity", "payload.a[1]", b'{"interval_s": 60, "payload": {"a": [1, -Infinity]}}'),
+        ("1e400", "payload", b'{"interval_s": 60, "payload": 1e400}'),
+        ("-1e400", "backoff_base_s", b'{"interval_s": 60, "backoff_base_s": -1e400}'),
+    ],
+)
+def test_nan_infinity_and_numbers_beyond_a_double_are_refused_alike_naming_the_field(api, value, field, body):
+    """``{"backoff_base_s": NaN}`` was read, then refused ``(got nan)``, while ``{"payload": 1e400}``
+    was refused ``NaN and Infinity are not JSON``: one rule at parse time for every field."""
+    token = api.key("acme", "tenant")
+    rule = "must be a finite number (NaN and Infinity are not JSON, nor a number beyond a double such as 1e400)"
+    assert _problem_of(_put_x(api, token, body)) == (422, field, f"{field}: {rule} (got {value})")
+    assert _no_jobs(api)
+
+
+@pytest.mark.parametrize(
+    ("role", "path", "field"),
+    [
+        ("tenant", "/v1/schedules?limit=5&limit=6", "limit"),
+        ("tenant", "/v1/schedules?limit=5&name_prefix=a&limit=5", "limit"),
+        ("tenant", "/v1/runs?schedule=a&schedule=b", "schedule"),
+        ("tenant", "/v1/explain?cron=0+2+*+*+*&tz=UTC&tz=Europe/Berlin", "tz"),
+        ("admin", "/v1/keys?tenant=acme&tenant=globex", "tenant"),
+        ("admin", "/v1/tenants?cursor=&cursor=", "cursor"),
+    ],
+)
+def test_a_repeated_query_parameter_is_422_naming_it(api, role, path, field):
+    """``?limit=5&limit=6`` was answered with the last value while a repeated JSON key is refused."""
+    token = api.key(None if role == "admin" else "acme", role)
+    response = _json(api, token, "GET", path)
+    assert _problem_of(response) == (422, field, f"{field}: must be given once (a repeated query parameter)")
+
+
+NAME_RULE = "name: must not contain / or be . or .. (it is one URL path segment)"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "name"),
+    [
+        ("PUT", "/v1/schedules/a%2Fb", "a/b"),
+        ("PUT", "/v1/schedules/a%2fb", "a/b"),
+        ("PUT", "/v1/schedules/%2F", "/"),
+        ("PUT", "/v1/schedules/a%2F", "a/"),
+        ("PUT", "/v1/schedules/%2Fa", "/a"),
+        ("PUT", "/v1/schedules/a/b", "a/b"),
+        ("GET", "/v1/schedules/a%2Fb", "a/b"),
+        ("DELETE", "/v1/schedules/a%2F", "a/"),
+        ("POST", "/v1/schedules/a%2Fb:pause", "a/b"),
+    ],
+)
+def test_a_slash_in_a_schedule_name_reaches_the_name_rule(api, method, path, name):
+    """``PUT /v1/schedules/a%2Fb`` was a 404 ``no such resource '/v1/schedules/a/b'`` (the router
+    matched the decoded path, where the name's slash splits the segment), while ``%2E%2E`` got
+    the name rule: a name with ``/``, encoded or not, is now the name rule's 422 where it would
+    be written, and, as ``..``, a name no schedule has (404 naming it) where it is looked up."""
+    token = api.key("acme", "tenant")
+    body = {"interval_s": 60} if method == "PUT" else None
+    response = _json(api, token, method, path, json=body)
+    if method == "PUT":
+        assert _problem_of(response) == (422, "name", f"{NAME_RULE} (got {name!r})")
+    else:
+        assert _problem_of(response) == (404, "name", f"name: no schedule {name!r}")
+    assert _no_jobs(api)

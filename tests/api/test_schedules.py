@@ -534,7 +534,7 @@ def test_names_with_colons_route_to_the_action_after_the_last_colon(acme, db):
     # An unknown action is not a schedule's POST.
     assert acme.post("/v1/schedules/a:pause:explode").status_code == 405
     # A name with / cannot be one path segment: refused where it could be written.
-    assert acme.put("/v1/schedules/a%2Fb", json={"interval_s": 60}).status_code == 404
+    assert acme.put("/v1/schedules/a%2Fb", json={"interval_s": 60}).status_code == 422
     slash = acme.post("/v1/schedules:apply", json={"items": [{"name": "a/b", "interval_s": 60}]})
     assert (slash.status_code, slash.json()["field"]) == (422, "items[0].name")
     dots = acme.post("/v1/schedules:apply", json={"items": [{"name": "..", "interval_s": 60}]})

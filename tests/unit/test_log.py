@@ -297,3 +297,24 @@ def test_a_dsn_libpq_cannot_parse_is_refused(dsn, reason):
 )
 def test_a_well_formed_dsn_passes_the_check(dsn):
     store.check_dsn(dsn)
+
+
+def test_a_text_value_escapes_every_control_character_in_every_record(captured):
+    """``curl "$API/v1/x%1B%5B2J%1B%5B31mFAKE%07"`` was logged with its escape sequences raw
+    (``path=/v1/x^[[2J^[[31mFAKE^G``: a terminal showing the log cleared and recoloured), and a
+    NUL raw too: C0 controls, DEL and C1 controls were let through bare. Every value of every
+    event is now quoted with each control character escaped as JSON would (``\\u001b``), so the
+    quoted value still reads back with ``json.loads``."""
+    configure, buffer = captured
+    configure("text")
+    hostile = "/v1/x\x1b[2J\x1b[31mFAKE\x07"
+    log.event("api_request", path=hostile, status=401)
+    log.event("tick_failed", logging.WARNING, error="a\x00b", other="del\x7fc1\x9b2J\x85end", plain="ok")
+    lines = buffer.getvalue().splitlines()
+    assert [line.split(" ", 2)[2].lstrip().split(" ", 1)[1] for line in lines] == [
+        'path="/v1/x\\u001b[2J\\u001b[31mFAKE\\u0007" status=401',
+        'error="a\\u0000b" other="del\\u007fc1\\u009b2J\\u0085end" plain=ok',
+    ]
+    assert not [c for c in buffer.getvalue() if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F]
+    assert json.loads(lines[1].split(" other=", 1)[1].split(" plain=", 1)[0]) == "del\x7fc1\x9b2J\x85end"
+    assert log.one_line("a\x1bb\x00\x7f\x9b\n") == "a\\x1bb\\x00\\x7f\\x9b\\n"
