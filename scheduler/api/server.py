@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -107,7 +108,8 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 class ApiThread:
     """The API served by uvicorn on a daemon thread (a node's ``--api-port``; the tests' ``api`` fixture).
 
-    ``access_log`` logs each request as ``scheduler api --access-log`` does.
+    ``access_log`` logs each request as ``scheduler api --access-log`` does;
+    ``clock`` paces the rate limits (:func:`scheduler.api.app.create_app`).
     :meth:`start` binds ``host:port`` (0: any free port; :attr:`port` is the
     one bound) and returns once the app has started (its store pool open),
     raising RuntimeError if it did not within :data:`START_TIMEOUT_S`.
@@ -123,10 +125,11 @@ class ApiThread:
         settings: ApiSettings | None = None,
         access_log: bool = False,
     ):
-        self.app = create_app(dsn, settings=settings, access_log=access_log)
+        self.app = create_app(dsn, settings=settings, access_log=access_log, clock=clock)
         self.host = host
         self._sock = bind(host, port)
         self.port: int = self._sock.getsockname()[1]
+        clock: Callable[[], float] = time.monotonic,
         self.server = uvicorn.Server(_config(self.app))
         self.thread = threading.Thread(target=self._run, name="api", daemon=True)
         self.error: BaseException | None = None
