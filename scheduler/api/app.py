@@ -118,8 +118,9 @@ def create_app(
 
     ``settings`` (default :class:`ApiSettings` ()) bounds requests and sets
     the per-key rate; ``access_log`` logs one ``api_request`` record per
-    request (:class:`scheduler.api.access.AccessLog`). ``clock`` (monotonic seconds) paces
-    the per-key rate and the failed-authentication throttle (tests pin one). The store pool opens when the app starts (ASGI
+    request (:class:`scheduler.api.access.AccessLog`). ``clock`` (monotonic
+    seconds) paces the per-key rate and the failed-authentication throttle
+    (tests pin one). The store pool opens when the app starts (ASGI
     lifespan) and closes when it stops. Raises ConfigError for a malformed
     DSN or settings (nothing is opened).
     """

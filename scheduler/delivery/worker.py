@@ -608,9 +608,7 @@ class Worker:
             for task in loops:
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     failure = task.exception()
-                    log.event(
-                        "worker_loop_failed", logging.ERROR, worker=self.worker_id, error=_error_text(failure)
-                    )
+                    log.event("worker_loop_failed", logging.ERROR, worker=self.worker_id, error=_error_text(failure))
                     self._on_stop()
                     break
             deadline = time.monotonic() + self.stop_timeout_s
