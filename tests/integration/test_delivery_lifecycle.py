@@ -24,6 +24,7 @@ from scheduler.delivery.lifecycle import Nack, RunKey
 from scheduler.delivery.loop import SettleLoop
 from scheduler.delivery.targets import DeliverySpec
 from scheduler.errors import ValidationError
+from scheduler.metrics import Metrics
 from scheduler.spec import JobSpec
 
 T0 = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
@@ -285,6 +286,19 @@ def test_the_nodes_settle_loop_redelivers_an_expired_lease_and_counts_it(conn, p
     assert owner.metrics.value("scheduler_delivery_settled_total", settled) == 1
 
 
+def settle_pass(pg_dsn: str, store_at: datetime) -> tuple[int, Metrics]:
+    """One pass of the owner's settle loop (node ``t1``, store time pinned at ``store_at``):
+    the runs it settled and the node's metrics."""
+    owner = OneNode(pg_dsn, clock=ManualClock(store_at=store_at))
+    try:
+        loop = SettleLoop(owner.settings, owner.table, owner.clock, owner.metrics)
+        settled = loop.run_once()
+        loop.close()
+    finally:
+        owner.close()
+    return settled, owner.metrics
+
+
 def _events(caplog, *names: str) -> list[tuple[str, int, dict]]:
     return [(r.event, r.levelno, r.fields) for r in caplog.records if getattr(r, "event", None) in names]
 
@@ -311,14 +325,8 @@ def test_the_settle_loop_logs_each_run_it_sends_to_dead_and_not_the_ones_it_retr
         ],
         now=T0 + 6 * S,
     )
-    owner = OneNode(pg_dsn, clock=ManualClock(store_at=T0 + 11 * S))  # d's lease (to T0 + 10 s) has expired
     caplog.set_level(logging.DEBUG, logger="scheduler")
-    try:
-        loop = SettleLoop(owner.settings, owner.table, owner.clock, owner.metrics)
-        assert loop.run_once() == 4
-        loop.close()
-    finally:
-        owner.close()
+    assert settle_pass(pg_dsn, T0 + 11 * S)[0] == 4  # d's lease (to T0 + 10 s) has expired
     assert run_row(conn, retried)["state"] == "pending"
     dead = sorted(_events(caplog, "run_dead"), key=lambda e: e[2]["run_id"])
     expected = [
@@ -358,17 +366,12 @@ def test_the_settle_loop_logs_at_most_its_quota_of_dead_runs_per_pass_and_counts
     keys = [pending_run(conn, job_id, T0 + i * S) for i in range(5)]
     claimed = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=5, now=T0 + 5 * S)
     lifecycle.nack(conn, [Nack(c.key.run_id, c.token, "HTTP 410", retryable=False) for c in claimed], now=T0 + 6 * S)
-    owner = OneNode(pg_dsn, clock=ManualClock(store_at=T0 + 6 * S))
     caplog.set_level(logging.INFO, logger="scheduler")
-    try:
-        loop = SettleLoop(owner.settings, owner.table, owner.clock, owner.metrics)
-        assert loop.run_once() == 5
-        loop.close()
-    finally:
-        owner.close()
+    settled, metrics = settle_pass(pg_dsn, T0 + 6 * S)
+    assert settled == 5
     dead = _events(caplog, "run_dead")
     assert len(dead) == 2 and {e[2]["run_id"] for e in dead} < {k.run_id for k in keys}
     assert _events(caplog, "runs_dead_unlogged") == [
         ("runs_dead_unlogged", logging.WARNING, {"node": "t1", "count": 3, "logged": 2})
     ]
-    assert owner.metrics.value("scheduler_delivery_settled_total", {"to": "dead", "cause": "failed"}) == 5
+    assert metrics.value("scheduler_delivery_settled_total", {"to": "dead", "cause": "failed"}) == 5
