@@ -30,7 +30,7 @@ import re
 import sys
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -1351,19 +1351,25 @@ def jobs_backfill(
     click.echo(f"{len(result.slots)} slots in the range; {verb} {len(created)} runs", err=True)
 
 
+def _utc_now() -> datetime:
+    """This machine's clock now, aware UTC (``jobs next``'s default ``--after``)."""
+    return datetime.now(UTC)
+
+
 @jobs.command("next")
 @_schedule_options
 @click.option(
     "--after",
-    required=True,
+    default=None,
     callback=instant("after"),
-    help="ISO-8601 instant with offset; fires strictly after it are listed.",
+    help="ISO-8601 instant with offset; fires strictly after it are listed "
+    "(default: now, this machine's clock, as GET /v1/explain).",
 )
 @click.option("--count", default=5, show_default=True, type=WholeNumber("count", 1, 10_000))
-def jobs_next(cron: str | None, tz: str | None, dialect: str | None, after: datetime, count: int) -> None:
+def jobs_next(cron: str | None, tz: str | None, dialect: str | None, after: datetime | None, count: int) -> None:
     """Print the next COUNT fire instants of a cron expression (UTC, one per line).
 
-    Needs no store. Example: scheduler jobs next --cron '0 2 * * *'
+    Needs no store; without --after, the fires after now. Example: scheduler jobs next --cron '0 2 * * *'
     --tz Europe/Berlin --after 2023-10-27T12:00:00+02:00
 
     \b
@@ -1375,7 +1381,7 @@ def jobs_next(cron: str | None, tz: str | None, dialect: str | None, after: date
     if cron is None:
         raise ValidationError("cron", "is required (--cron EXPR)")
     schedule = CronSchedule(cron, "UTC" if tz is None else tz, dialect or "unix")
-    instant_ = after
+    instant_ = _utc_now() if after is None else after
     for listed in range(count):
         instant_ = schedule.next_after(instant_)
         if instant_ is None:
@@ -1845,6 +1851,21 @@ def worker_cmd(
     metrics_port: int | None,
 ) -> None:
     """Run a pull worker: claim runs of a tenant's queue, call the handler with each, ack or nack.
+
+    The handler (sync or async) is called with one argument, a
+    scheduler.delivery.worker.Run with these attributes:
+
+    \b
+      run_id (str): <job_id>.<nominal time in Unix µs>, the same on every attempt
+      job_id (uuid.UUID)
+      job_name (str | None): the job's name, None if it has none
+      tenant (str), queue (str)
+      nominal_time (datetime, UTC): the fire time the schedule gave
+      scheduled_at (datetime, UTC): nominal_time plus the job's jitter
+      attempt (int): counts from 1
+      payload: the job's JSON payload decoded (None if it has none)
+      origin (str): schedule, manual or backfill
+      abandoned: set when the worker gives the attempt up (a sync handler may poll it)
 
     Returning acks the run; raising nacks it (retried after a backoff, or
     dead when attempts run out; raise scheduler.delivery.worker.DoNotRetry to

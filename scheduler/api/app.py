@@ -20,7 +20,8 @@ The schema is served at ``/openapi.json`` and committed as
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -106,12 +107,20 @@ def _pool(dsn: str, size: int) -> ConnectionPool:
     )
 
 
-def create_app(dsn: str, *, settings: ApiSettings | None = None, access_log: bool = False) -> FastAPI:
+def create_app(
+    dsn: str,
+    *,
+    settings: ApiSettings | None = None,
+    access_log: bool = False,
+    clock: Callable[[], float] = time.monotonic,
+) -> FastAPI:
     """The API application against the store at ``dsn``.
 
     ``settings`` (default :class:`ApiSettings` ()) bounds requests and sets
     the per-key rate; ``access_log`` logs one ``api_request`` record per
-    request (:class:`scheduler.api.access.AccessLog`). The store pool opens when the app starts (ASGI
+    request (:class:`scheduler.api.access.AccessLog`). ``clock`` (monotonic
+    seconds) paces the per-key rate and the failed-authentication throttle
+    (tests pin one). The store pool opens when the app starts (ASGI
     lifespan) and closes when it stops. Raises ConfigError for a malformed
     DSN or settings (nothing is opened).
     """
@@ -141,8 +150,8 @@ def create_app(dsn: str, *, settings: ApiSettings | None = None, access_log: boo
     app.state.settings = api
     app.state.pool = _pool(dsn, api.pool_size)
     app.state.keys = KeyVerifier()
-    app.state.limiter = RateLimiter(api.rate_per_s, api.burst)
-    app.state.auth_throttle = AuthThrottle(api.auth_fail_rate_per_s, api.auth_fail_burst)
+    app.state.limiter = RateLimiter(api.rate_per_s, api.burst, clock=clock)
+    app.state.auth_throttle = AuthThrottle(api.auth_fail_rate_per_s, api.auth_fail_burst, clock=clock)
     app.state.push_policy = AddressPolicy.parse(api.push_allow)
     errors.install(app)
     for module in (schedules, runs, explain, admin):

@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -71,6 +72,12 @@ def _config(app: Any, **uvicorn_options: Any) -> uvicorn.Config:
     return uvicorn.Config(app, **options)
 
 
+def listen_url(scheme: str, host: str, port: int) -> str:
+    """``scheme://host:port`` of a listener (an IPv6 host in brackets): ``api_listening``'s ``url``."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}:{port}"
+
+
 def serve(
     dsn: str,
     host: str,
@@ -90,9 +97,7 @@ def serve(
     app = create_app(dsn, settings=settings, access_log=access_log)
     sock = bind(host, port)
     config = _config(app, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, log_level="info")
-    scheme = "https" if ssl_certfile else "http"
-    shown = f"[{host}]" if ":" in host else host
-    logmod.event("api_listening", url=f"{scheme}://{shown}:{sock.getsockname()[1]}")
+    logmod.event("api_listening", url=listen_url("https" if ssl_certfile else "http", host, sock.getsockname()[1]))
     # uvicorn finishes the requests in flight on SIGTERM/SIGINT, then re-raises the signal to
     # the handler it found: this one ends the process with status 0, as a node's stop does.
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -107,9 +112,11 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 class ApiThread:
     """The API served by uvicorn on a daemon thread (a node's ``--api-port``; the tests' ``api`` fixture).
 
-    ``access_log`` logs each request as ``scheduler api --access-log`` does.
+    ``access_log`` logs each request as ``scheduler api --access-log`` does;
+    ``clock`` paces the rate limits (:func:`scheduler.api.app.create_app`).
     :meth:`start` binds ``host:port`` (0: any free port; :attr:`port` is the
     one bound) and returns once the app has started (its store pool open),
+    logging ``api_listening`` (``url``) as ``scheduler api`` does,
     raising RuntimeError if it did not within :data:`START_TIMEOUT_S`.
     :meth:`stop` asks uvicorn to finish and joins the thread (at most
     ``timeout_s`` seconds).
@@ -122,8 +129,9 @@ class ApiThread:
         port: int = 0,
         settings: ApiSettings | None = None,
         access_log: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ):
-        self.app = create_app(dsn, settings=settings, access_log=access_log)
+        self.app = create_app(dsn, settings=settings, access_log=access_log, clock=clock)
         self.host = host
         self._sock = bind(host, port)
         self.port: int = self._sock.getsockname()[1]
@@ -134,8 +142,7 @@ class ApiThread:
     @property
     def url(self) -> str:
         """``http://host:port`` of the listener."""
-        shown = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{shown}:{self.port}"
+        return listen_url("http", self.host, self.port)
 
     def _run(self) -> None:
         try:
@@ -152,6 +159,7 @@ class ApiThread:
                 self._sock.close()
                 raise RuntimeError(f"the API did not start on {self.url}: {self.error!r}")
             time.sleep(0.01)
+        logmod.event("api_listening", url=self.url)
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:

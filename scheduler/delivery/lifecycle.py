@@ -171,14 +171,30 @@ class Nack:
 
 
 @dataclasses.dataclass(frozen=True)
+class DeadRun:
+    """A run :func:`settle` marked dead: its ``key`` and ``tenant``, the ``attempt``
+    that was its last, ``was`` (``leased``: its lease expired; ``failed``: a nack or
+    a push failure) and its ``last_error`` (``lease expired`` for an expired lease;
+    None if the failure gave no text)."""
+
+    key: RunKey
+    tenant: str
+    attempt: int
+    was: str
+    last_error: str | None
+
+
+@dataclasses.dataclass(frozen=True)
 class SettleResult:
     """What one :func:`settle` call did: leases found expired, runs sent back to
-    pending (``retried``), runs marked dead; ``runs``: (key, new state, attempt, was)."""
+    pending (``retried``), runs marked dead; ``runs``: (key, new state, attempt, was),
+    in the store's order; ``dead_runs``: the dead ones, in the same order."""
 
     expired: int = 0
     retried: int = 0
     dead: int = 0
     runs: tuple[tuple[RunKey, str, int, str], ...] = ()
+    dead_runs: tuple[DeadRun, ...] = ()
 
 
 def _storable(text: str) -> str:
@@ -405,9 +421,15 @@ def settle(
     runs = tuple(
         (RunKey(r["partition_id"], r["job_id"], r["nominal_time"]), r["state"], r["attempt"], r["was"]) for r in rows
     )
+    dead_runs = tuple(
+        DeadRun(key, r["tenant"], attempt, was, r["last_error"])
+        for (key, state, attempt, was), r in zip(runs, rows, strict=True)
+        if state == "dead"
+    )
     return SettleResult(
         expired=sum(1 for r in runs if r[3] == "leased"),
         retried=sum(1 for r in runs if r[1] == "pending"),
-        dead=sum(1 for r in runs if r[1] == "dead"),
+        dead=len(dead_runs),
         runs=runs,
+        dead_runs=dead_runs,
     )

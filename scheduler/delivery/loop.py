@@ -9,7 +9,10 @@ is retried or marked dead, and an expired lease redelivered, within about a
 second of becoming due. Every statement is fenced by the epochs: after a
 takeover the old owner's pass changes nothing, and the new owner's first
 pass picks up what the old one left (a node's death delays deliveries by
-the failover bound and loses none).
+the failover bound and loses none). Each run a pass marks dead is logged
+(WARNING ``run_dead``: run, job, tenant, attempts, cause, last error), at most
+:data:`DEAD_RUNS_LOGGED_PER_PASS` a pass, the rest counted in one
+``runs_dead_unlogged``; runs sent back to pending are counted, not logged.
 
 Further owner steps (run-now requests, releasing buffered runs) register as
 ``steps``: callables ``(conn, node_id, epochs, now) -> int`` run in order
@@ -43,6 +46,14 @@ starts at most this much after it became due, plus the backoff."""
 
 MAX_BATCHES_PER_PASS = 20
 """Settle batches one pass runs at most (20 × 1,000 runs); the rest waits for the next pass."""
+
+DEAD_RUNS_LOGGED_PER_PASS = 20
+"""``run_dead`` records one pass logs at most; the rest are counted in one
+``runs_dead_unlogged`` record (a receiver down can send thousands of runs to dead
+at once; ``scheduler_delivery_settled_total{to="dead"}`` counts every one)."""
+
+DEAD_ERROR_LOG_CHARS = 300
+"""A dead run's last error is logged cut to this many characters (an ellipsis marks a cut)."""
 
 STATEMENT_TIMEOUT_S = 5.0
 """statement_timeout of the delivery session: settle statements touch at most a
@@ -82,6 +93,7 @@ class SettleLoop:
         node_id = self._s.node_id
         now = self._clock.store_now_or_none()
         done = 0
+        dead: list[lifecycle.DeadRun] = []
         try:
             conn = self._session.connection()
             for _ in range(MAX_BATCHES_PER_PASS):
@@ -92,6 +104,7 @@ class SettleLoop:
                     cause = "expired" if was == "leased" else "failed"
                     self._metrics.delivery_settled.labels(to=state, cause=cause).inc()
                 done += len(result.runs)
+                dead.extend(result.dead_runs)
                 if len(result.runs) < lifecycle.MAX_BATCH:
                     break
             for step in self.steps:
@@ -113,6 +126,8 @@ class SettleLoop:
             )
             self.close()
             return done
+        finally:
+            _log_dead(node_id, dead)  # the batches committed before a failure too
 
     def run(self, stop: threading.Event) -> None:
         """A pass every ``interval_s`` until ``stop`` is set."""
@@ -123,3 +138,30 @@ class SettleLoop:
     def close(self) -> None:
         """Close the session's connection (the next pass opens a new one)."""
         self._session.close()
+
+
+def _log_dead(node_id: str, dead: list[lifecycle.DeadRun]) -> None:
+    """One WARNING ``run_dead`` per run in ``dead`` (run, job, tenant, attempts, cause, last
+    error; never its payload or headers), at most :data:`DEAD_RUNS_LOGGED_PER_PASS`, then one
+    ``runs_dead_unlogged`` with the count of the rest."""
+    for run in dead[:DEAD_RUNS_LOGGED_PER_PASS]:
+        error = log.one_line(run.last_error or "")
+        log.event(
+            "run_dead",
+            logging.WARNING,
+            node=node_id,
+            run_id=run.key.run_id,
+            job_id=str(run.key.job_id),
+            tenant=run.tenant,
+            attempts=run.attempt,
+            cause="expired" if run.was == "leased" else "failed",
+            error=error if len(error) <= DEAD_ERROR_LOG_CHARS else error[: DEAD_ERROR_LOG_CHARS - 1] + "…",
+        )
+    if len(dead) > DEAD_RUNS_LOGGED_PER_PASS:
+        log.event(
+            "runs_dead_unlogged",
+            logging.WARNING,
+            node=node_id,
+            count=len(dead) - DEAD_RUNS_LOGGED_PER_PASS,
+            logged=DEAD_RUNS_LOGGED_PER_PASS,
+        )

@@ -736,10 +736,12 @@ class PushLoop:
             return
         for outcome in chunk:
             answer = answers.get(outcome.run.run_id)
-            if outcome.outcome == "failed":
+            if outcome.outcome in ("failed", "retry"):
+                # A failure that may be retried is DEBUG (one per attempt: a receiver down can
+                # fail thousands a second); the run going dead is the settle step's run_dead.
                 log.event(
-                    "push_failed",
-                    logging.WARNING,
+                    "push_failed" if outcome.outcome == "failed" else "push_retry",
+                    logging.WARNING if outcome.outcome == "failed" else logging.DEBUG,
                     node=self._s.node_id,
                     run_id=outcome.run.run_id,
                     attempt=outcome.run.attempt,

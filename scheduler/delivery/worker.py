@@ -103,7 +103,7 @@ import psycopg
 from scheduler import log, store
 from scheduler.delivery import lifecycle
 from scheduler.delivery.targets import validate_queue
-from scheduler.errors import StoreError, ValidationError, clip
+from scheduler.errors import StoreError, ValidationError
 from scheduler.metrics import WORKER_OUTCOMES, WorkerMetrics
 from scheduler.spec import validate_tenant
 
@@ -608,7 +608,7 @@ class Worker:
             for task in loops:
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     failure = task.exception()
-                    log.event("worker_loop_failed", logging.ERROR, worker=self.worker_id, error=repr(failure))
+                    log.event("worker_loop_failed", logging.ERROR, worker=self.worker_id, error=_error_text(failure))
                     self._on_stop()
                     break
             deadline = time.monotonic() + self.stop_timeout_s
@@ -674,7 +674,7 @@ class Worker:
             logging.WARNING,
             worker=self.worker_id,
             operation=what,
-            error=clip(log.one_line(f"{type(exc).__name__}: {exc}"), 300),
+            error=_error_text(exc),
             retry_in_s=round(backoff, 3),
         )
         return min(STORE_BACKOFF_MAX_S, backoff * 2)
@@ -947,6 +947,17 @@ class Worker:
                     self._abandon(f, "canceled", "the run was canceled")
                 else:
                     self._abandon(f, "lost", f"heartbeat answered {answer!r}: another attempt holds the run")
+
+
+STORE_ERROR_LOG_CHARS = 300
+"""A failed store call's (or loop's) error is logged cut to this many characters."""
+
+
+def _error_text(error: BaseException, limit: int = STORE_ERROR_LOG_CHARS) -> str:
+    """``<type>: <message>`` as plain text for a log field (never a repr: the formatter
+    quotes it once), line breaks escaped, cut to ``limit`` characters (an ellipsis marks a cut)."""
+    text = log.one_line(f"{type(error).__name__}: {error}")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _first_line(error: BaseException, limit: int) -> str:

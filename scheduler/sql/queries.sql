@@ -2010,7 +2010,8 @@ ORDER BY a.i;
 -- The job's policy comes from its job_delivery row, else the defaults
 -- %(max_attempts)s, %(backoff_base_s)s, %(backoff_cap_s)s. An expired lease
 -- leaves last_error 'lease expired'. Returns one row per settled run: its
--- new state, attempt and whether its lease had expired (for metrics).
+-- new state, attempt and whether its lease had expired (for metrics), its
+-- tenant, and for a run now dead its last_error (the node logs it; NULL else).
 WITH fence AS (
     SELECT p.partition_id
     FROM partitions AS p
@@ -2068,7 +2069,8 @@ WITH fence AS (
       AND r.state = dd.was
       AND r.lease_token IS NOT DISTINCT FROM dd.lease_token
       AND r.leased_until <= coalesce(%(now)s::timestamptz, statement_timestamp())
-    RETURNING r.partition_id, r.job_id, r.nominal_time, r.state, r.attempt, dd.was
+    RETURNING r.partition_id, r.job_id, r.nominal_time, r.state, r.attempt, dd.was, r.tenant,
+              CASE WHEN r.state = 'dead' THEN r.last_error END AS last_error
 )
 SELECT * FROM settled;
 

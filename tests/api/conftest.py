@@ -8,14 +8,16 @@
     role)`` creates the tenant if needed and a key, and returns its token;
     ``.dsn`` is the database. Tests talk to it with ``httpx``.
 ``api_factory`` (function)
-    ``api_factory(settings=ApiSettings(...)) -> RunningApi``: more servers
-    on the same database, with other settings (e.g. a low rate for the
-    429 test). All are stopped after the test.
+    ``api_factory(settings=ApiSettings(...), clock=time.monotonic) -> RunningApi``:
+    more servers on the same database, with other settings (e.g. a low rate
+    for the 429 test) and the clock of their rate limits (a test pins one).
+    All are stopped after the test.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -53,8 +55,8 @@ class RunningApi:
 def api_factory(pg_dsn: str) -> Iterator[Callable[..., RunningApi]]:
     started: list[ApiThread] = []
 
-    def make(settings: ApiSettings = TEST_SETTINGS) -> RunningApi:
-        server = ApiThread(pg_dsn, "127.0.0.1", 0, settings).start()
+    def make(settings: ApiSettings = TEST_SETTINGS, clock: Callable[[], float] = time.monotonic) -> RunningApi:
+        server = ApiThread(pg_dsn, "127.0.0.1", 0, settings, clock=clock).start()
         started.append(server)
         return RunningApi(url=server.url, dsn=pg_dsn, server=server)
 

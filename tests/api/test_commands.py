@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -137,14 +138,20 @@ def test_scheduler_api_refuses_a_port_in_use_and_one_ssl_option_alone(pg_dsn, tm
     assert result.stderr.startswith(f"error: port: cannot listen on 127.0.0.1:{port} (")
 
 
-def test_a_node_with_api_port_serves_the_api_on_its_own_thread_and_stops_it(pg_dsn):
+def test_a_node_with_api_port_serves_the_api_on_its_own_thread_and_stops_it(pg_dsn, caplog):
     with store.connect(pg_dsn) as conn:
         token, _ = keys.create(conn, None, "admin")
     node = Node(Settings(dsn=pg_dsn, node_id="api-node", api_port=0, **TIMINGS), metrics=Metrics())
+    caplog.set_level(logging.INFO, logger="scheduler")
     node.start()
     try:
         assert node.api is not None and node.api.thread.name == "api"
         url = node.api.url
+        # The event `scheduler api` logs, once, before node_started.
+        events = [r.event for r in caplog.records if getattr(r, "event", None) in ("api_listening", "node_started")]
+        assert events == ["api_listening", "node_started"]
+        [listening] = [r for r in caplog.records if getattr(r, "event", None) == "api_listening"]
+        assert listening.fields == {"url": f"http://127.0.0.1:{node.api.port}"}
         response = httpx.get(f"{url}/v1/status", headers={"Authorization": f"Bearer {token}"})
         assert response.status_code == 200, response.text
         deadline = time.monotonic() + 20

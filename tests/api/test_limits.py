@@ -85,18 +85,34 @@ def test_a_body_just_at_the_limit_is_read(api):
 
 
 def test_a_key_over_its_rate_gets_429_with_retry_after_and_other_keys_do_not(api_factory):
-    api = api_factory(ApiSettings(rate_per_s=0.5, burst=3))
+    """The limits' clock is pinned: Retry-After does not depend on how long the requests took
+    (with a real clock, four requests taking over 1 s under load refilled half a token: "1")."""
+    now = [1000.0]
+    api = api_factory(ApiSettings(rate_per_s=0.5, burst=3), clock=lambda: now[0])
     token = api.key("acme", "tenant")
     other = api.key("acme", "tenant")
     params = {"cron": "* * * * *", "after": "2024-01-01T00:00:00Z", "count": "1"}
-    codes = [httpx.get(f"{api.url}/v1/explain", params=params, headers=_auth(token)).status_code for _ in range(3)]
-    assert codes == [200, 200, 200]
-    refused = httpx.get(f"{api.url}/v1/explain", params=params, headers=_auth(token))
+
+    def get(key: str) -> httpx.Response:
+        return httpx.get(f"{api.url}/v1/explain", params=params, headers=_auth(key))
+
+    assert [get(token).status_code for _ in range(3)] == [200, 200, 200]
+    refused = get(token)
     body = _problem(refused, 429)
     assert refused.headers["retry-after"] == "2"  # one token at 0.5/s: 2 s
     assert body["title"] == "Too Many Requests"
     assert body["detail"] == "rate: this key may send 0.5 requests/s (bursts of 3); retry after 2 s"
-    assert httpx.get(f"{api.url}/v1/explain", params=params, headers=_auth(other)).status_code == 200
+    assert get(other).status_code == 200
+    now[0] += 0.5  # a quarter token back: 1.5 s to wait, rounded up
+    refused = get(token)
+    assert (refused.status_code, refused.headers["retry-after"]) == (429, "2")
+    now[0] += 0.75  # 0.625 token: 0.75 s to wait
+    refused = get(token)
+    assert (refused.status_code, refused.headers["retry-after"]) == (429, "1")
+    assert _problem(refused, 429)["detail"].endswith("; retry after 1 s")
+    now[0] += 0.75  # exactly one token
+    assert get(token).status_code == 200
+    assert get(token).status_code == 429
 
 
 def test_the_token_bucket_refills_at_the_rate_and_caps_at_the_burst():

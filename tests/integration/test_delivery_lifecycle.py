@@ -8,6 +8,7 @@ expiries have exact values.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -18,9 +19,12 @@ from helpers import OneNode, pending_run, run_row
 from scheduler import jobs
 from scheduler.clock import ManualClock
 from scheduler.delivery import lifecycle
+from scheduler.delivery import loop as loop_module
 from scheduler.delivery.lifecycle import Nack, RunKey
 from scheduler.delivery.loop import SettleLoop
+from scheduler.delivery.targets import DeliverySpec
 from scheduler.errors import ValidationError
+from scheduler.metrics import Metrics
 from scheduler.spec import JobSpec
 
 T0 = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
@@ -280,3 +284,94 @@ def test_the_nodes_settle_loop_redelivers_an_expired_lease_and_counts_it(conn, p
     assert (row["state"], row["attempt"], row["last_error"]) == ("pending", 1, "lease expired")
     settled = {"to": "pending", "cause": "expired"}
     assert owner.metrics.value("scheduler_delivery_settled_total", settled) == 1
+
+
+def settle_pass(pg_dsn: str, store_at: datetime) -> tuple[int, Metrics]:
+    """One pass of the owner's settle loop (node ``t1``, store time pinned at ``store_at``):
+    the runs it settled and the node's metrics."""
+    owner = OneNode(pg_dsn, clock=ManualClock(store_at=store_at))
+    try:
+        loop = SettleLoop(owner.settings, owner.table, owner.clock, owner.metrics)
+        settled = loop.run_once()
+        loop.close()
+    finally:
+        owner.close()
+    return settled, owner.metrics
+
+
+def _events(caplog, *names: str) -> list[tuple[str, int, dict]]:
+    return [(r.event, r.levelno, r.fields) for r in caplog.records if getattr(r, "event", None) in names]
+
+
+def test_the_settle_loop_logs_each_run_it_sends_to_dead_and_not_the_ones_it_retries(conn, pg_dsn, caplog) -> None:
+    """Runs of failing receivers (500, timeout, refused) went dead with nothing in the node's log:
+    the owner's settle step logs one ``run_dead`` per run it marks dead (run, job, tenant,
+    attempts, cause, last error; never the payload), nothing for a run it retries."""
+    spec = JobSpec.build(
+        tenant="acme", name="report", interval_s=3600,
+        delivery=DeliverySpec.build(queue="default", max_attempts=2, payload='{"card": "4111-PAYLOAD"}'),
+    )  # fmt: skip
+    job_id = jobs.add_job(conn, spec).job_id
+    last, fatal, retried, expired = (pending_run(conn, job_id, T0 + i * S) for i in range(4))
+    conn.execute("UPDATE runs SET attempt = 1 WHERE job_id = %s AND nominal_time IN (%s, %s)", (job_id, T0, T0 + 3 * S))
+    a, b, c, d = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=4, lease_s=5, now=T0 + 5 * S)
+    assert [x.attempt for x in (a, b, c, d)] == [2, 1, 1, 2]
+    lifecycle.nack(
+        conn,
+        [
+            Nack(last.run_id, a.token, "HTTP 500 from the receiver\nsecond line"),
+            Nack(fatal.run_id, b.token, "HTTP 404", retryable=False),
+            Nack(retried.run_id, c.token, "timeout after 5s"),
+        ],
+        now=T0 + 6 * S,
+    )
+    caplog.set_level(logging.DEBUG, logger="scheduler")
+    assert settle_pass(pg_dsn, T0 + 11 * S)[0] == 4  # d's lease (to T0 + 10 s) has expired
+    assert run_row(conn, retried)["state"] == "pending"
+    dead = sorted(_events(caplog, "run_dead"), key=lambda e: e[2]["run_id"])
+    expected = [
+        (last, 2, "failed", "HTTP 500 from the receiver\\nsecond line"),
+        (fatal, 1, "failed", "HTTP 404"),
+        (expired, 2, "expired", "lease expired"),
+    ]
+    assert dead == sorted(
+        [
+            (
+                "run_dead",
+                logging.WARNING,
+                {
+                    "node": "t1",
+                    "run_id": key.run_id,
+                    "job_id": str(job_id),
+                    "tenant": "acme",
+                    "attempts": attempts,
+                    "cause": cause,
+                    "error": error,
+                },
+            )
+            for key, attempts, cause, error in expected
+        ],
+        key=lambda e: e[2]["run_id"],
+    )
+    assert "PAYLOAD" not in caplog.text
+    assert _events(caplog, "runs_dead_unlogged") == []
+
+
+def test_the_settle_loop_logs_at_most_its_quota_of_dead_runs_per_pass_and_counts_the_rest(
+    conn, pg_dsn, caplog, monkeypatch
+) -> None:
+    """Thousands of runs going dead at once (a receiver down) are not thousands of lines a pass."""
+    monkeypatch.setattr(loop_module, "DEAD_RUNS_LOGGED_PER_PASS", 2)
+    job_id = add_job(conn)
+    keys = [pending_run(conn, job_id, T0 + i * S) for i in range(5)]
+    claimed = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=5, now=T0 + 5 * S)
+    lifecycle.nack(conn, [Nack(c.key.run_id, c.token, "HTTP 410", retryable=False) for c in claimed], now=T0 + 6 * S)
+    caplog.set_level(logging.INFO, logger="scheduler")
+    settled, metrics = settle_pass(pg_dsn, T0 + 6 * S)
+    assert settled == 5
+    dead = _events(caplog, "run_dead")
+    assert len(dead) == 2 and {e[2]["run_id"] for e in dead} < {k.run_id for k in keys}
+    assert _events(caplog, "runs_dead_unlogged") == [
+        ("runs_dead_unlogged", logging.WARNING, {"node": "t1", "count": 3, "logged": 2})
+    ]
+    assert metrics.value("scheduler_delivery_settled_total", {"to": "dead", "cause": "failed"}) == 5

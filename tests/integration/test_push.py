@@ -184,7 +184,8 @@ def test_no_payload_is_a_json_null_body_and_put_is_the_jobs_method(pg_dsn, conn,
     assert run_row(conn, key)["state"] == "succeeded"
 
 
-def test_a_500_is_retried_with_backoff_then_dead_after_max_attempts(pg_dsn, conn, receiver, epochs) -> None:
+def test_a_500_is_retried_with_backoff_then_dead_after_max_attempts(pg_dsn, conn, receiver, epochs, caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="scheduler")
     job_id = http_job(conn, receiver.url(), max_attempts=3, backoff_base_s=1.0, backoff_cap_s=1.5)
     key = pending_push_run(conn, job_id, T0)
     receiver.script = [(500, {}, 0.0)] * 3
@@ -218,6 +219,17 @@ def test_a_500_is_retried_with_backoff_then_dead_after_max_attempts(pg_dsn, conn
     assert row["finished_at"] == clock.store_now_or_none()
     assert [r["headers"]["scheduler-attempt"] for r in receiver.requests] == ["1", "2", "3"]
     assert {r["headers"]["idempotency-key"] for r in receiver.requests} == {key.run_id}
+    # Each failed attempt that may be retried: one DEBUG record (the run going dead is the
+    # settle step's WARNING run_dead, tests/integration/test_delivery_lifecycle.py).
+    logged = [(r.event, r.levelno, r.fields) for r in caplog.records if getattr(r, "event", "").startswith("push_")]
+    assert logged == [
+        (
+            "push_retry",
+            logging.DEBUG,
+            {"node": "t1", "run_id": key.run_id, "attempt": n, "error": "HTTP 500 Internal Server Error"},
+        )
+        for n in (1, 2, 3)
+    ]
 
 
 def test_a_429_with_retry_after_is_not_retried_before_it(pg_dsn, conn, receiver, epochs) -> None:

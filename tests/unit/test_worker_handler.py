@@ -14,7 +14,7 @@ import pytest
 from scheduler.delivery import lifecycle, worker
 from scheduler.delivery.lifecycle import RunKey
 from scheduler.delivery.worker import DoNotRetry, RetryAfter, Run, load_handler
-from scheduler.errors import ValidationError
+from scheduler.errors import StoreError, ValidationError
 
 NOMINAL = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
 
@@ -130,3 +130,36 @@ def test_a_raising_handler_is_logged_once_as_a_warning_without_its_payload(caplo
     caplog.clear()
     w._finished(g, None)
     assert [r for r in caplog.records if getattr(r, "event", None) == "handler_failed"] == []
+
+
+@pytest.mark.parametrize(
+    "exc, text",
+    [
+        (StoreError("connection lost: the server closed it"), "StoreError: connection lost: the server closed it"),
+        (OSError("Cannot connect to host x:1 ssl:default [Connect call failed ('127.0.0.1', 1)]"),
+         "OSError: Cannot connect to host x:1 ssl:default [Connect call failed ('127.0.0.1', 1)]"),
+        (StoreError("first line\nsecond line"), "StoreError: first line\\nsecond line"),
+    ],
+)  # fmt: skip
+def test_a_failed_store_call_logs_its_error_as_plain_text_not_quoted(caplog, exc, text) -> None:
+    """The HTTP and store transports' failures were logged as a repr: ``error="'StoreError: …'"``."""
+    import logging
+
+    from scheduler.log import TextFormatter
+
+    w = worker.Worker("postgresql://unused", "acme", handler=print, worker_id="w1")
+    caplog.set_level(logging.DEBUG, logger="scheduler")
+    assert w._store_failed("claim", exc, 0.5) == 1.0
+    [record] = [r for r in caplog.records if getattr(r, "event", None) == "worker_store_error"]
+    assert record.fields == {"worker": "w1", "operation": "claim", "error": text, "retry_in_s": 0.5}
+    assert f"error={json.dumps(text)} " in TextFormatter().format(record)
+
+
+def test_a_failed_store_call_cuts_a_long_error_to_300_characters_with_an_ellipsis(caplog) -> None:
+    import logging
+
+    w = worker.Worker("postgresql://unused", "acme", handler=print, worker_id="w1")
+    caplog.set_level(logging.DEBUG, logger="scheduler")
+    w._store_failed("ack", StoreError("y" * 1000), 0.5)
+    [record] = [r for r in caplog.records if getattr(r, "event", None) == "worker_store_error"]
+    assert record.fields["error"] == "StoreError: " + "y" * (300 - len("StoreError: ") - 1) + "…"
