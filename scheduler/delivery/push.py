@@ -278,8 +278,14 @@ class Pusher:
             resolver=PolicyResolver(policy, resolver),
             ttl_dns_cache=10,
         )
+        # No cookie jar: one session sends every tenant's attempts, and a jar would hand a
+        # cookie one endpoint set to the next request for that host, another tenant's included.
         self._session = aiohttp.ClientSession(
-            connector=connector, trust_env=False, auto_decompress=False, headers={"User-Agent": USER_AGENT}
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trust_env=False,
+            auto_decompress=False,
+            headers={"User-Agent": USER_AGENT},
         )
 
     async def __aenter__(self) -> Pusher:

@@ -415,6 +415,26 @@ def test_the_resolver_keeps_only_the_allowed_addresses_of_a_name(pg_dsn, conn, r
     assert len(receiver.requests) == 1 and run_row(conn, key)["state"] == "succeeded"
 
 
+def test_a_cookie_one_tenants_endpoint_sets_is_never_sent_to_another(pg_dsn, conn, receiver, epochs) -> None:
+    # Two tenants pushing to one host name (a shared webhook service): the first answer sets a
+    # cookie. One client session serves every tenant, so a cookie jar would hand acme's cookie
+    # to globex's request (and to every later one of acme's): a push carries only its own headers.
+    url = receiver.url(host="hooks.test")
+    acme = http_job(conn, url, tenant="acme")
+    globex = http_job(conn, url, tenant="globex")
+    pending_push_run(conn, acme, T0)
+    pending_push_run(conn, globex, T0 + S)  # claimed, and so sent (one turn per host), after acme's
+    receiver.script = [(200, {"Set-Cookie": "session=acme-secret; Path=/"}, 0.0)]
+    resolver = StaticResolver({"hooks.test": ["127.0.0.1"]})
+    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 30 * S), resolver=resolver, push_per_host=1)
+    try:
+        assert [o.outcome for o in loop.run_once()] == ["succeeded", "succeeded"]
+    finally:
+        loop.close()
+    assert [r["headers"]["scheduler-job-id"] for r in receiver.requests] == [str(acme), str(globex)]
+    assert [r["headers"].get("cookie") for r in receiver.requests] == [None, None]
+
+
 def test_a_rotation_signs_with_both_secrets_until_the_grace_ends(pg_dsn, conn, receiver, epochs) -> None:
     job_id = http_job(conn, receiver.url())
     first = pending_push_run(conn, job_id, T0)
