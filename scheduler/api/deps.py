@@ -100,18 +100,25 @@ def authenticate(app: Any, authorization: str | None, client: str | None) -> Pri
 
     Raises a 429 :class:`~scheduler.api.errors.ApiError` before the key is looked
     at while ``client`` is over its budget of failed authentications
-    (``app.state.auth_throttle``); :class:`~scheduler.api.errors.Unauthorized`
-    (401: no key, malformed, unknown, wrong, revoked; counted against
-    ``client``); a 429 when the key is over its rate; store errors as the
-    store raises them. Blocking (reads the store on a cache miss): call it
-    from a worker thread.
+    (``app.state.auth_throttle``), unless the key is one that authenticated
+    lately (:meth:`~scheduler.api.keys.KeyVerifier.known_good`: a worker
+    already running behind the same address keeps working), which is then
+    checked as always and, if it fails, answered 429 too;
+    :class:`~scheduler.api.errors.Unauthorized` (401: no key, malformed,
+    unknown, wrong, revoked; counted against ``client``); a 429 when the key
+    is over its rate; store errors as the store raises them. Blocking (reads
+    the store on a cache miss): call it from a worker thread.
     """
-    throttle = app.state.auth_throttle
-    throttle.check(client)
+    throttle, keys = app.state.auth_throttle, app.state.keys
     token = bearer_token(authorization)
-    principal = None if token is None else app.state.keys.verify(lambda: pooled(app.state.pool), token)
+    throttled = throttle.wait_s(client) > 0
+    if throttled and not keys.known_good(token):
+        throttle.check(client)
+    principal = None if token is None else keys.verify(lambda: pooled(app.state.pool), token)
     if principal is None:
         throttle.failed(client)
+        if throttled:
+            throttle.check(client)
         raise Unauthorized()
     app.state.limiter.check(principal.key_id)
     return principal

@@ -50,6 +50,15 @@ PREFIX = "tk_"
 CACHE_TTL_S = 1.0
 """How long a :class:`KeyVerifier` reuses a key row it read: a revocation is honoured within this."""
 
+KNOWN_GOOD_S = 600.0
+"""How long a key that authenticated stays *known good* to a :class:`KeyVerifier`
+(seconds): while a client address is over its budget of failed authentications
+(:class:`scheduler.api.limits.AuthThrottle`), a known-good key is still checked and
+served, every other request from that address refused unread (docs/api.md, Limits)."""
+
+MAX_KNOWN_GOOD = 100_000
+"""Most known-good keys one verifier remembers (the set starts again empty past it)."""
+
 TOUCH_INTERVAL_S = 60.0
 """``last_used_at`` is written at most once per key per this many seconds."""
 
@@ -224,6 +233,7 @@ class KeyVerifier:
         self.touch_interval_s = touch_interval_s
         self.clock = clock
         self._rows: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        self._good: dict[str, float] = {}
         self._touched: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -257,8 +267,24 @@ class KeyVerifier:
             return None
         if not hmac.compare_digest(secret_hash(raw), bytes(row["secret_hash"])):
             return None
+        with self._lock:
+            if len(self._good) >= MAX_KNOWN_GOOD:
+                self._good.clear()
+            self._good[key_id] = now
         self._touch(connection, key_id, now)
         return Principal(key_id=key_id, tenant=row["tenant"], role=row["role"])
+
+    def known_good(self, token: str | None) -> bool:
+        """Whether ``token`` names a key that authenticated through this verifier within
+        :data:`KNOWN_GOOD_S` seconds. Reads nothing and checks no secret (:meth:`verify`
+        still must): it only says whether a request is worth checking while its address
+        is throttled."""
+        parsed = parse_token(token) if token is not None else None
+        if parsed is None:
+            return False
+        with self._lock:
+            seen = self._good.get(parsed[0])
+        return seen is not None and 0 <= self.clock() - seen < KNOWN_GOOD_S
 
     def forget(self, key_id: str) -> None:
         """Drop ``key_id``'s cached row: the next request reads the store (a revocation made by
