@@ -262,7 +262,12 @@ class SchedulePage(BaseModel):
 
 
 class Run(BaseModel):
-    run_id: str
+    """One of a schedule's recent runs: the fields ``GET /v1/runs`` shows under the same names
+    (``id`` included), plus ``dispatch_lag_s``; ``run_id`` is ``id`` again (the name this
+    representation had first, kept)."""
+
+    id: str = Field(description="`<job id>.<nominal time in Unix microseconds>`, as `GET /v1/runs` names it.")
+    run_id: str = Field(description="The same as `id`.")
     nominal_time: datetime
     scheduled_at: datetime | None
     fired_at: datetime | None
@@ -273,6 +278,7 @@ class Run(BaseModel):
     dispatch_lag_s: float | None
     finished_at: datetime | None
     last_error: str | None
+    worker: str | None = Field(description="Who made the last claim, as in `GET /v1/runs` (null: never claimed).")
 
 
 class SkipCount(BaseModel):
@@ -839,7 +845,10 @@ def get_schedule(name: NamePath, request: Request, response: Response, principal
     return Description(
         schedule=schedule,
         next_fires=[Fire(**fire) for fire in described["next_fires"]],
-        recent_runs=[Run(**{key: run.get(key) for key in Run.model_fields}) for run in described["recent_runs"]],
+        recent_runs=[
+            Run(**{key: run.get(key) for key in Run.model_fields} | {"id": run["run_id"]})
+            for run in described["recent_runs"]
+        ],
         counters=Counters(
             runs=counters["runs"],
             in_flight=counters["in_flight"],

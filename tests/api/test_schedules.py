@@ -254,6 +254,15 @@ def test_get_describes_the_schedule(acme, db):
     assert [(r["run_id"], r["state"], r["origin"], r["attempt"]) for r in body["recent_runs"]] == [
         (RunKey.of(row["job_id"], since + timedelta(hours=h)).run_id, "pending", "backfill", 0) for h in (1, 0)
     ]
+    # Each recent run is named as GET /v1/runs names it (id; run_id kept) and shows its worker.
+    claimed = acme.post("/v1/runs:claim", json={"max": 1, "worker": "box-1"})
+    assert claimed.status_code == 200, claimed.text
+    worker = "api:" + acme.headers["Authorization"].split("_")[1] + ":box-1"
+    recent = acme.get("/v1/schedules/hourly").json()["recent_runs"]
+    assert [(r["id"], r["run_id"], r["state"], r["worker"]) for r in recent] == [
+        (RunKey.of(row["job_id"], since + timedelta(hours=h)).run_id,) * 2 + state
+        for h, state in ((1, ("pending", None)), (0, ("leased", worker)))
+    ]
     assert body["counters"]["runs"] == {
         "pending": 2,
         "leased": 0,
