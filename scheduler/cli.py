@@ -577,7 +577,12 @@ def keys() -> None:
 
 @keys.command("create")
 @dsn_option
-@click.option("--tenant", default=None, help="The key's tenant (omit for --role admin).")
+@click.option(
+    "--tenant",
+    default=None,
+    help="The key's tenant, which must exist (`scheduler tenants add T` creates it, as `jobs add` does); "
+    "omit it for --role admin.",
+)
 @click.option(
     "--role",
     required=True,
@@ -589,6 +594,7 @@ def keys_create(dsn: str, tenant: str | None, role: str, name: str | None) -> No
     """Create a key and print its token ONCE on stdout, alone on its line (it cannot be read back).
 
     Use it as `Authorization: Bearer <token>`. The key's id and role go to stderr.
+    A tenant that does not exist is refused (exit status 2), never created.
     """
     from scheduler.api import keys as api_keys
 
