@@ -101,14 +101,15 @@ class ValidationError(SchedulerError, ValueError):
     item at fault (``None``: not an item's fault, or no batch).
 
     A rule naming another input names it as a ``{name}`` placeholder
-    (``"must be after {since}"``): ``str(error)`` says the CLI's flag
-    (``--since``, :data:`CLI_WORDS`), :meth:`render` a surface's own word
-    (the API's body field ``since``).
+    (``"must be after {since}"``, kept as given in ``template``): ``rule`` and
+    ``str(error)`` say the CLI's flag (``--since``, :data:`CLI_WORDS`),
+    :meth:`render` a surface's own word (the API's body field ``since``).
     """
 
     def __init__(self, field: str, rule: str, value: object = None) -> None:
         self.field = field
-        self.rule = rule
+        self.template = rule
+        self.rule = _words(rule, CLI_WORDS)
         self.value = value
         self.item: int | None = None
         super().__init__(f"{field}: {rule}")
@@ -116,7 +117,7 @@ class ValidationError(SchedulerError, ValueError):
     def render(self, words: Mapping[str, str]) -> str:
         """``"<field>: <rule> (got <value>)"``, the rule's placeholders in ``words``."""
         got = "" if self.value is None else f" (got {clip(self.value)})"
-        return f"{self.field}: {_words(self.rule, words)}{got}"
+        return f"{self.field}: {_words(self.template, words)}{got}"
 
 
 class ConflictError(SchedulerError):

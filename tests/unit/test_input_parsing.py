@@ -93,6 +93,10 @@ def test_a_rule_names_other_inputs_in_each_surfaces_words():
     placeholders of CLI_WORDS are replaced (other braces are left as written)."""
     error = ValidationError("until", "must be after {since}, not {literal}", "2030-01-01")
     assert str(error) == "until: must be after --since, not {literal} (got '2030-01-01')"
+    assert (error.rule, error.template) == (
+        "must be after --since, not {literal}",
+        "must be after {since}, not {literal}",
+    )
     assert error.render({"since": "since"}) == "until: must be after since, not {literal} (got '2030-01-01')"
     assert error.render({}) == "until: must be after since, not {literal} (got '2030-01-01')"
     missing = NotFoundError("tenant: no tenant 'x'", hint="create it with {tenants_add}")
