@@ -191,7 +191,7 @@ def _check_window(since: datetime, until: datetime, list_limit: int) -> None:
         if value.tzinfo is None:
             raise ValidationError(field, "must carry a UTC offset", value.isoformat())
     if since >= until:
-        raise ValidationError("until", "must be later than --since", until.isoformat())
+        raise ValidationError("until", "must be later than {since}", until.isoformat())
     if until - since > MAX_WINDOW:
         raise ValidationError(
             "until",

@@ -577,7 +577,12 @@ def keys() -> None:
 
 @keys.command("create")
 @dsn_option
-@click.option("--tenant", default=None, help="The key's tenant (omit for --role admin).")
+@click.option(
+    "--tenant",
+    default=None,
+    help="The key's tenant, which must exist (`scheduler tenants add T` creates it, as `jobs add` does); "
+    "omit it for --role admin.",
+)
 @click.option(
     "--role",
     required=True,
@@ -589,6 +594,7 @@ def keys_create(dsn: str, tenant: str | None, role: str, name: str | None) -> No
     """Create a key and print its token ONCE on stdout, alone on its line (it cannot be read back).
 
     Use it as `Authorization: Bearer <token>`. The key's id and role go to stderr.
+    A tenant that does not exist is refused (exit status 2), never created.
     """
     from scheduler.api import keys as api_keys
 
@@ -1423,7 +1429,10 @@ def runs_list(
     limit: int,
     as_json: bool,
 ) -> None:
-    """List runs, newest nominal time first, with run id, delivery state, attempts and last error.
+    """List runs, newest nominal time first, with run id, delivery state, attempts, worker and last error.
+
+    WORKER is who made the last claim: `api:<key id>[:<label>]` for an HTTP worker,
+    `<host>:<pid>` for `scheduler worker`, the node id for a push (- never claimed).
 
     A run id is <job id>.<nominal time in Unix microseconds> (`runs redrive` takes it).
     """
@@ -1439,7 +1448,8 @@ def runs_list(
         for row in rows:  # one line each: the error's whitespace collapsed, cut to 80 characters
             if row["last_error"] is not None:
                 row["last_error"] = " ".join(row["last_error"].split())[:ECHO_MAX_CHARS]
-        _table(rows, ["run_id", "tenant", "nominal_time", "state", "attempt", "fired_at", "lateness_s", "last_error"])
+        columns = ["run_id", "tenant", "nominal_time", "state", "attempt", "fired_at", "lateness_s", "worker"]
+        _table(rows, [*columns, "last_error"])
 
 
 @runs.command("redrive")

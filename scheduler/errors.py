@@ -10,6 +10,7 @@ from`` so the driver's cause stays attached.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 ECHO_MAX_CHARS = 80
@@ -40,11 +41,52 @@ def clip(value: object, limit: int = ECHO_MAX_CHARS) -> str:
     return text if len(text) <= limit + 40 else f"{text[:limit]}… ({len(text)} characters)"
 
 
-class SchedulerError(Exception):
-    """Trigger engine error."""
+CLI_WORDS: Mapping[str, str] = {
+    "since": "--since",
+    "until": "--until",
+    "max_runs": "--max-runs",
+    "cron": "--cron",
+    "interval": "--interval",
+    "at": "--at",
+    "misfire": "--misfire",
+    "misfire_grace": "--misfire-grace-s",
+    "catchup_window": "--catchup-window-s",
+    "queue": "--queue",
+    "url": "--url",
+    "tenants_add": "`scheduler tenants add`",
+}
+"""The CLI's words for the inputs and commands a rule may name: ``{name}`` in a rule
+(:class:`ValidationError`) or a hint (:class:`SchedulerError`) → the CLI's flag or
+command. ``str(error)`` renders these; another surface renders its own
+(:meth:`SchedulerError.render`; the HTTP API's are
+:data:`scheduler.api.errors.API_WORDS`)."""
 
-    def __init__(self, message: str | None = None) -> None:
-        super().__init__(message or (self.__doc__ or "").strip())
+_WORD = re.compile(r"\{([a-z_]+)\}")
+
+
+def _words(template: str, words: Mapping[str, str]) -> str:
+    """``template`` with each ``{name}`` of :data:`CLI_WORDS` replaced by ``words[name]``
+    (``name`` itself when ``words`` lacks it); other text is left as is."""
+    return _WORD.sub(lambda m: words.get(m[1], m[1]) if m[1] in CLI_WORDS else m[0], template)
+
+
+class SchedulerError(Exception):
+    """Trigger engine error.
+
+    ``hint``: what to do about it, naming inputs or commands as ``{name}``
+    placeholders (:data:`CLI_WORDS`); ``str(error)`` is ``"<message> (<hint>)"``
+    in the CLI's words, :meth:`render` in another surface's.
+    """
+
+    def __init__(self, message: str | None = None, *, hint: str | None = None) -> None:
+        self.message = message or (self.__doc__ or "").strip()
+        self.hint = hint
+        super().__init__(self.render(CLI_WORDS))
+
+    def render(self, words: Mapping[str, str]) -> str:
+        """The one-line message with the placeholders of its rule or hint in ``words``
+        (placeholder name → a surface's word for it)."""
+        return self.message if self.hint is None else f"{self.message} ({_words(self.hint, words)})"
 
 
 class ValidationError(SchedulerError, ValueError):
@@ -57,15 +99,25 @@ class ValidationError(SchedulerError, ValueError):
     value cut by :func:`clip` (a 10 kB input is not echoed whole). ``item``:
     in a batch (:func:`scheduler.jobs.apply_jobs`), the 0-based index of the
     item at fault (``None``: not an item's fault, or no batch).
+
+    A rule naming another input names it as a ``{name}`` placeholder
+    (``"must be after {since}"``, kept as given in ``template``): ``rule`` and
+    ``str(error)`` say the CLI's flag (``--since``, :data:`CLI_WORDS`),
+    :meth:`render` a surface's own word (the API's body field ``since``).
     """
 
     def __init__(self, field: str, rule: str, value: object = None) -> None:
         self.field = field
-        self.rule = rule
+        self.template = rule
+        self.rule = _words(rule, CLI_WORDS)
         self.value = value
         self.item: int | None = None
-        got = "" if value is None else f" (got {clip(value)})"
-        super().__init__(f"{field}: {rule}{got}")
+        super().__init__(f"{field}: {rule}")
+
+    def render(self, words: Mapping[str, str]) -> str:
+        """``"<field>: <rule> (got <value>)"``, the rule's placeholders in ``words``."""
+        got = "" if self.value is None else f" (got {clip(self.value)})"
+        return f"{self.field}: {_words(self.template, words)}{got}"
 
 
 class ConflictError(SchedulerError):

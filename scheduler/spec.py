@@ -114,18 +114,18 @@ class JobSpec:
         given = [k for k, v in (("cron", cron), ("interval", interval_s), ("at", at)) if v is not None]
         if len(given) != 1:
             raise ValidationError(
-                "schedule", "give exactly one of --cron, --interval or --at", ", ".join(given) or "none"
+                "schedule", "give exactly one of {cron}, {interval} or {at}", ", ".join(given) or "none"
             )
         kind = {"cron": "cron", "interval": "interval", "at": "once"}[given[0]]
         if kind != "cron" and (tz is not None or dialect is not None):
-            raise ValidationError("tz" if tz is not None else "dialect", "applies to --cron schedules only")
+            raise ValidationError("tz" if tz is not None else "dialect", "applies to {cron} schedules only")
         if misfire_grace_s is not None and misfire == "all":
             raise ValidationError(
-                "misfire_grace", "--misfire-grace-s is ignored by --misfire all (it applies to once and skip)"
+                "misfire_grace", "{misfire_grace} is ignored by {misfire} all (it applies to once and skip)"
             )
         if catchup_window_s is not None and misfire in MISFIRE_POLICIES and misfire != "all":
             raise ValidationError(
-                "catchup_window", f"--catchup-window-s is ignored by --misfire {misfire} (it applies to all only)"
+                "catchup_window", f"{{catchup_window}} is ignored by {{misfire}} {misfire} (it applies to all only)"
             )
         spec = cls(
             tenant=tenant,

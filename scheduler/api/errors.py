@@ -3,7 +3,9 @@
 Body: ``{"type": "about:blank", "title": <HTTP reason>, "status": <code>,
 "detail": <one line>, "field": <input field>?}``. ``detail`` is the CLI's
 one-line message (``<field>: <rule> (got <value>)``, the value cut by
-:func:`scheduler.errors.clip`); a 401 carries no detail at all.
+:func:`scheduler.errors.clip`), except that where a rule or hint names another
+input or a command it names this API's (:data:`API_WORDS`: ``since``, not
+``--since``); a 401 carries no detail at all.
 
 Mapping (:func:`install`):
 
@@ -42,9 +44,36 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from scheduler import log as logmod
-from scheduler.errors import ConfigError, ConflictError, NotFoundError, StoreError, ValidationError, clip
+from scheduler.errors import (
+    CLI_WORDS,
+    ConfigError,
+    ConflictError,
+    NotFoundError,
+    StoreError,
+    ValidationError,
+    clip,
+)
 
 PROBLEM_JSON = "application/problem+json"
+
+FIELD_NAMES = {
+    "interval": "interval_s",
+    "jitter": "jitter_s",
+    "catchup_window": "catchup_window_s",
+    "misfire_grace": "misfire_grace_s",
+    "header": "headers",
+    "timeout": "timeout_s",
+    "backoff_base": "backoff_base_s",
+    "backoff_cap": "backoff_cap_s",
+    "max_age": "max_age_s",
+}
+"""The project's field names (the CLI's option names) → this API's body fields."""
+
+API_WORDS = {name: FIELD_NAMES.get(name, name) for name in CLI_WORDS} | {"tenants_add": "`POST /v1/tenants`"}
+"""This API's words for what a rule or hint names (:data:`scheduler.errors.CLI_WORDS`
+has the CLI's): its body and query fields (``interval_s`` where the CLI says
+``--interval``) and endpoints (``POST /v1/tenants`` where the CLI says ``scheduler
+tenants add``)."""
 
 
 class Problem(BaseModel):
@@ -226,21 +255,24 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ValidationError)
-    return problem(422, str(exc), field=exc.field)
+    return problem(422, exc.render(API_WORDS), field=exc.field)
 
 
 async def _config(request: Request, exc: Exception) -> JSONResponse:
-    return problem(422, str(exc))
+    assert isinstance(exc, ConfigError)
+    return problem(422, exc.render(API_WORDS))
 
 
 async def _not_found(request: Request, exc: Exception) -> JSONResponse:
-    text = str(exc)
+    assert isinstance(exc, NotFoundError)
+    text = exc.render(API_WORDS)
     field = text.split(":", 1)[0] if ":" in text and " " not in text.split(":", 1)[0] else None
     return problem(404, text, field=field)
 
 
 async def _conflict(request: Request, exc: Exception) -> JSONResponse:
-    return problem(409, str(exc))
+    assert isinstance(exc, ConflictError)
+    return problem(409, exc.render(API_WORDS))
 
 
 async def _request_validation(request: Request, exc: Exception) -> JSONResponse:

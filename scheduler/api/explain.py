@@ -1,6 +1,9 @@
 """``GET /v1/explain``: the next fires of a cron expression, as ``scheduler jobs next`` (docs/api.md, "Explain").
 
-Needs any valid key, reads no store. The inputs are checked by the same
+Needs any valid key; the answer reads nothing from the store (the default
+``after`` is this host's clock), but checking the key does
+(:func:`scheduler.api.deps.authenticate`), so with the store down it is a 503
+as every endpoint is. The inputs are checked by the same
 functions as the CLI's (:class:`scheduler.schedule.CronSchedule`,
 :func:`scheduler.schedule.parse_instant`, :func:`scheduler.spec.parse_whole`),
 so a bad one is a 422 with the CLI's one-line message naming the field.

@@ -153,7 +153,7 @@ def create(
 
     def body(c: psycopg.Connection) -> dict[str, Any]:
         if tenant is not None and not store.execute(c, "tenant_exists", {"tenant": tenant}):
-            raise NotFoundError(f"tenant: no tenant {clip(tenant)} (create it with `scheduler tenants add`)")
+            raise NotFoundError(f"tenant: no tenant {clip(tenant)}", hint="create it with {tenants_add}")
         for _ in range(_INSERT_TRIES):
             params = {
                 "key_id": _random.token_hex(8),

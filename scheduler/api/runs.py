@@ -116,6 +116,11 @@ class RunOut(BaseModel):
     finished_at: datetime | None
     last_error: str | None
     lateness_s: float | None
+    worker: str | None = Field(
+        description="Who made the last claim: `api:<key id>` or `api:<key id>:<label>` (the claim's `worker`) "
+        "for an HTTP worker, `<host>:<pid>` for `scheduler worker`, the node id for a push "
+        "(null: never claimed, or redriven since)."
+    )
 
 
 class RunPage(BaseModel):
@@ -294,6 +299,7 @@ def _run_out(row: dict[str, Any]) -> RunOut:
         finished_at=row["finished_at"],
         last_error=row["last_error"],
         lateness_s=row["lateness_s"],
+        worker=row["worker"],
     )
 
 

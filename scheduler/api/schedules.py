@@ -54,7 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema, f
 
 from scheduler import jobs
 from scheduler.api.deps import Principal, db, decode_cursor, page_of, page_size, tenant_principal
-from scheduler.api.errors import PROBLEM_JSON, ApiError, Problem
+from scheduler.api.errors import API_WORDS, FIELD_NAMES, PROBLEM_JSON, ApiError, Problem
 from scheduler.api.inputs import JsonRoute
 from scheduler.delivery import manual, targets, views
 from scheduler.delivery.lifecycle import RunKey
@@ -84,19 +84,6 @@ MAX_TRIGGER_WAIT_S = 10.0
 
 UNPROCESSABLE = "Unprocessable Content"
 """RFC 9110's title of a 422 (the app's handlers give the same)."""
-
-FIELD_NAMES = {
-    "interval": "interval_s",
-    "jitter": "jitter_s",
-    "catchup_window": "catchup_window_s",
-    "misfire_grace": "misfire_grace_s",
-    "header": "headers",
-    "timeout": "timeout_s",
-    "backoff_base": "backoff_base_s",
-    "backoff_cap": "backoff_cap_s",
-    "max_age": "max_age_s",
-}
-"""The project's field names (the CLI's option names) → this API's body fields."""
 
 
 # ---------------------------------------------------------------- models
@@ -275,7 +262,12 @@ class SchedulePage(BaseModel):
 
 
 class Run(BaseModel):
-    run_id: str
+    """One of a schedule's recent runs: the fields ``GET /v1/runs`` shows under the same names
+    (``id`` included), plus ``dispatch_lag_s``; ``run_id`` is ``id`` again (the name this
+    representation had first, kept)."""
+
+    id: str = Field(description="`<job id>.<nominal time in Unix microseconds>`, as `GET /v1/runs` names it.")
+    run_id: str = Field(description="The same as `id`.")
     nominal_time: datetime
     scheduled_at: datetime | None
     fired_at: datetime | None
@@ -286,6 +278,7 @@ class Run(BaseModel):
     dispatch_lag_s: float | None
     finished_at: datetime | None
     last_error: str | None
+    worker: str | None = Field(description="Who made the last claim, as in `GET /v1/runs` (null: never claimed).")
 
 
 class SkipCount(BaseModel):
@@ -407,9 +400,11 @@ NamePath = Annotated[str, Path(description="The schedule's name (one percent-enc
 
 
 def _invalid(exc: ValidationError, prefix: str = "") -> ApiError:
-    """A 422 of a project ValidationError: ``detail`` the CLI's message, ``field`` this API's name."""
+    """A 422 of a project ValidationError: ``detail`` the CLI's message naming this API's
+    fields where its rule names another input (``API_WORDS``), ``field`` this API's name."""
     field = prefix + FIELD_NAMES.get(exc.field, exc.field)
-    detail = f"{prefix.rstrip('.')}: {exc}" if prefix else str(exc)
+    text = exc.render(API_WORDS)
+    detail = f"{prefix.rstrip('.')}: {text}" if prefix else text
     return ApiError(422, UNPROCESSABLE, detail, field=field)
 
 
@@ -850,7 +845,10 @@ def get_schedule(name: NamePath, request: Request, response: Response, principal
     return Description(
         schedule=schedule,
         next_fires=[Fire(**fire) for fire in described["next_fires"]],
-        recent_runs=[Run(**{key: run.get(key) for key in Run.model_fields}) for run in described["recent_runs"]],
+        recent_runs=[
+            Run(**{key: run.get(key) for key in Run.model_fields} | {"id": run["run_id"]})
+            for run in described["recent_runs"]
+        ],
         counters=Counters(
             runs=counters["runs"],
             in_flight=counters["in_flight"],

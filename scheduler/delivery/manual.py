@@ -229,7 +229,7 @@ def backfill(
         if not isinstance(value, datetime) or value.tzinfo is None:
             raise ValidationError(field, "must be an instant with a UTC offset", value)
     if until <= since:
-        raise ValidationError("until", "must be after --since", until)
+        raise ValidationError("until", "must be after {since}", until)
     _check_max_runs(max_runs)
 
     def body(c: psycopg.Connection) -> BackfillResult:
@@ -266,7 +266,7 @@ def _backfill_in(
     if len(slots) > max_runs:
         raise ValidationError(
             "max_runs",
-            f"the range holds more than {max_runs} slots: narrow --since/--until or raise --max-runs",
+            f"the range holds more than {max_runs} slots: narrow {{since}}/{{until}} or raise {{max_runs}}",
             max_runs,
         )
     key = {"partition_id": job["partition_id"], "job_id": job_id}

@@ -146,11 +146,11 @@ class DeliverySpec:
         ValidationError naming the field.
         """
         if queue is not None and url is not None:
-            raise ValidationError("target", "give either --queue or --url, not both")
+            raise ValidationError("target", "give either {queue} or {url}, not both")
         if url is None:
             for field, value in (("method", method), ("header", headers or None), ("timeout", timeout_s)):
                 if value is not None:
-                    raise ValidationError(field, "applies to --url targets only")
+                    raise ValidationError(field, "applies to {url} targets only")
         spec = cls(
             queue=(DEFAULT_QUEUE if queue is None else queue) if url is None else None,
             url=url,
@@ -177,14 +177,14 @@ class DeliverySpec:
     def validated(self) -> DeliverySpec:
         """Check every field (not where the URL resolves); return self. Raises ValidationError."""
         if (self.queue is None) == (self.url is None):
-            raise ValidationError("target", "give exactly one of --queue or --url")
+            raise ValidationError("target", "give exactly one of {queue} or {url}")
         if self.queue is not None:
             validate_queue(self.queue)
             for field, value in (("method", self.method), ("timeout", self.timeout_s)):
                 if value is not None:
-                    raise ValidationError(field, "applies to --url targets only")
+                    raise ValidationError(field, "applies to {url} targets only")
             if self.headers:
-                raise ValidationError("header", "applies to --url targets only")
+                raise ValidationError("header", "applies to {url} targets only")
         else:
             split_url(self.url, "url")
             _check_port(self.url)

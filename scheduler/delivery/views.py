@@ -117,7 +117,7 @@ def describe_job(
     ``next_fires`` (:func:`next_fires`), ``recent_runs`` (newest first:
     run_id, nominal_time, scheduled_at, fired_at, state, origin, attempt,
     lateness_s, dispatch_lag_s (None until claimed), finished_at,
-    last_error), ``counters`` (``runs``: per state, every state of
+    last_error, worker (the last claim's label)), ``counters`` (``runs``: per state, every state of
     :data:`RUN_STATES` plus ``predelivery`` (state NULL); ``in_flight``:
     leased + failed; ``skips``: per reason ``{"ranges", "slots",
     "uncounted"}``). One read-only transaction (retried on 40001/40P01).
@@ -179,8 +179,9 @@ def list_tenant_runs(
     """Up to ``limit`` runs of ``tenant``, newest nominal time first (ties by job id):
     optionally of its live job named ``job_name``, in delivery ``state``, with nominal
     time in [``since``, ``until``), after the run ``after`` in that order (keyset
-    paging: pass the last run of the previous page). Rows as ``runs`` columns plus
-    ``run_id``, ``job_name`` and ``lateness_s`` (fired − scheduled, seconds).
+    paging: pass the last run of the previous page). Rows as ``runs`` columns (``worker``
+    included: the last claim's label) plus ``run_id``, ``job_name`` and ``lateness_s``
+    (fired − scheduled, seconds).
     Read per job of the tenant (``list_tenant_runs``): a page costs the tenant's own
     jobs, never a scan of other tenants' runs. Raises ValidationError for ``limit``
     outside 1..10,000 or an unknown ``state``."""

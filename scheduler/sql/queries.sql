@@ -1253,9 +1253,9 @@ ORDER BY s.reason;
 -- name: recent_job_runs
 -- A job's last %(limit)s runs, newest nominal time first, with lateness
 -- (fired − scheduled) and dispatch lag (first claim − scheduled; NULL until
--- claimed), in seconds.
+-- claimed), in seconds; worker is the last claim's label.
 SELECT r.nominal_time, r.scheduled_at, r.fired_at, r.state, r.origin, r.attempt,
-       r.first_claimed_at, r.finished_at, r.last_error,
+       r.first_claimed_at, r.finished_at, r.last_error, r.worker,
        extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s,
        extract(epoch FROM (r.first_claimed_at - r.scheduled_at))::float8 AS dispatch_lag_s
 FROM runs AS r
@@ -1277,18 +1277,18 @@ WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s AND r.nominal_
 -- any): of its live job named %(job_name)s, nominal time at or after
 -- %(since)s and before %(until)s, in delivery state %(state)s; after the
 -- page ending at (%(after_nominal)s, %(after_job)s) (keyset paging in this
--- order). Read per job of the tenant (jobs_tenant_due_idx, then each job's
--- primary-key range backward, at most %(limit)s rows each), so a page costs
--- the tenant's own jobs, never a scan of every tenant's runs. Runs of a
--- job pruned from jobs are not listed.
+-- order); worker is the last claim's label. Read per job of the tenant
+-- (jobs_tenant_due_idx, then each job's primary-key range backward, at most
+-- %(limit)s rows each), so a page costs the tenant's own jobs, never a scan
+-- of every tenant's runs. Runs of a job pruned from jobs are not listed.
 SELECT r.partition_id, r.job_id, r.nominal_time, r.scheduled_at, r.fired_at, r.state, r.queue,
        r.origin, r.attempt, r.available_at, r.leased_until, r.first_claimed_at, r.finished_at,
-       r.last_error, r.lateness_s, j.name AS job_name
+       r.last_error, r.lateness_s, r.worker, j.name AS job_name
 FROM jobs AS j
 CROSS JOIN LATERAL (
     SELECT x.partition_id, x.job_id, x.nominal_time, x.scheduled_at, x.fired_at, x.state, x.queue,
            x.origin, x.attempt, x.available_at, x.leased_until, x.first_claimed_at, x.finished_at,
-           x.last_error, extract(epoch FROM (x.fired_at - x.scheduled_at))::float8 AS lateness_s
+           x.last_error, x.worker, extract(epoch FROM (x.fired_at - x.scheduled_at))::float8 AS lateness_s
     FROM runs AS x
     WHERE x.partition_id = j.partition_id AND x.job_id = j.job_id
       AND x.tenant = %(tenant)s::text

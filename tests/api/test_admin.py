@@ -191,7 +191,7 @@ def test_key_errors_name_the_field(admin):
     body = _problem(admin.post("/v1/keys", json={"role": "tenant"}), 422)
     assert (body["field"], body["detail"]) == ("tenant", "tenant: is required for a tenant key")
     body = _problem(admin.post("/v1/keys", json={"role": "tenant", "tenant": "ghost"}), 404)
-    assert body["detail"] == "tenant: no tenant 'ghost' (create it with `scheduler tenants add`)"
+    assert body["detail"] == "tenant: no tenant 'ghost' (create it with `POST /v1/tenants`)"
     admin.post("/v1/tenants", json={"tenant": "acme"})
     body = _problem(admin.post("/v1/keys", json={"role": "admin", "tenant": "acme"}), 422)
     assert body["field"] == "tenant"
@@ -259,5 +259,10 @@ def test_verify_is_scheduler_verify_over_at_most_a_day(admin, api):
     assert body["field"] == "until"
     body = _problem(admin.get("/v1/verify", params={"since": "noon", "until": until}), 422)
     assert body["field"] == "since"
+    body = _problem(admin.get("/v1/verify", params={"since": until, "until": since}), 422)
+    assert (body["field"], body["detail"]) == (
+        "until",
+        f"until: must be later than since (got {since[:-1] + '+00:00'!r})",
+    )
     body = _problem(admin.get("/v1/verify", params={"since": since}), 422)
     assert (body["field"], body["detail"]) == ("until", "until: is required")

@@ -78,6 +78,13 @@ def test_keys_create_errors_are_one_line_naming_the_field(pg_dsn):
     assert result.exit_code == 2 and result.stderr.startswith("error: key_id: must be 16 lower-case hex characters")
 
 
+def test_keys_create_help_says_the_tenant_must_exist_and_how_to_create_it(pg_dsn):
+    """``jobs add`` creates a missing tenant, ``keys create`` refuses one (exit 2): its help says so."""
+    text = " ".join(run(["keys", "create", "--help"], pg_dsn).stdout.split())
+    assert "--tenant TEXT The key's tenant, which must exist (`scheduler tenants add T` creates it, as" in text
+    assert "`jobs add` does); omit it for --role admin." in text
+
+
 def test_a_token_pasted_where_a_key_id_or_tenant_goes_is_never_echoed_by_the_cli(pg_dsn):
     """``keys revoke TOKEN`` (the natural mistake) and a token given as ``--tenant`` are
     refused with the token shown as ``tk_<redacted>``, never its secret."""

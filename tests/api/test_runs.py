@@ -120,6 +120,13 @@ def test_a_worker_key_claims_the_tenants_runs_then_acks_them_in_one_batch(api, d
     again = post(api, f"/v1/runs/{older.run_id}:ack", worker, {"lease_token": runs[0]["lease_token"]})
     assert again.status_code == 200, again.text
     assert again.json() == {"id": older.run_id, "answer": "succeeded"}
+    # The list shows who claimed each run: the key id and the label the claim gave.
+    listed = get(api, "/v1/runs", api.key("acme", "tenant")).json()["items"]
+    label = f"api:{key_id(worker)}:w1"
+    assert [(i["id"], i["state"], i["worker"]) for i in listed] == [
+        (newer.run_id, "succeeded", label),
+        (older.run_id, "succeeded", label),
+    ]
 
 
 def test_a_tenant_key_may_claim_too_and_the_tenant_is_always_the_keys(api, db) -> None:
@@ -406,7 +413,10 @@ def test_list_pages_newest_first_with_filters(api, db) -> None:
     (claimed,) = post(api, "/v1/runs:claim", worker, {}).json()["runs"]
     assert claimed["id"] == n1.run_id
     leased = get(api, "/v1/runs", tenant, state="leased").json()
-    assert [(i["id"], i["state"], i["attempt"]) for i in leased["items"]] == [(n1.run_id, "leased", 1)]
+    assert [(i["id"], i["state"], i["attempt"], i["worker"]) for i in leased["items"]] == [
+        (n1.run_id, "leased", 1, f"api:{key_id(worker)}")
+    ]
+    assert item["worker"] is None  # never claimed
     assert get(api, "/v1/runs", tenant, schedule="nope").json() == {"items": [], "next_cursor": None}
 
 

@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 
 from scheduler import jobs, store
 from scheduler.delivery.lifecycle import RunKey
+from scheduler.errors import clip
 from scheduler.schedule import format_instant
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -252,6 +253,15 @@ def test_get_describes_the_schedule(acme, db):
     assert [parse(f["nominal_time"]) for f in body["next_fires"]] == [first + timedelta(hours=k) for k in range(10)]
     assert [(r["run_id"], r["state"], r["origin"], r["attempt"]) for r in body["recent_runs"]] == [
         (RunKey.of(row["job_id"], since + timedelta(hours=h)).run_id, "pending", "backfill", 0) for h in (1, 0)
+    ]
+    # Each recent run is named as GET /v1/runs names it (id; run_id kept) and shows its worker.
+    claimed = acme.post("/v1/runs:claim", json={"max": 1, "worker": "box-1"})
+    assert claimed.status_code == 200, claimed.text
+    worker = "api:" + acme.headers["Authorization"].split("_")[1] + ":box-1"
+    recent = acme.get("/v1/schedules/hourly").json()["recent_runs"]
+    assert [(r["id"], r["run_id"], r["state"], r["worker"]) for r in recent] == [
+        (RunKey.of(row["job_id"], since + timedelta(hours=h)).run_id,) * 2 + state
+        for h, state in ((1, ("pending", None)), (0, ("leased", worker)))
     ]
     assert body["counters"]["runs"] == {
         "pending": 2,
@@ -494,14 +504,18 @@ def test_backfill_creates_the_missing_runs_once(acme, db):
     ]
     assert acme.post("/v1/schedules/h:backfill", json=window).json() == {"slots": 4, "created": [], "dry_run": False}
     for body, field, detail in (
-        ({**window, "max_runs": 3}, "max_runs", None),
+        (
+            {**window, "max_runs": 3},
+            "max_runs",
+            "max_runs: the range holds more than 3 slots: narrow since/until or raise max_runs (got 3)",
+        ),
         (
             {**window, "max_runs": 0},
             "max_runs",
             "max_runs: must be a whole number from 1 to 100000 in ASCII digits (got 0)",
         ),
         ({"since": iso(since), "until": iso(now + timedelta(hours=1))}, "until", None),
-        ({"since": iso(until), "until": iso(since)}, "until", None),
+        ({"since": iso(until), "until": iso(since)}, "until", f"until: must be after since (got {clip(since)})"),
         ({"since": "2024-01-01T00:00:00", "until": iso(until)}, "since", None),
         ({"since": "yesterday", "until": iso(until)}, "since", None),
         ({"until": iso(until)}, "since", None),
@@ -939,13 +953,28 @@ def test_a_body_sent_as_another_content_type_is_told_so(acme, db):
     assert acme.get("/v1/schedules/ct").status_code == 404
 
 
-def test_messages_are_the_clis(acme):
+def test_messages_are_the_clis_naming_the_apis_fields(acme):
+    """The CLI's rules, but a rule naming another input names the body field, never a CLI flag."""
+
     def detail(body):
         return acme.put("/v1/schedules/bad", json=body).json()["detail"]
 
     assert detail({"interval_s": 0}) == "interval: must be positive (at least 1 second) (got 0)"
     assert detail({"cron": "0 2 * * *", "tz": "EST"}).startswith("tz: ")
-    assert detail({}) == "schedule: give exactly one of --cron, --interval or --at (got 'none')"
+    assert detail({}) == "schedule: give exactly one of cron, interval_s or at (got 'none')"
+    assert detail({"interval_s": None}) == "schedule: give exactly one of cron, interval_s or at (got 'none')"
+    assert detail({"interval_s": 60, "tz": "UTC"}) == "tz: applies to cron schedules only"
+    assert detail({"interval_s": 60, "misfire": "all", "misfire_grace_s": 5}) == (
+        "misfire_grace: misfire_grace_s is ignored by misfire all (it applies to once and skip)"
+    )
+    assert detail({"interval_s": 60, "misfire": "skip", "catchup_window_s": 5}) == (
+        "catchup_window: catchup_window_s is ignored by misfire skip (it applies to all only)"
+    )
+    assert detail({"interval_s": 60, "queue": "q", "url": "https://example.com/"}) == (
+        "target: give either queue or url, not both"
+    )
+    assert detail({"interval_s": 60, "timeout_s": 5}) == "timeout: applies to url targets only"
+    assert detail({"interval_s": 60, "headers": {"X": "y"}}) == "header: applies to url targets only"
     assert detail({"interval_s": 60, "max_attempts": 0}) == (
         "max_attempts: must be a whole number from 1 to 100 in ASCII digits (got 0)"
     )

@@ -24,6 +24,11 @@ def test_an_unreachable_store_is_503_with_retry_after_and_no_password(caplog):
             "status": 503,
             "detail": "store: unavailable, try again",
         }
+        # Explain computes from its inputs alone, but checking its key reads the store: 503 too.
+        explain = httpx.get(
+            f"{server.url}/v1/explain", params={"cron": "0 2 * * *"}, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        assert (explain.status_code, explain.json()["detail"]) == (503, "store: unavailable, try again")
         # Without a key it is still a 401: nothing is read for a token that is not one.
         assert httpx.get(f"{server.url}/v1/tenants", timeout=30).status_code == 401
     finally:

@@ -597,6 +597,7 @@ def test_runs_list(pg_dsn, conn) -> None:
         "ATTEMPT",
         "FIRED_AT",
         "LATENESS_S",
+        "WORKER",
         "LAST_ERROR",
     ]
     assert len(text) == 6

@@ -68,7 +68,7 @@ def test_runs_list_by_state_and_tenant(pg_dsn, conn) -> None:
     insert_run(conn, a, T0, state="dead", attempt=5, last_error="HTTP 500")
     insert_run(conn, a, T0 + 60 * S, state="succeeded", attempt=1)
     insert_run(conn, a, T0 + 120 * S, state="dead", attempt=3, last_error="not retryable")
-    insert_run(conn, b, T0 + 30 * S, state="dead", attempt=5, last_error="timeout", tenant="globex")
+    insert_run(conn, b, T0 + 30 * S, state="dead", attempt=5, last_error="timeout", tenant="globex", worker="w:42")
     insert_run(conn, b, T0 + 90 * S, state="pending", tenant="globex")
 
     dead = json.loads(run(["runs", "list", "--state", "dead", "--json"], pg_dsn).stdout)
@@ -89,6 +89,7 @@ def test_runs_list_by_state_and_tenant(pg_dsn, conn) -> None:
     assert text[1].split() == [rid(b, T0 + 30 * S), "globex", format_instant(T0 + 30 * S), "dead", "5"] + [
         format_instant(T0 + 30 * S),
         "0.0",
+        "w:42",
         "timeout",
     ]
     assert len(text) == 2

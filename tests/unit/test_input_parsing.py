@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from scheduler.errors import ValidationError, clip
+from scheduler.errors import CLI_WORDS, NotFoundError, ValidationError, clip
 from scheduler.spec import JobSpec, parse_decimal, parse_whole
 
 
@@ -86,3 +86,29 @@ def test_a_name_that_is_not_printable_text_is_refused(name) -> None:
     with pytest.raises(ValidationError) as caught:  # a non-string was a TypeError (a 500 from the API)
         JobSpec.build(tenant="a", interval_s=60, name=name)
     assert str(caught.value).startswith("name: must be 1-200 printable characters")
+
+
+def test_a_rule_names_other_inputs_in_each_surfaces_words():
+    """``str()`` is the CLI's message (flags); ``render`` another surface's words; only the
+    placeholders of CLI_WORDS are replaced (other braces are left as written)."""
+    error = ValidationError("until", "must be after {since}, not {literal}", "2030-01-01")
+    assert str(error) == "until: must be after --since, not {literal} (got '2030-01-01')"
+    assert (error.rule, error.template) == (
+        "must be after --since, not {literal}",
+        "must be after {since}, not {literal}",
+    )
+    assert error.render({"since": "since"}) == "until: must be after since, not {literal} (got '2030-01-01')"
+    assert error.render({}) == "until: must be after since, not {literal} (got '2030-01-01')"
+    missing = NotFoundError("tenant: no tenant 'x'", hint="create it with {tenants_add}")
+    assert str(missing) == "tenant: no tenant 'x' (create it with `scheduler tenants add`)"
+    assert (
+        missing.render({"tenants_add": "POST /v1/tenants"}) == "tenant: no tenant 'x' (create it with POST /v1/tenants)"
+    )
+    assert str(NotFoundError("job: no job {cron}")) == "job: no job {cron}"  # a message is never rendered
+
+
+def test_the_api_has_a_word_for_everything_the_cli_names():
+    from scheduler.api.errors import API_WORDS
+
+    assert sorted(API_WORDS) == sorted(CLI_WORDS)
+    assert [word for word in API_WORDS.values() if word.startswith("--") or "scheduler " in word] == []
