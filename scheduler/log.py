@@ -91,6 +91,12 @@ def one_line(text: str) -> str:
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
 
 
+def cut(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, an ellipsis (``…``) as the last one
+    when it was cut: a log field of bounded length."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 _BARE_VALUE = re.compile(r'[^\s"=\\\x00-\x1f\x7f-\x9f\u2028\u2029]+')
 """A text-format value written as is: no whitespace, quote, ``=``, backslash or control character."""
 

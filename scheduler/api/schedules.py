@@ -21,8 +21,8 @@ field, e.g. ``interval_s`` for the CLI's ``interval``):
 * ``POST /v1/schedules:apply``: a tenant's whole set in one transaction
   (``prune`` with no items only with ``allow_empty``).
 
-Names in URLs: a schedule's name is one path segment, percent-encoded by
-the client; it may contain ``:`` (``import:…:1``). Only ``POST`` has
+Names in URLs: a schedule's name is percent-encoded by the client (an
+encoded ``/`` reaches the name rule's 422); it may contain ``:`` (``import:…:1``). Only ``POST`` has
 ``:action`` suffixes and a schedule's own URL takes no ``POST``, so the
 action is the text after the LAST colon: ``POST /v1/schedules/a:b:pause``
 pauses ``a:b``. Names the API writes must not contain ``/`` and must not be

@@ -145,7 +145,6 @@ def _log_dead(node_id: str, dead: list[lifecycle.DeadRun]) -> None:
     error; never its payload or headers), at most :data:`DEAD_RUNS_LOGGED_PER_PASS`, then one
     ``runs_dead_unlogged`` with the count of the rest."""
     for run in dead[:DEAD_RUNS_LOGGED_PER_PASS]:
-        error = log.one_line(run.last_error or "")
         log.event(
             "run_dead",
             logging.WARNING,
@@ -155,7 +154,7 @@ def _log_dead(node_id: str, dead: list[lifecycle.DeadRun]) -> None:
             tenant=run.tenant,
             attempts=run.attempt,
             cause="expired" if run.was == "leased" else "failed",
-            error=error if len(error) <= DEAD_ERROR_LOG_CHARS else error[: DEAD_ERROR_LOG_CHARS - 1] + "…",
+            error=log.cut(log.one_line(run.last_error or ""), DEAD_ERROR_LOG_CHARS),
         )
     if len(dead) > DEAD_RUNS_LOGGED_PER_PASS:
         log.event(

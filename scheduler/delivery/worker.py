@@ -956,15 +956,13 @@ STORE_ERROR_LOG_CHARS = 300
 def _error_text(error: BaseException, limit: int = STORE_ERROR_LOG_CHARS) -> str:
     """``<type>: <message>`` as plain text for a log field (never a repr: the formatter
     quotes it once), line breaks escaped, cut to ``limit`` characters (an ellipsis marks a cut)."""
-    text = log.one_line(f"{type(error).__name__}: {error}")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return log.cut(log.one_line(f"{type(error).__name__}: {error}"), limit)
 
 
 def _first_line(error: BaseException, limit: int) -> str:
     """The first line of ``str(error)``, secrets redacted, cut to ``limit`` characters (an ellipsis marks a cut)."""
     lines = log.redact(str(error)).strip().splitlines()
-    text = lines[0] if lines else ""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return log.cut(lines[0] if lines else "", limit)
 
 
 def _nack_of(f: _InFlight, error: BaseException) -> lifecycle.Nack:
