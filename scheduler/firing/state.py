@@ -29,6 +29,8 @@ class TickResult:
     fence_rejected: list[int] = dataclasses.field(default_factory=list)
     stale_jobs: int = 0
     lags_s: list[float] = dataclasses.field(default_factory=list)
+    # Due work may be left: a tenant read all it was granted, or a conflict
+    # ended the tick before its passes were all read.
     budget_exhausted: bool = False
     replanned: int = 0  # jobs moved to their true slot (scheduler/tzreplan.py)
     requests: int = 0  # run-now requests carried out (scheduler/delivery/manual.py)

@@ -258,6 +258,7 @@ class Firer:
             result=result,
         )
         self._planner.start_tick()
+        passes_done = False  # False if an error ends the tick before its passes were all sent
         try:
             with tick.pipeline:
                 self._pass(tick, quotas, {})
@@ -283,6 +284,7 @@ class Firer:
                     herds = self._herds.find(tick, extra, after)
                     tick.pipeline.wait()
                     self._pass(tick, extra, after, herds)
+                passes_done = True
         except psycopg.Error as exc:
             failed = self._outcomes.collect(tick.pipeline, result)
             # An error inside the pipeline leaves the session in an aborted
@@ -315,7 +317,10 @@ class Firer:
         result.due_read = sum(tick.fetched.values())
         self._drr.charge(used, quotas)
         self._caps.charge(used)
-        if any(tick.fetched[t] >= q > 0 for t, q in granted.items()):
+        # Due work may be left when a tenant read all it was granted, or when a
+        # conflict ended the tick before a pass (the surplus, say) was read:
+        # either way the next tick starts one interval after this one.
+        if not passes_done or any(tick.fetched[t] >= q > 0 for t, q in granted.items()):
             result.budget_exhausted = True
         self._metrics.due_backlog.set(sum(granted.values()) if result.budget_exhausted else 0)
 

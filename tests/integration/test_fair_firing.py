@@ -13,9 +13,10 @@ import uuid
 from collections import Counter
 from datetime import timedelta
 
+import psycopg
 from helpers import OneNode, stamp_schedule_keys
 
-from scheduler import jobs
+from scheduler import jobs, store
 from scheduler.clock import ManualClock
 from scheduler.coordination import SqlCoordinator
 from scheduler.firing import Firer, FiringLimits
@@ -108,6 +109,33 @@ def test_surplus_is_read_only_after_the_fair_shares_committed(pg_dsn, conn, monk
     assert second == ({"big"}, 5, 5)  # 83 rows in 5 chunks, each answered
     assert _runs_by_tenant(conn) == Counter({"big": 150, **{f"small{i}": 10 for i in range(5)}})
     assert result.fired == 200
+
+
+def test_a_tick_cut_short_by_a_retried_conflict_reports_due_work_left(pg_dsn, conn, monkeypatch) -> None:
+    """Budget 200: the first pass fires the small tenant's 10 runs and the big
+    tenant's share of 100; then a 40001 ends the tick before the surplus pass
+    (its chunks are collected, none lost). 190 timers are still due, so the
+    tick must report its budget spent: the loop then ticks again one interval
+    later instead of idling until the next second (Firer.run)."""
+    _load_due(conn, "big", 300, due_ago_s=30)
+    _load_due(conn, "small", 10, due_ago_s=5)
+    conflicts = []
+
+    def wait(self):  # the surplus pass waits for the first pass's chunks: one of them conflicted
+        conflicts.append(len(self.sent))
+        raise psycopg.errors.SerializationFailure("could not serialize access (injected)")
+
+    monkeypatch.setattr(store.Pipeline, "wait", wait)
+    firer, coord = _node(pg_dsn, max_rate_per_s=200.0)
+    try:
+        result = firer.tick()
+    finally:
+        firer.close()
+        coord.close()
+    assert len(conflicts) == 1
+    assert _runs_by_tenant(conn) == Counter({"big": 100, "small": 10})
+    assert (result.fired, result.due_read) == (110, 110)
+    assert result.budget_exhausted
 
 
 def test_weights_split_a_saturated_tick(pg_dsn, conn) -> None:
