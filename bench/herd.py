@@ -226,7 +226,9 @@ def load_background(conn, tenants: int, background_jobs: int, progress=None) -> 
 @dataclasses.dataclass
 class Herd:
     """One herd of a run: its shape; ``t`` and ``pairs`` once loaded (:meth:`load`, then
-    :meth:`fire`; ``bench deliver`` drives it the same way)."""
+    :meth:`fire`; ``bench deliver`` drives it the same way). ``on_second``: ``t`` is the
+    next whole second after loading (``seconds``-dialect crons,
+    :func:`bench.pairs.seconds_pairs`) instead of the next minute boundary."""
 
     jobs: int
     background_jobs: int
@@ -239,19 +241,26 @@ class Herd:
     seed: int
     t: datetime | None = None
     pairs: int = 0
+    on_second: bool = False
 
     def load(self, conn, lead_s: float, progress, prepare=None) -> datetime:
-        """Choose ``t`` (the first minute boundary after loading should be done), register
+        """Choose ``t`` (the first minute boundary, or whole second if ``on_second``, after
+        loading should be done), register
         the herd's specs, COPY its timers, call ``prepare(conn, created)`` if
         given (e.g. to give them HTTP targets), VACUUM ANALYZE ``jobs``. Returns
         the timers' ``created_at`` (a store time no other job has). Raises
         RuntimeError if loading took past ``t``."""
         now = store.now(conn)
         ready = now + timedelta(seconds=self.jobs / 40_000 + plan_seconds(self.k) + lead_s)
-        t = self.t = ready.replace(second=0, microsecond=0) + timedelta(minutes=1)
-        pairs, pair_of = herd_plan(t, self.jobs, self.k, self.seed)
+        if self.on_second:
+            t = ready.replace(microsecond=0) + timedelta(seconds=1)
+        else:
+            t = ready.replace(second=0, microsecond=0) + timedelta(minutes=1)
+        self.t = t
+        pairs, pair_of = herd_plan(t, self.jobs, self.k, self.seed, on_second=self.on_second)
         self.pairs = len(pairs)
-        values = register_specs(conn, [cron_spec(expr, zone) for expr, zone in pairs])
+        dialect = "seconds" if self.on_second else "unix"
+        values = register_specs(conn, [cron_spec(expr, zone, dialect) for expr, zone in pairs])
         created = store.now(conn)
         small = self.small
         big_count = int(round(self.jobs * self.big_share)) if small else self.jobs

@@ -284,20 +284,40 @@ def assign(counts: list[int], seed: int = DEFAULT_SEED) -> list[int]:
 
 
 def herd_plan(
-    t: datetime, jobs: int, k: int | None, seed: int = DEFAULT_SEED
+    t: datetime, jobs: int, k: int | None, seed: int = DEFAULT_SEED, *, on_second: bool = False
 ) -> tuple[list[tuple[str, str]], list[int]]:
     """The pairs of a herd of ``jobs`` timers due at ``t`` and each timer's pair index.
 
     ``k`` None or :data:`BENCH_HERD_K`: the bench's own herd
     (:func:`herd_expressions`, timer ``i`` gets pair ``i mod n``); any other
     ``k``: :func:`distinct_pairs` with :func:`popularity` and :func:`assign`.
-    Raises ValueError as those do.
+    ``on_second``: ``t`` is any whole second and the expressions are in the
+    ``seconds`` dialect (:func:`seconds_pairs`); otherwise ``t`` is a minute
+    boundary and they are 5-field. Raises ValueError as those do.
     """
+    minute = t.replace(second=0) if on_second else t
     if k is None or k == BENCH_HERD_K:
-        pairs = herd_expressions(t)
-        return pairs, [i % len(pairs) for i in range(jobs)]
-    pairs = distinct_pairs(t, k, seed)
-    return pairs, assign(popularity(k, jobs), seed)
+        pairs = herd_expressions(minute)
+        pair_of = [i % len(pairs) for i in range(jobs)]
+    else:
+        pairs = distinct_pairs(minute, k, seed)
+        pair_of = assign(popularity(k, jobs), seed)
+    return (seconds_pairs(pairs, t) if on_second else pairs), pair_of
+
+
+def seconds_pairs(pairs: list[tuple[str, str]], t: datetime) -> list[tuple[str, str]]:
+    """``pairs`` (5-field expressions firing at ``t``'s minute boundary) as ``seconds``-dialect
+    expressions firing at ``t`` itself: ``t``'s second prefixed as the seconds field.
+
+    For a herd whose instant is the next whole second rather than the next
+    minute (the tests' herds: ``bench deliver``'s ``herd_on_second``), so a
+    run never waits up to a minute for its instant. Raises AssertionError
+    if one does not fire exactly at ``t``.
+    """
+    out = [(f"{t.second} {expr}", zone) for expr, zone in pairs]
+    for expr, zone in out:
+        assert CronSchedule(expr, zone, "seconds").next_after(t - timedelta(seconds=1)) == t, (expr, zone)
+    return out
 
 
 def plan_seconds(k: int | None) -> float:

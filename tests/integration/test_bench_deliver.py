@@ -99,6 +99,7 @@ def test_pull_herd_every_run_claimed_once_and_acked(pg_dsn: str, tmp_path: Path)
         worker_impl="scheduler",
         lead_s=1.0,
         deliver_timeout_s=60,
+        herd_on_second=True,
     )
     result = run_deliver(pg_dsn, opts, tmp_path)
     assert (result.worker_impl, result.worker_processes) == ("scheduler", 2)  # each over all 3 tenants
@@ -176,7 +177,9 @@ def test_workers_the_server_cannot_connect_are_not_started(pg_dsn: str, tmp_path
 
 
 def test_put_rate_writes_schedules_through_the_api_while_the_herd_fires(pg_dsn: str, tmp_path: Path) -> None:
-    opts = Options(mode="pull", workload="herd", jobs=200, tenants=3, workers=0, lead_s=1.0, put_rate=50)
+    opts = Options(
+        mode="pull", workload="herd", jobs=200, tenants=3, workers=0, lead_s=1.0, put_rate=50, herd_on_second=True
+    )
     result = run_deliver(pg_dsn, opts, tmp_path)
     assert (result.runs, result.missing, result.duplicates) == (200, 0, 0)
     put = result.put

@@ -12,6 +12,7 @@ from bench import pairs
 from bench.load import cron_spec
 from scheduler import oracle
 from scheduler.identity import identity_of
+from scheduler.schedule import CronSchedule
 from scheduler.zones import load_zone
 
 T = datetime(2026, 12, 1, 17, 23, tzinfo=UTC)
@@ -113,6 +114,20 @@ def test_other_k_uses_the_generator_and_popularity():
     got, pair_of = pairs.herd_plan(T, 1_000, 40)
     assert got == pairs.distinct_pairs(T, 40)
     assert pair_of == pairs.assign(pairs.popularity(40, 1_000))
+
+
+@pytest.mark.parametrize("k", [None, 40])
+def test_a_herd_on_a_whole_second_prefixes_that_second(k):
+    """The tests' herds: due at T + 37 s, the minute's pairs with 37 as the seconds field."""
+    t = T + timedelta(seconds=37)
+    got, pair_of = pairs.herd_plan(t, 1_000, k, on_second=True)
+    minute, minute_of = pairs.herd_plan(T, 1_000, k)
+    assert got == [(f"37 {expr}", zone) for expr, zone in minute]
+    assert pair_of == minute_of
+    for expr, zone in got:
+        schedule = CronSchedule(expr, zone, "seconds")
+        assert schedule.next_after(T) == t
+        assert schedule.next_after(t) > t + timedelta(seconds=59)
 
 
 def test_usable_zones_are_the_ones_the_engine_accepts():
