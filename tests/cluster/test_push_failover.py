@@ -13,17 +13,19 @@ from __future__ import annotations
 from collections import Counter
 from operator import not_
 
-from harness import AFTERMATH_S, MARGIN_S, TIMINGS, Cluster, backend_pids, delivery_states
+from harness import AFTERMATH_S, MARGIN_S, TIMINGS, Cluster, backend_pids, delivery_states, owned_by
 from helpers import Receiver
 
 from scheduler import jobs
 from scheduler.delivery.lifecycle import PUSH_LEASE_MARGIN_S, RunKey
 from scheduler.delivery.ssrf import AddressPolicy
 from scheduler.delivery.targets import DeliverySpec
+from scheduler.partition import partition_of
 from scheduler.spec import JobSpec
 
 JOBS = 6
-"""HTTP jobs firing every second: about 3 attempts in flight per node at any time."""
+"""HTTP jobs firing every second (at least half of them in each node's partitions): about 3
+attempts in flight per node at any time."""
 
 TIMEOUT_S = 4
 """Per-attempt deadline of the jobs: an attempt's lease is this + PUSH_LEASE_MARGIN_S. Far
@@ -42,15 +44,26 @@ def test_a_node_killed_while_pushing_is_redelivered_by_the_new_owner_with_the_sa
     receiver = Receiver(delay_s=ANSWER_S)
     try:
         spec = DeliverySpec.build(url=receiver.url(), timeout_s=TIMEOUT_S)
-        job_ids = jobs.add_jobs(
-            cluster.conn,
-            [JobSpec.build(tenant="push", interval_s=1, delivery=spec) for _ in range(JOBS)],
-            push_policy=AddressPolicy.parse("127.0.0.1/32"),
-        )
         since = cluster.now()
         for node_id in ("n1", "n2"):
             cluster.spawn(node_id, ["--push-allow", "127.0.0.1/32"])
         cluster.wait_balanced(["n1", "n2"])
+        # Jobs added one by one until each node's partitions hold half of JOBS: six
+        # random ids all land in n2's one time in 64, and n1 then never pushed (a
+        # CI run saw it).
+        n1_partitions = set(owned_by(cluster.conn, "n1"))
+        job_ids: list = []
+
+        def fewest_on_a_node() -> int:
+            on_n1 = sum(partition_of(job_id) in n1_partitions for job_id in job_ids)
+            return min(on_n1, len(job_ids) - on_n1)
+
+        while fewest_on_a_node() < JOBS // 2:
+            job_ids += jobs.add_jobs(
+                cluster.conn,
+                [JobSpec.build(tenant="push", interval_s=1, delivery=spec)],
+                push_policy=AddressPolicy.parse("127.0.0.1/32"),
+            )
 
         def leased_by_n1() -> set[str]:
             return {
