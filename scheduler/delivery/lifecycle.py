@@ -33,8 +33,9 @@ tests; production passes None (the statement's timestamp).
 from __future__ import annotations
 
 import dataclasses
+import operator
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -214,27 +215,69 @@ def _check_limit(limit: int) -> int:
     return limit
 
 
-def _claimed(row: dict[str, Any]) -> Claimed:
-    headers = row.get("headers")
-    if isinstance(headers, list):  # stored as [[name, value], ...]
-        headers = {str(name): str(value) for name, value in headers}
-    return Claimed(
-        key=RunKey(row["partition_id"], row["job_id"], row["nominal_time"]),
-        tenant=row["tenant"],
-        queue=row["queue"],
-        job_name=row["job_name"],
-        origin=row["origin"],
-        scheduled_at=row["scheduled_at"],
-        attempt=row["attempt"],
-        token=row["lease_token"],
-        leased_until=row["leased_until"],
-        claimed_at=row["claimed_at"],
-        payload=row["payload"],
-        url=row["url"],
-        method=row["method"],
-        headers=headers,
-        timeout_s=row["timeout_s"],
-    )
+_CLAIM_COLUMNS = (
+    "partition_id",
+    "job_id",
+    "nominal_time",
+    "tenant",
+    "queue",
+    "job_name",
+    "origin",
+    "scheduled_at",
+    "attempt",
+    "lease_token",
+    "leased_until",
+    "claimed_at",
+    "payload",
+    "url",
+    "method",
+    "headers",
+    "timeout_s",
+)
+"""The columns of ``claim_runs`` and ``claim_push`` a :class:`Claimed` is made of (found by name)."""
+
+
+def _claimed_rows(cursor: psycopg.Cursor[Any]) -> Callable[[Sequence[Any]], Claimed]:
+    """A psycopg row factory for ``claim_runs`` and ``claim_push``: each row straight
+    into a :class:`Claimed`, its columns picked by name once per result. A claim
+    reads up to 1,000 rows: building a dict of each first cost the claimer ~3 µs
+    of CPU per run (claim 13.8 → 10.6 µs/run of client CPU, ack 7.5 → 6.3 with
+    :func:`_answer_rows`; docs/performance.md, "2026-12-02, noon")."""
+    names = [column.name for column in cursor.description or ()]
+    pick = operator.itemgetter(*(names.index(column) for column in _CLAIM_COLUMNS))
+
+    def claimed(values: Sequence[Any]) -> Claimed:
+        pid, jid, nominal, tenant, queue, name, origin, scheduled, attempt, token, until, at, *target = pick(values)
+        payload, url, method, headers, timeout_s = target
+        if isinstance(headers, list):  # stored as [[name, value], ...]
+            headers = {str(key): str(value) for key, value in headers}
+        return Claimed(
+            RunKey(pid, jid, nominal),
+            tenant,
+            queue,
+            name,
+            origin,
+            scheduled,
+            attempt,
+            token,
+            until,
+            at,
+            payload,
+            url,
+            method,
+            headers,
+            timeout_s,
+        )
+
+    return claimed
+
+
+def _answer_rows(cursor: psycopg.Cursor[Any]) -> Callable[[Sequence[Any]], tuple[int, str]]:
+    """A psycopg row factory for the batch statements' answers: ``(i, answer)`` tuples
+    (no dict per row; see :func:`_claimed_rows`)."""
+    names = [column.name for column in cursor.description or ()]
+    pick = operator.itemgetter(names.index("i"), names.index("answer"))
+    return pick  # type: ignore[return-value]
 
 
 def claim(
@@ -261,8 +304,10 @@ def claim(
         "lease_s": _check_lease(lease_s),
         "now": now,
     }
-    rows = store.run_transaction(conn, lambda c: store.execute_probing(c, "claim_runs", params))
-    return [_claimed(row) for row in rows]
+    claimed: list[Claimed] = store.run_transaction(
+        conn, lambda c: store.execute_probing(c, "claim_runs", params, row_factory=_claimed_rows)
+    )
+    return claimed
 
 
 def claim_push(
@@ -289,8 +334,10 @@ def claim_push(
         "margin_s": PUSH_LEASE_MARGIN_S,
         "now": now,
     }
-    rows = store.run_transaction(conn, lambda c: store.execute_probing(c, "claim_push", params))
-    return [_claimed(row) for row in rows]
+    claimed: list[Claimed] = store.run_transaction(
+        conn, lambda c: store.execute_probing(c, "claim_push", params, row_factory=_claimed_rows)
+    )
+    return claimed
 
 
 def _key_arrays(keys: Sequence[RunKey], tokens: Sequence[Any]) -> dict[str, list[Any]]:
@@ -322,8 +369,10 @@ def _answers(
         raise ValidationError("runs", f"at most {MAX_BATCH} runs per call", len(pairs))
     keys = [p if isinstance(p, RunKey) else RunKey.parse(p) for p, _ in pairs]  # each run id parsed once
     arrays = _key_arrays(keys, [token for _, token in pairs])
-    rows = store.run_transaction(conn, lambda c: store.execute_probing(c, name, {**arrays, **params, "tenant": tenant}))
-    return {keys[row["i"] - 1].run_id: row["answer"] for row in rows}
+    rows = store.run_transaction(
+        conn, lambda c: store.execute_probing(c, name, {**arrays, **params, "tenant": tenant}, row_factory=_answer_rows)
+    )
+    return {keys[i - 1].run_id: answer for i, answer in rows}
 
 
 def heartbeat(

@@ -65,17 +65,21 @@ def execute(
     *,
     prepare: bool | None = None,
     queries: dict[str, str] | None = None,
-) -> list[Row]:
+    row_factory: Any = None,
+) -> list[Any]:
     """Execute the named query and return its rows (``[]`` if it returns none).
 
     ``prepare`` is psycopg's: ``None`` prepares server-side after a few
     executions, ``False`` never (see ``FIRE_RUNS_PREPARE`` in
     :mod:`scheduler.firing.limits`). ``queries``: where ``name`` is looked up
-    (default :data:`QUERIES`; the bench passes its own).
+    (default :data:`QUERIES`; the bench passes its own). ``row_factory``:
+    psycopg's, for this statement only (default: the connection's, a dict
+    per row); the hot paths that read a row per run pass one that builds
+    their own objects (a dict per row costs more than the rest of the work).
     """
-    with conn.cursor() as cur:
+    with conn.cursor() if row_factory is None else conn.cursor(row_factory=row_factory) as cur:
         cur.execute((QUERIES if queries is None else queries)[name], params, prepare=prepare)
-        rows: list[Row] = cur.fetchall() if cur.description is not None else []
+        rows: list[Any] = cur.fetchall() if cur.description is not None else []
         return rows
 
 
@@ -96,7 +100,9 @@ PROBE_JOINS_SQL = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin =
 """What :func:`execute_probing` sends first on PostgreSQL (one round trip)."""
 
 
-def execute_probing(conn: psycopg.Connection[Any], name: str, params: dict[str, Any] | None = None) -> list[Row]:
+def execute_probing(
+    conn: psycopg.Connection[Any], name: str, params: dict[str, Any] | None = None, *, row_factory: Any = None
+) -> list[Any]:
     """:func:`execute` inside the caller's transaction, ``runs`` reached by index probes only (PostgreSQL).
 
     For a claim (``claim_runs``, ``claim_push``), and a batch of
@@ -120,11 +126,11 @@ def execute_probing(conn: psycopg.Connection[Any], name: str, params: dict[str, 
     matched ``runs_inflight_idx``, and forced into nested loops a stale
     estimate of one leased run made each pair scan every leased run). CockroachDB (it
     reports ``crdb_version`` at connect) has none of these settings and
-    plans such joins as lookup joins: nothing is sent there. Raises what
-    :func:`execute` raises."""
+    plans such joins as lookup joins: nothing is sent there. ``row_factory``
+    as in :func:`execute`. Raises what :func:`execute` raises."""
     if not conn.info.parameter_status("crdb_version"):
         conn.execute(PROBE_JOINS_SQL)
-    return execute(conn, name, params)
+    return execute(conn, name, params, row_factory=row_factory)
 
 
 @contextlib.contextmanager
