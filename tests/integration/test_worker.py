@@ -45,7 +45,7 @@ from helpers import (
 )
 from helpers import run_row as row
 
-from scheduler import jobs
+from scheduler import jobs, store
 from scheduler.cli import cli
 from scheduler.delivery import lifecycle, worker
 from scheduler.delivery.lifecycle import RunKey
@@ -242,6 +242,36 @@ def test_a_worker_serving_several_tenants_claims_them_in_turn(conn, start) -> No
     wait_for("beta acked", lambda: state_of(conn, late), lambda st: st == ("succeeded", 1))
     w.stop()
     assert seen == ["acme", "beta", "acme", "acme", "acme"]
+
+
+def test_a_tenant_whose_runs_arrive_behind_a_backlog_is_served_within_its_backoff(pg_dsn, conn, start) -> None:
+    """One slot, ten tenants: "big" with a backlog, nine idle. A run of "t1" appears while
+    big's 3rd run is handled; t1 is asked again within its backoff (50 ms here, each big
+    run takes 50 ms), so at most a few of big's runs go before it. (The earlier rule
+    started each round one tenant after the previous round's start, and big filled
+    every round it reached: t1's run waited for the rotation, 8 of big's runs.)"""
+    base = store_now(conn).replace(microsecond=0) - 60 * S
+    small = [f"t{i}" for i in range(1, 10)]
+    big = jobs.add_job(conn, JobSpec.build(tenant="big", interval_s=3600)).job_id
+    late = jobs.add_job(conn, JobSpec.build(tenant="t1", interval_s=3600)).job_id
+    for name in small[1:]:
+        jobs.add_tenant(conn, name)
+    for i in range(30):
+        pending_run(conn, big, base + i * S)
+    seen: list[str] = []
+
+    def handler(run: Run) -> None:
+        seen.append(run.tenant)
+        if seen.count("big") == 3 and run.tenant == "big":
+            with store.connect(pg_dsn) as other:
+                pending_run(other, late, base)
+        time.sleep(0.05)
+
+    w = start(handler, concurrency=1, batch=1, poll_min_s=0.05, poll_max_s=0.05, tenant=("big", *small))
+    wait_for("t1's run handled", lambda: list(seen), lambda s: "t1" in s)
+    w.stop()
+    big_before_t1 = seen.index("t1") - 3
+    assert 0 <= big_before_t1 <= 3, seen
 
 
 @pytest.mark.parametrize(
