@@ -1797,8 +1797,8 @@ def api_cmd(
     envvar="SCHEDULER_TENANT",
     show_envvar=True,
     help="Tenant whose queue to serve (required with --dsn); repeat it to serve several from one process, "
-    "claimed in turn, an idle tenant asked again after its own backoff of 50 ms to 1 s (the variable: names "
-    "separated by spaces). Not with --api-url: the key's tenant.",
+    "claimed in turn from those the store reports runs for (the variable: names separated by spaces). "
+    "Not with --api-url: the key's tenant.",
 )
 @click.option(
     "--api-url",

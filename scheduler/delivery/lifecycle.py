@@ -54,6 +54,8 @@ MAX_LEASE_S = 3600.0
 
 MAX_BATCH = 1000
 """Most runs one claim, heartbeat, ack or nack call handles."""
+MAX_TENANTS_PROBED = 1000
+"""Most tenants one :func:`tenants_with_runs` call asks about (a worker's most)."""
 
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_BACKOFF_BASE_S = 1.0
@@ -308,6 +310,20 @@ def claim(
         conn, lambda c: store.execute_probing(c, "claim_runs", params, row_factory=_claimed_rows)
     )
     return claimed
+
+
+def tenants_with_runs(
+    conn: psycopg.Connection, *, tenants: Sequence[str], queue: str, now: datetime | None = None
+) -> set[str]:
+    """Those of ``tenants`` with a pending run of ``queue`` available now
+    (``tenants_with_pending_runs``: one index probe per tenant, read only).
+    A worker serving several tenants claims only from these. Raises
+    ValidationError for more than :data:`MAX_TENANTS_PROBED` tenants."""
+    if len(tenants) > MAX_TENANTS_PROBED:
+        raise ValidationError("tenants", f"at most {MAX_TENANTS_PROBED} per call", len(tenants))
+    params = {"tenants": list(tenants), "queue": queue, "now": now}
+    rows = store.run_transaction(conn, lambda c: store.execute(c, "tenants_with_pending_runs", params))
+    return {row["tenant"] for row in rows}
 
 
 def claim_push(

@@ -23,15 +23,15 @@ thread so a slow statement on one never delays the others):
   ``flush_interval_s`` for more to free up: under load, a few large claims
   rather than many of one run each). An empty claim backs off from
   ``poll_min_s`` (50 ms) doubling to ``poll_max_s`` (1 s); a claim that
-  returns anything resets it. Serving several tenants, each has its own
-  backoff and a round asks them in turn (:class:`TenantTurns`): starting
-  after the last tenant that got runs in the previous round, skipping those
-  backing off, until the free slots are filled. So a tenant with a backlog
-  takes at most one claim's worth before every other tenant with runs has
-  had its turn, a tenant with new runs waits at most its backoff (≤ 1 s)
-  to be asked, and tenants with nothing to claim cost one empty claim per
-  backoff, not one per round. No LISTEN/NOTIFY (not in the
-  PostgreSQL/CockroachDB common subset).
+  returns anything resets it. Serving several tenants, a round first asks
+  the store which of them have runs to claim (one statement, an index probe
+  per tenant: :func:`~scheduler.delivery.lifecycle.tenants_with_runs`),
+  then claims from those in turn (:class:`TenantTurns`), starting after the
+  last tenant that got runs in the previous round, until the free slots are
+  filled. So a tenant with a backlog takes at most one claim's worth before
+  every other tenant with runs has had its turn, a tenant's new runs are
+  seen by the next round, and idle tenants cost no claim at all. No
+  LISTEN/NOTIFY (not in the PostgreSQL/CockroachDB common subset).
 * **heartbeat**: every ``lease_s / 3``, ONE
   :func:`~scheduler.delivery.lifecycle.heartbeat` call for every run held
   (running or awaiting its ack; a call per 1,000 runs). A run answered
@@ -95,7 +95,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -127,7 +127,7 @@ DEFAULT_CONCURRENCY = 10
 MIN_LEASE_S = 1.0
 MAX_LEASE_S = 3600.0
 MAX_CONCURRENCY = 10_000
-MAX_TENANTS = 1000
+MAX_TENANTS = lifecycle.MAX_TENANTS_PROBED
 """Most tenants one worker serves (idle, each is asked once per its backoff, at most once a second)."""
 MAX_BATCH = lifecycle.MAX_BATCH
 ERROR_MAX_CHARS = 2000
@@ -329,21 +329,22 @@ class TenantTurns:
 
     ``tenants``: the worker's tenants (ordered, distinct); ``clock``:
     monotonic seconds (injected in tests). A round (:meth:`due`) asks the
-    tenants not backing off, starting after the last one that got runs
-    (:meth:`record`) in an earlier round: round robin among tenants with
-    work, so one with a backlog (the big tenant of a herd) fills a round at
-    most once before every other tenant with runs had its turn. A tenant
-    whose claim came back empty is not asked again for ``poll_min_s``,
-    doubling to ``poll_max_s`` while it stays empty; one that got runs is
-    asked again in the next round.
+    tenants with runs (a probe's answer) or, without a probe (the HTTP
+    API's one tenant), those not backing off, starting after the last one
+    that got runs (:meth:`record`) in an earlier round: round robin among
+    tenants with work, so one with a backlog (the big tenant of a herd)
+    fills a round at most once before every other tenant with runs had its
+    turn. A tenant whose claim came back empty (or the probe found empty)
+    backs off ``poll_min_s``, doubling to ``poll_max_s`` while it stays
+    empty; one that got runs is asked again in the next round.
 
     Why: the earlier rule (each round starting one tenant after the previous
-    round's start) let a big tenant fill nearly every round, so a small
-    tenant behind the start waited for the rotation to come round, one round
-    per tenant: small tenants' dispatch lag p99 14.8 s in the 300,000-run
-    herd with 51 tenants (docs/performance.md, "2026-12-02, noon"); and a
-    round that started at a drained tenant asked every drained tenant after
-    it, an empty claim each.
+    round's start, asking every tenant with a claim) let a big tenant fill
+    nearly every round, so a small tenant behind the start waited for the
+    rotation to come round, one round per tenant: small tenants' dispatch
+    lag p99 14.8 s in the 300,000-run herd with 51 tenants
+    (docs/performance.md, "2026-12-02, noon"); and a round that started at a
+    drained tenant asked every drained tenant after it, an empty claim each.
     """
 
     def __init__(
@@ -359,11 +360,21 @@ class TenantTurns:
         self._not_before = [0.0] * len(self.tenants)
         self._backoff = [0.0] * len(self.tenants)
 
-    def due(self) -> list[int]:
-        """Indexes of the tenants to ask this round, in order (none backing off)."""
+    def due(self, ready: Collection[str | None] | None = None) -> list[int]:
+        """Indexes of the tenants to ask this round, in order.
+
+        Without ``ready``: those not backing off. With ``ready`` (the tenants
+        a probe found runs for, :meth:`StoreTransport.ready`): those, backoff
+        or not; the others are recorded empty (their backoff is the idle
+        wait of :meth:`wait_s`)."""
         now, count, start = self._clock(), len(self.tenants), self._next
         order = [(start + i) % count for i in range(count)]
-        return [i for i in order if self._not_before[i] <= now]
+        if ready is None:
+            return [i for i in order if self._not_before[i] <= now]
+        for i in order:
+            if self.tenants[i] not in ready:
+                self.record(i, 0)
+        return [i for i in order if self.tenants[i] in ready]
 
     def record(self, index: int, claimed: int) -> None:
         """Tenant ``index`` was asked and ``claimed`` runs came back."""
@@ -405,6 +416,10 @@ class StoreTransport:
         return await self._claim_lane.call(
             lifecycle.claim, tenant=tenant, queue=queue, worker=worker, limit=limit, lease_s=lease_s
         )
+
+    async def ready(self, *, tenants: Sequence[str], queue: str) -> set[str]:
+        """:func:`~scheduler.delivery.lifecycle.tenants_with_runs`: those of ``tenants`` with runs to claim."""
+        return await self._claim_lane.call(lifecycle.tenants_with_runs, tenants=tenants, queue=queue)
 
     async def heartbeat(self, leases: list[tuple[lifecycle.RunKey, uuid.UUID]], lease_s: float) -> dict[str, str]:
         """:func:`~scheduler.delivery.lifecycle.heartbeat`: run id → answer."""
@@ -779,7 +794,10 @@ class Worker:
         before the failure are started)."""
         total = 0
         turns = self._turns
-        for index in turns.due():
+        ready = None
+        if len(turns.tenants) > 1 and isinstance(self._transport, StoreTransport):
+            ready = await self._transport.ready(tenants=self.tenants, queue=self.queue)  # type: ignore[arg-type]
+        for index in turns.due(ready):
             if total >= limit or self._stop_event is None or self._stop_event.is_set():
                 break
             claimed = await self._transport.claim(

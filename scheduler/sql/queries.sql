@@ -1764,6 +1764,23 @@ WHERE fired_at > now() - %(window_s)s * interval '1 second';
 -- settle_runs) is the fence, never SKIP LOCKED. Times are the statement's
 -- timestamp, or the store clock's pin %(now)s when given (tests).
 
+-- name: tenants_with_pending_runs
+-- Of %(tenants)s, the tenants with a pending run of queue %(queue)s available
+-- now: one probe of runs_pending_idx each (it stops at the first run found).
+-- A worker serving several tenants asks this once a round and claims only
+-- from those, instead of an empty claim transaction per idle tenant.
+SELECT t.tenant
+FROM unnest(%(tenants)s::text[]) AS t (tenant)
+WHERE EXISTS (
+    SELECT 1
+    FROM runs AS r
+    WHERE r.tenant = t.tenant
+      AND r.queue = %(queue)s
+      AND r.state = 'pending'
+      AND r.queue IS NOT NULL
+      AND r.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+);
+
 -- name: claim_runs
 -- A worker's claim: up to %(limit)s pending runs of queue %(queue)s of tenant
 -- %(tenant)s available now, oldest available first (runs_pending_idx), each

@@ -58,6 +58,28 @@ def test_a_fired_run_is_born_pending_in_its_jobs_queue(conn, node) -> None:
         assert run["lease_token"] is None and run["leased_until"] is None
 
 
+def test_tenants_with_runs_names_those_with_a_pending_run_available_in_the_queue(conn) -> None:
+    """acme: available; beta: only leased; gamma: not available yet; delta: another queue;
+    epsilon: nothing; zeta: pushed (no queue)."""
+    acme, beta, gamma = add_job(conn, "acme"), add_job(conn, "beta"), add_job(conn, "gamma")
+    delta = add_job(conn, "delta")
+    zeta = add_job(conn, "zeta")
+    jobs.add_tenant(conn, "epsilon")
+    pending_run(conn, acme, T0)
+    pending_run(conn, beta, T0)
+    lifecycle.claim(conn, tenant="beta", queue="default", worker="w", limit=10, now=T0)
+    pending_run(conn, gamma, T0 + 10 * S)
+    pending_run(conn, delta, T0, queue="reports")
+    pending_run(conn, zeta, T0, queue=None)
+    everyone = ["acme", "beta", "gamma", "delta", "epsilon", "zeta"]
+    assert lifecycle.tenants_with_runs(conn, tenants=everyone, queue="default", now=T0 + S) == {"acme"}
+    assert lifecycle.tenants_with_runs(conn, tenants=everyone, queue="default", now=T0 + 10 * S) == {"acme", "gamma"}
+    assert lifecycle.tenants_with_runs(conn, tenants=everyone, queue="reports", now=T0) == {"delta"}
+    assert lifecycle.tenants_with_runs(conn, tenants=["beta"], queue="default", now=T0) == set()
+    with pytest.raises(ValidationError, match="^tenants: at most 1000 per call"):
+        lifecycle.tenants_with_runs(conn, tenants=[f"t{i}" for i in range(1001)], queue="default")
+
+
 def test_claim_leases_each_run_once_and_ack_needs_its_token(conn) -> None:
     job_id = add_job(conn)
     first = pending_run(conn, job_id, T0)

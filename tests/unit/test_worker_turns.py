@@ -94,3 +94,22 @@ def test_an_empty_round_leaves_the_start_where_it_was(clock) -> None:
         t.record(i, 0)
     clock.now += 0.05
     assert t.due() == [3, 0, 1, 2]
+
+
+def test_with_a_probe_the_ready_tenants_are_asked_whatever_their_backoff(clock) -> None:
+    t = turns(clock)
+    t.record(2, 0)  # b backing off
+    t.record(0, 1000)  # big filled a round: the next starts at a
+    assert t.due(ready={"b", "big"}) == [2, 0]
+    assert t.due() == [0]  # a and c, found empty by the probe, now back off (b too, after its empty claim)
+    assert t.wait_s() == 0.0
+
+
+def test_a_probe_that_finds_nothing_backs_every_tenant_off_doubling(clock) -> None:
+    t = turns(clock, tenants=("a", "b"))
+    waits = []
+    for _ in range(3):
+        assert t.due(ready=set()) == []
+        waits.append(round(t.wait_s(), 6))
+        clock.now += waits[-1]
+    assert waits == [0.05, 0.1, 0.2]
