@@ -66,7 +66,7 @@ class PathName(Convertor[str]):
     endpoint and its own rule (a schedule name's 422, a tenant name's ``c/team``). A path
     sent ending in ``/`` stays the 404 of a trailing slash (:func:`check_request_text`)."""
 
-    regex = ".+"
+    regex = "[\\s\\S]+"  # any character, a newline too (``.`` stops at one): it meets the name's rule
 
     def convert(self, value: str) -> str:
         return value
@@ -99,14 +99,19 @@ def check_request_text(request: Request) -> None:
     """Refuse (ApiError 422 naming the parameter) a request whose path or a query name or
     value is not UTF-8 or holds NUL or an unpaired surrogate once percent-decoded, or that
     names a query parameter its route does not take or names one twice; a path sent ending
-    in ``/`` (matched by a :class:`PathName` parameter) is a 404 (StarletteHTTPException),
-    as an unmatched one. Returns None for a good request."""
+    in ``/`` (matched by a :class:`PathName` parameter) or in a newline (a route matches
+    the path without it: Starlette's patterns end in ``$``) is a 404
+    (StarletteHTTPException), as an unmatched one. Returns None for a good request."""
     raw_path: bytes = request.scope.get("raw_path") or request.scope["path"].encode("utf-8", "surrogateescape")
     route = request.scope.get("route")
     if _decoded(raw_path, plus_is_space=False) is None:
         field = next(iter(request.path_params), "path")
         raise _refuse(field, "must be UTF-8 text with no NUL (percent-encoded bytes that are not UTF-8 are refused)")
     if raw_path.endswith(b"/"):  # a route taking "/" in a parameter matched; paths take none at the end
+        raise StarletteHTTPException(404)
+    if request.scope["path"].endswith("\n"):
+        # The route's pattern ends in "$", which Python's re also matches before a final
+        # newline: DELETE /v1/schedules/a%0A matched with the name "a" and deleted it.
         raise StarletteHTTPException(404)
     known = _query_names(route)
     given: set[str] = set()

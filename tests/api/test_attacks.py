@@ -530,3 +530,33 @@ def test_a_slash_in_a_schedule_name_reaches_the_name_rule(api, method, path, nam
     else:
         assert _problem_of(response) == (404, "name", f"name: no schedule {name!r}")
     assert _no_jobs(api)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("PUT", "/v1/schedules/a%0A", {"interval_s": 60}),
+        ("PUT", "/v1/schedules/a%0a", {"interval_s": 60}),
+        ("DELETE", "/v1/schedules/a%0A", None),
+        ("GET", "/v1/schedules/a%0A", None),
+        ("POST", "/v1/schedules/a:pause%0A", None),
+        ("POST", "/v1/schedules/a%0A:pause", None),
+        ("PATCH", "/v1/tenants/acme%0A", {"weight": 3}),
+        ("PUT", "/v1/schedules/a%0Ab", {"interval_s": 60}),
+    ],
+)
+def test_a_newline_in_a_path_never_reaches_another_resource(api, admin, method, path, body):
+    """``DELETE /v1/schedules/a%0A`` deleted ``a`` and ``PATCH /v1/tenants/acme%0A`` changed
+    acme: the routes' patterns ended in ``$``, which Python's ``re`` matches before a final
+    newline, so the name was taken without it. A path with a newline names nothing."""
+    token = api.key("acme", "tenant")
+    created = _json(api, token, "PUT", "/v1/schedules/a", json={"interval_s": 120})
+    assert created.status_code == 201
+    before = _json(api, token, "GET", "/v1/schedules/a").json()
+    tenant_before = _json(api, admin, "GET", "/v1/tenants/acme").json()
+    response = _json(api, admin if path.startswith("/v1/tenants") else token, method, path, json=body)
+    assert response.status_code in (404, 405, 422), response.text
+    assert _json(api, token, "GET", "/v1/schedules/a").json() == before
+    assert _json(api, admin, "GET", "/v1/tenants/acme").json() == tenant_before
+    names = [item["name"] for item in _json(api, token, "GET", "/v1/schedules").json()["items"]]
+    assert names == ["a"]
