@@ -124,6 +124,11 @@ def group(**kwargs: Any) -> Callable:
     return click.group(cls=OneLineErrors, **kwargs)
 
 
+MAX_LIST_LIMIT = 1_000_000
+"""Most rows a ``--limit`` of ``jobs list``, ``runs list`` and ``runs redrive`` may ask for
+(beyond PostgreSQL's bigint, an unbounded one reached the store as an error)."""
+
+
 class WholeNumber(click.ParamType):
     """A click type: a whole number in ASCII digits (:func:`scheduler.spec.parse_whole`).
 
@@ -989,7 +994,13 @@ def jobs_import(
 @jobs.command("list")
 @dsn_option
 @click.option("--tenant", default=None)
-@click.option("--limit", default=1000, show_default=True, type=WholeNumber("limit", 1))
+@click.option(
+    "--limit",
+    default=1000,
+    show_default=True,
+    type=WholeNumber("limit", 1, MAX_LIST_LIMIT),
+    help=f"At most this many jobs (1 to {MAX_LIST_LIMIT:,}).",
+)
 @json_option
 def jobs_list(dsn: str, tenant: str | None, limit: int, as_json: bool) -> None:
     """List jobs (not deleted), by tenant and creation time; an unknown --tenant exits 2."""
@@ -1418,7 +1429,13 @@ def runs() -> None:
     help="Only runs in this delivery state (runs fired before delivery existed have none).",
 )
 @click.option("--tenant", default=None, help="Only this tenant's runs (an unknown tenant exits 2).")
-@click.option("--limit", default=100, show_default=True, type=WholeNumber("limit", 1))
+@click.option(
+    "--limit",
+    default=100,
+    show_default=True,
+    type=WholeNumber("limit", 1, MAX_LIST_LIMIT),
+    help=f"At most this many runs, newest nominal time first (1 to {MAX_LIST_LIMIT:,}).",
+)
 @json_option
 def runs_list(
     dsn: str,
@@ -1466,8 +1483,8 @@ def runs_list(
     "--limit",
     default=100,
     show_default=True,
-    type=WholeNumber("limit", 1),
-    help="With --job: at most this many, oldest first.",
+    type=WholeNumber("limit", 1, MAX_LIST_LIMIT),
+    help=f"With --job: at most this many, oldest first (1 to {MAX_LIST_LIMIT:,}).",
 )
 @json_option
 def runs_redrive(

@@ -558,8 +558,11 @@ class Worker:
             if tenant is None:
                 raise ValidationError("tenant", f"give 1 to {MAX_TENANTS} distinct tenants")
             tenants = (tenant,) if isinstance(tenant, str) else tuple(tenant)
-            if not 1 <= len(tenants) <= MAX_TENANTS or len(set(tenants)) != len(tenants):
+            if not 1 <= len(tenants) <= MAX_TENANTS:
                 raise ValidationError("tenant", f"give 1 to {MAX_TENANTS} distinct tenants", len(tenants))
+            twice = next((name for i, name in enumerate(tenants) if name in tenants[:i]), None)
+            if twice is not None:
+                raise ValidationError("tenant", "give each tenant once; this one is repeated", twice)
             for name in tenants:
                 validate_tenant(name)
         validate_queue(queue)

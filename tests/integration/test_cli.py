@@ -602,8 +602,14 @@ def test_runs_list(pg_dsn, conn) -> None:
     ]
     assert len(text) == 6
     one_line_error(run(["runs", "list", "--since", "2030-01-01"], pg_dsn), 2, "error: since: ")
-    one_line_error(run(["runs", "list", "--limit", "0"], pg_dsn), 2, "error: limit: must be at least 1 (got '0')")
-    one_line_error(run(["jobs", "list", "--limit", "-1"], pg_dsn), 2, "error: limit: must be at least 1 (got '-1')")
+    rule = "error: limit: must be a whole number from 1 to 1000000 in ASCII digits"
+    one_line_error(run(["runs", "list", "--limit", "0"], pg_dsn), 2, f"{rule} (got '0')")
+    one_line_error(run(["jobs", "list", "--limit", "-1"], pg_dsn), 2, f"{rule} (got '-1')")
+    # Past bigint, these reached the store: "error: store: bigint out of range", exit 1.
+    huge = "99999999999999999999"
+    redrive = ["runs", "redrive", "--job", str(uuid.uuid4()), "--state", "dead"]
+    for args in (["runs", "list"], ["jobs", "list"], redrive):
+        one_line_error(run([*args, "--limit", huge], pg_dsn), 2, f"{rule} (got '{huge}')")
 
 
 def test_verify_counts_and_exit_status(pg_dsn, conn) -> None:

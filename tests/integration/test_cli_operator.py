@@ -342,7 +342,10 @@ def test_empty_tz_is_refused(pg_dsn, conn) -> None:
             ["jobs", "add", "--tenant", "acme", "--interval", "1e3"],
             "error: interval: must be a whole number of seconds in ASCII digits (got '1e3')",
         ),
-        (["jobs", "list", "--limit", "١٠"], "error: limit: must be a whole number in ASCII digits (got '١٠')"),
+        (
+            ["jobs", "list", "--limit", "١٠"],
+            "error: limit: must be a whole number from 1 to 1000000 in ASCII digits (got '١٠')",
+        ),
         (
             ["tenants", "add", "acme", "--weight", "٢"],
             "error: weight: must be a whole number from 1 to 1000 in ASCII digits (got '٢')",
