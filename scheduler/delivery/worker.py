@@ -128,7 +128,7 @@ MIN_LEASE_S = 1.0
 MAX_LEASE_S = 3600.0
 MAX_CONCURRENCY = 10_000
 MAX_TENANTS = lifecycle.MAX_TENANTS_PROBED
-"""Most tenants one worker serves (idle, each is asked once per its backoff, at most once a second)."""
+"""Most tenants one worker serves (each round asks the store about all of them in one statement)."""
 MAX_BATCH = lifecycle.MAX_BATCH
 ERROR_MAX_CHARS = 2000
 """A nack's error text (exception type and message) is cut to this many characters."""
