@@ -1420,7 +1420,7 @@ def runs() -> None:
 
 @runs.command("list")
 @dsn_option
-@click.option("--job", "job_id", default=None, help="Only this job's runs.")
+@click.option("--job", "job_id", default=None, help="Only this job's runs (an unknown job exits 2).")
 @click.option("--since", default=None, callback=instant("since"), help="Nominal time at or after (ISO-8601).")
 @click.option(
     "--state",

@@ -1181,7 +1181,8 @@ def list_runs(
 ) -> list[dict]:
     """Runs, newest nominal time first, optionally of one job, since an instant, in one
     delivery ``state`` (pending, leased, failed, succeeded, dead, canceled) and/or of one
-    ``tenant``. Raises NotFoundError if ``tenant`` is given, does not exist and nothing matched."""
+    ``tenant``. Raises NotFoundError if ``tenant`` or ``job_id`` is given, does not exist
+    (a job deleted but not yet pruned exists) and nothing matched."""
     rows = store.execute(
         conn,
         "list_runs",
@@ -1196,4 +1197,6 @@ def list_runs(
     )
     if tenant is not None and not rows:
         _require_tenant(conn, tenant)
+    if job_id is not None and not rows:
+        get_job(conn, job_id)
     return rows

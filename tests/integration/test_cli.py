@@ -607,6 +607,8 @@ def test_runs_list(pg_dsn, conn) -> None:
     one_line_error(run(["jobs", "list", "--limit", "-1"], pg_dsn), 2, f"{rule} (got '-1')")
     # Past bigint, these reached the store: "error: store: bigint out of range", exit 1.
     huge = "99999999999999999999"
+    unknown = uuid.uuid4()  # the README: an unknown job exits 2 (it printed an empty table, exit 0)
+    one_line_error(run(["runs", "list", "--job", str(unknown)], pg_dsn), 2, f"error: job_id: no job {unknown}")
     redrive = ["runs", "redrive", "--job", str(uuid.uuid4()), "--state", "dead"]
     for args in (["runs", "list"], ["jobs", "list"], redrive):
         one_line_error(run([*args, "--limit", huge], pg_dsn), 2, f"{rule} (got '{huge}')")
