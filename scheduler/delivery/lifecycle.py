@@ -326,6 +326,13 @@ def tenants_with_runs(
     return {row["tenant"] for row in rows}
 
 
+def unknown_tenants(conn: psycopg.Connection, tenants: Sequence[str]) -> list[str]:
+    """Those of ``tenants`` the store has no tenant of (``unknown_tenants``), in the order
+    given: a worker warns about them at start (a tenant may still be created later)."""
+    rows = store.execute(conn, "unknown_tenants", {"tenants": list(tenants)})
+    return [row["tenant"] for row in rows]
+
+
 def claim_push(
     conn: psycopg.Connection,
     *,

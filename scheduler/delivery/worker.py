@@ -130,6 +130,8 @@ MAX_CONCURRENCY = 10_000
 MAX_TENANTS = lifecycle.MAX_TENANTS_PROBED
 """Most tenants one worker serves (each round asks the store about all of them in one statement)."""
 MAX_BATCH = lifecycle.MAX_BATCH
+LOGGED_TENANTS_CHARS = 300
+"""A log event's list of tenant names is cut to this many characters (a worker may serve 1,000)."""
 ERROR_MAX_CHARS = 2000
 """A nack's error text (exception type and message) is cut to this many characters."""
 HANDLER_ERROR_LOG_CHARS = 200
@@ -421,6 +423,10 @@ class StoreTransport:
         """:func:`~scheduler.delivery.lifecycle.tenants_with_runs`: those of ``tenants`` with runs to claim."""
         return await self._claim_lane.call(lifecycle.tenants_with_runs, tenants=tenants, queue=queue)
 
+    async def unknown(self, tenants: Sequence[str]) -> list[str]:
+        """:func:`~scheduler.delivery.lifecycle.unknown_tenants`: those of ``tenants`` the store has not."""
+        return await self._claim_lane.call(lifecycle.unknown_tenants, tenants)
+
     async def heartbeat(self, leases: list[tuple[lifecycle.RunKey, uuid.UUID]], lease_s: float) -> dict[str, str]:
         """:func:`~scheduler.delivery.lifecycle.heartbeat`: run id → answer."""
         return await self._hb_lane.call(lifecycle.heartbeat, leases, lease_s)
@@ -665,14 +671,17 @@ class Worker:
         self._done_by_threads = _Completions(asyncio.get_running_loop(), self._finished)
         if self._stop_requested.is_set():
             self._on_stop()
+        named = [t for t in self.tenants if t is not None]
         log.event(
             "worker_started",
             worker=self.worker_id,
-            tenants=",".join(t for t in self.tenants if t is not None) or "(the API key's)",
+            tenants=log.cut(",".join(named), LOGGED_TENANTS_CHARS) or "(the API key's)",
+            tenant_count=len(named),
             queue=self.queue,
             concurrency=self.concurrency,
             lease_s=self.lease_s,
         )
+        await self._warn_unknown_tenants(named)
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         flusher = asyncio.create_task(self._flush_loop())
         claimer = asyncio.create_task(self._claim_loop())
@@ -739,6 +748,26 @@ class Worker:
             log.event("worker_stopped", worker=self.worker_id, clean=self.stopped_cleanly)
         if failure is not None:
             raise failure
+
+    async def _warn_unknown_tenants(self, named: list[str]) -> None:
+        """Log ``worker_unknown_tenants`` (WARNING) if the store has no tenant of some of
+        ``named`` (a typo serves nothing, silently); a store error here is not the worker's
+        end (the claim loop meets and reports it)."""
+        if not named or not isinstance(self._transport, StoreTransport):
+            return
+        try:
+            unknown = await self._transport.unknown(named)
+        except self._errors:
+            return
+        if unknown:
+            log.event(
+                "worker_unknown_tenants",
+                logging.WARNING,
+                worker=self.worker_id,
+                tenants=log.cut(",".join(unknown), LOGGED_TENANTS_CHARS),
+                count=len(unknown),
+                note="no such tenant in the store: nothing to claim until it is created",
+            )
 
     async def _sleep(self, seconds: float, until: asyncio.Event) -> None:
         """Sleep ``seconds`` or until ``until`` is set."""

@@ -1209,6 +1209,13 @@ FROM (
     LIMIT %(limit)s
 ) AS j;
 
+-- name: unknown_tenants
+-- Those of %(tenants)s with no tenants row, in the order given.
+SELECT t.tenant
+FROM unnest(%(tenants)s::text[]) WITH ORDINALITY AS t (tenant, i)
+WHERE NOT EXISTS (SELECT 1 FROM tenants AS x WHERE x.tenant = t.tenant)
+ORDER BY t.i;
+
 -- name: tenant_exists
 SELECT tenant FROM tenants WHERE tenant = %(tenant)s;
 

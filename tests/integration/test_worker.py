@@ -15,6 +15,7 @@ every partition).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import signal
@@ -272,6 +273,33 @@ def test_a_tenant_whose_runs_arrive_behind_a_backlog_is_served_within_its_backof
     w.stop()
     big_before_t1 = seen.index("t1") - 3
     assert 0 <= big_before_t1 <= 3, seen
+
+
+def test_a_worker_warns_at_start_about_tenants_the_store_has_not(conn, start, caplog) -> None:
+    """``--tenant nosuch`` started and waited silently (the trial's typo): the worker now logs
+    ``worker_unknown_tenants`` naming them, and serves the others."""
+    caplog.set_level(logging.INFO, logger="scheduler")
+    key = pending_now(conn, add_job(conn))
+    w = start(lambda run: None, tenant=("acme", "nosuch", "typo"))
+    wait_for("acked", lambda: state_of(conn, key), lambda st: st == ("succeeded", 1))
+    w.stop()
+    events = [(r.event, r.levelno, r.fields) for r in caplog.records if getattr(r, "event", "").startswith("worker_")]
+    started = next(fields for event, _, fields in events if event == "worker_started")
+    assert (started["tenants"], started["tenant_count"]) == ("acme,nosuch,typo", 3)
+    warned = [(level, fields) for event, level, fields in events if event == "worker_unknown_tenants"]
+    assert [(level, fields["tenants"], fields["count"]) for level, fields in warned] == [
+        (logging.WARNING, "nosuch,typo", 2)
+    ]
+
+
+def test_a_worker_of_known_tenants_gives_no_warning(conn, start, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="scheduler")
+    jobs.add_tenant(conn, "beta")
+    key = pending_now(conn, add_job(conn))
+    w = start(lambda run: None, tenant=("acme", "beta"))
+    wait_for("acked", lambda: state_of(conn, key), lambda st: st == ("succeeded", 1))
+    w.stop()
+    assert not [r for r in caplog.records if getattr(r, "event", None) == "worker_unknown_tenants"]
 
 
 @pytest.mark.parametrize(
