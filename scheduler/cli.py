@@ -155,6 +155,18 @@ class WholeNumber(click.ParamType):
         return parse_whole(self.field, value, minimum=self.lo, maximum=self.hi, rule=rule)
 
 
+def limit_option(default: int, what: str) -> Callable[[Any], Any]:
+    """The ``--limit`` option of a listing command: a whole number from 1 to
+    :data:`MAX_LIST_LIMIT`, ``default`` shown; ``what`` starts its help."""
+    return click.option(
+        "--limit",
+        default=default,
+        show_default=True,
+        type=WholeNumber("limit", 1, MAX_LIST_LIMIT),
+        help=f"{what} (1 to {MAX_LIST_LIMIT:,}).",
+    )
+
+
 class Seconds(click.ParamType):
     """A click type: a duration field of a job spec in whole seconds, ASCII digits,
     bounded as :data:`scheduler.spec.SECONDS_FIELDS` says (:func:`scheduler.spec.parse_seconds`)."""
@@ -994,13 +1006,7 @@ def jobs_import(
 @jobs.command("list")
 @dsn_option
 @click.option("--tenant", default=None)
-@click.option(
-    "--limit",
-    default=1000,
-    show_default=True,
-    type=WholeNumber("limit", 1, MAX_LIST_LIMIT),
-    help=f"At most this many jobs (1 to {MAX_LIST_LIMIT:,}).",
-)
+@limit_option(1000, "At most this many jobs")
 @json_option
 def jobs_list(dsn: str, tenant: str | None, limit: int, as_json: bool) -> None:
     """List jobs (not deleted), by tenant and creation time; an unknown --tenant exits 2."""
@@ -1429,13 +1435,7 @@ def runs() -> None:
     help="Only runs in this delivery state (runs fired before delivery existed have none).",
 )
 @click.option("--tenant", default=None, help="Only this tenant's runs (an unknown tenant exits 2).")
-@click.option(
-    "--limit",
-    default=100,
-    show_default=True,
-    type=WholeNumber("limit", 1, MAX_LIST_LIMIT),
-    help=f"At most this many runs, newest nominal time first (1 to {MAX_LIST_LIMIT:,}).",
-)
+@limit_option(100, "At most this many runs, newest nominal time first")
 @json_option
 def runs_list(
     dsn: str,
@@ -1479,13 +1479,7 @@ def runs_list(
     default=None,
     help="With --job: the state of the runs to redrive.",
 )
-@click.option(
-    "--limit",
-    default=100,
-    show_default=True,
-    type=WholeNumber("limit", 1, MAX_LIST_LIMIT),
-    help=f"With --job: at most this many, oldest first (1 to {MAX_LIST_LIMIT:,}).",
-)
+@limit_option(100, "With --job: at most this many, oldest first")
 @json_option
 def runs_redrive(
     dsn: str, run_id: str | None, job_id: str | None, state: str | None, limit: int, as_json: bool
