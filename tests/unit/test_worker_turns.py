@@ -38,16 +38,42 @@ def test_after_a_tenant_fills_a_round_the_next_starts_after_it(clock) -> None:
     assert t.due() == [3, 0, 1, 2]
 
 
-def test_an_empty_tenant_backs_off_doubling_to_the_cap(clock) -> None:
+def test_an_empty_tenant_waits_a_tenth_of_its_idle_time_within_the_bounds(clock) -> None:
     t = turns(clock, tenants=("a",))
+    t.record(0, 5)  # runs at 100.0: idle from here
     waits = []
-    for _ in range(7):
+    for idle in (0.0, 0.7, 1.0, 3.0, 9.0, 10.0, 40.0):
+        clock.now = 100.0 + idle
         t.record(0, 0)
         assert t.due() == []
         waits.append(round(t.wait_s(), 6))
-        clock.now += waits[-1]
+        clock.now += t.wait_s()
         assert t.due() == [0]
-    assert waits == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    assert waits == [0.05, 0.07, 0.1, 0.3, 0.9, 1.0, 1.0]
+
+
+def test_a_tenant_that_never_had_runs_is_idle_since_the_turns_were_made(clock) -> None:
+    t = turns(clock, tenants=("a",))
+    clock.now += 5.0
+    t.record(0, 0)
+    assert t.wait_s() == pytest.approx(0.5)
+
+
+def test_a_queue_fed_every_second_is_asked_at_least_every_100_ms(clock) -> None:
+    """The steady load: runs every second (a tick's), the worker drains them within 0.3 s;
+    before the next second's runs come it polls at most 100 ms apart, so they wait at most
+    that long (doubling 50 → 800 ms used to sleep through most of the next second)."""
+    t = turns(clock, tenants=("a",))
+    for second in range(5):
+        clock.now = 200.0 + second + 0.3
+        t.record(0, 1000)  # drained
+        gaps = []
+        while clock.now < 200.0 + second + 1.0:
+            t.record(0, 0)
+            gaps.append(t.wait_s())
+            clock.now += t.wait_s()
+        assert max(gaps) <= 0.1 + 1e-9
+        assert len(gaps) >= 7
 
 
 def test_a_tenant_backing_off_is_skipped_while_the_others_are_asked(clock) -> None:
@@ -64,7 +90,10 @@ def test_runs_reset_the_backoff(clock) -> None:
     t = turns(clock)
     for _ in range(4):
         t.record(2, 0)
-        clock.now += 1.0
+        clock.now += 10.0
+    t.record(2, 0)
+    clock.now += 0.99
+    assert 2 not in t.due()  # idle 40 s: 1 s
     t.record(2, 5)
     assert 2 in t.due()
     t.record(2, 0)
@@ -77,14 +106,19 @@ def test_runs_reset_the_backoff(clock) -> None:
 def test_wait_s_is_until_the_first_tenant_may_be_asked(clock) -> None:
     t = turns(clock, tenants=("a", "b"))
     assert t.wait_s() == 0.0
-    t.record(0, 0)  # 50 ms
-    t.record(1, 0)
-    t.record(1, 0)  # 100 ms
+    t.record(1, 7)
+    clock.now += 1.0
+    t.record(0, 0)  # idle 1 s since the start... 100 ms
+    clock.now += 0.05
+    t.record(1, 0)  # idle 1.05 s: 105 ms
     assert t.due() == []
     assert t.wait_s() == pytest.approx(0.05)
     clock.now += 0.05
     assert t.due() == [0]
     assert t.wait_s() == 0.0
+    assert t.due() == [0]  # b: 0.105 s after its empty claim
+    clock.now += 0.055
+    assert t.due() == [0, 1]
 
 
 def test_an_empty_round_leaves_the_start_where_it_was(clock) -> None:
@@ -105,11 +139,12 @@ def test_with_a_probe_the_ready_tenants_are_asked_whatever_their_backoff(clock) 
     assert t.wait_s() == 0.0
 
 
-def test_a_probe_that_finds_nothing_backs_every_tenant_off_doubling(clock) -> None:
+def test_a_probe_that_finds_nothing_backs_every_tenant_off_by_its_idle_time(clock) -> None:
     t = turns(clock, tenants=("a", "b"))
-    waits = []
-    for _ in range(3):
-        assert t.due(ready=set()) == []
-        waits.append(round(t.wait_s(), 6))
-        clock.now += waits[-1]
-    assert waits == [0.05, 0.1, 0.2]
+    t.record(0, 3)  # a got runs at 100.0; b never did
+    clock.now += 2.0
+    assert t.due(ready=set()) == []
+    assert t.wait_s() == pytest.approx(0.2)
+    clock.now += 0.2
+    assert t.due(ready=set()) == []
+    assert t.wait_s() == pytest.approx(0.22)
