@@ -121,7 +121,7 @@ tenth of the quiet gap before a run: a queue fed every second (a steady load fir
 node's once-a-second tick) is asked every 50–100 ms, one fed every minute about once a
 second. Doubling (50 ms, 100, 200, 400, 800) let a worker sleep through most of the next
 second's runs: dispatch lag p99 2.58 s at a steady 12,000 runs/s, 1.03 s with waits capped
-at 100 ms (docs/performance.md, "2026-12-03")."""
+at 100 ms (docs/performance.md, "2026-12-02, afternoon")."""
 FLUSH_INTERVAL_S = 0.025
 """Acks and nacks wait at most this long to be sent in one batch."""
 STORE_BACKOFF_MIN_S = 0.1

@@ -20,6 +20,16 @@ class FiringLimits:
     chunk of a herd commits within tens of milliseconds and each statement stays
     far below statement_timeout; large enough to amortise the round trip."""
 
+    first_chunk_jobs: int = 1_000
+    """Jobs in a tick's first per-timer chunk; each further chunk holds twice as
+    many as the one before, up to ``chunk_jobs`` (a slow start). A run becomes
+    visible to workers when its chunk commits, and a chunk is planned before it
+    is sent: with 5,000-job chunks the first runs of a steady 12,000 runs/s
+    were claimable ~0.25 s after their second, the last ~0.55 s. Small first
+    chunks let the workers start while the rest is planned and written; the
+    later ones stay large to amortise the statement's fixed costs (the fence
+    check of every partition it touches)."""
+
     write_lanes: int = 2
     """Write connections a tick's chunks are spread over, round robin, each in
     pipeline mode, while the node holds more than half of the partitions (one

@@ -23,8 +23,8 @@ A tick
    rows FOR SHARE (owner and epoch still ours), advances the jobs of fenced
    partitions whose revision is unchanged, records skips, and inserts the
    runs (the runs primary key makes a duplicate impossible). Large ticks are
-   split into chunks of ``chunk_jobs`` jobs
-   (:class:`~scheduler.firing.limits.FiringLimits`), each its own
+   split into chunks of ``chunk_jobs`` jobs (the first ones smaller:
+   ``first_chunk_jobs``, doubling; :class:`~scheduler.firing.limits.FiringLimits`), each its own
    transaction, queued on the store's write pipeline
    (:class:`scheduler.store.Pipeline`) over ``write_lanes`` connections so
    the store executes chunks while the node plans the next; the pipeline
@@ -377,7 +377,8 @@ class Firer:
         }
         # The per-row loop works on locals: no attribute lookup per timer.
         fetched, last, granted, used, result = tick.fetched, tick.last, tick.granted, tick.used, tick.result
-        plan_row, chunk_jobs = self._planner.plan_row, self._limits.chunk_jobs
+        plan_row, limits = self._planner.plan_row, self._limits
+        chunk_jobs = min(limits.chunk_jobs, limits.first_chunk_jobs << min(len(tick.pipeline.sent), 20))
         batch = Batch()
         with store.stream(tick.read, "select_due_jobs", params, self._limits.stream_rows) as rows:
             for row in rows:
@@ -388,6 +389,7 @@ class Firer:
                 if len(batch.pids) >= chunk_jobs:
                     self._send_batch(tick, batch)
                     batch = Batch()
+                    chunk_jobs = min(limits.chunk_jobs, chunk_jobs * 2)
         if batch.pids:
             self._send_batch(tick, batch)
 
@@ -408,19 +410,24 @@ class Firer:
         Whoever sets ``stop`` must also call :meth:`wake` to cut the wait short.
 
         When a tick leaves due work behind (budget spent), the next one starts
-        one interval after this one started: that is the pacing.
+        one interval after this one started: that is the pacing. Otherwise it
+        starts at the first phase point after this tick's start: at once if
+        this tick ran past it (a tick that overran its second must not wait for
+        the one after: the overrun's timers are due, and waiting made each tick
+        fire two seconds' worth and overrun again, docs/performance.md
+        "2026-12-02, afternoon").
         """
         interval = self._s.tick_interval_s
         while not stop.is_set():
-            started = self._clock.monotonic()
+            started, started_wall = self._clock.monotonic(), self._clock.wall()
             result = self.tick()
             if stop.is_set():
                 break
+            elapsed = self._clock.monotonic() - started
             if result.budget_exhausted:
-                delay = interval - (self._clock.monotonic() - started)
+                delay = interval - elapsed
             else:
-                wall = self._clock.wall()
-                delay = interval - ((wall - TICK_PHASE_S) % interval)
+                delay = interval - ((started_wall - TICK_PHASE_S) % interval) - elapsed
             if delay > LOOKAHEAD_MIN_WAIT_S:  # spend the wait on the coming seconds' schedules
                 end = self._clock.monotonic() + delay
                 self.look_ahead(end - LOOKAHEAD_MIN_WAIT_S)

@@ -111,6 +111,34 @@ def test_surplus_is_read_only_after_the_fair_shares_committed(pg_dsn, conn, monk
     assert result.fired == 200
 
 
+def test_a_ticks_first_chunks_are_small_and_double_up_to_chunk_jobs(pg_dsn, conn, monkeypatch) -> None:
+    """Slow start: a run is claimable when its chunk commits, so the tick's first
+    chunk is small (``first_chunk_jobs``) and each next one twice the last, up to
+    ``chunk_jobs``; the surplus pass carries on from where the first pass was."""
+    _load_due(conn, "big", 120, due_ago_s=30)
+    _load_due(conn, "small", 3, due_ago_s=5)
+    sizes = []
+    real_send = Firer._send_batch
+
+    def send(self, tick, batch):
+        sizes.append(len(batch.pids))
+        return real_send(self, tick, batch)
+
+    monkeypatch.setattr(Firer, "_send_batch", send)
+    limits = FiringLimits(first_chunk_jobs=5, chunk_jobs=30, write_lanes=1)
+    firer, coord = _node(pg_dsn, limits=limits, max_rate_per_s=100.0)
+    try:
+        result = firer.tick()
+    finally:
+        firer.close()
+        coord.close()
+    # First pass: shares of 50 (small's 3 + big's 50 = 53 rows): 5, 10, 20, 18;
+    # surplus pass (big's next 47): chunks of 30 and the rest.
+    assert sizes == [5, 10, 20, 18, 30, 17]
+    assert result.fired == 100
+    assert _runs_by_tenant(conn) == Counter({"big": 97, "small": 3})
+
+
 def test_a_tick_cut_short_by_a_retried_conflict_reports_due_work_left(pg_dsn, conn, monkeypatch) -> None:
     """Budget 200: the first pass fires the small tenant's 10 runs and the big
     tenant's share of 100; then a 40001 ends the tick before the surplus pass
