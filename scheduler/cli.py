@@ -53,7 +53,7 @@ from scheduler.errors import (
     clip,
 )
 from scheduler.planner import CATCHUP_WINDOW_S, DEFAULT_MISFIRE, MISFIRE_GRACE_S, MISFIRE_POLICIES
-from scheduler.settings import Settings
+from scheduler.settings import MAX_FLEET_TIMING_S, Settings
 
 EXIT_INVALID = 2
 EXIT_FAILED = 1
@@ -735,6 +735,7 @@ def _delivery_options(func: Callable) -> Callable:
         ),
         click.option(
             "--url",
+            metavar="URL",
             default=None,
             help="Target: an http(s) endpoint the engine pushes each run to (instead of a queue). Its host "
             "must resolve to public addresses (see --push-allow); no user:password in it.",
@@ -748,6 +749,7 @@ def _delivery_options(func: Callable) -> Callable:
         click.option(
             "--header",
             "headers",
+            metavar="'NAME: VALUE'",
             multiple=True,
             help=f"'Name: value' sent with every push of a --url target; repeatable, at most {t.MAX_HEADERS}. "
             "Host, Content-*, Transfer-Encoding, Connection, Idempotency-Key and Scheduler-* are the "
@@ -755,40 +757,47 @@ def _delivery_options(func: Callable) -> Callable:
         ),
         click.option(
             "--timeout-s",
+            metavar="SECONDS",
             default=None,
             help=f"Per-attempt timeout of a --url target in seconds, 0 < t <= {t.MAX_TIMEOUT_S:g}  "
             f"[default: {t.DEFAULT_TIMEOUT_S:g}].",
         ),
         click.option(
             "--payload",
+            metavar="JSON",
             default=None,
             help="JSON delivered with every attempt (a worker's run.payload, a push's body); at most "
             f"{t.MAX_PAYLOAD_BYTES:,} bytes as compact UTF-8 JSON.",
         ),
         click.option(
             "--payload-file",
+            metavar="PATH",
             default=None,
             help="Read the --payload JSON from this file ('-': stdin).",
         ),
         click.option(
             "--max-attempts",
+            metavar="N",
             default=None,
             help=f"Attempts of a run before it is dead, 1-{t.MAX_ATTEMPTS}  [default: {t.DEFAULT_MAX_ATTEMPTS}].",
         ),
         click.option(
             "--backoff-base-s",
+            metavar="SECONDS",
             default=None,
             help="Retry backoff: attempt n waits up to base * 2^(n-1) seconds (full jitter), "
             f"0 < base <= cap  [default: {t.DEFAULT_BACKOFF_BASE_S:g}].",
         ),
         click.option(
             "--backoff-cap-s",
+            metavar="SECONDS",
             default=None,
             help=f"Longest retry backoff in seconds, at most {t.MAX_BACKOFF_S:g}  "
             f"[default: {t.DEFAULT_BACKOFF_CAP_S:g}].",
         ),
         click.option(
             "--max-age-s",
+            metavar="DURATION",
             default=None,
             help="No retry starts later than this after the first attempt: seconds or 90m, 12h, 7d, 1d12h; "
             "at most 30d  [default: unset].",
@@ -1429,6 +1438,12 @@ def runs() -> None:
 @click.option("--job", "job_id", default=None, help="Only this job's runs (an unknown job exits 2).")
 @click.option("--since", default=None, callback=instant("since"), help="Nominal time at or after (ISO-8601).")
 @click.option(
+    "--until",
+    default=None,
+    callback=instant("until"),
+    help="Nominal time before (ISO-8601, exclusive; later than --since).",
+)
+@click.option(
     "--state",
     type=click.Choice(RUN_STATES),
     default=None,
@@ -1441,6 +1456,7 @@ def runs_list(
     dsn: str,
     job_id: str | None,
     since: datetime | None,
+    until: datetime | None,
     state: str | None,
     tenant: str | None,
     limit: int,
@@ -1457,7 +1473,9 @@ def runs_list(
     from scheduler.delivery.views import run_id
 
     with open_store(dsn) as conn:
-        rows = jobsmod.list_runs(conn, _job_id(job_id) if job_id else None, since, limit, state=state, tenant=tenant)
+        rows = jobsmod.list_runs(
+            conn, _job_id(job_id) if job_id else None, since, limit, state=state, tenant=tenant, until=until
+        )
     rows = [{"run_id": run_id(row["job_id"], row["nominal_time"]), **row} for row in rows]
     if as_json:
         _echo_json(rows)
@@ -2031,7 +2049,7 @@ def _fleet_timing(name: str, help_text: str) -> Callable:
     """``--<name>``: one of the fleet's lease timings (seconds), defaulting to the node's setting."""
     return click.option(
         f"--{name.replace('_', '-')}",
-        type=click.FloatRange(min=0, min_open=True),
+        type=click.FloatRange(min=0, min_open=True, max=MAX_FLEET_TIMING_S, max_open=True),
         default=getattr(Settings, name),
         envvar=f"SCHEDULER_{name.upper()}",
         show_envvar=True,

@@ -27,9 +27,15 @@ def clip(value: object, limit: int = ECHO_MAX_CHARS) -> str:
     ellipsis and its length: ``'1111…' (10000 characters)``; a ``datetime`` is
     its ISO 8601 text (an aware one in UTC with ``Z``, as
     :func:`scheduler.schedule.format_instant` prints it:
-    ``2030-01-01T00:00:00Z``), never its repr; other values are ``repr``'d
-    (an ``int`` in full: integers are never rounded through float).
+    ``2030-01-01T00:00:00Z``), never its repr; a bool and None are spelt as
+    JSON and TOML spell them (``true``, ``false``, ``null``: what the person
+    typed, not Python's ``True``); other values are ``repr``'d (an ``int`` in
+    full: integers are never rounded through float).
     """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             return value.isoformat()

@@ -1178,11 +1178,16 @@ def list_runs(
     *,
     state: str | None = None,
     tenant: str | None = None,
+    until: datetime | None = None,
 ) -> list[dict]:
-    """Runs, newest nominal time first, optionally of one job, since an instant, in one
-    delivery ``state`` (pending, leased, failed, succeeded, dead, canceled) and/or of one
-    ``tenant``. Raises NotFoundError if ``tenant`` or ``job_id`` is given, does not exist
-    (a job deleted but not yet pruned exists) and nothing matched."""
+    """Runs, newest nominal time first, optionally of one job, with a nominal time at or
+    after ``since`` and before ``until``, in one delivery ``state`` (pending, leased,
+    failed, succeeded, dead, canceled) and/or of one ``tenant``. Raises ValidationError
+    (``until``) if both bounds are given and ``until`` is not later than ``since``;
+    NotFoundError if ``tenant`` or ``job_id`` is given, does not exist (a job deleted
+    but not yet pruned exists) and nothing matched."""
+    if since is not None and until is not None and until <= since:
+        raise ValidationError("until", "must be later than since", until)
     rows = store.execute(
         conn,
         "list_runs",
@@ -1190,6 +1195,7 @@ def list_runs(
             "job_id": job_id,
             "partition_id": partition_of(job_id) if job_id else None,
             "since": since,
+            "until": until,
             "limit": limit,
             "state": state,
             "tenant": tenant,

@@ -60,6 +60,10 @@ MAX_RETENTION_S = 100 * 365 * 86_400
 """Longest retention / ``runs prune --older-than`` (100 years): a cutoff further
 back leaves the store's date range (and means "keep everything": leave
 retention unset)."""
+MAX_FLEET_TIMING_S = 1_000_000_000
+"""Bound (seconds, exclusive) of the fleet timings that ``status`` and ``verify`` take
+as arguments, from the CLI and from the admin API alike (a TTL of 1e20 s is a typo,
+and past ~1e9 s the store's interval arithmetic overflows)."""
 MAX_RATE_PER_S = 100_000.0
 """Per-node firing budget in runs/s; high enough that a node on a 2-core box
 is capacity-bound (docs/design.md §5)."""

@@ -30,10 +30,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from scheduler import jobs, status, store
 from scheduler.api import keys as keys_mod
 from scheduler.api.deps import Principal, admin_principal, db, decode_cursor, page_of, page_size
+from scheduler.api.errors import pattern
 from scheduler.api.inputs import JsonRoute
 from scheduler.errors import ConflictError, ValidationError
 from scheduler.schedule import format_instant, parse_instant
-from scheduler.settings import Settings
+from scheduler.settings import MAX_FLEET_TIMING_S, Settings
 from scheduler.spec import validate_tenant
 
 router = APIRouter(tags=["admin"], route_class=JsonRoute)
@@ -271,7 +272,13 @@ def create_key(request: Request, _: Admin, body: KeyCreate) -> JSONResponse:
 def revoke_key(
     request: Request,
     _: Admin,
-    key_id: Annotated[str, Path(pattern="^[0-9a-f]{16}$", description="The key's id (tk_<key_id>_...).")],
+    key_id: Annotated[
+        str,
+        Path(
+            pattern=pattern("^[0-9a-f]{16}$", "must be a key id: 16 hex digits (tk_<key id>_...)"),
+            description="The key's id (tk_<key_id>_...).",
+        ),
+    ],
 ) -> Key:
     """As `scheduler keys revoke`: refused by this process at once, by every other API process
     within a second; revoking again changes nothing."""
@@ -284,15 +291,11 @@ def revoke_key(
 # ---------------------------------------------------------------- status, verify
 
 
-MAX_TIMING_S = 1_000_000_000
-"""Bound of the fleet timings ``/v1/status`` and ``/v1/verify`` take (seconds, exclusive)."""
-
-
 def _positive(field: str, value: float | None, default: float) -> float:
     if value is None:
         return default
-    if not 0 < value < MAX_TIMING_S:
-        raise ValidationError(field, f"must be a number of seconds > 0 and < {MAX_TIMING_S}", value)
+    if not 0 < value < MAX_FLEET_TIMING_S:
+        raise ValidationError(field, f"must be a number of seconds > 0 and < {MAX_FLEET_TIMING_S}", value)
     return value
 
 

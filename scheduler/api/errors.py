@@ -184,6 +184,23 @@ def _loc_field(loc: tuple[Any, ...] | list[Any]) -> str:
     return out or where
 
 
+PATTERN_RULES: dict[str, str] = {}
+"""A field pattern → the rule a person reads instead of the regular expression
+(registered with :func:`pattern`); a pattern not in it is quoted as is."""
+
+
+def pattern(regex: str, rule: str) -> str:
+    """``regex``, after registering ``rule`` (``"must be ..."``) as what a mismatch says:
+    ``Field(pattern=pattern(RUN_ID_PATTERN, "must be <job id>..."))``."""
+    PATTERN_RULES[regex] = rule
+    return regex
+
+
+def _bound(value: Any) -> str:
+    """A bound as a person writes it: ``3600``, not ``3600.0``."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 _RULES = {
     "missing": "is required",
     "json_invalid": "must be valid JSON (UTF-8)",
@@ -211,7 +228,7 @@ def _rule(error: dict[str, Any]) -> str:
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         sign = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[kind]
         bound = next(iter(ctx.values()), "")
-        return f"must be {sign} {bound}"
+        return f"must be {sign} {_bound(bound)}"
     if kind == "string_too_long":
         return f"must be at most {ctx.get('max_length')} characters"
     if kind == "string_too_short":
@@ -221,7 +238,8 @@ def _rule(error: dict[str, Any]) -> str:
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected', '')}".replace("'", "")
     if kind == "string_pattern_mismatch":
-        return f"must match {ctx.get('pattern')}"
+        regex = str(ctx.get("pattern"))
+        return PATTERN_RULES.get(regex) or f"must match {regex}"
     if kind == "value_error" and ctx.get("error") is not None:
         return str(ctx["error"])  # an API validator's own rule, without pydantic's "Value error, "
     message = str(error.get("msg", "is invalid"))

@@ -48,7 +48,7 @@ from scheduler.api.deps import (
     tenant_principal,
     worker_principal,
 )
-from scheduler.api.errors import PROBLEM_JSON, ApiError, Problem
+from scheduler.api.errors import PROBLEM_JSON, ApiError, Problem, pattern
 from scheduler.api.inputs import JsonRoute
 from scheduler.delivery import lifecycle, views
 from scheduler.delivery.lifecycle import RunKey
@@ -57,9 +57,12 @@ from scheduler.errors import ValidationError
 
 router = APIRouter(tags=["runs"], route_class=JsonRoute)
 
-RUN_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.[0-9]{1,17}$"
+RUN_ID_PATTERN = pattern(
+    r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.[0-9]{1,17}$",
+    "must be <job id>.<nominal time in Unix microseconds> (a run's id as a claim returned it)",
+)
 """A run id as the API writes it: the job id (lowercase UUID), a dot, the nominal time in Unix microseconds."""
-QUEUE_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
+QUEUE_PATTERN = pattern(r"^[A-Za-z0-9._-]{1,100}$", "must be 1-100 characters of letters, digits and . _ -")
 SCHEDULE_NAME_MAX = 200
 WORKER_LABEL_MAX = 100
 """Longest ``worker`` label a claim may give (``runs.worker`` is ``api:<key id>:<label>``)."""
@@ -137,7 +140,7 @@ class ClaimIn(_Strict):
     max: int = Field(1, ge=1, le=lifecycle.MAX_BATCH, strict=True, description="Most runs to lease.")
     lease_s: float = Field(
         lifecycle.DEFAULT_LEASE_S,
-        gt=0,
+        ge=lifecycle.MIN_LEASE_S,
         le=lifecycle.MAX_LEASE_S,
         allow_inf_nan=False,
         strict=True,
@@ -146,7 +149,7 @@ class ClaimIn(_Strict):
     worker: str | None = Field(
         None,
         max_length=WORKER_LABEL_MAX,
-        pattern=r"^[\x21-\x7e]+$",
+        pattern=pattern(r"^[\x21-\x7e]+$", "must be printable ASCII without spaces"),
         description="A label of the claiming process (printable ASCII, no spaces), kept in the run as "
         "`api:<key id>:<label>`.",
     )
@@ -193,7 +196,9 @@ class NackIn(LeaseIn):
 
 
 class HeartbeatBatchIn(_Strict):
-    lease_s: float = Field(lifecycle.DEFAULT_LEASE_S, gt=0, le=lifecycle.MAX_LEASE_S, allow_inf_nan=False, strict=True)
+    lease_s: float = Field(
+        lifecycle.DEFAULT_LEASE_S, ge=lifecycle.MIN_LEASE_S, le=lifecycle.MAX_LEASE_S, allow_inf_nan=False, strict=True
+    )
     runs: list[LeaseIn] = Field(max_length=lifecycle.MAX_BATCH)
 
 
@@ -240,7 +245,9 @@ class NackBatchOut(BaseModel):
 
 class HeartbeatIn(_Strict):
     lease_token: uuid.UUID
-    lease_s: float = Field(lifecycle.DEFAULT_LEASE_S, gt=0, le=lifecycle.MAX_LEASE_S, allow_inf_nan=False, strict=True)
+    lease_s: float = Field(
+        lifecycle.DEFAULT_LEASE_S, ge=lifecycle.MIN_LEASE_S, le=lifecycle.MAX_LEASE_S, allow_inf_nan=False, strict=True
+    )
 
 
 class AckIn(_Strict):
@@ -421,7 +428,11 @@ def list_runs(
     until: Annotated[AwareDatetime | None, Query(description="Nominal time before (ISO 8601 with offset).")] = None,
     cursor: Annotated[
         str | None,
-        Query(max_length=2048, pattern=r"^[A-Za-z0-9_-]+$", description="`next_cursor` of the previous page."),
+        Query(
+            max_length=2048,
+            pattern=pattern(r"^[A-Za-z0-9_-]+$", "must be the next_cursor of the previous page"),
+            description="`next_cursor` of the previous page.",
+        ),
     ] = None,
 ) -> RunPage:
     """Runs of the key's tenant, newest nominal time first (ties by job id), ``limit`` a page;

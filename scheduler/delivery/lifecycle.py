@@ -49,6 +49,12 @@ from scheduler.partition import partition_of
 DEFAULT_LEASE_S = 30.0
 """Lease of a worker's attempt unless it asks for another (seconds); heartbeats extend it."""
 
+MIN_LEASE_S = 1.0
+"""Shortest lease a claim or heartbeat may ask for (seconds): a shorter one would expire
+before a heartbeat (a store round trip, every lease / 3) could extend it, and the
+partition owner's settle pass (every 0.5 s) would redeliver runs still being handled.
+The same bound for a worker over the store, one over the HTTP API, and the API itself."""
+
 MAX_LEASE_S = 3600.0
 """Longest lease a claim or heartbeat may ask for (seconds)."""
 
@@ -206,8 +212,10 @@ def _storable(text: str) -> str:
 
 
 def _check_lease(lease_s: float) -> float:
-    if not isinstance(lease_s, (int, float)) or not 0 < lease_s <= MAX_LEASE_S:
-        raise ValidationError("lease_s", f"must be a number of seconds > 0 and <= {MAX_LEASE_S:g}", lease_s)
+    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or not MIN_LEASE_S <= lease_s <= MAX_LEASE_S:
+        raise ValidationError(
+            "lease_s", f"must be a number of seconds from {MIN_LEASE_S:g} to {MAX_LEASE_S:g}", lease_s
+        )
     return float(lease_s)
 
 

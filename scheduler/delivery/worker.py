@@ -132,8 +132,8 @@ FINAL_FLUSH_S = 3.0
 DEFAULT_STOP_TIMEOUT_S = 25.0
 """Default grace of in-flight handlers after a stop (below the default 30 s lease)."""
 DEFAULT_CONCURRENCY = 10
-MIN_LEASE_S = 1.0
-MAX_LEASE_S = 3600.0
+MIN_LEASE_S = lifecycle.MIN_LEASE_S
+MAX_LEASE_S = lifecycle.MAX_LEASE_S
 MAX_CONCURRENCY = 10_000
 MAX_TENANTS = lifecycle.MAX_TENANTS_PROBED
 """Most tenants one worker serves (each round asks the store about all of them in one statement)."""

@@ -1221,7 +1221,8 @@ SELECT tenant FROM tenants WHERE tenant = %(tenant)s;
 
 -- name: list_runs
 -- Runs, newest nominal time first, each filter optional (NULL: any): one
--- job's (a primary-key range), since a nominal time, in one delivery state,
+-- job's (a primary-key range), since a nominal time (inclusive), until one
+-- (exclusive), in one delivery state,
 -- of one tenant. Without a job it reads runs by nominal time: an operator's
 -- command, bounded by %(limit)s rows returned, not by rows read.
 SELECT r.partition_id, r.job_id, r.nominal_time, r.tenant, r.scheduled_at, r.fired_at,
@@ -1231,6 +1232,7 @@ SELECT r.partition_id, r.job_id, r.nominal_time, r.tenant, r.scheduled_at, r.fir
 FROM runs AS r
 WHERE (%(job_id)s::uuid IS NULL OR (r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s::uuid))
   AND (%(since)s::timestamptz IS NULL OR r.nominal_time >= %(since)s::timestamptz)
+  AND (%(until)s::timestamptz IS NULL OR r.nominal_time < %(until)s::timestamptz)
   AND (%(state)s::text IS NULL OR r.state = %(state)s::text)
   AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
 ORDER BY r.nominal_time DESC, r.job_id

@@ -116,7 +116,7 @@ def test_patch_sets_and_clears_the_schedule_quota(admin, api):
         (100_000_001, "max_schedules: must be a whole number from 0 to 100000000 (got 100000001)"),
         (1.5, "max_schedules: must be a whole number (got 1.5)"),
         ("5", "max_schedules: must be a whole number (got '5')"),
-        (True, "max_schedules: must be a whole number (got True)"),
+        (True, "max_schedules: must be a whole number (got true)"),
         (10**40, "max_schedules: must be a whole number from 0 to 100000000 (got " + str(10**40) + ")"),
     ],
 )

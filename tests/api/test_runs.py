@@ -301,6 +301,7 @@ def test_no_key_or_a_revoked_key_is_401(api, db) -> None:
         ("/v1/runs:claim", {"max": 1001}, "max"),
         ("/v1/runs:claim", {"max": "ten"}, "max"),
         ("/v1/runs:claim", {"lease_s": 0}, "lease_s"),
+        ("/v1/runs:claim", {"lease_s": 0.0001}, "lease_s"),
         ("/v1/runs:claim", {"lease_s": 3601}, "lease_s"),
         ("/v1/runs:claim", {"queue": "no spaces"}, "queue"),
         ("/v1/runs:claim", {"queue": "q" * 101}, "queue"),
@@ -335,6 +336,7 @@ def test_no_key_or_a_revoked_key_is_401(api, db) -> None:
             "runs[0].error",
         ),
         ("/v1/runs:heartbeat", {"lease_s": -5, "runs": []}, "lease_s"),
+        ("/v1/runs:heartbeat", {"lease_s": 0.0001, "runs": []}, "lease_s"),
         (f"/v1/runs/{uuid.uuid4()}.1:ack", {}, "lease_token"),
         ("/v1/runs/not-a-run:ack", {"lease_token": str(uuid.uuid4())}, "id"),
         (f"/v1/runs/{str(uuid.uuid4()).upper()}.1:ack", {"lease_token": str(uuid.uuid4())}, "id"),
@@ -346,6 +348,33 @@ def test_bad_input_is_422_naming_the_field(api, path, body, field) -> None:
     token = api.key("acme", "tenant")
     resp = post(api, path, token, body)
     assert problem(resp, 422)["field"] == field, resp.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "detail"),
+    [
+        # A person's rule, never the regular expression behind it.
+        (
+            "/v1/runs:claim",
+            {"queue": "no spaces"},
+            "queue: must be 1-100 characters of letters, digits and . _ - (got 'no spaces')",
+        ),
+        ("/v1/runs:claim", {"worker": "a b"}, "worker: must be printable ASCII without spaces (got 'a b')"),
+        (
+            "/v1/runs:ack",
+            {"runs": [{"id": "nope", "lease_token": str(uuid.uuid4())}]},
+            "runs[0].id: must be <job id>.<nominal time in Unix microseconds> (a run's id as a claim returned it)"
+            " (got 'nope')",
+        ),
+        # Bounds as written (3600, not 3600.0); JSON's spelling of what was sent (true, not True).
+        ("/v1/runs:claim", {"lease_s": 3601}, "lease_s: must be <= 3600 (got 3601)"),
+        ("/v1/runs:claim", {"lease_s": 0.5}, "lease_s: must be >= 1 (got 0.5)"),
+        ("/v1/runs:claim", {"max": True}, "max: must be a whole number (got true)"),
+    ],
+)
+def test_bad_input_details_read_as_rules(api, path, body, detail) -> None:
+    token = api.key("acme", "tenant")
+    assert problem(post(api, path, token, body), 422)["detail"] == detail
 
 
 @pytest.mark.parametrize(

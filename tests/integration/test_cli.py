@@ -586,6 +586,17 @@ def test_runs_list(pg_dsn, conn) -> None:
     assert sorted((r["job_id"], r["nominal_time"]) for r in recent) == sorted(
         (str(j), format_instant(anchor + timedelta(seconds=60 * k))) for j in (a, b) for k in (4, 5)
     )
+    until = format_instant(anchor + timedelta(seconds=240))  # exclusive: the 240 s slot is not in it
+    early = json.loads(run(["runs", "list", "--until", until, "--json"], pg_dsn).stdout)
+    assert sorted((r["job_id"], r["nominal_time"]) for r in early) == sorted(
+        (str(j), format_instant(anchor + timedelta(seconds=60 * k))) for j in (a, b) for k in (1, 2, 3)
+    )
+    window = ["runs", "list", "--since", format_instant(anchor + timedelta(seconds=120)), "--until", until]
+    between = json.loads(run([*window, "--job", str(b), "--json"], pg_dsn).stdout)
+    assert [r["nominal_time"] for r in between] == [format_instant(anchor + timedelta(seconds=60 * k)) for k in (3, 2)]
+    one_line_error(
+        run(["runs", "list", "--since", until, "--until", until], pg_dsn), 2, "error: until: must be later than since"
+    )
     limited = json.loads(run(["runs", "list", "--limit", "3", "--json"], pg_dsn).stdout)
     assert len(limited) == 3
     text = run(["runs", "list", "--job", str(b)], pg_dsn).stdout.splitlines()
@@ -741,6 +752,34 @@ def test_status_json_after_a_node_claimed(pg_dsn, conn) -> None:
         1024,
         0,
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["status", "--lease-ttl-s", "1e20"], "--lease-ttl-s"),
+        (["status", "--poll-interval-s", "0"], "--poll-interval-s"),
+        (
+            [
+                "verify",
+                "--since",
+                "2026-01-01T00:00:00Z",
+                "--until",
+                "2026-01-02T00:00:00Z",
+                "--delivery",
+                "--lease-ttl-s",
+                "1000000000",
+            ],
+            "--lease-ttl-s",
+        ),
+    ],
+)
+def test_fleet_timings_out_of_range_exit_2_naming_the_option(pg_dsn, args, option) -> None:
+    """The same bound as the admin API's ``/v1/status`` and ``/v1/verify`` (> 0, < 1e9 s)."""
+    result = run(args, pg_dsn)
+    assert result.exit_code == 2
+    assert option in result.stderr
+    assert "1000000000" in result.stderr or "x>0" in result.stderr
 
 
 def test_jobs_import_of_a_non_utf8_file_reports_lines_not_a_traceback(pg_dsn, conn, tmp_path) -> None:

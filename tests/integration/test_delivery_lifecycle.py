@@ -281,6 +281,8 @@ def test_batches_and_leases_out_of_bounds_are_refused(conn) -> None:
         ({"limit": 0}, "limit"),
         ({"limit": 1001}, "limit"),
         ({"lease_s": 0}, "lease_s"),
+        ({"lease_s": 0.5}, "lease_s"),  # below MIN_LEASE_S: expires before a heartbeat could extend it
+        ({"lease_s": True}, "lease_s"),
         ({"lease_s": float("nan")}, "lease_s"),
         ({"limit": True}, "limit"),
     ):

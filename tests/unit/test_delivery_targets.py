@@ -252,7 +252,7 @@ MAX_AGE = (
         ({"url": URL, "timeout_s": "inf"}, f"{TIMEOUT} (got 'inf')"),
         ({"url": URL, "timeout_s": "1e999"}, f"{TIMEOUT} (got '1e999')"),
         ({"url": URL, "timeout_s": "٥"}, f"{TIMEOUT} (got '٥')"),
-        ({"url": URL, "timeout_s": True}, f"{TIMEOUT} (got True)"),
+        ({"url": URL, "timeout_s": True}, f"{TIMEOUT} (got true)"),
         ({"max_attempts": "0"}, f"{ATTEMPTS} (got '0')"),
         ({"max_attempts": "101"}, f"{ATTEMPTS} (got '101')"),
         ({"max_attempts": "1.5"}, f"{ATTEMPTS} (got '1.5')"),
