@@ -23,7 +23,8 @@ thread so a slow statement on one never delays the others):
   ``flush_interval_s`` for more to free up: under load, a few large claims
   rather than many of one run each). After an empty claim the tenant
   waits a tenth of the time since it last had runs, between ``poll_min_s``
-  (50 ms) and ``poll_max_s`` (1 s) (:data:`IDLE_POLL_FRACTION`). Serving several tenants, a round first asks
+  (50 ms) and ``poll_max_s`` (1 s) (:data:`IDLE_POLL_FRACTION`). Serving
+  several tenants, a round first asks
   the store which of them have runs to claim (one statement, an index probe
   per tenant: :func:`~scheduler.delivery.lifecycle.tenants_with_runs`),
   then claims from those in turn (:class:`TenantTurns`), starting after the
