@@ -20,6 +20,7 @@ from scheduler import jobs, store
 from scheduler.clock import ManualClock
 from scheduler.coordination import SqlCoordinator
 from scheduler.firing import Firer, FiringLimits
+from scheduler.firing.state import TickResult
 from scheduler.partition import partition_of
 
 
@@ -27,6 +28,16 @@ def _node(dsn: str, clock=None, **overrides) -> tuple[Firer, SqlCoordinator]:
     """The firer and coordinator of a :class:`OneNode` "fair" (close both)."""
     node = OneNode(dsn, node_id="fair", clock=clock, **overrides)
     return node.firer, node.coord
+
+
+def _tick_once(dsn: str, **overrides) -> TickResult:
+    """One tick of a fresh :func:`_node` (closed after it); its result."""
+    firer, coord = _node(dsn, **overrides)
+    try:
+        return firer.tick()
+    finally:
+        firer.close()
+        coord.close()
 
 
 def _load_due(conn, tenant: str, count: int, due_ago_s: int) -> None:
@@ -98,12 +109,7 @@ def test_surplus_is_read_only_after_the_fair_shares_committed(pg_dsn, conn, monk
         return real_stream(self, tick, quotas, after)
 
     monkeypatch.setattr(Firer, "_stream", stream)
-    firer, coord = _node(pg_dsn, limits=limits, max_rate_per_s=200.0)
-    try:
-        result = firer.tick()
-    finally:
-        firer.close()
-        coord.close()
+    result = _tick_once(pg_dsn, limits=limits, max_rate_per_s=200.0)
     first, second = passes
     assert first == ({"big", *(f"small{i}" for i in range(5))}, 0, 0)
     assert second == ({"big"}, 5, 5)  # 83 rows in 5 chunks, each answered
@@ -126,12 +132,7 @@ def test_a_ticks_first_chunks_are_small_and_double_up_to_chunk_jobs(pg_dsn, conn
 
     monkeypatch.setattr(Firer, "_send_batch", send)
     limits = FiringLimits(first_chunk_jobs=5, chunk_jobs=30, write_lanes=1)
-    firer, coord = _node(pg_dsn, limits=limits, max_rate_per_s=100.0)
-    try:
-        result = firer.tick()
-    finally:
-        firer.close()
-        coord.close()
+    result = _tick_once(pg_dsn, limits=limits, max_rate_per_s=100.0)
     # First pass: shares of 50 (small's 3 + big's 50 = 53 rows): 5, 10, 20, 18;
     # surplus pass (big's next 47): chunks of 30 and the rest.
     assert sizes == [5, 10, 20, 18, 30, 17]
@@ -154,12 +155,7 @@ def test_a_tick_cut_short_by_a_retried_conflict_reports_due_work_left(pg_dsn, co
         raise psycopg.errors.SerializationFailure("could not serialize access (injected)")
 
     monkeypatch.setattr(store.Pipeline, "wait", wait)
-    firer, coord = _node(pg_dsn, max_rate_per_s=200.0)
-    try:
-        result = firer.tick()
-    finally:
-        firer.close()
-        coord.close()
+    result = _tick_once(pg_dsn, max_rate_per_s=200.0)
     assert len(conflicts) == 1
     assert _runs_by_tenant(conn) == Counter({"big": 100, "small": 10})
     assert (result.fired, result.due_read) == (110, 110)
@@ -170,12 +166,7 @@ def test_weights_split_a_saturated_tick(pg_dsn, conn) -> None:
     _load_due(conn, "heavy", 1_000, due_ago_s=10)
     _load_due(conn, "light", 1_000, due_ago_s=10)
     jobs.set_tenant(conn, "heavy", weight=3)
-    firer, coord = _node(pg_dsn, max_rate_per_s=400.0)
-    try:
-        firer.tick()
-    finally:
-        firer.close()
-        coord.close()
+    _tick_once(pg_dsn, max_rate_per_s=400.0)
     assert _runs_by_tenant(conn) == Counter({"heavy": 300, "light": 100})
 
 
@@ -184,12 +175,7 @@ def test_rate_cap_is_the_nodes_share_per_tick(pg_dsn, conn) -> None:
     _load_due(conn, "capped", 100, due_ago_s=10)
     _load_due(conn, "free", 100, due_ago_s=10)
     jobs.set_tenant(conn, "capped", max_rate=20.0)
-    firer, coord = _node(pg_dsn, max_rate_per_s=10_000.0)
-    try:
-        firer.tick()
-    finally:
-        firer.close()
-        coord.close()
+    _tick_once(pg_dsn, max_rate_per_s=10_000.0)
     assert _runs_by_tenant(conn) == Counter({"capped": 20, "free": 100})
 
 
