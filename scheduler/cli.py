@@ -203,6 +203,23 @@ class Decimal(click.ParamType):
         return number
 
 
+class FleetSeconds(Decimal):
+    """A click type: one of the fleet's timings (``status``, ``verify``), seconds > 0 and at
+    most :data:`~scheduler.settings.MAX_FLEET_TIMING_S`, as the admin API and a node's
+    settings take them (NaN, infinities and exponents past it refused, naming ``field``)."""
+
+    def __init__(self, field: str) -> None:
+        super().__init__(field, f"must be a number of seconds > 0 and <= {MAX_FLEET_TIMING_S} in ASCII digits")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):  # the default, a node setting
+            return value
+        number = super().convert(value, param, ctx)
+        if not 0 < number <= MAX_FLEET_TIMING_S:
+            raise ValidationError(self.field, self.rule or "", value)
+        return number
+
+
 WEIGHT = WholeNumber("weight", 1, 1000)
 MAX_RATE = Decimal(
     "max_rate", "must be a number of runs per second > 0 and <= 1000000000 in ASCII digits", high=1e9
@@ -2049,7 +2066,7 @@ def _fleet_timing(name: str, help_text: str) -> Callable:
     """``--<name>``: one of the fleet's lease timings (seconds), defaulting to the node's setting."""
     return click.option(
         f"--{name.replace('_', '-')}",
-        type=click.FloatRange(min=0, min_open=True, max=MAX_FLEET_TIMING_S, max_open=True),
+        type=FleetSeconds(name),
         default=getattr(Settings, name),
         envvar=f"SCHEDULER_{name.upper()}",
         show_envvar=True,

@@ -60,10 +60,13 @@ MAX_RETENTION_S = 100 * 365 * 86_400
 """Longest retention / ``runs prune --older-than`` (100 years): a cutoff further
 back leaves the store's date range (and means "keep everything": leave
 retention unset)."""
-MAX_FLEET_TIMING_S = 1_000_000_000
-"""Bound (seconds, exclusive) of the fleet timings that ``status`` and ``verify`` take
-as arguments, from the CLI and from the admin API alike (a TTL of 1e20 s is a typo,
-and past ~1e9 s the store's interval arithmetic overflows)."""
+MAX_FLEET_TIMING_S = 86_400
+"""Longest lease TTL, renew, poll and tick interval (seconds, inclusive), for a node's
+settings and for the fleet timings ``status`` and ``verify`` take (CLI and admin API
+alike). The store timeouts derived from the TTL (0.2-0.5 of it) are PostgreSQL
+settings in milliseconds that stop at 2^31 - 1 ms (24.8 days): a node with a TTL of
+1e8 s never connected and retried for ever; and a waiting loop's timeout past
+~1e9 s overflows. A day is already a failover no one wants."""
 MAX_RATE_PER_S = 100_000.0
 """Per-node firing budget in runs/s; high enough that a node on a 2-core box
 is capacity-bound (docs/design.md §5)."""
@@ -284,6 +287,10 @@ class Settings:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
                 raise ConfigError(f"{name} must be a finite number > 0 (got {value!r})")
+        for name in ("lease_ttl_s", "renew_interval_s", "poll_interval_s", "tick_interval_s"):
+            value = getattr(self, name)
+            if value > MAX_FLEET_TIMING_S:
+                raise ConfigError(f"{name} must be at most {MAX_FLEET_TIMING_S} seconds (a day) (got {value!r})")
         if self.retention_s is not None and not (
             isinstance(self.retention_s, (int, float)) and 0 < self.retention_s < math.inf
         ):

@@ -45,13 +45,14 @@ def _default_delivery() -> DeliverySpec:
     return DeliverySpec()
 
 
-_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}$")
+_TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}")
+"""A tenant name, matched whole (``fullmatch``: an anchored ``$`` lets a final newline through)."""
 
 
 def validate_tenant(tenant: str) -> str:
     """Return ``tenant`` if valid: 1–200 chars of letters, digits and ``._:@/-``, not
     starting with punctuation. Raises ValidationError (field ``tenant``)."""
-    if not isinstance(tenant, str) or not _TENANT_RE.match(tenant):
+    if not isinstance(tenant, str) or not _TENANT_RE.fullmatch(tenant):
         raise ValidationError(
             "tenant",
             "must be 1-200 characters of letters, digits and . _ : @ / -, starting with a letter or digit",

@@ -294,8 +294,8 @@ def revoke_key(
 def _positive(field: str, value: float | None, default: float) -> float:
     if value is None:
         return default
-    if not 0 < value < MAX_FLEET_TIMING_S:
-        raise ValidationError(field, f"must be a number of seconds > 0 and < {MAX_FLEET_TIMING_S}", value)
+    if not 0 < value <= MAX_FLEET_TIMING_S:
+        raise ValidationError(field, f"must be a number of seconds > 0 and <= {MAX_FLEET_TIMING_S}", value)
     return value
 
 

@@ -217,6 +217,13 @@ _RULES = {
     "bool_parsing": "must be true or false",
     "extra_forbidden": "is not a known field",
     "finite_number": "must be a finite number",
+    # The CLI's words for an instant (scheduler.schedule.parse_instant) and a UUID.
+    "datetime_parsing": "not an ISO 8601 instant (expected e.g. 2024-01-01T00:00:00Z)",
+    "datetime_from_date_parsing": "not an ISO 8601 instant (expected e.g. 2024-01-01T00:00:00Z)",
+    "datetime_type": "not an ISO 8601 instant (expected e.g. 2024-01-01T00:00:00Z)",
+    "timezone_aware": "instant has no UTC offset; add Z or an offset such as +01:00",
+    "uuid_parsing": "must be a UUID (32 hex digits as 8-4-4-4-12)",
+    "uuid_type": "must be a UUID (32 hex digits as 8-4-4-4-12)",
 }
 
 
@@ -316,7 +323,9 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
         return problem(422, "body: must be valid JSON (UTF-8)", field="body")
     status = exc.status_code
     detail = exc.detail if isinstance(exc.detail, str) and exc.detail != _reason(status) else None
-    path = request.url.path
+    # The path as decoded, not request.url.path: urlsplit drops a newline from it, so the 404
+    # of /v1/runs:ack%0A named /v1/runs:ack, which exists.
+    path = request.scope.get("path") or request.url.path
     raw_path = request.scope.get("raw_path") or b""
     trailing_slash = len(path) > 1 and raw_path.endswith(b"/")  # as sent: %2F is a name's slash, not the path's
     if status == 405 and trailing_slash:  # a route whose name takes "/" matched it with another method
@@ -326,7 +335,7 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
         if trailing_slash:
             detail += f" (paths take no trailing slash: {clip(path.rstrip('/'))})"
     if status == 405 and detail is None:
-        detail = f"method: {request.method} is not allowed on {clip(request.url.path)}"
+        detail = f"method: {request.method} is not allowed on {clip(path)}"
     field = "body" if status == 413 else getattr(exc, "field", None)
     headers = dict(exc.headers or {}) if status == exc.status_code else {}
     return problem(status, detail, field=field, headers=headers)

@@ -370,11 +370,32 @@ def test_bad_input_is_422_naming_the_field(api, path, body, field) -> None:
         ("/v1/runs:claim", {"lease_s": 3601}, "lease_s: must be <= 3600 (got 3601)"),
         ("/v1/runs:claim", {"lease_s": 0.5}, "lease_s: must be >= 1 (got 0.5)"),
         ("/v1/runs:claim", {"max": True}, "max: must be a whole number (got true)"),
+        (
+            f"/v1/runs/{uuid.uuid4()}.1:ack",
+            {"lease_token": "nope"},
+            "lease_token: must be a UUID (32 hex digits as 8-4-4-4-12) (got 'nope')",
+        ),
     ],
 )
 def test_bad_input_details_read_as_rules(api, path, body, detail) -> None:
     token = api.key("acme", "tenant")
     assert problem(post(api, path, token, body), 422)["detail"] == detail
+
+
+@pytest.mark.parametrize(
+    ("params", "detail"),
+    [
+        ({"since": "garbage"}, "since: not an ISO 8601 instant (expected e.g. 2024-01-01T00:00:00Z) (got 'garbage')"),
+        (
+            {"until": "2030-01-01T00:00:00"},
+            "until: instant has no UTC offset; add Z or an offset such as +01:00 (got '2030-01-01T00:00:00')",
+        ),
+    ],
+)
+def test_bad_instants_read_as_the_clis_rules(api, params, detail) -> None:
+    token = api.key("acme", "tenant")
+    resp = httpx.get(f"{api.url}/v1/runs", params=params, headers={"Authorization": f"Bearer {token}"})
+    assert problem(resp, 422)["detail"] == detail
 
 
 @pytest.mark.parametrize(

@@ -175,6 +175,17 @@ def test_bad_config_file_is_one_line(tmp_path, text, words):
         assert word in line, line
 
 
+@pytest.mark.parametrize(
+    "option", ["--lease-ttl-s 99999999", "--lease-ttl-s 1e20", "--poll-interval-s 1e12", "--tick-interval-s 90000"]
+)
+def test_a_timing_past_a_day_is_refused_naming_it(option):
+    """A node with a lease TTL of 1e8 s derived store timeouts PostgreSQL refuses (a
+    lock_timeout of 2e10 ms) and retried its connection for ever, logging store_unavailable."""
+    name, value = option.split()
+    line = one_line_error(run(["node", "--dsn", "postgresql://u@127.0.0.1:1/x", name, value]))
+    assert f"{name.removeprefix('--').replace('-', '_')} must be at most 86400 seconds" in line, line
+
+
 def test_missing_config_file_is_one_line(tmp_path):
     line = one_line_error(run(["config", "show", "--config", str(tmp_path / "nope.toml")]))
     assert "nope.toml" in line
