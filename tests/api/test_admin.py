@@ -127,6 +127,12 @@ def test_a_bad_schedule_quota_is_422_naming_it_nothing_written(admin, api, value
     assert _listed(admin, "acme")["weight"] == 1 and _listed(admin, "acme")["max_schedules"] is None
 
 
+def test_a_request_with_several_errors_names_every_field(admin):
+    """It said ``tenant: is required (and 1 more)``: the unknown field went unnamed."""
+    body = _problem(admin.post("/v1/tenants", json={"name": "x"}), 422)
+    assert (body["field"], body["detail"]) == ("tenant", "tenant: is required (and 1 more: name)")
+
+
 def test_tenant_errors_name_the_field(admin):
     assert admin.post("/v1/tenants", json={"tenant": "dup"}).status_code == 201
     body = _problem(admin.post("/v1/tenants", json={"tenant": "dup"}), 409)
