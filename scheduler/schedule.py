@@ -103,6 +103,9 @@ __all__ = [
 ]
 
 UTC = UTC
+NOT_AN_INSTANT = "not an ISO 8601 instant (expected e.g. 2024-01-01T00:00:00Z)"
+NO_UTC_OFFSET = "instant has no UTC offset; add Z or an offset such as +01:00"
+"""The rules :func:`parse_instant` gives (the HTTP API's errors say the same words)."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SECOND = timedelta(seconds=1)
 _MICROSECOND = timedelta(microseconds=1)
@@ -409,9 +412,9 @@ def parse_instant(text: str, field: str) -> datetime:
     try:
         parsed = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise ValidationError(field, "not an ISO 8601 instant (expected e.g. 2024-01-01T00:00:00Z)", text) from None
+        raise ValidationError(field, NOT_AN_INSTANT, text) from None
     if parsed.tzinfo is None or parsed.utcoffset() is None:
-        raise ValidationError(field, "instant has no UTC offset; add Z or an offset such as +01:00", text)
+        raise ValidationError(field, NO_UTC_OFFSET, text)
     try:
         instant = parsed.astimezone(UTC)
     except OverflowError:  # before year 1 or after year 9999 once in UTC

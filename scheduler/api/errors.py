@@ -53,6 +53,7 @@ from scheduler.errors import (
     ValidationError,
     clip,
 )
+from scheduler.schedule import NO_UTC_OFFSET, NOT_AN_INSTANT
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -221,12 +222,9 @@ _RULES = {
     "extra_forbidden": "is not a known field",
     "finite_number": "must be a finite number",
     # The CLI's words for an instant (scheduler.schedule.parse_instant) and a UUID.
-    "datetime_parsing": "not an ISO 8601 instant (expected e.g. 2024-01-01T00:00:00Z)",
-    "datetime_from_date_parsing": "not an ISO 8601 instant (expected e.g. 2024-01-01T00:00:00Z)",
-    "datetime_type": "not an ISO 8601 instant (expected e.g. 2024-01-01T00:00:00Z)",
-    "timezone_aware": "instant has no UTC offset; add Z or an offset such as +01:00",
-    "uuid_parsing": "must be a UUID (32 hex digits as 8-4-4-4-12)",
-    "uuid_type": "must be a UUID (32 hex digits as 8-4-4-4-12)",
+    **dict.fromkeys(("datetime_parsing", "datetime_from_date_parsing", "datetime_type"), NOT_AN_INSTANT),
+    "timezone_aware": NO_UTC_OFFSET,
+    **dict.fromkeys(("uuid_parsing", "uuid_type"), "must be a UUID (32 hex digits as 8-4-4-4-12)"),
 }
 
 
