@@ -356,7 +356,19 @@ def claim_push(
     when ``epochs`` is empty or nothing is due."""
     if not epochs:
         return []
-    params = {
+    params = claim_push_params(node_id=node_id, epochs=epochs, limit=limit, now=now)
+    claimed: list[Claimed] = store.run_transaction(
+        conn, lambda c: store.execute_probing(c, "claim_push", params, row_factory=_claimed_rows)
+    )
+    return claimed
+
+
+def claim_push_params(
+    *, node_id: str, epochs: dict[int, int], limit: int, now: datetime | None = None
+) -> dict[str, Any]:
+    """The parameters of ``claim_push`` for :func:`claim_push`'s arguments (``epochs`` not
+    empty). Raises ValidationError for a ``limit`` outside 1..:data:`MAX_BATCH`."""
+    return {
         "node_id": node_id,
         "pids": sorted(epochs),
         "epochs": epochs_literal(epochs),
@@ -365,10 +377,6 @@ def claim_push(
         "margin_s": PUSH_LEASE_MARGIN_S,
         "now": now,
     }
-    claimed: list[Claimed] = store.run_transaction(
-        conn, lambda c: store.execute_probing(c, "claim_push", params, row_factory=_claimed_rows)
-    )
-    return claimed
 
 
 def _key_arrays(keys: Sequence[RunKey], tokens: Sequence[Any]) -> dict[str, list[Any]]:

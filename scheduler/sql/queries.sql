@@ -1837,17 +1837,24 @@ ORDER BY c.nominal_time, c.job_id;
 -- name: due_push_partitions
 -- The partitions, among %(pids)s, of the %(limit)s pushed runs (no queue)
 -- pending longest and available at %(now)s (NULL: now()) — the runs
--- claim_push would pick (runs_push_idx). The push loop then fences only
--- these partitions in claim_push, which locks its partitions rows FOR SHARE:
--- an idle loop locks none, a busy one a few, never every partition it holds.
+-- claim_push would pick. runs_push_idx is on available_at alone, so the scan
+-- reads due entries oldest first and stops after %(limit)s of ours: about
+-- limit × the nodes sharing the partitions, however long the backlog (an
+-- index led by partition_id made PostgreSQL read every due entry and keep the
+-- top: the whole backlog at each poll). "partition_id + 0" keeps the
+-- partition test a filter on the entries read in order, never an index
+-- condition (over runs_pkey it would read every run of the partitions, then
+-- sort; so would claim_push's). The push loop then fences only these
+-- partitions in claim_push, which locks its partitions rows FOR SHARE: an
+-- idle loop locks none, a busy one a few, never every partition it holds.
 SELECT DISTINCT s.partition_id
 FROM (
     SELECT r.partition_id
     FROM runs AS r
-    WHERE r.partition_id = ANY(%(pids)s::int4[])
-      AND r.state = 'pending'
+    WHERE r.state = 'pending'
       AND r.queue IS NULL
       AND r.available_at <= coalesce(%(now)s::timestamptz, now())
+      AND r.partition_id + 0 = ANY(%(pids)s::int4[])
     ORDER BY r.available_at
     LIMIT %(limit)s
 ) AS s;
@@ -1859,9 +1866,11 @@ FROM (
 -- until now + the job's per-attempt timeout (%(default_timeout_s)s without
 -- one) + %(margin_s)s. Fenced like fire_runs: the partitions rows locked FOR
 -- SHARE where owner and epoch (%(epochs)s[p + 1]) are still ours, so a node
--- that lost a partition claims none of its runs. SKIP LOCKED only spreads
--- two claimers (an old and a new owner for a moment) over different runs;
--- the state re-check in the UPDATE is what keeps a run leased once.
+-- that lost a partition claims none of its runs. The oldest due runs are
+-- read in order from runs_push_idx (on available_at), skipping other
+-- partitions' (see due_push_partitions). SKIP LOCKED only spreads two
+-- claimers (an old and a new owner for a moment) over different runs; the
+-- state re-check in the UPDATE is what keeps a run leased once.
 WITH fence AS (
     SELECT p.partition_id
     FROM partitions AS p
@@ -1869,13 +1878,15 @@ WITH fence AS (
       AND p.owner_node = %(node_id)s
       AND p.owner_epoch = (%(epochs)s::int8[])[p.partition_id + 1]
     FOR SHARE OF p
+), fenced AS (
+    SELECT coalesce(array_agg(partition_id), '{}'::int4[]) AS pids FROM fence
 ), picked AS (
     SELECT r.partition_id, r.job_id, r.nominal_time
     FROM runs AS r
-    WHERE r.partition_id IN (SELECT partition_id FROM fence)
-      AND r.state = 'pending'
+    WHERE r.state = 'pending'
       AND r.queue IS NULL
       AND r.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+      AND r.partition_id + 0 = ANY((SELECT pids FROM fenced)::int4[])
     ORDER BY r.available_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

@@ -12,9 +12,10 @@ second (measured: a third of the store's CPU during a 300,000-run herd).
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from helpers import OneNode
 
 from scheduler import store
 from scheduler.delivery import lifecycle
@@ -197,3 +198,73 @@ def test_a_schedule_quota_check_does_not_read_every_job(pg_dsn, statistics):
         assert after - before == 0
     finally:
         conn.close()
+
+
+def copy_pending_pushed_runs(conn, n: int) -> None:
+    """``n`` pending pushed runs (no queue) spread over every partition, run ``i`` available
+    at PAST + ``i`` ms (no two at the same instant) (COPY)."""
+    with conn.cursor().copy(
+        "COPY runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch,"
+        " state, origin, available_at) FROM STDIN"
+    ) as copy:
+        for i in range(n):
+            job_id = uuid.uuid4()
+            at = PAST + timedelta(milliseconds=i)
+            copy.write_row((partition_of(job_id), job_id, at, "acme", at, at, "n", 1, "pending", "schedule", at))
+
+
+def runs_rows_read(conn, name: str, params: dict) -> int:
+    """Rows (or index entries) of ``runs`` that named query ``name`` reads: EXPLAIN ANALYZE's
+    rows each scan of ``runs`` (sequential, index, bitmap) returned or filtered out, times
+    its loops. It runs the query."""
+    (plan,) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + store.QUERIES[name], params).fetchone()["QUERY PLAN"]
+
+    def walk(node: dict) -> int:
+        own = 0
+        if node.get("Relation Name") == "runs" and node["Node Type"] != "ModifyTable":
+            removed = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Index Recheck", 0)
+            own = (node["Actual Rows"] + removed) * node["Actual Loops"]
+        return own + sum(walk(child) for child in node.get("Plans", ()))
+
+    return walk(plan["Plan"])
+
+
+@pytest.mark.parametrize("statistics", ["current", "of an empty table"])
+def test_the_push_loop_reads_about_what_it_claims_however_long_the_backlog(pg_dsn, statistics):
+    """A push backlog (an endpoint down for a while, a herd of pushed runs) made every poll of
+    the push loop and every claim read the whole backlog: both take the oldest due runs of
+    the node's partitions (``ORDER BY available_at LIMIT n``), and over an index led by
+    partition_id PostgreSQL read every due entry and kept the top n (90 ms a poll with
+    250,000 pending, four polls a second: the loop fell to ~400 pushes/s and the backlog
+    grew). Over an index on available_at both read about n entries per node sharing the
+    partitions: here the node holds half of them, so about 2n."""
+    limit = 100
+    ours = list(range(0, 1024, 2))
+    node = OneNode(pg_dsn)
+    conn = store.connect(pg_dsn, application_name="scheduler-test")
+    try:
+        if statistics != "current":
+            conn.execute("ANALYZE runs")
+        copy_pending_pushed_runs(conn, 20_000)  # ~20 per partition
+        if statistics == "current":
+            conn.execute("ANALYZE runs")
+        oldest_ours = conn.execute(
+            "SELECT partition_id, job_id, nominal_time FROM runs WHERE partition_id = ANY(%s)"
+            " ORDER BY available_at LIMIT %s",
+            (ours, limit),
+        ).fetchall()
+        polled = {"pids": ours, "now": None, "limit": limit}
+        assert runs_rows_read(conn, "due_push_partitions", polled) <= 3 * limit
+        due = sorted(row["partition_id"] for row in store.execute(conn, "due_push_partitions", polled))
+        assert due == sorted({row["partition_id"] for row in oldest_ours})
+        params = lifecycle.claim_push_params(
+            node_id=node.settings.node_id, epochs={pid: node.epoch(pid) for pid in due}, limit=limit
+        )
+        assert runs_rows_read(conn, "claim_push", params) <= 3 * limit + limit  # + the UPDATE's key probes
+        leased = conn.execute(
+            "SELECT partition_id, job_id, nominal_time FROM runs WHERE state = 'leased' ORDER BY available_at"
+        ).fetchall()
+        assert leased == oldest_ours  # the same runs: the oldest due of the partitions polled
+    finally:
+        conn.close()
+        node.close()
