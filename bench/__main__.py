@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from bench import report
+from bench import consumers, report
 
 HERD_COLUMNS = [
     "jobs",
@@ -433,6 +433,20 @@ def storefailover(replication, nodes, jobs, lag_s, trials, lease_ttl_s, out_dir,
     "a small tenant's key) from the herd's instant until it is fired, and report the PUT latency "
     "(the API target: p99 <= 50 ms while a herd fires). 0: off.",
 )
+@click.option(
+    "--push-concurrency",
+    default=consumers.PUSH_CONCURRENCY,
+    show_default=True,
+    type=AsciiIntRange(1, 10_000),
+    help="Push: each node's push_concurrency (attempts in flight; the engine's default is 64).",
+)
+@click.option(
+    "--push-per-host",
+    default=consumers.PUSH_PER_HOST,
+    show_default=True,
+    type=AsciiIntRange(1, 10_000),
+    help="Push: each node's push_per_host (attempts in flight to the one receiver; the engine's default is 8).",
+)
 @click.option("--out-dir", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
 def deliver(
@@ -455,6 +469,8 @@ def deliver(
     lead_s,
     deliver_timeout_s,
     put_rate,
+    push_concurrency,
+    push_per_host,
     out_dir,
     json_path,
 ) -> None:
@@ -487,6 +503,8 @@ def deliver(
         lead_s=lead_s,
         deliver_timeout_s=deliver_timeout_s,
         put_rate=put_rate,
+        push_concurrency=push_concurrency,
+        push_per_host=push_per_host,
     )
     try:
         opts.check()

@@ -50,6 +50,8 @@ from typing import Any
 from bench import queries
 from bench.consumers import (
     BATCH,
+    PUSH_CONCURRENCY,
+    PUSH_PER_HOST,
     ReceiverProcess,
     WorkerProcess,
     check_impl,
@@ -264,6 +266,8 @@ class Options:
     lead_s: float = 15.0
     deliver_timeout_s: float = 300.0
     put_rate: float = 0.0
+    push_concurrency: int = PUSH_CONCURRENCY
+    push_per_host: int = PUSH_PER_HOST
     fire_timeout_s: float = 600.0
     seed: int = DEFAULT_SEED
     herd_on_second: bool = False
@@ -452,6 +456,8 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
         if opts.mode == "push":
             prepare = push_targets(consumers.start_receiver())
             env["SCHEDULER_PUSH_ALLOW"] = PUSH_ALLOW
+            env["SCHEDULER_PUSH_CONCURRENCY"] = str(opts.push_concurrency)
+            env["SCHEDULER_PUSH_PER_HOST"] = str(opts.push_per_host)
         if opts.workload == "herd":
             small = load_background(conn, opts.tenants, opts.background_jobs, progress)
             tenants = [BIG_TENANT, *small]

@@ -12,7 +12,7 @@
 * :mod:`scheduler.delivery.views` — seeing it: run ids, ``jobs describe``,
   ``runs redrive``, the node's delivery gauges;
 * :mod:`scheduler.delivery.push` — the node's push loop: HTTP attempts of the
-  runs of URL targets (aiohttp, SSRF rule at connect, per-host bounds);
+  runs of URL targets (libcurl, SSRF rule at connect, per-host bounds);
 * :mod:`scheduler.delivery.signing` — the ``Scheduler-Signature`` header and
   :func:`~scheduler.delivery.signing.verify` for receivers;
 * :mod:`scheduler.delivery.tenant_secrets` — per-tenant signing secrets (rotate, list).

@@ -2,8 +2,9 @@
 
 Two layers:
 
-* :class:`Pusher` (async, no store access): one ``aiohttp`` client session
-  per event loop with a keep-alive connection pool, sends one attempt
+* :class:`Pusher` (async, no store access): one libcurl client
+  (:class:`~scheduler.delivery.curl.CurlClient`) per event loop with a
+  keep-alive connection pool, sends one attempt
   (:meth:`Pusher.push`) and classifies what came back (:class:`Outcome`);
 * :class:`PushLoop` (a node thread, like the retention loop): its own store
   connection and its own asyncio loop; claims pending push runs of the
@@ -46,13 +47,14 @@ policy").
 
 SSRF at connect
 ---------------
-The client's resolver (:class:`PolicyResolver`) wraps aiohttp's default one
-and drops every address :meth:`scheduler.delivery.ssrf.AddressPolicy.allows`
-refuses (setting ``push_allow``); an answer left with no address fails the
-attempt, not retryable, as ``ssrf refused``. A URL whose host is an IP
-literal (aiohttp does not resolve those) is checked the same way before the
-request. So a name that resolved to a public address when the job was
-saved and to ``169.254.169.254`` now is never connected to.
+Every address the client is about to connect to, after DNS, is checked by
+:meth:`scheduler.delivery.ssrf.AddressPolicy.allows` (setting
+``push_allow``; :mod:`scheduler.delivery.curl`, libcurl's
+``OPENSOCKETFUNCTION``): a refused address is skipped, and a name left with
+no allowed address fails the attempt, not retryable, as ``ssrf refused``. A
+URL whose host is an IP literal is checked the same way before the request.
+So a name that resolved to a public address when the job was saved and to
+``169.254.169.254`` now is never connected to.
 
 Bounds
 ------
@@ -69,28 +71,26 @@ still sent; the receiver's answer is then not recorded (the ack is refused).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import email.utils
 import ipaddress
 import json
 import logging
-import socket
+import re
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import psycopg
-from aiohttp.abc import AbstractResolver, ResolveResult
-from multidict import CIMultiDict
+import pycurl
 
 from scheduler import __version__, log, store
 from scheduler.clock import Clock, SystemClock
 from scheduler.delivery import lifecycle, signing, tenant_secrets
+from scheduler.delivery.curl import AddressRefused, CurlClient, TransferError
 from scheduler.delivery.lifecycle import Claimed, Nack
 from scheduler.delivery.ssrf import AddressPolicy, split_url
 from scheduler.errors import SchedulerError, ValidationError
@@ -126,37 +126,16 @@ REFRESH_AHEAD_S = 2.0
 """A waiting attempt's lease is extended when it outlasts the deadline by less than this (seconds)."""
 
 MAX_RESPONSE_READ = 64 * 1024
-"""Bytes of a response body read (and discarded) so its connection can be reused."""
+"""Bytes of a response body read (and discarded) so its connection can be reused; a longer
+body closes the connection (the status counts)."""
+
+DNS_CACHE_S = 10
+"""Seconds a target name's DNS answer is reused (each address is still checked at connect)."""
 
 OUTCOMES = ("succeeded", "retry", "failed")
 
 USER_AGENT = f"trigger-engine/{__version__}"
 """The ``User-Agent`` of every pushed request."""
-
-
-class SsrfRefused(OSError):
-    """Every address of the target's host is one push targets may not reach."""
-
-
-class PolicyResolver(AbstractResolver):
-    """aiohttp resolver: ``inner``'s answers (default aiohttp's :data:`aiohttp.DefaultResolver`)
-    with every address ``policy`` refuses dropped; none left raises :class:`SsrfRefused`."""
-
-    def __init__(self, policy: AddressPolicy, inner: AbstractResolver | None = None) -> None:
-        self._policy = policy
-        self._inner = inner if inner is not None else aiohttp.DefaultResolver()
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        answers = await self._inner.resolve(host, port, family)
-        allowed = [a for a in answers if self._policy.allows(a["host"])]
-        if not allowed:
-            raise SsrfRefused(f"ssrf refused: {host} resolves to no address push targets may reach (push_allow)")
-        return allowed
-
-    async def close(self) -> None:
-        await self._inner.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,9 +186,7 @@ def parse_retry_after(value: str | None, now_wall: float) -> float | None:
 
 def rfc3339(instant: datetime) -> str:
     """``2026-01-01T00:00:00Z`` (UTC; ``.ffffff`` only when there are microseconds)."""
-    utc = instant.astimezone(UTC)
-    text = utc.strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{text}.{utc.microsecond:06d}Z" if utc.microsecond else f"{text}Z"
+    return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def request_body(payload: Any) -> bytes:
@@ -221,13 +198,13 @@ def _header_text(value: str) -> str:
     return value if value.isascii() and value.isprintable() else quote(value, safe="")
 
 
-def request_headers(run: Claimed, body: bytes, secrets: Sequence[str], timestamp: int) -> CIMultiDict[str]:
-    """The headers of one attempt (module doc): the job's own, then ours (ours win).
+def request_headers(run: Claimed, body: bytes, secrets: Sequence[str], timestamp: int) -> list[tuple[str, str]]:
+    """The headers of one attempt (module doc) as ``(name, value)`` pairs: the job's own,
+    then ours; a job header named like one of ours (any case) is left out: ours win.
 
     ``secrets``: the tenant's valid signing secrets, newest first;
     ``timestamp``: the signing instant, Unix seconds.
     """
-    headers: CIMultiDict[str] = CIMultiDict(run.headers or {})
     ours = {
         "Content-Type": "application/json",
         "Idempotency-Key": run.run_id,
@@ -239,9 +216,22 @@ def request_headers(run: Claimed, body: bytes, secrets: Sequence[str], timestamp
     }
     if run.job_name:
         ours["Scheduler-Job-Name"] = _header_text(run.job_name)
-    for name, value in ours.items():
-        headers[name] = value
-    return headers
+    if not run.headers:
+        return list(ours.items())
+    taken = {name.lower() for name in ours}
+    own = [(str(name), str(value)) for name, value in run.headers.items() if str(name).lower() not in taken]
+    return own + list(ours.items())
+
+
+_UNSAFE_IN_HEADER = re.compile(r"[\r\n\0]")
+
+
+def _header_safe(headers: dict[str, str] | None) -> bool:
+    """No CR, LF or NUL in a job's header names or values: they are checked when saved, and a
+    row written past that check must not split the request (ours never hold one)."""
+    return not headers or not any(
+        _UNSAFE_IN_HEADER.search(str(name)) or _UNSAFE_IN_HEADER.search(str(value)) for name, value in headers.items()
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -250,13 +240,14 @@ def _first_line(exc: BaseException) -> str:
 
 
 class Pusher:
-    """Sends push attempts through one keep-alive client session (create it inside the running loop).
+    """Sends push attempts through one keep-alive libcurl client (create it inside the running loop).
 
-    ``policy`` is the SSRF allowlist; ``concurrency`` and ``per_host`` bound
-    the connection pool (the caller bounds attempts: :class:`PushLoop` claims
-    no more than ``concurrency``); at most ``per_host`` attempts per host run
-    at once (:meth:`push` waits for a turn). ``resolver`` replaces aiohttp's
-    default resolver under the policy filter (tests). Use as ``async with``.
+    ``policy`` is the SSRF allowlist, checked at connect; ``concurrency`` and
+    ``per_host`` bound the connection pool (the caller bounds attempts:
+    :class:`PushLoop` claims no more than ``concurrency``); at most
+    ``per_host`` attempts per host run at once (:meth:`push` waits for a
+    turn). ``resolve`` pins host names to addresses (``{"name": ["10.0.0.1"]}``,
+    tests); the policy still decides each address. Use as ``async with``.
     """
 
     def __init__(
@@ -266,26 +257,22 @@ class Pusher:
         concurrency: int,
         per_host: int,
         clock: Clock | None = None,
-        resolver: AbstractResolver | None = None,
+        resolve: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self._policy = policy
         self._per_host = per_host
         self._clock = clock or SystemClock()
         self._hosts: dict[str, tuple[asyncio.Semaphore, int]] = {}
-        connector = aiohttp.TCPConnector(
-            limit=concurrency,
-            limit_per_host=per_host,
-            resolver=PolicyResolver(policy, resolver),
-            ttl_dns_cache=10,
-        )
-        # No cookie jar: one session sends every tenant's attempts, and a jar would hand a
-        # cookie one endpoint set to the next request for that host, another tenant's included.
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=False,
-            auto_decompress=False,
-            headers={"User-Agent": USER_AGENT},
+        # One client sends every tenant's attempts; it keeps no cookies, so a cookie one
+        # endpoint sets is never handed to the next request for that host.
+        self._client = CurlClient(
+            max_total=concurrency,
+            max_per_host=per_host,
+            allow=policy.allows,
+            user_agent=USER_AGENT,
+            max_body=MAX_RESPONSE_READ,
+            resolve=resolve,
+            dns_cache_s=DNS_CACHE_S,
         )
 
     async def __aenter__(self) -> Pusher:
@@ -295,25 +282,32 @@ class Pusher:
         await self.close()
 
     async def close(self) -> None:
-        """Close the session and its connections."""
-        await self._session.close()
+        """Close the client and its connections."""
+        await self._client.close()
 
-    @contextlib.asynccontextmanager
-    async def _turn(self, host: str) -> AsyncIterator[None]:
-        """Hold one of ``host``'s ``per_host`` turns (waiting for one, in arrival order).
+    async def _acquire(self, host: str) -> asyncio.Semaphore:
+        """Wait for one of ``host``'s ``per_host`` turns (in arrival order); :meth:`_release` it.
 
         A host's semaphore lives while some attempt uses or awaits it."""
         sem, users = self._hosts.get(host) or (asyncio.Semaphore(self._per_host), 0)
         self._hosts[host] = (sem, users + 1)
         try:
-            async with sem:
-                yield
-        finally:
-            sem, users = self._hosts[host]
-            if users == 1:
-                del self._hosts[host]
-            else:
-                self._hosts[host] = (sem, users - 1)
+            await sem.acquire()
+        except BaseException:
+            self._leave(host)
+            raise
+        return sem
+
+    def _release(self, host: str, sem: asyncio.Semaphore) -> None:
+        sem.release()
+        self._leave(host)
+
+    def _leave(self, host: str) -> None:
+        sem, users = self._hosts[host]
+        if users == 1:
+            del self._hosts[host]
+        else:
+            self._hosts[host] = (sem, users - 1)
 
     async def push(
         self,
@@ -339,56 +333,45 @@ class Pusher:
             )
         body = request_body(run.payload)
         timeout_s = run.timeout_s or DEFAULT_TIMEOUT_S
-        async with self._turn(host):
+        sem = await self._acquire(host)
+        try:
             if before_send is not None and not await before_send():
                 return None
             headers = request_headers(run, body, secrets, int(self._clock.wall()))
+            if not _header_safe(run.headers):
+                return Outcome(run, "failed", error="invalid header: CR, LF or NUL in a name or value")
             started = time.monotonic()
             try:
-                async with self._session.request(
-                    run.method or "POST",
-                    run.url or "",
-                    data=body,
-                    headers=headers,
-                    allow_redirects=False,
-                    timeout=aiohttp.ClientTimeout(total=timeout_s),
-                ) as response:
-                    await _drain(response)
-                    status = response.status
-                    retry_after = response.headers.get("Retry-After")
-            except TimeoutError:
+                response = await self._client.request(run.method or "POST", run.url or "", body, headers, timeout_s)
+            except AddressRefused:
                 return Outcome(
-                    run, "retry", error=f"timeout after {timeout_s:g}s", latency_s=time.monotonic() - started
+                    run,
+                    "failed",
+                    error=f"ssrf refused: {host} resolves to no address push targets may reach (push_allow)",
+                    latency_s=time.monotonic() - started,
                 )
-            except aiohttp.ClientConnectorError as exc:
+            except TransferError as exc:
                 elapsed = time.monotonic() - started
-                refused = exc.os_error if isinstance(exc.os_error, SsrfRefused) else None
-                if refused is not None:
-                    return Outcome(run, "failed", error=str(refused), latency_s=elapsed)
-                return Outcome(run, "retry", error=f"connection error: {_first_line(exc)}", latency_s=elapsed)
-            except aiohttp.InvalidURL:
-                return Outcome(run, "failed", error="invalid target url")
-            except (aiohttp.ClientError, OSError) as exc:
-                elapsed = time.monotonic() - started
-                return Outcome(run, "retry", error=f"connection error: {_first_line(exc)}", latency_s=elapsed)
+                if exc.timed_out:
+                    return Outcome(run, "retry", error=f"timeout after {timeout_s:g}s", latency_s=elapsed)
+                if exc.code == pycurl.E_URL_MALFORMAT:
+                    return Outcome(run, "failed", error="invalid target url", latency_s=elapsed)
+                return Outcome(run, "retry", error=f"connection error: {_clip(exc.message)}", latency_s=elapsed)
+        finally:
+            self._release(host, sem)
         elapsed = time.monotonic() - started
+        status = response.status
         outcome = classify(status)
         if outcome == "succeeded":
             return Outcome(run, outcome, status, latency_s=elapsed)
-        wait = parse_retry_after(retry_after, self._clock.wall()) if outcome == "retry" else None
+        wait = parse_retry_after(response.retry_after, self._clock.wall()) if outcome == "retry" else None
         reason = f" {response.reason}" if response.reason else ""
         return Outcome(run, outcome, status, f"HTTP {status}{reason}", wait, elapsed)
 
 
-async def _drain(response: aiohttp.ClientResponse) -> None:
-    """Read (and drop) up to :data:`MAX_RESPONSE_READ` bytes of the body: a body read to
-    its end leaves the connection reusable; a longer one is closed with the response."""
-    remaining = MAX_RESPONSE_READ
-    while remaining > 0:
-        chunk = await response.content.read(min(remaining, 16_384))
-        if not chunk:
-            return
-        remaining -= len(chunk)
+def _clip(text: str, limit: int = 300) -> str:
+    line = (text.splitlines() or [""])[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _is_ip(host: str) -> bool:
@@ -427,7 +410,7 @@ class PushLoop:
     records every outcome and returns; :meth:`close` frees the connection.
     Store failures are counted and logged, never raised: outcomes not yet
     recorded are recorded on a later try (ack and nack are idempotent per token).
-    ``resolver`` replaces aiohttp's default resolver (tests).
+    ``resolve`` pins target host names to addresses (tests; :class:`Pusher`).
     """
 
     def __init__(
@@ -437,14 +420,14 @@ class PushLoop:
         clock: Clock | None = None,
         metrics: Metrics | None = None,
         *,
-        resolver: AbstractResolver | None = None,
+        resolve: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self._s = settings
         self._firable = firable
         self._clock = clock or SystemClock()
         self._metrics = metrics or Metrics()
         self._policy = settings.push_policy
-        self._resolver = resolver
+        self._resolve = resolve
         self._session = store.StoreSession(settings, self._metrics, self._clock, role="push")
         # Outcomes are recorded on a connection of their own, while the next claim runs on the
         # first: one loop cycle waited for both in turn (4 round trips), which held a node to
@@ -487,7 +470,7 @@ class PushLoop:
             concurrency=self._s.push_concurrency,
             per_host=self._s.push_per_host,
             clock=self._clock,
-            resolver=self._resolver,
+            resolve=self._resolve,
         )
 
     def _reset(self) -> None:

@@ -20,9 +20,9 @@ unless allowlisted, as is Teredo.
 The check runs twice (docs/delivery.md, "Push"): when a job is saved
 (:func:`check_url`, resolving the host: a name that resolves to a refused
 address is refused, one that does not resolve at all is refused too) and
-when the push client connects (the resolver of
-:mod:`scheduler.delivery.push` filters every answer through
-:meth:`AddressPolicy.allows`), because DNS can change between the two.
+when the push client connects (:mod:`scheduler.delivery.curl` asks
+:meth:`AddressPolicy.allows` about every address it is about to connect to,
+after DNS), because DNS can change between the two.
 """
 
 from __future__ import annotations

@@ -41,24 +41,6 @@ T0 = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
 S = timedelta(seconds=1)
 
 
-class StaticResolver:
-    """aiohttp resolver answering from a table (``name → [addresses]``); the push loop's policy filters it."""
-
-    def __init__(self, table: dict[str, list[str]]) -> None:
-        self.table = table
-
-    async def resolve(self, host: str, port: int = 0, family: int = 0) -> list[dict]:
-        if host not in self.table:
-            raise OSError(f"{host} does not resolve")
-        return [
-            {"hostname": host, "host": a, "port": port, "family": 10 if ":" in a else 2, "proto": 0, "flags": 0}
-            for a in self.table[host]
-        ]
-
-    async def close(self) -> None:
-        pass
-
-
 @pytest.fixture
 def receiver():
     r = Receiver()
@@ -75,11 +57,12 @@ def epochs(pg_dsn: str):
 
 
 def make_loop(
-    pg_dsn: str, epochs: dict[int, int], clock: ManualClock, resolver=None, metrics=None, **overrides
+    pg_dsn: str, epochs: dict[int, int], clock: ManualClock, resolve=None, metrics=None, **overrides
 ) -> PushLoop:
-    """The node's push loop acting for ``epochs``; ``push_allow`` 127.0.0.1/32 unless overridden."""
+    """The node's push loop acting for ``epochs``; ``push_allow`` 127.0.0.1/32 unless overridden;
+    ``resolve`` pins host names to addresses (``{"name": ["127.0.0.1"]}``), as DNS would answer."""
     settings = Settings(dsn=pg_dsn, node_id="t1", **{"push_allow": "127.0.0.1/32", **overrides}).validated()
-    return PushLoop(settings, lambda: epochs, clock, metrics, resolver=resolver)
+    return PushLoop(settings, lambda: epochs, clock, metrics, resolve=resolve)
 
 
 def http_job(
@@ -383,9 +366,9 @@ def test_an_ssrf_attempt_without_an_allowlist_is_refused_at_connect(pg_dsn, conn
     # Saved directly into the store: the save-time check never saw it (or DNS changed since).
     job_id = http_job(conn, receiver.url(host=host))
     key = pending_push_run(conn, job_id, T0)
-    resolver = StaticResolver({"metadata.test": ["169.254.169.254"], "localhost.test": ["127.0.0.1", "::1"]})
+    resolve = {"metadata.test": ["169.254.169.254"], "localhost.test": ["127.0.0.1", "::1"]}
     clock = ManualClock(store_at=T0 + 3 * S)
-    loop = make_loop(pg_dsn, epochs, clock, resolver=resolver, push_allow="")
+    loop = make_loop(pg_dsn, epochs, clock, resolve=resolve, push_allow="")
     try:
         (outcome,) = loop.run_once()
         assert settle(conn, epochs, clock).dead == 1
@@ -403,8 +386,8 @@ def test_the_resolver_keeps_only_the_allowed_addresses_of_a_name(pg_dsn, conn, r
     trap = Receiver("127.0.0.2", receiver.port)
     job_id = http_job(conn, receiver.url(host="mixed.test"))
     key = pending_push_run(conn, job_id, T0)
-    resolver = StaticResolver({"mixed.test": ["127.0.0.2", "127.0.0.1"]})
-    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 3 * S), resolver=resolver)
+    resolve = {"mixed.test": ["127.0.0.2", "127.0.0.1"]}
+    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 3 * S), resolve=resolve)
     try:
         (outcome,) = loop.run_once()
     finally:
@@ -425,8 +408,8 @@ def test_a_cookie_one_tenants_endpoint_sets_is_never_sent_to_another(pg_dsn, con
     pending_push_run(conn, acme, T0)
     pending_push_run(conn, globex, T0 + S)  # claimed, and so sent (one turn per host), after acme's
     receiver.script = [(200, {"Set-Cookie": "session=acme-secret; Path=/"}, 0.0)]
-    resolver = StaticResolver({"hooks.test": ["127.0.0.1"]})
-    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 30 * S), resolver=resolver, push_per_host=1)
+    resolve = {"hooks.test": ["127.0.0.1"]}
+    loop = make_loop(pg_dsn, epochs, ManualClock(store_at=T0 + 30 * S), resolve=resolve, push_per_host=1)
     try:
         assert [o.outcome for o in loop.run_once()] == ["succeeded", "succeeded"]
     finally:

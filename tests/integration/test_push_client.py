@@ -1,0 +1,201 @@
+"""The push client's transport against real local servers (scheduler/delivery/curl.py, push.Pusher).
+
+No store: :class:`~scheduler.delivery.push.Pusher` sends attempts of hand-made
+:class:`~scheduler.delivery.lifecycle.Claimed` runs to threaded ``http.server``
+endpoints on 127.0.0.1, and each test asserts what the endpoint received and
+the :class:`~scheduler.delivery.push.Outcome`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import subprocess
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from helpers import Receiver
+
+from scheduler.delivery.lifecycle import Claimed, RunKey
+from scheduler.delivery.push import MAX_RESPONSE_READ, Pusher
+from scheduler.delivery.ssrf import AddressPolicy
+
+T0 = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
+LOCAL = AddressPolicy.parse("127.0.0.1/32")
+
+
+def claimed(url: str, *, headers: dict[str, str] | None = None, timeout_s: float | None = None) -> Claimed:
+    key = RunKey.of(uuid.uuid4(), T0)
+    return Claimed(
+        key=key,
+        tenant="acme",
+        queue=None,
+        job_name="nightly",
+        origin="schedule",
+        scheduled_at=T0,
+        attempt=1,
+        token=uuid.uuid4(),
+        leased_until=T0 + timedelta(seconds=60),
+        claimed_at=T0,
+        payload={"k": 1},
+        url=url,
+        method="POST",
+        headers=headers,
+        timeout_s=timeout_s,
+    )
+
+
+def push_all(runs: list[Claimed], policy: AddressPolicy = LOCAL, **kwargs) -> list:
+    """Send ``runs`` one after the other through one Pusher; their outcomes in order."""
+
+    async def main() -> list:
+        async with Pusher(policy, concurrency=8, per_host=8, **kwargs) as pusher:
+            return [await pusher.push(run, ["s3cret"]) for run in runs]
+
+    return asyncio.run(main())
+
+
+class BigBodyServer:
+    """Answers every POST with ``status`` and a body of ``size`` bytes; counts connections."""
+
+    def __init__(self, size: int, status: int = 200) -> None:
+        self.peers: list[tuple] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                server.peers.append(self.client_address)
+                self.send_response(status)
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                try:
+                    self.wfile.write(b"x" * size)
+                except OSError:  # the client stopped reading
+                    pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def test_a_response_body_past_the_read_limit_is_cut_and_its_status_counts() -> None:
+    server = BigBodyServer(3 * MAX_RESPONSE_READ, status=503)
+    small = BigBodyServer(10)
+    try:
+        first, second = push_all([claimed(server.url()), claimed(small.url())])
+    finally:
+        server.close()
+        small.close()
+    assert (first.outcome, first.status, first.error) == ("retry", 503, "HTTP 503 Service Unavailable")
+    assert (second.outcome, second.status) == ("succeeded", 200)
+
+
+def test_keep_alive_reuses_one_connection_for_a_host(receiver) -> None:
+    outcomes = push_all([claimed(receiver.url()) for _ in range(3)])
+    assert [o.outcome for o in outcomes] == ["succeeded"] * 3
+    assert len({r["peer"] for r in receiver.requests}) == 1
+
+
+def test_a_proxy_in_the_environment_is_never_used(receiver, monkeypatch) -> None:
+    # A proxy that would see (and could keep) every tenant's signed request: pushes go direct.
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # the discard port: nothing listens
+    (outcome,) = push_all([claimed(receiver.url())])
+    assert outcome.outcome == "succeeded"
+    assert receiver.requests[0]["path"] == "/hook"
+
+
+def test_a_header_with_cr_or_lf_written_past_the_save_check_is_never_sent(receiver) -> None:
+    run = claimed(receiver.url(), headers={"X-A": "a\r\nX-Injected: 1"})
+    (outcome,) = push_all([run])
+    assert (outcome.outcome, outcome.error) == ("failed", "invalid header: CR, LF or NUL in a name or value")
+    assert receiver.requests == []
+
+
+def test_header_values_are_sent_as_given_the_empty_one_included(receiver) -> None:
+    run = claimed(receiver.url(), headers={"X-Empty": "", "X-Token": "a b\tc", "idempotency-key": "theirs"})
+    (outcome,) = push_all([run])
+    assert outcome.outcome == "succeeded"
+    headers = receiver.requests[0]["headers"]
+    assert (headers["x-empty"], headers["x-token"]) == ("", "a b\tc")
+    assert headers["idempotency-key"] == run.run_id  # ours win over the job's, whatever the case
+    assert "expect" not in headers
+
+
+def test_an_attempt_whose_task_is_cancelled_ends_its_transfer_and_the_client_goes_on(receiver) -> None:
+    receiver.delay_s = 5.0
+
+    async def main() -> tuple:
+        async with Pusher(LOCAL, concurrency=8, per_host=8) as pusher:
+            slow = asyncio.ensure_future(pusher.push(claimed(receiver.url()), ["s"]))
+            await asyncio.sleep(0.5)
+            slow.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await slow
+            receiver.delay_s = 0.0
+            started = time.monotonic()
+            outcome = await pusher.push(claimed(receiver.url()), ["s"])
+            return outcome, time.monotonic() - started
+
+    outcome, took = asyncio.run(main())
+    assert outcome.outcome == "succeeded" and took < 4.0
+    assert len(receiver.requests) == 2
+
+
+@pytest.fixture
+def untrusted_https(tmp_path: Path):
+    """An HTTPS endpoint on 127.0.0.1 with a self-signed certificate no system bundle trusts."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    receiver = Receiver()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    receiver.server.socket = context.wrap_socket(receiver.server.socket, server_side=True)
+    receiver.cert = cert  # type: ignore[attr-defined]
+    yield receiver
+    receiver.close()
+
+
+def test_a_certificate_the_system_does_not_trust_is_refused_and_retried(untrusted_https) -> None:
+    (outcome,) = push_all([claimed(f"https://127.0.0.1:{untrusted_https.port}/hook", timeout_s=5)])
+    assert outcome.outcome == "retry"
+    assert outcome.error.startswith("connection error: ") and "certificate" in outcome.error
+    assert untrusted_https.requests == []
+
+
+def test_a_certificate_from_the_ca_bundle_in_ssl_cert_file_is_trusted(untrusted_https, monkeypatch) -> None:
+    # The bundle is the system's (OpenSSL's SSL_CERT_FILE when set), not one built into libcurl.
+    monkeypatch.setenv("SSL_CERT_FILE", str(untrusted_https.cert))
+    (outcome,) = push_all([claimed(f"https://127.0.0.1:{untrusted_https.port}/hook", timeout_s=5)])
+    assert (outcome.outcome, outcome.status) == ("succeeded", 200)
+    assert len(untrusted_https.requests) == 1
