@@ -37,11 +37,14 @@ import socket
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import pycurl
 
 READ, WRITE = 1, 2
+
+WATCHDOG_GRACE_S = 5.0
+"""A transfer libcurl has not ended this long after its own deadline is ended here (seconds)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,23 +211,30 @@ class CurlClient:
         transfer = _Transfer(self._loop.create_future(), self._allow, self._max_body)
         lines = [f"{name}: {value}" if value else f"{name};" for name, value in headers]
         lines.append("Expect:")  # no 100-continue round trip for bodies over 1 KiB
-        handle.setopt(pycurl.URL, url)
-        handle.setopt(pycurl.CUSTOMREQUEST, method)
-        handle.setopt(pycurl.POSTFIELDSIZE, len(body))
-        handle.setopt(pycurl.POSTFIELDS, body)
-        handle.setopt(pycurl.HTTPHEADER, lines)
-        handle.setopt(pycurl.TIMEOUT_MS, max(1, round(timeout_s * 1000)))
-        handle.setopt(pycurl.HEADERFUNCTION, transfer.header)
-        handle.setopt(pycurl.WRITEFUNCTION, transfer.write)
-        handle.setopt(pycurl.OPENSOCKETFUNCTION, transfer.open_socket)
-        if self._resolve:
-            handle.setopt(pycurl.RESOLVE, _resolve_entries(self._resolve, url))
+        try:
+            handle.setopt(pycurl.URL, ascii_url(url))
+            handle.setopt(pycurl.CUSTOMREQUEST, method)
+            handle.setopt(pycurl.POSTFIELDSIZE, len(body))
+            handle.setopt(pycurl.POSTFIELDS, body)
+            handle.setopt(pycurl.HTTPHEADER, lines)
+            handle.setopt(pycurl.TIMEOUT_MS, max(1, round(timeout_s * 1000)))
+            handle.setopt(pycurl.HEADERFUNCTION, transfer.header)
+            handle.setopt(pycurl.WRITEFUNCTION, transfer.write)
+            handle.setopt(pycurl.OPENSOCKETFUNCTION, transfer.open_socket)
+            if self._resolve:
+                handle.setopt(pycurl.RESOLVE, _resolve_entries(self._resolve, url))
+        except (pycurl.error, UnicodeError, TypeError, ValueError) as exc:  # e.g. a URL curl cannot take
+            handle.close()
+            raise TransferError(pycurl.E_URL_MALFORMAT, f"request refused by libcurl: {type(exc).__name__}") from None
         self._running[handle] = transfer
         self._multi.add_handle(handle)
+        # Belt and braces: curl ends every transfer by TIMEOUT_MS; should an event ever be
+        # missed, the attempt still ends (a hung one would hold its host's turn for good).
+        watchdog = self._loop.call_later(timeout_s + WATCHDOG_GRACE_S, self._expire, handle, transfer)
         try:
             await transfer.future
         except asyncio.CancelledError:
-            if handle in self._running:  # not already finished (and pooled) before the cancel
+            if self._running.get(handle) is transfer:  # not already finished (and pooled) before the cancel
                 self._drop(handle, reuse=False)
             raise
         except TransferError:
@@ -233,6 +243,8 @@ class CurlClient:
             if transfer.refused and not transfer.allowed:
                 raise AddressRefused(transfer.refused) from None
             raise
+        finally:
+            watchdog.cancel()
         return _response(transfer)
 
     async def close(self) -> None:
@@ -304,15 +316,31 @@ class CurlClient:
         if timeout_ms >= 0:
             self._timer = self._loop.call_later(timeout_ms / 1000, self._act, pycurl.SOCKET_TIMEOUT, 0)
 
+    def _expire(self, handle: pycurl.Curl, transfer: _Transfer) -> None:
+        if self._running.get(handle) is transfer:
+            self._drop(handle, reuse=False)
+            if not transfer.future.done():
+                transfer.future.set_exception(
+                    TransferError(pycurl.E_OPERATION_TIMEDOUT, "no answer from libcurl by the deadline")
+                )
+
     def _act(self, fd: int, events: int) -> None:
         if self._closed:
             return
         if fd == pycurl.SOCKET_TIMEOUT:
             self._timer = None
-        while True:
-            code, _ = self._multi.socket_action(fd, events)
-            if code != pycurl.E_CALL_MULTI_PERFORM:
-                break
+        try:
+            while True:
+                code, _ = self._multi.socket_action(fd, events)
+                if code != pycurl.E_CALL_MULTI_PERFORM:
+                    break
+        except pycurl.error as exc:  # the multi handle itself failed: end every transfer, none hangs
+            code, message = (exc.args + (pycurl.E_ABORTED_BY_CALLBACK, "libcurl multi error"))[:2]
+            for handle, transfer in list(self._running.items()):
+                self._drop(handle, reuse=False)
+                if not transfer.future.done():
+                    transfer.future.set_exception(TransferError(int(code), str(message)))
+            return
         self._collect()
 
     def _collect(self) -> None:
@@ -333,6 +361,33 @@ class CurlClient:
                         transfer.future.set_exception(TransferError(code, message))
             if not queued:
                 return
+
+
+_URL_SAFE = "".join(chr(c) for c in range(0x21, 0x7F))
+
+
+def ascii_url(url: str) -> str:
+    """``url`` as sent on the wire: a non-ASCII host in its IDNA form (``xn--…``, as DNS was
+    asked when the URL was saved), any other non-ASCII character percent-encoded as UTF-8
+    (what browsers and aiohttp send); an ASCII URL unchanged. Raises UnicodeError for a
+    host IDNA cannot encode, ValueError for a URL that does not split."""
+    if url.isascii():
+        return url
+    parts = urlsplit(url)
+    host, colon, port = parts.netloc.rpartition(":")
+    if not (colon and port.isdigit()):  # no port ("[::1]" splits as "[:" and "1]")
+        host, colon, port = parts.netloc, "", ""
+    if not host.isascii():
+        host = host.encode("idna").decode("ascii")
+    return urlunsplit(
+        (
+            parts.scheme,
+            host + colon + port,
+            quote(parts.path, safe=_URL_SAFE),
+            quote(parts.query, safe=_URL_SAFE),
+            quote(parts.fragment, safe=_URL_SAFE),
+        )
+    )
 
 
 def _status_line(handle: pycurl.Curl) -> bytes:

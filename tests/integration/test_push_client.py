@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from helpers import Receiver
 
+from scheduler.delivery import curl
 from scheduler.delivery.lifecycle import Claimed, RunKey
 from scheduler.delivery.push import MAX_RESPONSE_READ, Pusher
 from scheduler.delivery.ssrf import AddressPolicy
@@ -199,3 +200,50 @@ def test_a_certificate_from_the_ca_bundle_in_ssl_cert_file_is_trusted(untrusted_
     (outcome,) = push_all([claimed(f"https://127.0.0.1:{untrusted_https.port}/hook", timeout_s=5)])
     assert (outcome.outcome, outcome.status) == ("succeeded", 200)
     assert len(untrusted_https.requests) == 1
+
+
+def test_a_transfer_libcurl_never_ends_is_ended_by_the_watchdog(receiver, monkeypatch) -> None:
+    # Events the loop never hands to curl (a glue bug): the attempt still ends, as a timeout.
+    monkeypatch.setattr(curl, "WATCHDOG_GRACE_S", 0.2)
+    monkeypatch.setattr(curl.CurlClient, "_on_socket", lambda self, *args: None)
+    monkeypatch.setattr(curl.CurlClient, "_on_timer", lambda self, *args: None)
+
+    async def main() -> tuple:
+        client = curl.CurlClient(max_total=4, max_per_host=4, allow=LOCAL.allows, user_agent="t", max_body=10)
+        started = time.monotonic()
+        try:
+            with pytest.raises(curl.TransferError) as caught:
+                await client.request("POST", receiver.url(), b"{}", [], timeout_s=0.3)
+            return caught.value, time.monotonic() - started, len(client._running)
+        finally:
+            await client.close()
+
+    error, took, running = asyncio.run(main())
+    assert error.timed_out and error.message == "no answer from libcurl by the deadline"
+    assert 0.5 <= took < 3.0 and running == 0
+
+
+def test_a_non_ascii_path_and_query_are_sent_percent_encoded(receiver) -> None:
+    (outcome,) = push_all([claimed(f"http://127.0.0.1:{receiver.port}/caf\u00e9?q=\u00e9t\u00e9&x=%41")])
+    assert outcome.outcome == "succeeded"
+    assert receiver.requests[0]["path"] == "/caf%C3%A9?q=%C3%A9t%C3%A9&x=%41"
+
+
+@pytest.mark.parametrize(
+    ("url", "wire"),
+    [
+        ("http://example.com/a?b=c", "http://example.com/a?b=c"),
+        ("https://b\u00fccher.example:8443/\u00fc", "https://xn--bcher-kva.example:8443/%C3%BC"),
+        ("http://[::1]/\u00e9#\u00e9", "http://[::1]/%C3%A9#%C3%A9"),
+        ("http://[::1]:81/\u00e9", "http://[::1]:81/%C3%A9"),
+    ],
+)
+def test_urls_go_on_the_wire_in_ascii(url: str, wire: str) -> None:
+    assert curl.ascii_url(url) == wire
+
+
+def test_a_url_libcurl_refuses_is_an_invalid_target_url(receiver) -> None:
+    # Past the save-time URL rules, but no DNS name: a label of 64 characters has no IDNA form.
+    (outcome,) = push_all([claimed("http://" + "\u00e9" * 64 + ".example/a")])
+    assert (outcome.outcome, outcome.error) == ("failed", "invalid target url")
+    assert receiver.requests == []

@@ -112,3 +112,23 @@ def test_the_api_has_a_word_for_everything_the_cli_names():
 
     assert sorted(API_WORDS) == sorted(CLI_WORDS)
     assert [word for word in API_WORDS.values() if word.startswith("--") or "scheduler " in word] == []
+
+
+@pytest.mark.parametrize(
+    "cron",
+    ["* * * * *\n", "* * * * *\r\n", "0 3 * * *\n0 4 * * *", "0\x0b3 * * *", "0 3 * * *\x00", "0\u00a03 * * *"],
+)
+def test_a_cron_expression_must_be_one_line_of_spaces_or_tabs(cron) -> None:
+    # It parsed (str.split splits on any whitespace) and was stored as typed: a line break in
+    # `jobs list`, and a second line that looked like a second schedule and was not one.
+    with pytest.raises(ValidationError) as caught:
+        JobSpec.build(tenant="a", cron=cron)
+    assert str(caught.value).startswith(
+        "cron: must be one line of fields separated by spaces or tabs (no line breaks or other control characters)"
+    )
+
+
+@pytest.mark.parametrize("cron", ["0\t3\t*\t*\t*", " 0 3 * * * ", "0  3 * *\t *"])
+def test_a_cron_expression_with_tabs_or_extra_spaces_is_accepted_as_typed(cron) -> None:
+    # FreeBSD's crontab separates fields with tabs: real input (the corpus has such lines).
+    assert JobSpec.build(tenant="a", cron=cron).cron == cron
