@@ -36,17 +36,17 @@ def fill_runs(conn, n: int) -> None:
     )
 
 
-def copy_pending_runs(conn, n: int) -> None:
-    """``n`` pending runs of tenant acme's queue default, with their true partitions (COPY)."""
+def copy_pending_runs(conn, n: int, queue: str | None = "default") -> None:
+    """``n`` pending runs of tenant acme's ``queue`` (None: pushed runs), with their true
+    partitions, run ``i`` available at PAST + ``i`` ms (no two at the same instant) (COPY)."""
     with conn.cursor().copy(
         "COPY runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch,"
         " state, queue, origin, available_at) FROM STDIN"
     ) as copy:
-        for _ in range(n):
+        for i in range(n):
             job_id = uuid.uuid4()
-            copy.write_row(
-                (partition_of(job_id), job_id, PAST, "acme", PAST, PAST, "n", 1, "pending", "default", "schedule", PAST)
-            )
+            at = PAST + timedelta(milliseconds=i)
+            copy.write_row((partition_of(job_id), job_id, at, "acme", at, at, "n", 1, "pending", queue, "schedule", at))
 
 
 def runs_reads(conn) -> dict[str, int]:
@@ -200,19 +200,6 @@ def test_a_schedule_quota_check_does_not_read_every_job(pg_dsn, statistics):
         conn.close()
 
 
-def copy_pending_pushed_runs(conn, n: int) -> None:
-    """``n`` pending pushed runs (no queue) spread over every partition, run ``i`` available
-    at PAST + ``i`` ms (no two at the same instant) (COPY)."""
-    with conn.cursor().copy(
-        "COPY runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch,"
-        " state, origin, available_at) FROM STDIN"
-    ) as copy:
-        for i in range(n):
-            job_id = uuid.uuid4()
-            at = PAST + timedelta(milliseconds=i)
-            copy.write_row((partition_of(job_id), job_id, at, "acme", at, at, "n", 1, "pending", "schedule", at))
-
-
 def runs_rows_read(conn, name: str, params: dict) -> int:
     """Rows (or index entries) of ``runs`` that named query ``name`` reads: EXPLAIN ANALYZE's
     rows each scan of ``runs`` (sequential, index, bitmap) returned or filtered out, times
@@ -245,7 +232,7 @@ def test_the_push_loop_reads_about_what_it_claims_however_long_the_backlog(pg_ds
     try:
         if statistics != "current":
             conn.execute("ANALYZE runs")
-        copy_pending_pushed_runs(conn, 20_000)  # ~20 per partition
+        copy_pending_runs(conn, 20_000, queue=None)  # ~20 per partition
         if statistics == "current":
             conn.execute("ANALYZE runs")
         oldest_ours = conn.execute(
