@@ -46,6 +46,20 @@ _TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")
 _COMPATIBLE = ipaddress.IPv6Network("::/96")
 
 
+METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a)
+    for a in (
+        "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean, Oracle instance metadata
+        "169.254.170.2",  # AWS ECS task credentials
+        "100.100.100.200",  # Alibaba Cloud
+        "fd00:ec2::254",  # AWS over IPv6
+    )
+)
+"""Cloud instance-metadata endpoints (credentials for the machine the node runs on). An
+allowlist entry opens one only if it holds it and is a /16 or narrower (IPv4; /64 for IPv6):
+``0.0.0.0/0`` written to mean "any private target" does not hand out the node's credentials."""
+
+
 def carried_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     """The IPv4 address an IPv6 address carries (see the module doc), or None."""
     if ip.ipv4_mapped is not None:
@@ -97,6 +111,13 @@ class AddressPolicy:
             ip = ipaddress.ip_address(address) if isinstance(address, str) else address
         except ValueError:
             return False
+        if isinstance(ip, ipaddress.IPv6Address):
+            carried = carried_ipv4(ip)
+            if carried is not None and carried in METADATA_ADDRESSES:
+                return self.allows(carried)  # ::ffff:169.254.169.254 under ::/0 is still the metadata
+        if ip in METADATA_ADDRESSES:
+            narrow = 16 if ip.version == 4 else 64
+            return any(ip in network and network.prefixlen >= narrow for network in self.allow)
         if any(ip in network for network in self.allow):
             return True
         if isinstance(ip, ipaddress.IPv6Address):

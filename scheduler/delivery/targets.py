@@ -37,6 +37,7 @@ import dataclasses
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -84,7 +85,9 @@ RESERVED_HEADERS = (
     "expect",
 )
 """Header names (lower case) a job may not set: the engine sets them, or they break HTTP
-framing; names starting with ``scheduler-`` are refused too (the engine's own headers)."""
+framing; names starting with ``scheduler-`` (the engine's own headers) or ``content-``
+(the body is always the engine's plain JSON: a ``Content-Encoding`` would lie about it)
+are refused too."""
 
 _QUEUE_RE = re.compile(r"[A-Za-z0-9._-]{1,100}")
 _TOKEN_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -401,7 +404,7 @@ def _check_headers(headers: Sequence[tuple[str, str]]) -> None:
                 name,
             )
         lower = name.lower()
-        if lower in RESERVED_HEADERS or lower.startswith("scheduler-"):
+        if lower in RESERVED_HEADERS or lower.startswith(("scheduler-", "content-")):
             raise ValidationError(
                 "header", "name is set by the engine or breaks HTTP (Host, Content-*, Scheduler-*, ...)", name
             )
@@ -507,13 +510,22 @@ def _finite_float(text: str) -> float:
     return number
 
 
+def _bounded_int(text: str) -> int:
+    """A JSON integer, refused past Python's integer-conversion limit (4,300 digits by default,
+    ``sys.get_int_max_str_digits``), which would otherwise raise a bare ValueError."""
+    limit = sys.get_int_max_str_digits()
+    if limit and len(text.lstrip("-")) > limit:
+        raise ValidationError("payload", f"numbers must have at most {limit} digits", text[:20] + "...")
+    return int(text)
+
+
 def parse_payload(payload: str | bytes) -> str | None:
     """The compact JSON text (``,``/``:`` separators, non-ASCII kept) of a payload given as
     JSON text or UTF-8 bytes; ``None`` for a JSON ``null`` (no payload).
 
     Rules (field ``payload``): UTF-8 text of at most
     :data:`MAX_PAYLOAD_INPUT_BYTES`; valid JSON (no NaN/Infinity, numbers
-    finite as doubles); no object giving a key twice, at any level (the
+    finite as doubles, integers of at most 4,300 digits); no object giving a key twice, at any level (the
     message echoes the key); arrays and objects nested at most
     :data:`MAX_PAYLOAD_DEPTH` deep; no ``\\u0000`` and no unpaired surrogate
     in a string (the store cannot keep them); at most
@@ -533,7 +545,11 @@ def parse_payload(payload: str | bytes) -> str | None:
         raise _input_too_large(len(payload))
     try:
         value = json.loads(
-            payload, parse_constant=_refuse_constant, parse_float=_finite_float, object_pairs_hook=_unique_keys
+            payload,
+            parse_constant=_refuse_constant,
+            parse_float=_finite_float,
+            parse_int=_bounded_int,
+            object_pairs_hook=_unique_keys,
         )
     except json.JSONDecodeError as exc:
         raise ValidationError(

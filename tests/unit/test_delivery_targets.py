@@ -201,6 +201,10 @@ RESERVED = "header: name is set by the engine or breaks HTTP (Host, Content-*, S
         ("Host: a", f"{RESERVED} (got 'Host')"),
         ("content-length: 1", f"{RESERVED} (got 'content-length')"),
         ("Content-Type: text/plain", f"{RESERVED} (got 'Content-Type')"),
+        # The body is always plain JSON: a Content-Encoding (or -Range, -MD5) would lie about it.
+        ("Content-Encoding: gzip", f"{RESERVED} (got 'Content-Encoding')"),
+        ("content-range: bytes 0-1/2", f"{RESERVED} (got 'content-range')"),
+        ("Content-MD5: x", f"{RESERVED} (got 'Content-MD5')"),
         ("Transfer-Encoding: chunked", f"{RESERVED} (got 'Transfer-Encoding')"),
         ("Connection: close", f"{RESERVED} (got 'Connection')"),
         ("Idempotency-Key: x", f"{RESERVED} (got 'Idempotency-Key')"),
@@ -328,6 +332,9 @@ def test_number_bounds_accepted() -> None:
         ('{"a":1,"a":2}', "payload: must not give an object key twice (got 'a')"),
         ('[{"x":{"k":[{"b":1, "b":1}]}}]', "payload: must not give an object key twice (got 'b')"),
         ('{"\\u00e9":1,"é":2}', "payload: must not give an object key twice (got 'é')"),
+        # Python refuses to convert integers of more than 4,300 digits: a traceback from the CLI.
+        ('{"a":' + "9" * 5000 + "}", "payload: numbers must have at most 4300 digits (got '99999999999999999999...')"),
+        ("-" + "1" * 4301, "payload: numbers must have at most 4300 digits (got '-1111111111111111111...')"),
     ],
 )
 def test_payload_rules(payload, message) -> None:

@@ -51,3 +51,27 @@ def test_an_allowlisted_network_passes_in_every_form_that_carries_it() -> None:
 def test_a_url_whose_host_is_an_ipv6_carrying_loopback_is_refused_at_save() -> None:
     with pytest.raises(ValidationError, match=r"^url: resolves to an address push targets may not reach"):
         check_url("http://[64:ff9b::7f00:1]/hook", DEFAULT)
+
+
+@pytest.mark.parametrize("allow", ["0.0.0.0/0", "128.0.0.0/1", "160.0.0.0/4", "100.64.0.0/10", "::/0", "fd00::/8"])
+@pytest.mark.parametrize("metadata", ["169.254.169.254", "169.254.170.2", "100.100.100.200", "fd00:ec2::254"])
+def test_a_broad_allowlist_does_not_open_the_cloud_metadata_addresses(allow: str, metadata: str) -> None:
+    # "Allow everything" written as 0.0.0.0/0 meant the tenants' private targets, not the
+    # instance's credentials: a metadata address is allowed only by an entry of /16 (IPv4) or
+    # /64 (IPv6) or narrower that holds it.
+    assert not AddressPolicy.parse(allow).allows(metadata)
+    assert not AddressPolicy.parse(allow + ",::/0").allows("::ffff:169.254.169.254")
+
+
+@pytest.mark.parametrize(
+    ("allow", "metadata"),
+    [
+        ("169.254.0.0/16", "169.254.169.254"),
+        ("169.254.169.254/32", "169.254.169.254"),
+        ("fd00:ec2::/64", "fd00:ec2::254"),
+    ],
+)
+def test_a_metadata_address_named_by_a_narrow_entry_is_allowed(allow: str, metadata: str) -> None:
+    policy = AddressPolicy.parse(allow)
+    assert policy.allows(metadata)
+    assert AddressPolicy.parse("0.0.0.0/0").allows("10.1.2.3")  # a broad entry still opens the rest
