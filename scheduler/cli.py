@@ -1426,9 +1426,11 @@ def jobs_next(cron: str | None, tz: str | None, dialect: str | None, after: date
     scheduler jobs next --cron '0 0 0 13 * FRI' --dialect seconds --after 2024-01-01T00:00:00Z
     """
     from scheduler.schedule import CronSchedule, format_instant
+    from scheduler.spec import check_cron_text
 
     if cron is None:
         raise ValidationError("cron", "is required (--cron EXPR)")
+    check_cron_text(cron)
     schedule = CronSchedule(cron, "UTC" if tz is None else tz, dialect or "unix")
     instant_ = _utc_now() if after is None else after
     for listed in range(count):

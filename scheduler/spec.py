@@ -34,6 +34,15 @@ KINDS = ("cron", "interval", "once")
 CRON_ONE_LINE = "must be one line of fields separated by spaces or tabs (no line breaks or other control characters)"
 """The rule of a cron expression's characters (checked when a job is saved; stored rows are
 read as they are). Tabs stay: FreeBSD's crontab separates fields with them."""
+
+
+def check_cron_text(expr: str) -> None:
+    """Refuse a cron expression that is not one line (:data:`CRON_ONE_LINE`), with a
+    ValidationError naming ``cron``. The parser splits on any whitespace, so
+    ``"0 3 * * *\\n"`` parsed; this is checked wherever an expression comes in (a job
+    saved, ``jobs next``, ``GET /v1/explain``), not when a stored row is read."""
+    if not expr.replace("\t", " ").isprintable():
+        raise ValidationError("cron", CRON_ONE_LINE, expr)
 DIALECTS = ("unix", "seconds")
 MAX_JITTER_S = 86_400
 MAX_POLICY_S = 2_147_483_647
@@ -175,9 +184,8 @@ class JobSpec:
                 raise ValidationError(field, f"must be at most {MAX_POLICY_S} seconds", value)
         if self.kind == "interval" and self.interval_s is not None and self.interval_s > MAX_INTERVAL_S:
             raise ValidationError("interval", f"must be at most {MAX_INTERVAL_S} seconds (100 years)", self.interval_s)
-        if self.kind == "cron" and isinstance(self.cron, str) and not self.cron.replace("\t", " ").isprintable():
-            # The parser splits on any whitespace, so "0 3 * * *\n" parsed and was stored as typed.
-            raise ValidationError("cron", CRON_ONE_LINE, self.cron)
+        if self.kind == "cron" and isinstance(self.cron, str):
+            check_cron_text(self.cron)
         if self.kind == "cron" and self.dialect not in DIALECTS:
             raise ValidationError("dialect", f"must be one of {', '.join(DIALECTS)}", self.dialect)
         if self.kind == "cron":

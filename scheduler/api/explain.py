@@ -22,7 +22,7 @@ from scheduler.api.deps import Principal, any_principal
 from scheduler.api.inputs import JsonRoute
 from scheduler.errors import ValidationError
 from scheduler.schedule import CronSchedule, format_instant, parse_instant
-from scheduler.spec import parse_whole
+from scheduler.spec import check_cron_text, parse_whole
 
 router = APIRouter(tags=["explain"], route_class=JsonRoute)
 
@@ -90,6 +90,7 @@ def explain(
     """
     if cron is None:
         raise ValidationError("cron", "is required (?cron=EXPR)")
+    check_cron_text(cron)
     # Read as text and parsed as the CLI parses --count (the schema says integer): the same messages.
     n = DEFAULT_COUNT if count is None else parse_whole("count", count, minimum=1, maximum=MAX_COUNT, rule=COUNT_RULE)
     schedule = CronSchedule(cron, "UTC" if tz is None else tz, dialect or "unix")

@@ -81,6 +81,8 @@ def _cli_error(args: list[str]) -> str:
         ({"cron": "61 * * * *"}, "cron"),
         ({"cron": "* * *"}, "cron"),
         ({"cron": "0 0 30 2 *"}, "cron"),
+        ({"cron": "* * * * *\n"}, "cron"),  # one line, as when a job is saved
+        ({"cron": "0 3 * * *\n0 4 * * *"}, "cron"),
         ({"cron": "* * * * *", "tz": "Mars/Olympus"}, "tz"),
         ({"cron": "* * * * *", "tz": "../../etc/passwd"}, "tz"),
         ({"cron": "* * * * *", "after": "2024-01-01T00:00:00"}, "after"),
