@@ -43,6 +43,8 @@ def check_cron_text(expr: str) -> None:
     saved, ``jobs next``, ``GET /v1/explain``), not when a stored row is read."""
     if not expr.replace("\t", " ").isprintable():
         raise ValidationError("cron", CRON_ONE_LINE, expr)
+
+
 DIALECTS = ("unix", "seconds")
 MAX_JITTER_S = 86_400
 MAX_POLICY_S = 2_147_483_647
