@@ -11,6 +11,7 @@ the socket peer).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import socket
@@ -78,6 +79,27 @@ def listen_url(scheme: str, host: str, port: int) -> str:
     return f"{scheme}://{shown}:{port}"
 
 
+def warn_if_plain_http_beyond_loopback(host: str, tls: bool) -> bool:
+    """Log ``api_plain_http`` (WARNING) and return True when the API listens without TLS on
+    an address other hosts can reach: API keys then cross the network in clear text
+    (docs/api.md). Loopback (``127.0.0.0/8``, ``::1``, ``localhost``) is quiet."""
+    if tls or host == "localhost":
+        return False
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return False
+    except ValueError:
+        pass  # a host name: it may resolve beyond loopback
+    logmod.event(
+        "api_plain_http",
+        logging.WARNING,
+        host=host,
+        why="listening beyond loopback without TLS: API keys cross the network in clear text; "
+        "give --ssl-certfile/--ssl-keyfile or put a TLS-terminating proxy in front (docs/api.md)",
+    )
+    return True
+
+
 def serve(
     dsn: str,
     host: str,
@@ -98,6 +120,7 @@ def serve(
     sock = bind(host, port)
     config = _config(app, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, log_level="info")
     logmod.event("api_listening", url=listen_url("https" if ssl_certfile else "http", host, sock.getsockname()[1]))
+    warn_if_plain_http_beyond_loopback(host, bool(ssl_certfile))
     # uvicorn finishes the requests in flight on SIGTERM/SIGINT, then re-raises the signal to
     # the handler it found: this one ends the process with status 0, as a node's stop does.
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -160,6 +183,7 @@ class ApiThread:
                 raise RuntimeError(f"the API did not start on {self.url}: {self.error!r}")
             time.sleep(0.01)
         logmod.event("api_listening", url=self.url)
+        warn_if_plain_http_beyond_loopback(self.host, False)
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
