@@ -15,9 +15,15 @@ from scheduler.store.queries import Row, execute
 from scheduler.store.session import node_connect
 from scheduler.watchdog import Watchdog
 
-SETUP_SQLSTATES = {"28000": "authentication", "28P01": "authentication", "3D000": "database"}
+SETUP_SQLSTATES = {
+    "28000": "authentication",
+    "28P01": "authentication",
+    "3D000": "database",
+    "42501": "privileges",
+}
 """SQLSTATEs of a misconfigured store (a query's error; CockroachDB reports a
-missing database on the first query)."""
+missing database on the first query; 42501: the role may log in but was granted
+nothing on the tables)."""
 
 SETUP_MESSAGES = (
     (
@@ -33,6 +39,14 @@ SETUP_MESSAGES = (
     ("host", re.compile(r"(?:failed to resolve host|could not translate host name) [\"'][^\"']*@")),
     # libpq refusing a parameter's value (port 99999, sslmode=bogus, ...) before any network traffic
     ("setting", re.compile(r"invalid (?:port number|integer value|[a-z_]+ value)", re.IGNORECASE)),
+    # the server refusing the DSN's options (options=-cfoo, -c work_mem=bogus, -c no_such=1)
+    (
+        "setting",
+        re.compile(
+            r"-c \S+ requires a value|invalid value for parameter|unrecognized configuration parameter",
+            re.IGNORECASE,
+        ),
+    ),
 )
 """A failed *connection* carries no SQLSTATE (libpq keeps the server's error
 to itself), so these are recognised by libpq's and the server's (English)
@@ -44,11 +58,13 @@ SETUP_HINTS = {
     "database": "create the database, then run `scheduler db upgrade`",
     "host": "a host name cannot hold an '@': check the DSN's host (a URI password must percent-encode '@' as %40)",
     "setting": "a DSN setting has a value libpq refuses: fix the one it names",
+    "privileges": "the DSN's role lacks privileges on the scheduler's tables: grant them "
+    '(docs/operations.md, "Deploy") or use the role that owns them',
 }
 
 
 def setup_problem(exc: BaseException) -> str | None:
-    """``"authentication"``, ``"database"``, ``"host"`` or ``"setting"`` if ``exc`` (a failed
+    """``"authentication"``, ``"database"``, ``"host"``, ``"setting"`` or ``"privileges"`` if ``exc`` (a failed
     connection or query, or a :class:`StoreError` caused by one) shows a
     misconfigured store that retrying cannot fix; None for anything else
     (a refused connection, a timeout: transient)."""

@@ -547,6 +547,13 @@ def _bad_setting(pg_dsn: str, case: str) -> tuple[str, str | tuple[str, str]]:
                 'invalid sslmode value: "bogus"; a DSN setting has a value libpq refuses: fix the one it names',
             ),
         ),
+        "bad server option": (
+            f"{pg_dsn}?options=-cfoo",
+            (
+                "error: store: cannot connect to the store at ",
+                "-c foo requires a value; a DSN setting has a value libpq refuses: fix the one it names",
+            ),
+        ),
         "missing database": (
             missing,
             (
@@ -568,6 +575,7 @@ def _bad_setting(pg_dsn: str, case: str) -> tuple[str, str | tuple[str, str]]:
         "unknown role",
         "port out of range",
         "bad sslmode",
+        "bad server option",
         "missing database",
     ],
 )
@@ -764,3 +772,19 @@ def test_tenant_weight_names_the_rule(pg_dsn, conn) -> None:
         "error: weight: must be a whole number from 1 to 1000 in ASCII digits (got '1001')",
     )
     assert count(conn, "tenants") == 0
+
+
+def test_a_role_without_privileges_on_the_schema_exits_2_with_the_fix(pg_dsn, conn) -> None:
+    """A DSN whose role may log in but was granted nothing: a setting to fix, not an outage (exit 2)."""
+    role = f"noperm_{uuid.uuid4().hex[:8]}"
+    conn.execute(f'CREATE ROLE "{role}" LOGIN')  # noqa: S608 - a generated name
+    try:
+        parts = urlsplit(pg_dsn)
+        dsn = f"postgresql://{role}@{parts.hostname}:{parts.port}{parts.path}"
+        line = one_line_error(run(["jobs", "list"], dsn), 2, "error: ")
+        assert line == (
+            "error: store: permission denied for table alembic_version; the DSN's role lacks privileges on "
+            'the scheduler\'s tables: grant them (docs/operations.md, "Deploy") or use the role that owns them'
+        )
+    finally:
+        conn.execute(f'DROP ROLE "{role}"')  # noqa: S608
