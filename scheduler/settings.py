@@ -377,8 +377,12 @@ class Settings:
         if not self.api_host:
             raise ConfigError("api_host must not be empty (e.g. 127.0.0.1, or 0.0.0.0 behind a TLS proxy)")
         self.api.check()  # and push_allow, which the API shares
-        if len(self.node_id) > 200:
-            raise ConfigError("node_id must be at most 200 characters")
+        if len(self.node_id) > 200 or not self.node_id.isprintable() or any(c.isspace() for c in self.node_id):
+            # Written to runs, leases and every log line: a newline would split a log line.
+            raise ConfigError(
+                "node_id must be 1-200 printable characters without spaces (letters, digits, . _ - : etc.)"
+                f" (got {self.node_id!r})"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
 
 import psycopg
 
-from scheduler import store
+from scheduler import log, store
 from scheduler.clock import Clock, SystemClock
 from scheduler.coordination.protocol import CoordinatorBase, read_fences, release_lease_rows
 from scheduler.coordination.rewind import RenewalWatermarks
@@ -60,6 +61,19 @@ class SqlCoordinator(CoordinatorBase):
         )
 
     def join(self) -> None:
+        """Heartbeat for the first time; if another process heartbeat as this node id within
+        ``responsive_s`` (a node running with the same id, or this node's previous process),
+        log ``node_id_in_use`` (WARNING): this one then claims nothing that one holds and
+        waits, a standby, until its leases expire."""
+        if self.node_id in self.live_nodes():
+            log.event(
+                "node_id_in_use",
+                logging.WARNING,
+                node=self.node_id,
+                why="another process heartbeat as this node id in the last "
+                f"{self._settings.responsive_s:g}s (a node running with the same --node-id, or this "
+                "node's previous process): this one takes over only what that one lets expire",
+            )
         self.heartbeat()
 
     def heartbeat(self) -> bool:

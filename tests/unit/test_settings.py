@@ -240,3 +240,17 @@ def test_the_dsn_help_shows_the_multi_host_form(command):
         "docs/operations.md)",
     ):
         assert "".join(text.split()) in flat, result.stdout
+
+
+@pytest.mark.parametrize("node_id", ["n\ny", "tab\there", "n\x00", "bell\x07", " lead", "trail ", "a b"])
+def test_a_node_id_is_printable_without_spaces(node_id):
+    # It is written to runs, leases and every log line: a newline there splits log lines.
+    with pytest.raises(ConfigError) as caught:
+        Settings(dsn="postgresql://x@h/db", node_id=node_id).validated()
+    assert str(caught.value) == (
+        f"node_id must be 1-200 printable characters without spaces (letters, digits, . _ - : etc.) (got {node_id!r})"
+    )
+
+
+def test_a_node_id_of_host_name_like_text_is_accepted():
+    assert Settings(dsn="postgresql://x@h/db", node_id="node-1.eu_west:a").validated().node_id == "node-1.eu_west:a"
