@@ -570,3 +570,19 @@ def test_a_newline_in_a_path_never_reaches_another_resource(api, admin, method, 
     assert names == ["a"]
     if response.status_code == 404 and path.endswith("%0A"):  # named as sent, not as the resource it is not
         assert response.json()["detail"].endswith("\\n'"), response.text
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "detail"),
+    [
+        ("GET", "/v1/%ff", 404, "path: no such resource '/v1/%ff'"),
+        ("GET", "/v1/runs/%ff:ack", 405, "method: GET is not allowed on '/v1/runs/%ff:ack'"),
+        ("GET", "/v1/caf%C3%A9", 404, "path: no such resource '/v1/café'"),
+    ],
+)
+def test_an_unknown_path_is_named_as_sent_never_decoded_lossily(api, method, path, status, detail):
+    """``GET /v1/%ff`` was a 404 naming ``'/v1/\ufffd'``: invalid UTF-8 is shown percent-encoded
+    as it came (docs/api.md: never decoded lossily); valid UTF-8 decoded."""
+    token = api.key("acme", "tenant")
+    response = _json(api, token, method, path, json=None)
+    assert (response.status_code, response.json()["detail"]) == (status, detail)
