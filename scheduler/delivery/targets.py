@@ -411,7 +411,9 @@ def _check_headers(headers: Sequence[tuple[str, str]]) -> None:
         if lower in seen:
             raise ValidationError("header", "name given twice", name)
         seen.add(lower)
-        if not isinstance(value, str) or len(value) > MAX_HEADER_VALUE_LEN or not _HEADER_VALUE_RE.fullmatch(value):
+        if not isinstance(value, str):
+            raise ValidationError("header", f"value of {name} must be a string (text), not a number, list or null")
+        if len(value) > MAX_HEADER_VALUE_LEN or not _HEADER_VALUE_RE.fullmatch(value):
             raise ValidationError(
                 "header",
                 f"value of {name} must be at most {MAX_HEADER_VALUE_LEN} characters of printable ASCII "

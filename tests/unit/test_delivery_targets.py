@@ -471,3 +471,12 @@ def test_check_targets_resolves_each_url_once_and_names_the_refused_address() ->
         "or reserved); an operator may allow a network with push_allow (got 'inside.example -> 10.1.2.3')"
     )
     check_targets([inside], AddressPolicy.parse("10.0.0.0/8"), resolve=resolve)
+
+
+@pytest.mark.parametrize("value", [1, None, True, ["a"]])
+def test_a_header_value_that_is_not_text_says_so(value) -> None:
+    # The API's {"headers": {"X-A": 1}} was told its value must be printable ASCII of at most 4,096 characters.
+    assert (
+        refused(url=URL, headers={"X-A": value})
+        == "header: value of X-A must be a string (text), not a number, list or null"
+    )
