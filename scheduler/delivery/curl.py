@@ -43,9 +43,6 @@ import pycurl
 
 READ, WRITE = 1, 2
 
-WATCHDOG_GRACE_S = 5.0
-"""A transfer libcurl has not ended this long after its own deadline is ended here (seconds)."""
-
 
 @dataclasses.dataclass(frozen=True)
 class Response:
@@ -228,9 +225,6 @@ class CurlClient:
             raise TransferError(pycurl.E_URL_MALFORMAT, f"request refused by libcurl: {type(exc).__name__}") from None
         self._running[handle] = transfer
         self._multi.add_handle(handle)
-        # Belt and braces: curl ends every transfer by TIMEOUT_MS; should an event ever be
-        # missed, the attempt still ends (a hung one would hold its host's turn for good).
-        watchdog = self._loop.call_later(timeout_s + WATCHDOG_GRACE_S, self._expire, handle, transfer)
         try:
             await transfer.future
         except asyncio.CancelledError:
@@ -243,8 +237,6 @@ class CurlClient:
             if transfer.refused and not transfer.allowed:
                 raise AddressRefused(transfer.refused) from None
             raise
-        finally:
-            watchdog.cancel()
         return _response(transfer)
 
     async def close(self) -> None:
@@ -315,14 +307,6 @@ class CurlClient:
             self._timer = None
         if timeout_ms >= 0:
             self._timer = self._loop.call_later(timeout_ms / 1000, self._act, pycurl.SOCKET_TIMEOUT, 0)
-
-    def _expire(self, handle: pycurl.Curl, transfer: _Transfer) -> None:
-        if self._running.get(handle) is transfer:
-            self._drop(handle, reuse=False)
-            if not transfer.future.done():
-                transfer.future.set_exception(
-                    TransferError(pycurl.E_OPERATION_TIMEDOUT, "no answer from libcurl by the deadline")
-                )
 
     def _act(self, fd: int, events: int) -> None:
         if self._closed:

@@ -202,27 +202,6 @@ def test_a_certificate_from_the_ca_bundle_in_ssl_cert_file_is_trusted(untrusted_
     assert len(untrusted_https.requests) == 1
 
 
-def test_a_transfer_libcurl_never_ends_is_ended_by_the_watchdog(receiver, monkeypatch) -> None:
-    # Events the loop never hands to curl (a glue bug): the attempt still ends, as a timeout.
-    monkeypatch.setattr(curl, "WATCHDOG_GRACE_S", 0.2)
-    monkeypatch.setattr(curl.CurlClient, "_on_socket", lambda self, *args: None)
-    monkeypatch.setattr(curl.CurlClient, "_on_timer", lambda self, *args: None)
-
-    async def main() -> tuple:
-        client = curl.CurlClient(max_total=4, max_per_host=4, allow=LOCAL.allows, user_agent="t", max_body=10)
-        started = time.monotonic()
-        try:
-            with pytest.raises(curl.TransferError) as caught:
-                await client.request("POST", receiver.url(), b"{}", [], timeout_s=0.3)
-            return caught.value, time.monotonic() - started, len(client._running)
-        finally:
-            await client.close()
-
-    error, took, running = asyncio.run(main())
-    assert error.timed_out and error.message == "no answer from libcurl by the deadline"
-    assert 0.5 <= took < 3.0 and running == 0
-
-
 def test_a_non_ascii_path_and_query_are_sent_percent_encoded(receiver) -> None:
     (outcome,) = push_all([claimed(f"http://127.0.0.1:{receiver.port}/caf\u00e9?q=\u00e9t\u00e9&x=%41")])
     assert outcome.outcome == "succeeded"
