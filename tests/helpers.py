@@ -5,14 +5,17 @@ One definition each: a helper two test modules need lives here, not in both.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import socket
 import subprocess
 import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,6 +25,7 @@ import psycopg
 import pytest
 
 from scheduler import jobs, store
+from scheduler import log as logmod
 from scheduler.clock import Clock, SystemClock
 from scheduler.coordination import LeaseTable, SqlCoordinator
 from scheduler.delivery.lifecycle import RunKey
@@ -378,3 +382,23 @@ def reap(proc: subprocess.Popen) -> None:
 def started(handlers_dir: Path, key: RunKey, attempt: int) -> bool:
     """Whether a :data:`WORKER_HANDLERS` handler marked ``key``'s ``attempt`` as started."""
     return (handlers_dir / f"started.{key.run_id}.{attempt}").exists()
+
+
+@contextlib.contextmanager
+def json_log_records() -> Iterator[list[dict]]:
+    """The engine's log records (INFO and up) while the block runs, as parsed JSON lines: a
+    list filled when the block ends. The logger's handlers and level are restored."""
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(logmod.JsonFormatter())
+    logger = logmod.LOGGER
+    saved = (list(logger.handlers), logger.level)
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+    records: list[dict] = []
+    try:
+        yield records
+    finally:
+        logger.handlers[:], level = saved
+        logger.setLevel(level)
+        records.extend(json.loads(line) for line in buffer.getvalue().splitlines())

@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import io
-import json
-import logging
+from helpers import json_log_records
 
-from scheduler import log as logmod
 from scheduler.coordination.sql import SqlCoordinator
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 
 
 def joined_logging(pg_dsn: str, node_id: str) -> tuple[SqlCoordinator, list[dict]]:
-    buffer = io.StringIO()
-    handler = logging.StreamHandler(buffer)
-    handler.setFormatter(logmod.JsonFormatter())
-    logger = logmod.LOGGER
-    saved = (list(logger.handlers), logger.level)
-    logger.handlers[:] = [handler]
-    logger.setLevel(logging.INFO)
-    try:
+    with json_log_records() as records:
         coord = SqlCoordinator(Settings(dsn=pg_dsn, node_id=node_id).validated(), Metrics())
         coord.join()
-    finally:
-        logger.handlers[:], level = saved
-        logger.setLevel(level)
-    return coord, [json.loads(line) for line in buffer.getvalue().splitlines()]
+    return coord, records
 
 
 def test_a_second_process_with_a_live_nodes_id_warns_the_first_does_not(pg_dsn) -> None:

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import io
-import json
-import logging
-
 import pytest
+from helpers import json_log_records
 
-from scheduler import log as logmod
 from scheduler.api.server import warn_if_plain_http_beyond_loopback
 
 
 def logged(host: str, tls: bool) -> tuple[bool, list[dict]]:
-    buffer = io.StringIO()
-    handler = logging.StreamHandler(buffer)
-    handler.setFormatter(logmod.JsonFormatter())
-    logger = logmod.LOGGER
-    saved = (list(logger.handlers), logger.level)
-    logger.handlers[:] = [handler]
-    logger.setLevel(logging.INFO)
-    try:
+    with json_log_records() as records:
         warned = warn_if_plain_http_beyond_loopback(host, tls)
-    finally:
-        logger.handlers[:], level = saved
-        logger.setLevel(level)
-    return warned, [json.loads(line) for line in buffer.getvalue().splitlines()]
+    return warned, records
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "api.internal"])
