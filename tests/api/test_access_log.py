@@ -12,6 +12,7 @@ import logging
 
 import httpx
 import pytest
+from helpers import json_log_records
 
 from scheduler import log as logmod
 from scheduler.api.server import ApiThread
@@ -69,19 +70,11 @@ def test_each_request_is_one_api_request_line_without_its_query_or_token(records
 
 
 def test_without_the_flag_nothing_is_logged_per_request(pg_dsn):
-    buffer = io.StringIO()
-    handler = logging.StreamHandler(buffer)
-    handler.setFormatter(logmod.JsonFormatter())
-    logger = logmod.LOGGER
-    saved = (list(logger.handlers), logger.level)
-    logger.handlers[:] = [handler]
-    logger.setLevel(logging.INFO)
-    server = ApiThread(pg_dsn, "127.0.0.1", 0, TEST_SETTINGS).start()
-    try:
-        assert httpx.get(f"{server.url}/v1/tenants").status_code == 401
-        server.stop()
-    finally:
-        server.stop()
-        logger.handlers[:], level = saved
-        logger.setLevel(level)
-    assert _requests_logged(buffer) == []
+    with json_log_records() as records:
+        server = ApiThread(pg_dsn, "127.0.0.1", 0, TEST_SETTINGS).start()
+        try:
+            assert httpx.get(f"{server.url}/v1/tenants").status_code == 401
+        finally:
+            server.stop()
+    assert [r for r in records if r["event"] == "api_request"] == []
+    assert [r["event"] for r in records if r["event"] == "api_listening"] == ["api_listening"]  # records were taken
