@@ -223,7 +223,7 @@ class Receiver:
     """An HTTP endpoint on 127.0.0.1 that records every request and answers from a script.
 
     ``script`` items are ``(status, headers, delay_s)``; when it is empty the
-    answer is 200 after ``delay_s``. ``requests`` holds ``{method, path,
+    answer is 200 after ``delay_s``. Every answer's body is ``body`` (``b"ok"``). ``requests`` holds ``{method, path,
     headers (lower-case names), body, peer (the client's address and port:
     one per connection)}`` in arrival order; ``peak`` the most
     requests handled at once. Listens on ``host``:``port`` (0: a free port).
@@ -233,6 +233,7 @@ class Receiver:
         self.requests: list[dict] = []
         self.delay_s = delay_s
         self.script: list[tuple[int, dict[str, str], float]] = []
+        self.body = b"ok"
         self.peak = 0
         self._active = 0
         self._lock = threading.Lock()
@@ -266,9 +267,9 @@ class Receiver:
                     self.send_response(status)
                     for name, value in headers.items():
                         self.send_header(name, value)
-                    self.send_header("Content-Length", "2")
+                    self.send_header("Content-Length", str(len(receiver.body)))
                     self.end_headers()
-                    self.wfile.write(b"ok")
+                    self.wfile.write(receiver.body)
                 except OSError:  # the client gave up (timeout)
                     pass
                 finally:

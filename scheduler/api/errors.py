@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import http
 import logging
-import re
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
 import psycopg
 from fastapi import FastAPI, Request
@@ -333,7 +331,7 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
     path = request.scope.get("path") or request.url.path
     raw_path = request.scope.get("raw_path") or b""
     if "\ufffd" in path and raw_path:  # invalid UTF-8 sent: name it as sent, never decoded lossily
-        path = shown_path(raw_path)
+        path = raw_path.decode("latin-1")
     trailing_slash = len(path) > 1 and raw_path.endswith(b"/")  # as sent: %2F is a name's slash, not the path's
     if status == 405 and trailing_slash:  # a route whose name takes "/" matched it with another method
         status, detail = 404, None
@@ -346,21 +344,6 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
     field = "body" if status == 413 else getattr(exc, "field", None)
     headers = dict(exc.headers or {}) if status == exc.status_code else {}
     return problem(status, detail, field=field, headers=headers)
-
-
-def shown_path(raw_path: bytes) -> str:
-    """``raw_path`` percent-decoded where its bytes are UTF-8, the other escapes kept as sent
-    (``/v1/caf%C3%A9/%ff`` → ``/v1/café/%ff``)."""
-    text = raw_path.decode("latin-1")
-    return re.sub(r"(?:%[0-9A-Fa-f]{2})+", _decode_escapes, text)
-
-
-def _decode_escapes(match: re.Match[str]) -> str:
-    escaped = match.group(0)
-    try:
-        return unquote_to_bytes(escaped).decode("utf-8")
-    except UnicodeDecodeError:
-        return escaped
 
 
 def store_unavailable(path: str, exc: BaseException | None = None) -> JSONResponse:

@@ -356,7 +356,7 @@ class Pusher:
                     return Outcome(run, "retry", error=f"timeout after {timeout_s:g}s", latency_s=elapsed)
                 if exc.code == pycurl.E_URL_MALFORMAT:
                     return Outcome(run, "failed", error="invalid target url", latency_s=elapsed)
-                return Outcome(run, "retry", error=f"connection error: {_clip(exc.message)}", latency_s=elapsed)
+                return Outcome(run, "retry", error=f"connection error: {exc.message}", latency_s=elapsed)
         finally:
             self._release(host, sem)
         elapsed = time.monotonic() - started
@@ -367,11 +367,6 @@ class Pusher:
         wait = parse_retry_after(response.retry_after, self._clock.wall()) if outcome == "retry" else None
         reason = f" {response.reason}" if response.reason else ""
         return Outcome(run, outcome, status, f"HTTP {status}{reason}", wait, elapsed)
-
-
-def _clip(text: str, limit: int = 300) -> str:
-    line = (text.splitlines() or [""])[0]
-    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _is_ip(host: str) -> bool:

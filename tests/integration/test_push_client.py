@@ -11,11 +11,9 @@ from __future__ import annotations
 import asyncio
 import ssl
 import subprocess
-import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -61,42 +59,6 @@ def push_all(runs: list[Claimed], policy: AddressPolicy = LOCAL, **kwargs) -> li
     return asyncio.run(main())
 
 
-class BigBodyServer:
-    """Answers every POST with ``status`` and a body of ``size`` bytes; counts connections."""
-
-    def __init__(self, size: int, status: int = 200) -> None:
-        self.peers: list[tuple] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                server.peers.append(self.client_address)
-                self.send_response(status)
-                self.send_header("Content-Length", str(size))
-                self.end_headers()
-                try:
-                    self.wfile.write(b"x" * size)
-                except OSError:  # the client stopped reading
-                    pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def receiver():
     r = Receiver()
@@ -104,13 +66,14 @@ def receiver():
     r.close()
 
 
-def test_a_response_body_past_the_read_limit_is_cut_and_its_status_counts() -> None:
-    server = BigBodyServer(3 * MAX_RESPONSE_READ, status=503)
-    small = BigBodyServer(10)
+def test_a_response_body_past_the_read_limit_is_cut_and_its_status_counts(receiver) -> None:
+    receiver.body = b"x" * (3 * MAX_RESPONSE_READ)
+    receiver.script = [(503, {}, 0.0)]
+    small = Receiver()
+    small.body = b"x" * 10
     try:
-        first, second = push_all([claimed(server.url()), claimed(small.url())])
+        first, second = push_all([claimed(receiver.url()), claimed(small.url())])
     finally:
-        server.close()
         small.close()
     assert (first.outcome, first.status, first.error) == ("retry", 503, "HTTP 503 Service Unavailable")
     assert (second.outcome, second.status) == ("succeeded", 200)
