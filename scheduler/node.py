@@ -72,7 +72,7 @@ from datetime import datetime, timedelta
 from types import FrameType
 from typing import Any
 
-from scheduler import log, store, watchdog
+from scheduler import log, runtime, store, watchdog
 from scheduler.clock import Clock, SystemClock
 from scheduler.coordination import Coordinator, LeaseLoop, LeaseTable, make_coordinator
 from scheduler.delivery import owner
@@ -466,7 +466,9 @@ class Node:
         The process ends within ``stop_timeout_s`` of the signal: past it, it
         logs ``stop_deadline_passed`` and exits with status 1 at once. Raises
         :class:`~scheduler.errors.StoreSetupError` (after a graceful stop if
-        the loops had started) when the store is misconfigured.
+        the loops had started) when the store is misconfigured. Owns the
+        process: it also freezes the start-up heap out of the garbage
+        collector's reach (:func:`scheduler.runtime.freeze_startup_heap`).
         """
         deadline: list[threading.Timer] = []
 
@@ -480,6 +482,7 @@ class Node:
             self.stop()
 
         previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+        runtime.freeze_startup_heap()
         try:
             self.start()
             next_check = self.watchdog.clock()

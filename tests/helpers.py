@@ -347,6 +347,11 @@ WORKER_HANDLERS = textwrap.dedent(
         with open(DIR / f"done.{run.run_id}.{run.attempt}", "x") as f:
             f.write(repr(run.payload))
 
+    def heap(run):
+        # How many objects the process had frozen out of the garbage collector's reach.
+        import gc
+        (DIR / f"frozen.{run.run_id}.{run.attempt}").write_text(str(gc.get_freeze_count()))
+
     NOT_CALLABLE = 42
     """
 )

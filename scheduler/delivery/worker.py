@@ -104,7 +104,7 @@ from typing import Any
 
 import psycopg
 
-from scheduler import log, store
+from scheduler import log, runtime, store
 from scheduler.delivery import lifecycle
 from scheduler.delivery.targets import validate_queue
 from scheduler.errors import StoreError, ValidationError
@@ -642,7 +642,9 @@ class Worker:
 
     def run_until_signalled(self) -> None:
         """:meth:`run`, stopping gracefully on SIGTERM or SIGINT (main thread only); a second signal
-        cuts the grace short (in-flight runs are nacked at once)."""
+        cuts the grace short (in-flight runs are nacked at once). Owns the process: it also
+        freezes the start-up heap out of the garbage collector's reach
+        (:func:`scheduler.runtime.freeze_startup_heap`)."""
         previous: dict[int, Any] = {}
 
         def handler(signum: int, frame: Any) -> None:
@@ -653,6 +655,7 @@ class Worker:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, handler)
+        runtime.freeze_startup_heap()
         try:
             self.run()
         finally:

@@ -15,6 +15,7 @@ every partition).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import re
@@ -576,6 +577,25 @@ def test_sigterm_lets_a_handler_that_finishes_within_the_deadline_ack(conn, pg_d
         reap(proc)
     assert state_of(conn, key) == ("succeeded", 1)
     assert "run_nacked_at_stop" not in output_of(proc)
+
+
+def test_a_worker_process_keeps_its_startup_heap_out_of_the_collectors_reach(conn, pg_dsn, handlers_dir, start) -> None:
+    """``scheduler worker`` freezes what its imports made (scheduler.runtime.freeze_startup_heap);
+    a Worker embedded in another process with ``run`` leaves that process's collector alone."""
+    key = pending_now(conn, add_job(conn))
+    proc = spawn(pg_dsn, handlers_dir, "handlers:heap")
+    try:
+        wait_for("succeeded", lambda: state_of(conn, key), lambda s: s == ("succeeded", 1), timeout_s=30)
+    finally:
+        reap(proc)
+    assert int((handlers_dir / f"frozen.{key.run_id}.1").read_text()) > 10_000
+
+    embedded = pending_now(conn, add_job(conn))
+    frozen: list[int] = []
+    w = start(lambda run: frozen.append(gc.get_freeze_count()))
+    wait_for("succeeded", lambda: state_of(conn, embedded), lambda s: s == ("succeeded", 1))
+    w.stop()
+    assert frozen == [0]
 
 
 # ---------------------------------------------------------------- the command line
