@@ -86,7 +86,6 @@ See docs/api.md."""
 
 
 def _pool(dsn: str, size: int) -> ConnectionPool:
-    timeout_ms = int(STATEMENT_TIMEOUT_S * 1000)
     return ConnectionPool(
         store.libpq_dsn(dsn),
         min_size=1,
@@ -99,7 +98,7 @@ def _pool(dsn: str, size: int) -> ConnectionPool:
             "row_factory": dict_row,
             "application_name": "scheduler-api",
             "connect_timeout": 5,
-            "options": f"-c statement_timeout={timeout_ms}",
+            "options": store.session_options(dsn, statement_timeout=STATEMENT_TIMEOUT_S),
             # Never prepared server-side, as the engine's sessions (a generic plan of
             # claim_runs made while runs was empty would seq-scan every run later).
             "prepare_threshold": PREPARE_THRESHOLD,

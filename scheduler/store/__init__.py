@@ -80,6 +80,7 @@ from scheduler.store.session import (
     drops_connection,
     keepalive_params,
     node_connect,
+    session_options,
     sqlalchemy_engine,
 )
 
@@ -122,6 +123,7 @@ __all__ = [
     "resend",
     "run_transaction",
     "secret_spellings",
+    "session_options",
     "setup_problem",
     "sqlalchemy_dialect",
     "sqlalchemy_engine",

@@ -14,10 +14,12 @@ probe): opened on first use, reopened after a failure.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
+import psycopg.conninfo
 from psycopg.rows import dict_row, tuple_row
 
 from scheduler.clock import Clock, SystemClock
@@ -50,6 +52,40 @@ each statement costs well under a millisecond; the firing statements were
 already never prepared (``FIRE_RUNS_PREPARE``) for the same reason."""
 
 
+SESSION_TIME_ZONE = "UTC"
+"""Every session's ``TimeZone``, whatever the server's default: the engine reads and
+writes instants only, and psycopg decodes a ``timestamptz`` of a session in ``UTC``
+as a datetime with :data:`datetime.UTC`, ~5x cheaper than one with a named zone's
+``ZoneInfo`` (a Debian cluster's default is ``Etc/UTC``): 0.55 against 3.1 µs for a
+row of four timestamps, and a worker's claim reads four per run (docs/performance.md,
+"2026-12-02, night"). SQL that depends on the session's zone (none does; ``date_trunc
+('second', …)`` is the same in every zone of whole-second offsets) would see UTC."""
+
+
+def own_options(dsn: str) -> str:
+    """The ``options`` the DSN itself carries (``options=…`` in it, else the ``PGOPTIONS``
+    environment variable; ``""`` if neither): :func:`connect` sends them first and the
+    engine's own after, so a DSN's ``-c search_path=…`` or ``-c work_mem=…`` reaches the
+    server (libpq takes one ``options`` value, and an explicit one replaces the DSN's and
+    the environment's) while the engine's settings win where both name one."""
+    try:
+        given = psycopg.conninfo.conninfo_to_dict(libpq_dsn(dsn)).get("options")
+    except psycopg.ProgrammingError:
+        given = None  # libpq reports a malformed DSN itself, at connect
+    return str(given) if given else os.environ.get("PGOPTIONS", "")
+
+
+def session_options(dsn: str, **timeouts_s: float | None) -> str:
+    """libpq's ``options`` of an engine session on ``dsn``: the DSN's own (:func:`own_options`),
+    then ``TimeZone`` (:data:`SESSION_TIME_ZONE`), then each ``name=seconds`` of ``timeouts_s``
+    that is not None as ``-c name=<milliseconds, at least 1>``."""
+    options = [own_options(dsn), f"-c TimeZone={SESSION_TIME_ZONE}"]
+    for guc, value in timeouts_s.items():
+        if value is not None:
+            options.append(f"-c {guc}={max(1, int(value * 1000))}")
+    return " ".join(option for option in options if option)
+
+
 def connect(
     dsn: str,
     *,
@@ -79,17 +115,17 @@ def connect(
     form it accepts works here: several hosts (``h1:p1,h2:p2``,
     ``?host=h1,h2&port=p1,p2``, ``host=h1,h2 port=p1,p2``), tried in turn
     with ``target_session_attrs``. Statements are never prepared server-side
-    (:data:`PREPARE_THRESHOLD`).
+    (:data:`PREPARE_THRESHOLD`); the session's time zone is
+    :data:`SESSION_TIME_ZONE`, and the DSN's own ``options`` are kept
+    (:func:`own_options`).
     """
     check_dsn(dsn)
-    options = []
-    for guc, value in (
-        ("lock_timeout", lock_timeout_s),
-        ("statement_timeout", statement_timeout_s),
-        ("idle_in_transaction_session_timeout", idle_in_transaction_timeout_s),
-    ):
-        if value is not None:
-            options.append(f"-c {guc}={max(1, int(value * 1000))}")
+    options = session_options(
+        dsn,
+        lock_timeout=lock_timeout_s,
+        statement_timeout=statement_timeout_s,
+        idle_in_transaction_session_timeout=idle_in_transaction_timeout_s,
+    )
     cls: type[psycopg.Connection[Any]] = psycopg.Connection if watch is None else WatchedConnection
     try:
         conn: psycopg.Connection[Row] = cls.connect(
@@ -98,7 +134,7 @@ def connect(
             row_factory=dict_row,
             application_name=application_name,
             connect_timeout=max(1, int(connect_timeout_s)),
-            options=" ".join(options) or None,
+            options=options,
             **conninfo,
         )
     except psycopg.Error as exc:

@@ -510,3 +510,22 @@ def test_the_apis_store_sessions_never_prepare_statements_server_side(api, db) -
         assert conn.prepare_threshold is None
         assert conn.execute("SELECT count(*) AS n FROM pg_prepared_statements").fetchone()["n"] == 0
     assert run_row(db, key)["state"] == "pending"
+
+
+def test_the_apis_store_sessions_read_times_in_utc_and_keep_the_dsns_options(pg_dsn) -> None:
+    # As the engine's sessions (scheduler/store/session.py session_options): TimeZone UTC
+    # whatever the server's default, the DSN's own options kept, the API's timeout on top.
+    from datetime import UTC
+
+    from scheduler.api.app import STATEMENT_TIMEOUT_S, _pool
+
+    sep = "&" if "?" in pg_dsn else "?"
+    pool = _pool(f"{pg_dsn}{sep}options=-c%20work_mem%3D7MB%20-c%20TimeZone%3DAsia/Tokyo", 1)
+    pool.open(wait=True)
+    try:
+        with pool.connection() as conn:
+            shown = {n: conn.execute(f"SHOW {n}").fetchone()[n] for n in ("work_mem", "TimeZone", "statement_timeout")}
+            assert shown == {"work_mem": "7MB", "TimeZone": "UTC", "statement_timeout": f"{int(STATEMENT_TIMEOUT_S)}s"}
+            assert conn.execute("SELECT now() AS t").fetchone()["t"].tzinfo is UTC
+    finally:
+        pool.close()

@@ -9,6 +9,7 @@ timeouts are the node's, and whose blocking calls the watchdog bounds.
 from __future__ import annotations
 
 import threading
+from datetime import UTC
 
 from scheduler import store
 from scheduler.clock import SystemClock
@@ -140,3 +141,28 @@ def test_the_readiness_probe_says_a_read_only_store_is_not_ready(pg_dsn):
         admin.execute(f'ALTER DATABASE "{dbname}" RESET default_transaction_read_only')
         probe.close()
         admin.close()
+
+
+def test_every_session_reads_times_in_utc_and_keeps_the_dsns_own_options(pg_dsn, monkeypatch):
+    """Sessions run with ``TimeZone=UTC`` whatever the server's default (timestamps decode as
+    ``datetime.timezone.utc``, ~5x cheaper than a named zone's), and the options a DSN (or
+    PGOPTIONS) carries reach the server beside the engine's own, which win where both name one."""
+    sep = "&" if "?" in pg_dsn else "?"
+    dsn = f"{pg_dsn}{sep}options=-c%20work_mem%3D7MB%20-c%20TimeZone%3DAsia/Tokyo%20-c%20statement_timeout%3D9s"
+    for conn in (
+        store.connect(dsn),
+        store.connect(dsn, statement_timeout_s=4.0),
+        store.node_connect(settings(dsn), "scheduler-test:n1", watchdog=Watchdog()),
+    ):
+        with conn:
+            shown = {name: conn.execute(f"SHOW {name}").fetchone()[name] for name in ("work_mem", "TimeZone")}
+            assert shown == {"work_mem": "7MB", "TimeZone": "UTC"}
+            assert conn.execute("SELECT now() AS t").fetchone()["t"].tzinfo is UTC
+    with store.connect(dsn, statement_timeout_s=4.0) as conn:
+        assert conn.execute("SHOW statement_timeout").fetchone()["statement_timeout"] == "4s"
+    with store.connect(dsn) as conn:
+        assert conn.execute("SHOW statement_timeout").fetchone()["statement_timeout"] == "9s"
+    monkeypatch.setenv("PGOPTIONS", "-c work_mem=5MB")
+    with store.connect(pg_dsn, statement_timeout_s=4.0) as conn:
+        assert conn.execute("SHOW work_mem").fetchone()["work_mem"] == "5MB"
+        assert conn.execute("SHOW TimeZone").fetchone()["TimeZone"] == "UTC"
