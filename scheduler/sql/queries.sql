@@ -441,6 +441,7 @@ WITH fence AS (
            OR (%(p_next_nominal)b::timestamptz[])[a.plan] > j.next_nominal_at)
       AND (fd.pids[a.fpos] = a.pid OR a.pid = ANY(fd.pids))
     RETURNING j.partition_id, j.job_id, j.tenant, j.queue, j.overlap, j.next_nominal_at,
+              coalesce(j.name, '') AS job_name,
               (%(fence_epochs)b::int8[])[a.fpos] AS epoch,
               (%(p_fire_lo)b::int4[])[a.plan] AS fire_lo,
               (%(p_fire_hi)b::int4[])[a.plan] AS fire_hi,
@@ -457,23 +458,24 @@ WITH fence AS (
     ON CONFLICT (partition_id, job_id, first_nominal) DO NOTHING
     RETURNING 1
 ), fires AS (
-    SELECT ad.partition_id, ad.job_id, ad.tenant, ad.queue, ad.epoch,
+    SELECT ad.partition_id, ad.job_id, ad.tenant, ad.queue, ad.job_name, ad.epoch,
            generate_series(ad.fire_lo, ad.fire_hi) AS i
     FROM advanced AS ad
     WHERE ad.overlap = 'allow'
 ), inserted AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
-                      fired_at, node_id, epoch, state, queue, origin, available_at)
+                      fired_at, node_id, epoch, state, queue, origin, available_at, job_name)
     SELECT r.partition_id, r.job_id, (%(f_nominal)b::timestamptz[])[r.i], r.tenant,
            (%(f_scheduled)b::timestamptz[])[r.i],
            coalesce(%(now)s::timestamptz, statement_timestamp()), %(node_id)s, r.epoch,
-           'pending', r.queue, 'schedule', coalesce(%(now)s::timestamptz, statement_timestamp())
+           'pending', r.queue, 'schedule', coalesce(%(now)s::timestamptz, statement_timestamp()),
+           r.job_name
     FROM fires AS r
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
     RETURNING partition_id, job_id, nominal_time, epoch,
               extract(epoch FROM (fired_at - scheduled_at))::float8 AS lag_s
 ), guarded AS (
-    SELECT ad.partition_id, ad.job_id, ad.tenant, ad.queue, ad.epoch, ad.overlap, ad.next_nominal_at,
+    SELECT ad.partition_id, ad.job_id, ad.tenant, ad.queue, ad.job_name, ad.epoch, ad.overlap, ad.next_nominal_at,
            (%(f_nominal)b::timestamptz[])[g.i] AS nominal, (%(f_scheduled)b::timestamptz[])[g.i] AS scheduled,
            (%(f_nominal)b::timestamptz[])[ad.fire_hi] AS last_nominal,
            CASE WHEN ad.overlap = 'replace' THEN
@@ -517,7 +519,7 @@ WITH fence AS (
 ), overlap_ins AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
                       fired_at, node_id, epoch, state, queue, origin, available_at, overlap,
-                      finished_at, last_error)
+                      finished_at, last_error, job_name)
     SELECT gd.partition_id, gd.job_id, gd.nominal, gd.tenant, gd.scheduled,
            coalesce(%(now)s::timestamptz, statement_timestamp()), %(node_id)s, gd.epoch,
            CASE gd.fate WHEN 'replaced' THEN 'canceled' ELSE 'pending' END, gd.queue, 'schedule',
@@ -528,7 +530,8 @@ WITH fence AS (
            CASE gd.fate WHEN 'replaced' THEN
              'replaced by run ' || gd.job_id::text || '.'
              || (floor(extract(epoch FROM date_trunc('second', gd.last_nominal)))::int8 * 1000000
-                 + mod(extract(microseconds FROM gd.last_nominal)::int8, 1000000))::text END
+                 + mod(extract(microseconds FROM gd.last_nominal)::int8, 1000000))::text END,
+           gd.job_name
     FROM guarded AS gd
     WHERE gd.fate <> 'skip'
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
@@ -628,20 +631,22 @@ WITH fence AS (
       AND j.schedule_key = p.schedule_key
       AND j.next_nominal_at = %(due)s
       AND j.jitter_s = 0
-    RETURNING j.partition_id, j.job_id, j.tenant, j.queue, j.overlap, j.next_nominal_at
+    RETURNING j.partition_id, j.job_id, j.tenant, j.queue, j.overlap, j.next_nominal_at,
+              coalesce(j.name, '') AS job_name
 ), inserted AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
-                      fired_at, node_id, epoch, state, queue, origin, available_at)
+                      fired_at, node_id, epoch, state, queue, origin, available_at, job_name)
     SELECT ad.partition_id, ad.job_id, %(due)s, ad.tenant, %(due)s,
            coalesce(%(now)s::timestamptz, statement_timestamp()),
            %(node_id)s, (%(epochs)s::int8[])[ad.partition_id + 1],
-           'pending', ad.queue, 'schedule', coalesce(%(now)s::timestamptz, statement_timestamp())
+           'pending', ad.queue, 'schedule', coalesce(%(now)s::timestamptz, statement_timestamp()),
+           ad.job_name
     FROM advanced AS ad
     WHERE ad.overlap = 'allow'
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
     RETURNING partition_id, job_id
 ), guarded AS (
-    SELECT ad.partition_id, ad.job_id, ad.tenant, ad.queue, ad.overlap, ad.next_nominal_at,
+    SELECT ad.partition_id, ad.job_id, ad.tenant, ad.queue, ad.job_name, ad.overlap, ad.next_nominal_at,
            (%(epochs)s::int8[])[ad.partition_id + 1] AS epoch,
            CASE WHEN ad.overlap = 'replace' OR b.busy = 0 THEN 'run'
                 WHEN ad.overlap = 'buffer_one' AND b.busy = 1 THEN 'buffer'
@@ -680,13 +685,13 @@ WITH fence AS (
     RETURNING 1
 ), overlap_ins AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
-                      fired_at, node_id, epoch, state, queue, origin, available_at, overlap)
+                      fired_at, node_id, epoch, state, queue, origin, available_at, overlap, job_name)
     SELECT gd.partition_id, gd.job_id, %(due)s, gd.tenant, %(due)s,
            coalesce(%(now)s::timestamptz, statement_timestamp()), %(node_id)s, gd.epoch,
            'pending', gd.queue, 'schedule',
            CASE gd.fate WHEN 'buffer' THEN NULL
                 ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) END,
-           gd.overlap
+           gd.overlap, gd.job_name
     FROM guarded AS gd
     WHERE gd.fate <> 'skip'
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
@@ -1797,7 +1802,10 @@ WHERE EXISTS (
 -- attempt + 1. SKIP LOCKED spreads concurrent claimers over different runs;
 -- the re-check of state in the UPDATE makes a run leased by a concurrent
 -- claim (READ COMMITTED re-evaluation) drop out. Returns the runs with what
--- the handler needs: the job's name and the job_delivery row's payload.
+-- the handler needs: the job's name and the job_delivery row's payload. The
+-- name is the run's own (runs.job_name, written when the run was created:
+-- '' for a job without one), so a claim reads nothing of the 5 M-row jobs
+-- table; a run written before revision 0035 (NULL) is looked up in jobs.
 WITH picked AS (
     SELECT r.partition_id, r.job_id, r.nominal_time
     FROM runs AS r
@@ -1826,11 +1834,15 @@ WITH picked AS (
       AND r.nominal_time = p.nominal_time
       AND r.state = 'pending'
     RETURNING r.partition_id, r.job_id, r.nominal_time, r.tenant, r.queue, r.origin, r.scheduled_at,
-              r.attempt, r.lease_token, r.leased_until, r.claimed_at
+              r.attempt, r.lease_token, r.leased_until, r.claimed_at, r.job_name AS recorded_name
 )
-SELECT c.*, j.name AS job_name, d.payload, d.url, d.method, d.headers, d.timeout_s
+SELECT c.partition_id, c.job_id, c.nominal_time, c.tenant, c.queue, c.origin, c.scheduled_at,
+       c.attempt, c.lease_token, c.leased_until, c.claimed_at,
+       CASE WHEN c.recorded_name IS NOT NULL THEN nullif(c.recorded_name, '')
+            ELSE (SELECT j.name FROM jobs AS j
+                  WHERE j.partition_id = c.partition_id AND j.job_id = c.job_id) END AS job_name,
+       d.payload, d.url, d.method, d.headers, d.timeout_s
 FROM claimed AS c
-LEFT JOIN jobs AS j ON j.partition_id = c.partition_id AND j.job_id = c.job_id
 LEFT JOIN job_delivery AS d ON d.partition_id = c.partition_id AND d.job_id = c.job_id
 ORDER BY c.nominal_time, c.job_id;
 
@@ -1870,7 +1882,8 @@ FROM (
 -- read in order from runs_push_idx (on available_at), skipping other
 -- partitions' (see due_push_partitions). SKIP LOCKED only spreads two
 -- claimers (an old and a new owner for a moment) over different runs; the
--- state re-check in the UPDATE is what keeps a run leased once.
+-- state re-check in the UPDATE is what keeps a run leased once. The job's
+-- name comes from the run, as in claim_runs.
 WITH fence AS (
     SELECT p.partition_id
     FROM partitions AS p
@@ -1909,11 +1922,15 @@ WITH fence AS (
       AND r.nominal_time = p.nominal_time
       AND r.state = 'pending'
     RETURNING r.partition_id, r.job_id, r.nominal_time, r.tenant, r.queue, r.origin, r.scheduled_at,
-              r.attempt, r.lease_token, r.leased_until, r.claimed_at
+              r.attempt, r.lease_token, r.leased_until, r.claimed_at, r.job_name AS recorded_name
 )
-SELECT c.*, j.name AS job_name, d.payload, d.url, d.method, d.headers, d.timeout_s
+SELECT c.partition_id, c.job_id, c.nominal_time, c.tenant, c.queue, c.origin, c.scheduled_at,
+       c.attempt, c.lease_token, c.leased_until, c.claimed_at,
+       CASE WHEN c.recorded_name IS NOT NULL THEN nullif(c.recorded_name, '')
+            ELSE (SELECT j.name FROM jobs AS j
+                  WHERE j.partition_id = c.partition_id AND j.job_id = c.job_id) END AS job_name,
+       d.payload, d.url, d.method, d.headers, d.timeout_s
 FROM claimed AS c
-LEFT JOIN jobs AS j ON j.partition_id = c.partition_id AND j.job_id = c.job_id
 LEFT JOIN job_delivery AS d ON d.partition_id = c.partition_id AND d.job_id = c.job_id
 ORDER BY c.nominal_time, c.job_id;
 
@@ -2208,6 +2225,7 @@ WITH fence AS (
     LIMIT %(limit)s
 ), decided AS (
     SELECT pk.partition_id, pk.job_id, pk.request_id, j.tenant, j.queue, j.overlap,
+           coalesce(j.name, '') AS job_name,
            (%(epochs)s::int8[])[pk.partition_id + 1] AS epoch,
            coalesce(%(now)s::timestamptz, statement_timestamp()) AS nominal,
            CASE WHEN j.job_id IS NULL OR j.deleted_at IS NOT NULL THEN 'deleted'
@@ -2249,11 +2267,11 @@ WITH fence AS (
     RETURNING 1
 ), inserted AS (
     INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
-                      fired_at, node_id, epoch, state, queue, origin, available_at, overlap)
+                      fired_at, node_id, epoch, state, queue, origin, available_at, overlap, job_name)
     SELECT dc.partition_id, dc.job_id, dc.nominal, dc.tenant, dc.nominal, dc.nominal, %(node_id)s, dc.epoch,
            'pending', dc.queue, 'manual',
            CASE dc.fate WHEN 'buffer' THEN NULL ELSE dc.nominal END,
-           nullif(dc.overlap, 'allow')
+           nullif(dc.overlap, 'allow'), dc.job_name
     FROM decided AS dc
     WHERE dc.fate IN ('run', 'buffer')
     ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
@@ -2284,12 +2302,15 @@ ORDER BY nominal_time;
 -- the overlap policy: runs.overlap NULL) of job (%(partition_id)s,
 -- %(job_id)s) at each nominal time %(nominals)s[i], scheduled at
 -- %(scheduled)s[i]; a slot that has a run keeps it (the primary key), so a
--- repeated backfill writes nothing. Returns the runs written.
+-- repeated backfill writes nothing. Each run carries the job's name, as a
+-- fired run does. Returns the runs written.
 INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at,
-                  fired_at, node_id, epoch, state, queue, origin, available_at)
+                  fired_at, node_id, epoch, state, queue, origin, available_at, job_name)
 SELECT %(partition_id)s, %(job_id)s, a.nominal, %(tenant)s, a.scheduled,
        coalesce(%(now)s::timestamptz, statement_timestamp()), %(node_id)s, 0,
-       'pending', %(queue)s, 'backfill', coalesce(%(now)s::timestamptz, statement_timestamp())
+       'pending', %(queue)s, 'backfill', coalesce(%(now)s::timestamptz, statement_timestamp()),
+       (SELECT coalesce(j.name, '') FROM jobs AS j
+        WHERE j.partition_id = %(partition_id)s AND j.job_id = %(job_id)s)
 FROM unnest(%(nominals)s::timestamptz[], %(scheduled)s::timestamptz[]) AS a (nominal, scheduled)
 ON CONFLICT (partition_id, job_id, nominal_time) DO NOTHING
 RETURNING nominal_time;

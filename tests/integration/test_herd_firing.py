@@ -139,8 +139,8 @@ def test_a_herd_fires_every_timer_once_with_its_schedules_next_slot(conn, node) 
     due = conn.execute("SELECT date_trunc('hour', now()) AS t").fetchone()["t"]
     herd = load_herd(conn, "big", 60, due)
     cron_ids = []
-    for _ in range(6):
-        created = jobs.add_job(conn, JobSpec.build(tenant="big", cron="0 * * * *"))
+    for i in range(6):
+        created = jobs.add_job(conn, JobSpec.build(tenant="big", cron="0 * * * *", name=f"cron-{i}" if i else None))
         cron_ids.append(created.job_id)
     conn.execute(
         "UPDATE jobs SET next_nominal_at = %(d)s, next_due_at = %(d)s WHERE job_id = ANY(%(ids)s)",
@@ -160,6 +160,11 @@ def test_a_herd_fires_every_timer_once_with_its_schedules_next_slot(conn, node) 
         assert run["node_id"] == "herd"
         assert run["epoch"] == epoch_of[run["partition_id"]]
         assert run["fired_at"] >= run["scheduled_at"]
+    # Each run carries its job's name as of firing ('' for none), as the per-timer path's do.
+    assert {r["job_id"]: r["job_name"] for r in fired} == {
+        **{j: "" for j in (*herd, *small, cron_ids[0])},
+        **{j: f"cron-{i}" for i, j in enumerate(cron_ids) if i},
+    }
     for job_id, interval in {**herd, **small}.items():
         row = job(conn, job_id)
         assert row["next_nominal_at"] == row["next_due_at"] == due + timedelta(seconds=interval)

@@ -383,6 +383,39 @@ def test_backfill_twice_writes_the_same_runs_and_fills_skipped_slots(conn, node,
     assert (report.missing, report.unexpected, report.duplicates) == (0, 0, 0)
 
 
+@pytest.mark.parametrize("overlap", ["allow", "forbid"])
+def test_a_run_carries_its_jobs_name_from_when_it_was_created(conn, node, clock, overlap) -> None:
+    """Fired (each overlap path), manual and backfill runs record the job's name ('' for none);
+    a claim hands that name over (the job renamed since does not change it, and the
+    claim reads nothing of jobs for it), and a run recorded without one (NULL: written
+    before revision 0035) gets the job's current name."""
+    named, unnamed = overlap_job(conn, overlap), overlap_job(conn, overlap)
+    conn.execute("UPDATE jobs SET name = 'nightly' WHERE job_id = %s", (named,))
+    node.firer.tick()  # T0, fired
+    manual.request_run(conn, named, "r1", force=True)
+    at(clock, T0 + 30 * S)
+    assert node.firer.tick().requests == 1  # T0 + 30 s, manual
+    assert manual.backfill(conn, named, T0 + M, T0 + 2 * M, now=T0 + 10 * M).created == (T0 + M,)
+    stored = conn.execute(
+        "SELECT job_id, nominal_time, origin, job_name FROM runs ORDER BY job_id = %s, nominal_time", (named,)
+    ).fetchall()
+    assert [(r["job_id"], r["nominal_time"], r["origin"], r["job_name"]) for r in stored] == [
+        (unnamed, T0, "schedule", ""),
+        (named, T0, "schedule", "nightly"),
+        (named, T0 + 30 * S, "manual", "nightly"),
+        (named, T0 + M, "backfill", "nightly"),
+    ]
+    conn.execute("UPDATE jobs SET name = 'renamed' WHERE job_id = %s", (named,))
+    conn.execute("UPDATE runs SET job_name = NULL WHERE job_id = %s AND origin = 'backfill'", (named,))
+    claimed = {(c.job_id, c.nominal_time): c.job_name for c in claim(conn, T0 + 11 * M)}
+    assert claimed == {
+        (unnamed, T0): None,
+        (named, T0): "nightly",
+        (named, T0 + 30 * S): "nightly",
+        (named, T0 + M): "renamed",
+    }
+
+
 def test_backfill_over_its_bound_or_into_the_future_writes_nothing(conn, node, clock) -> None:
     job_id = overlap_job(conn, "allow")
     with pytest.raises(ValidationError, match="^max_runs: the range holds more than 3 slots"):
