@@ -52,6 +52,10 @@ MAX_POLICY_S = 2_147_483_647
 MAX_INTERVAL_S = 100 * 365 * 86_400
 """Largest interval (100 years): later slots would leave the supported date range."""
 MAX_NAME_LEN = 200
+NAME_SEGMENT_RULE = "must not contain / or be . or .. (it is one URL path segment)"
+"""The rule a job name meets beyond being printable: the tenant API addresses a job as
+``/v1/schedules/<name>``, one URL path segment (a name of the CLI or an import that broke
+it could be neither read nor kept by an apply's prune over the API)."""
 
 
 def _default_delivery() -> DeliverySpec:
@@ -175,6 +179,9 @@ class JobSpec:
             isinstance(self.name, str) and 0 < len(self.name) <= MAX_NAME_LEN and self.name.isprintable()
         ):
             raise ValidationError("name", f"must be 1-{MAX_NAME_LEN} printable characters", self.name)
+        if self.name is not None and ("/" in self.name or self.name in (".", "..")):
+            # The tenant API addresses a job as /v1/schedules/<name>: one path segment.
+            raise ValidationError("name", NAME_SEGMENT_RULE, self.name)
         if self.kind not in KINDS:
             raise ValidationError("kind", f"must be one of {', '.join(KINDS)}", self.kind)
         if self.misfire not in MISFIRE_POLICIES:

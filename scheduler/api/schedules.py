@@ -70,6 +70,7 @@ from scheduler.spec import (
     MAX_JITTER_S,
     MAX_NAME_LEN,
     MAX_POLICY_S,
+    NAME_SEGMENT_RULE,
     JobSpec,
     parse_decimal,
     parse_whole,
@@ -415,7 +416,7 @@ def _not_found(name: str) -> ApiError:
 def _check_name(name: Any, field: str = "name") -> str:
     """The API's rule on top of the spec's: a name is one URL path segment."""
     if isinstance(name, str) and ("/" in name or name in (".", "..")):
-        raise ValidationError(field, "must not contain / or be . or .. (it is one URL path segment)", name)
+        raise ValidationError(field, NAME_SEGMENT_RULE, name)
     return name
 
 

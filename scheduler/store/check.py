@@ -57,7 +57,8 @@ SETUP_HINTS = {
     "password, e.g. @ as %40)",
     "database": "create the database, then run `scheduler db upgrade`",
     "host": "a host name cannot hold an '@': check the DSN's host (a URI password must percent-encode '@' as %40)",
-    "setting": "a DSN setting has a value libpq refuses: fix the one it names",
+    "setting": "a setting of the DSN (or of PGOPTIONS, PGSSLMODE and the other PG* environment variables) "
+    "has a value libpq or the server refuses: fix the one it names",
     "privileges": "the DSN's role lacks privileges on the scheduler's tables: grant them "
     '(docs/operations.md, "Deploy") or use the role that owns them',
 }

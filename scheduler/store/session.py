@@ -63,16 +63,61 @@ row of four timestamps, and a worker's claim reads four per run (docs/performanc
 
 
 def own_options(dsn: str) -> str:
-    """The ``options`` the DSN itself carries (``options=…`` in it, else the ``PGOPTIONS``
-    environment variable; ``""`` if neither): :func:`connect` sends them first and the
-    engine's own after, so a DSN's ``-c search_path=…`` or ``-c work_mem=…`` reaches the
-    server (libpq takes one ``options`` value, and an explicit one replaces the DSN's and
-    the environment's) while the engine's settings win where both name one."""
+    """The ``options`` the DSN carries, as libpq would find them: ``options=…`` in the DSN,
+    else those of the service it names (``service=…``, else ``PGSERVICE``; see
+    :func:`service_options`), else the ``PGOPTIONS`` environment variable; ``""`` if none.
+    :func:`connect` sends them first and the engine's own after, so a DSN's ``-c
+    search_path=…`` or ``-c work_mem=…`` reaches the server (libpq takes one ``options``
+    value, and an explicit one replaces all of those) while the engine's settings win where
+    both name one."""
     try:
-        given = psycopg.conninfo.conninfo_to_dict(libpq_dsn(dsn)).get("options")
+        params = psycopg.conninfo.conninfo_to_dict(libpq_dsn(dsn))
     except psycopg.ProgrammingError:
-        given = None  # libpq reports a malformed DSN itself, at connect
-    return str(given) if given else os.environ.get("PGOPTIONS", "")
+        params = {}  # libpq reports a malformed DSN itself, at connect
+    if params.get("options"):
+        return str(params["options"])
+    service = params.get("service") or os.environ.get("PGSERVICE")
+    found = service_options(str(service)) if service else None
+    return found if found is not None else os.environ.get("PGOPTIONS", "")
+
+
+SYSTEM_SERVICE_DIRS = ("/etc/postgresql-common", "/etc")
+"""Where :func:`service_options` looks for the system-wide ``pg_service.conf`` when
+``PGSYSCONFDIR`` is not set (Debian's libpq is built with the first)."""
+
+
+def service_options(service: str) -> str | None:
+    """The ``options`` line of ``service`` in libpq's connection service file, or None if the
+    service or its ``options`` is not found there. Searched as libpq does: the user's file
+    (``PGSERVICEFILE``, else ``~/.pg_service.conf``) first, then the system's
+    (``$PGSYSCONFDIR/pg_service.conf``, else :data:`SYSTEM_SERVICE_DIRS`); the first file that
+    has the service decides. The format is libpq's: ``[name]`` sections of ``key=value`` lines,
+    ``#`` comments. Never raises (an unreadable file is skipped; libpq reports it at connect)."""
+    user = os.environ.get("PGSERVICEFILE") or os.path.expanduser("~/.pg_service.conf")
+    system_dirs = [os.environ["PGSYSCONFDIR"]] if os.environ.get("PGSYSCONFDIR") else SYSTEM_SERVICE_DIRS
+    for path in (user, *(os.path.join(d, "pg_service.conf") for d in system_dirs)):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        section: str | None = None
+        found = False
+        options: str | None = None
+        for raw in lines:
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("[") and line.endswith("]"):
+                section = line[1:-1]
+                found = found or section == service
+                continue
+            key, sep, value = line.partition("=")
+            if sep and section == service and key.strip() == "options":
+                options = value.strip()
+        if found:
+            return options
+    return None
 
 
 def session_options(dsn: str, **timeouts_s: float | None) -> str:

@@ -358,6 +358,8 @@ def test_jobs_add_prints_the_id_of_the_stored_job(pg_dsn, conn) -> None:
         (["--interval", "60", "--misfire", "sometimes"], "error: Invalid value for '--misfire'"),
         (["--interval", "60", "--replace"], "error: replace: needs --name"),
         ([], "error: schedule: give exactly one of --cron, --interval or --at"),
+        (["--interval", "60", "--name", "a/b"], "error: name: must not contain / or be . or .. (it is one URL"),
+        (["--interval", "60", "--name", ".."], "error: name: must not contain / or be . or .. (it is one URL"),
     ],
 )
 def test_jobs_add_bad_input_exits_2_and_writes_nothing(pg_dsn, conn, args, prefix) -> None:

@@ -502,6 +502,10 @@ DSN_RULE = (
     "error: dsn: a URI may hold '@' only once, between the user info and the host: percent-encode "
     "@ : / ? # in the user name and password (e.g. @ as %40)"
 )
+SETTING_HINT = (
+    "a setting of the DSN (or of PGOPTIONS, PGSSLMODE and the other PG* environment variables) "
+    "has a value libpq or the server refuses: fix the one it names"
+)
 AUTH_HINT = "check the DSN's user and password (in a URI, percent-encode @ : / ? # % in the password, e.g. @ as %40)"
 
 
@@ -537,21 +541,21 @@ def _bad_setting(pg_dsn: str, case: str) -> tuple[str, str | tuple[str, str]]:
             f"postgresql://{parts.username or 'postgres'}@{parts.hostname}:99999{parts.path}",
             (
                 "error: store: cannot connect to the store at ",
-                'invalid port number: "99999"; a DSN setting has a value libpq refuses: fix the one it names',
+                f'invalid port number: "99999"; {SETTING_HINT}',
             ),
         ),
         "bad sslmode": (
             f"{pg_dsn}?sslmode=bogus",
             (
                 "error: store: cannot connect to the store at ",
-                'invalid sslmode value: "bogus"; a DSN setting has a value libpq refuses: fix the one it names',
+                f'invalid sslmode value: "bogus"; {SETTING_HINT}',
             ),
         ),
         "bad server option": (
             f"{pg_dsn}?options=-cfoo",
             (
                 "error: store: cannot connect to the store at ",
-                "-c foo requires a value; a DSN setting has a value libpq refuses: fix the one it names",
+                f"-c foo requires a value; {SETTING_HINT}",
             ),
         ),
         "missing database": (

@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 from datetime import UTC
 
+import psycopg.conninfo
+
 from scheduler import store
 from scheduler.clock import SystemClock
 from scheduler.coordination import LeaseTable, SqlCoordinator
@@ -166,3 +168,25 @@ def test_every_session_reads_times_in_utc_and_keeps_the_dsns_own_options(pg_dsn,
     with store.connect(pg_dsn, statement_timeout_s=4.0) as conn:
         assert conn.execute("SHOW work_mem").fetchone()["work_mem"] == "5MB"
         assert conn.execute("SHOW TimeZone").fetchone()["TimeZone"] == "UTC"
+
+
+def test_the_options_of_a_libpq_service_reach_every_session(pg_dsn, tmp_path, monkeypatch):
+    """A DSN naming a service of the service file (``service=name``, or ``PGSERVICE``) keeps the
+    service's ``options`` (e.g. the search_path of the engine's schema): libpq would read them
+    itself, but the engine's explicit options would replace them."""
+    info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
+    (tmp_path / "pg_service.conf").write_text(
+        "# the engine's store\n[sched]\n"
+        f"host={info.get('host', '127.0.0.1')}\nport={info.get('port', 5432)}\n"
+        f"dbname={info['dbname']}\nuser={info.get('user', 'postgres')}\noptions=-c work_mem=6MB\n"
+    )
+    monkeypatch.setenv("PGSERVICEFILE", str(tmp_path / "pg_service.conf"))
+    monkeypatch.setenv("PGOPTIONS", "-c work_mem=5MB")  # the service's options come first
+    for dsn in ("service=sched", "postgresql:///?service=sched"):
+        for conn in (store.connect(dsn), store.connect(dsn, statement_timeout_s=4.0)):
+            with conn:
+                assert conn.execute("SHOW work_mem").fetchone()["work_mem"] == "6MB"
+                assert conn.execute("SHOW TimeZone").fetchone()["TimeZone"] == "UTC"
+    monkeypatch.setenv("PGSERVICE", "sched")
+    with store.connect(pg_dsn, statement_timeout_s=4.0) as conn:  # the DSN names no service: PGSERVICE's
+        assert conn.execute("SHOW work_mem").fetchone()["work_mem"] == "6MB"

@@ -88,6 +88,17 @@ def test_a_name_that_is_not_printable_text_is_refused(name) -> None:
     assert str(caught.value).startswith("name: must be 1-200 printable characters")
 
 
+@pytest.mark.parametrize("name", ["a/b", "/", ".", ".."])
+def test_a_name_the_http_api_cannot_address_is_refused_everywhere(name) -> None:
+    """A job name is one URL path segment of the tenant API (/v1/schedules/<name>): a name the
+    CLI or an import saved with a '/' (or '.', '..') could be neither read, listed in an apply
+    nor kept by an apply's prune. The rule is the spec's, so every way in refuses it."""
+    with pytest.raises(ValidationError) as caught:
+        JobSpec.build(tenant="a", interval_s=60, name=name)
+    assert str(caught.value) == f"name: must not contain / or be . or .. (it is one URL path segment) (got {name!r})"
+    assert JobSpec.build(tenant="a", interval_s=60, name="a.b..c").name == "a.b..c"
+
+
 def test_a_rule_names_other_inputs_in_each_surfaces_words():
     """``str()`` is the CLI's message (flags); ``render`` another surface's words; only the
     placeholders of CLI_WORDS are replaced (other braces are left as written)."""
