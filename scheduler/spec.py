@@ -58,6 +58,14 @@ NAME_SEGMENT_RULE = "must not contain / or be . or .. (it is one URL path segmen
 it could be neither read nor kept by an apply's prune over the API)."""
 
 
+def check_name_segment(name: Any, field: str = "name") -> Any:
+    """Return ``name`` if it is not a string breaking :data:`NAME_SEGMENT_RULE` (other
+    types are the printable-text rule's to refuse); else raise ValidationError naming ``field``."""
+    if isinstance(name, str) and ("/" in name or name in (".", "..")):
+        raise ValidationError(field, NAME_SEGMENT_RULE, name)
+    return name
+
+
 def _default_delivery() -> DeliverySpec:
     from scheduler.delivery.targets import DeliverySpec  # imports this module
 
@@ -179,9 +187,7 @@ class JobSpec:
             isinstance(self.name, str) and 0 < len(self.name) <= MAX_NAME_LEN and self.name.isprintable()
         ):
             raise ValidationError("name", f"must be 1-{MAX_NAME_LEN} printable characters", self.name)
-        if self.name is not None and ("/" in self.name or self.name in (".", "..")):
-            # The tenant API addresses a job as /v1/schedules/<name>: one path segment.
-            raise ValidationError("name", NAME_SEGMENT_RULE, self.name)
+        check_name_segment(self.name)
         if self.kind not in KINDS:
             raise ValidationError("kind", f"must be one of {', '.join(KINDS)}", self.kind)
         if self.misfire not in MISFIRE_POLICIES:

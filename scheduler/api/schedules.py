@@ -70,8 +70,8 @@ from scheduler.spec import (
     MAX_JITTER_S,
     MAX_NAME_LEN,
     MAX_POLICY_S,
-    NAME_SEGMENT_RULE,
     JobSpec,
+    check_name_segment,
     parse_decimal,
     parse_whole,
 )
@@ -413,17 +413,10 @@ def _not_found(name: str) -> ApiError:
     return ApiError(404, "Not Found", f"name: no schedule {clip(name)}", field="name")
 
 
-def _check_name(name: Any, field: str = "name") -> str:
-    """The API's rule on top of the spec's: a name is one URL path segment."""
-    if isinstance(name, str) and ("/" in name or name in (".", "..")):
-        raise ValidationError(field, NAME_SEGMENT_RULE, name)
-    return name
-
-
 def _spec(tenant: str, name: str, body: ScheduleSpec) -> JobSpec:
     """The JobSpec of a body (the CLI's builders: :meth:`DeliverySpec.build`,
     :meth:`JobSpec.build`). Raises ValidationError naming the project's field."""
-    _check_name(name)
+    check_name_segment(name)  # first: a bad name is the error reported, whatever else is wrong
     if body.headers is not None and not isinstance(body.headers, dict):
         raise ValidationError("header", "must be an object of name → value strings", type(body.headers).__name__)
     delivery = DeliverySpec.build(
@@ -640,7 +633,7 @@ def apply_schedules(body: ApplyRequest, request: Request, principal: Tenant) -> 
     policy = _policy(request)
     for index, item in enumerate(body.items):
         try:
-            specs.append(_spec(principal.tenant, _check_name(item.name), item))
+            specs.append(_spec(principal.tenant, item.name, item))
         except ValidationError as exc:
             raise _invalid(exc, f"items[{index}].") from None
     try:
