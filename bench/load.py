@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 
 from bench.process import NodeProcess
-from scheduler import store
+from scheduler import store, tzreplan
 from scheduler.identity import SPEC_COLUMNS
 from scheduler.jobs import register_schedules
 from scheduler.migrate import upgrade
@@ -142,7 +142,11 @@ def reset_store(dsn: str) -> psycopg.Connection:
     nodes, and free every lease.
 
     Epochs are kept (they only ever increase), and so are ``schedules``
-    rows (a key always stands for the same spec). Returns an autocommit
+    rows (a key always stands for the same spec). Records this process's
+    tzdata release as the store's (``store_meta``): every slot bench loads
+    into the emptied store is computed with it, and without the record a
+    node's start would replan every loaded cron job (scheduler/tzreplan.py)
+    during the measurement. Returns an autocommit
     connection. Raises SystemExit with a message, touching nothing, if the
     database holds jobs that bench did not create (a DSN pointing at a real
     store by mistake).
@@ -162,6 +166,7 @@ def reset_store(dsn: str) -> psycopg.Connection:
     conn.execute(TRUNCATE)
     conn.execute("UPDATE leases SET owner_node = NULL, lease_expires_at = NULL")
     ensure_tenants(conn, [BENCH_MARKER_TENANT])
+    store.execute(conn, "set_store_meta", {"key": tzreplan.META_KEY, "value": tzreplan.tzdata_version()})
     return conn
 
 

@@ -23,6 +23,7 @@ from bench.load import (
     reset_store,
 )
 from bench.pairs import herd_plan, popularity
+from scheduler import tzreplan
 from scheduler.audit import verify
 from scheduler.firing import FiringLimits
 from scheduler.firing.limits import DEFAULT_LIMITS
@@ -132,3 +133,23 @@ def test_delete_jobs_created_at_forgets_one_herd_only(bench_conn) -> None:
 
     left = conn.execute("SELECT created_at, count(*) AS n FROM jobs GROUP BY 1").fetchall()
     assert [(r["created_at"], r["n"]) for r in left] == [(second, JOBS)]
+
+
+def test_a_reset_store_records_this_tzdata_release_so_a_node_start_walks_no_loaded_job(pg_dsn) -> None:
+    # A node replans every cron slot at start unless the store's recorded tzdata
+    # release is this one (scheduler/tzreplan.py). Bench computes the slots it
+    # COPYs with this process's tzdata into an emptied store, so it records the
+    # release: a node started on a fresh bench database must not walk millions
+    # of loaded jobs during the measurement.
+    conn = psycopg.connect(pg_dsn, autocommit=True)
+    conn.execute("DELETE FROM store_meta WHERE key = %s", (tzreplan.META_KEY,))
+    conn.close()
+    conn = reset_store(pg_dsn)
+    try:
+        assert tzreplan.recorded_version(conn) == tzreplan.tzdata_version()
+        t = past_minute(conn)
+        load_herd(conn, t, t - timedelta(hours=1))
+        report = tzreplan.replan_store(conn)
+        assert (report.checked, report.replanned, report.previous) == (0, 0, tzreplan.tzdata_version())
+    finally:
+        conn.close()
