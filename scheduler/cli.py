@@ -1481,7 +1481,9 @@ def runs_list(
     limit: int,
     as_json: bool,
 ) -> None:
-    """List runs, newest nominal time first, with run id, delivery state, attempts, worker and last error.
+    """List runs, newest nominal time first: run id, job name, delivery state, attempts, worker, last error.
+
+    JOB_NAME is the job's name when the run was created (- for a job without one).
 
     WORKER is who made the last claim: `api:<key id>[:<label>]` for an HTTP worker,
     `<host>:<pid>` for `scheduler worker`, the node id for a push (- never claimed).
@@ -1502,8 +1504,8 @@ def runs_list(
         for row in rows:  # one line each: the error's whitespace collapsed, cut to 80 characters
             if row["last_error"] is not None:
                 row["last_error"] = " ".join(row["last_error"].split())[:ECHO_MAX_CHARS]
-        columns = ["run_id", "tenant", "nominal_time", "state", "attempt", "fired_at", "lateness_s", "worker"]
-        _table(rows, [*columns, "last_error"])
+        columns = ["run_id", "tenant", "job_name", "nominal_time", "state", "attempt", "fired_at", "lateness_s"]
+        _table(rows, [*columns, "worker", "last_error"])
 
 
 @runs.command("redrive")

@@ -1182,7 +1182,10 @@ def list_runs(
 ) -> list[dict]:
     """Runs, newest nominal time first, optionally of one job, with a nominal time at or
     after ``since`` and before ``until``, in one delivery ``state`` (pending, leased,
-    failed, succeeded, dead, canceled) and/or of one ``tenant``. Raises ValidationError
+    failed, succeeded, dead, canceled) and/or of one ``tenant``. Rows as ``runs`` columns
+    plus ``lateness_s`` (fired − scheduled, seconds) and ``job_name`` (the job's name when
+    the run was created, None for a job without one; a run from before revision 0035:
+    the job's current name). Raises ValidationError
     (``until``) if both bounds are given and ``until`` is not later than ``since``;
     NotFoundError if ``tenant`` or ``job_id`` is given, does not exist (a job deleted
     but not yet pruned exists) and nothing matched."""

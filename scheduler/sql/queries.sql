@@ -1229,11 +1229,17 @@ SELECT tenant FROM tenants WHERE tenant = %(tenant)s;
 -- job's (a primary-key range), since a nominal time (inclusive), until one
 -- (exclusive), in one delivery state,
 -- of one tenant. Without a job it reads runs by nominal time: an operator's
--- command, bounded by %(limit)s rows returned, not by rows read.
+-- command, bounded by %(limit)s rows returned, not by rows read. job_name is
+-- the run's own (runs.job_name, the job's name when the run was created; ''
+-- for none: NULL), as in claim_runs: only a run written before revision 0035
+-- (NULL) looks its job's current name up in jobs.
 SELECT r.partition_id, r.job_id, r.nominal_time, r.tenant, r.scheduled_at, r.fired_at,
        r.node_id, r.epoch, r.state, r.queue, r.origin, r.attempt, r.available_at,
        r.leased_until, r.worker, r.first_claimed_at, r.finished_at, r.last_error,
-       extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s
+       extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s,
+       CASE WHEN r.job_name IS NOT NULL THEN nullif(r.job_name, '')
+            ELSE (SELECT j.name FROM jobs AS j
+                  WHERE j.partition_id = r.partition_id AND j.job_id = r.job_id) END AS job_name
 FROM runs AS r
 WHERE (%(job_id)s::uuid IS NULL OR (r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s::uuid))
   AND (%(since)s::timestamptz IS NULL OR r.nominal_time >= %(since)s::timestamptz)

@@ -611,6 +611,7 @@ def test_runs_list(pg_dsn, conn) -> None:
     assert text[0].split() == [
         "RUN_ID",
         "TENANT",
+        "JOB_NAME",
         "NOMINAL_TIME",
         "STATE",
         "ATTEMPT",

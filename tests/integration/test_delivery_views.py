@@ -85,8 +85,8 @@ def test_runs_list_by_state_and_tenant(pg_dsn, conn) -> None:
     assert [r["run_id"] for r in limited] == [rid(a, T0 + 120 * S)]
 
     text = run(["runs", "list", "--state", "dead", "--tenant", "globex"], pg_dsn).stdout.splitlines()
-    assert text[0].split()[:5] == ["RUN_ID", "TENANT", "NOMINAL_TIME", "STATE", "ATTEMPT"]  # all: test_cli.py
-    assert text[1].split() == [rid(b, T0 + 30 * S), "globex", format_instant(T0 + 30 * S), "dead", "5"] + [
+    assert text[0].split()[:6] == ["RUN_ID", "TENANT", "JOB_NAME", "NOMINAL_TIME", "STATE", "ATTEMPT"]  # test_cli.py
+    assert text[1].split() == [rid(b, T0 + 30 * S), "globex", "-", format_instant(T0 + 30 * S), "dead", "5"] + [
         format_instant(T0 + 30 * S),
         "0.0",
         "w:42",
@@ -97,6 +97,60 @@ def test_runs_list_by_state_and_tenant(pg_dsn, conn) -> None:
     assert (empty.exit_code, json.loads(empty.stdout)) == (0, [])
     one_line_error(run(["runs", "list", "--tenant", "initech"], pg_dsn), 2, "error: tenant: no tenant 'initech'")
     assert run(["runs", "list", "--state", "lost"], pg_dsn).exit_code == 2
+
+
+def jobs_reads(conn: psycopg.Connection) -> int:
+    """Scans of ``jobs`` (sequential and index) this transaction made so far."""
+    row = conn.execute(
+        "SELECT seq_scan + coalesce(idx_scan, 0) AS scans FROM pg_stat_xact_user_tables WHERE relname = 'jobs'"
+    ).fetchone()
+    return int(row["scans"])
+
+
+def test_runs_list_names_each_runs_job(pg_dsn, conn) -> None:
+    """The trial: `runs list --state dead` showed run and job ids only. Each run shows the
+    name its job had when the run was created (runs.job_name; '' for none: null / -); a
+    run from before revision 0035 (NULL) the job's current name, the only runs for which
+    the listing reads jobs."""
+    named = add(conn, name="nightly", interval_s=60)
+    unnamed = add(conn)
+    legacy = add(conn, name="weekly", interval_s=60)
+    insert_run(conn, named, T0 + 3 * S, state="dead", attempt=5, job_name="nightly", last_error="HTTP 500")
+    insert_run(conn, unnamed, T0 + 2 * S, state="dead", attempt=5, job_name="")
+    insert_run(conn, legacy, T0 + S, state="dead", attempt=5)  # job_name NULL: fired before 0035
+    insert_run(conn, unnamed, T0, state="dead", attempt=5)
+    conn.execute("UPDATE jobs SET name = 'renamed' WHERE job_id = %s", (named,))  # after its run was created
+
+    got = json.loads(run(["runs", "list", "--state", "dead", "--json"], pg_dsn).stdout)
+    assert [(r["run_id"], r["job_name"]) for r in got] == [
+        (rid(named, T0 + 3 * S), "nightly"),
+        (rid(unnamed, T0 + 2 * S), None),
+        (rid(legacy, T0 + S), "weekly"),
+        (rid(unnamed, T0), None),
+    ]
+    text = run(["runs", "list", "--state", "dead"], pg_dsn).stdout.splitlines()
+    assert text[0].split() == [
+        "RUN_ID",
+        "TENANT",
+        "JOB_NAME",
+        "NOMINAL_TIME",
+        "STATE",
+        "ATTEMPT",
+        "FIRED_AT",
+        "LATENESS_S",
+        "WORKER",
+        "LAST_ERROR",
+    ]
+    assert [line.split()[:3] for line in text[1:]] == [
+        [rid(named, T0 + 3 * S), "acme", "nightly"],
+        [rid(unnamed, T0 + 2 * S), "acme", "-"],
+        [rid(legacy, T0 + S), "acme", "weekly"],
+        [rid(unnamed, T0), "acme", "-"],
+    ]
+    with conn.transaction():
+        before = jobs_reads(conn)
+        assert len(jobs.list_runs(conn, state="dead")) == 4
+        assert jobs_reads(conn) - before == 2  # one probe per run without a recorded name
 
 
 # ---------------------------------------------------------------- redrive
