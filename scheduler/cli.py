@@ -1105,8 +1105,9 @@ def jobs_describe(dsn: str, job_id: str, as_json: bool) -> None:
     """Show a job with its delivery: spec, target, policies, next 10 fires, last 10 runs, counters.
 
     The target shows header names only (values may be secrets) and the
-    payload's size. Each recent run shows its state, attempts, lateness
-    (fired - scheduled) and dispatch lag (first claim - scheduled). Counters:
+    payload's size. Each recent run shows its run id (`runs redrive` takes
+    it), state, attempts, lateness (fired - scheduled) and dispatch lag
+    (first claim - scheduled). Counters:
     runs per delivery state (predelivery: fired before delivery existed),
     in flight (leased + failed), skipped slots per reason.
     """
@@ -1154,7 +1155,8 @@ def jobs_describe(dsn: str, job_id: str, as_json: bool) -> None:
             }
             for run in described["recent_runs"]
         ]
-        _table(rows, ["nominal_time", "state", "attempt", "lateness_s", "dispatch_lag_s", "origin", "last_error"])
+        columns = ["run_id", "nominal_time", "state", "attempt", "lateness_s", "dispatch_lag_s", "origin"]
+        _table(rows, [*columns, "last_error"])
     else:
         click.echo("  none")
     counters = described["counters"]

@@ -381,6 +381,7 @@ def test_describe_a_pushed_job(pg_dsn, conn) -> None:
     assert lines[start + 1 : start + 11] == [f"  {format_instant(f)}" for f in fires]
     assert lines[start + 11] == "recent runs:"
     assert lines[start + 12].split() == [
+        "RUN_ID",
         "NOMINAL_TIME",
         "STATE",
         "ATTEMPT",
@@ -389,11 +390,39 @@ def test_describe_a_pushed_job(pg_dsn, conn) -> None:
         "ORIGIN",
         "LAST_ERROR",
     ]
-    assert lines[start + 13].split() == [format_instant(base + 660 * S), "leased", "3", "2.75", "12.0", "schedule", "-"]
+    assert lines[start + 13].split() == [
+        rid(job, base + 660 * S),
+        format_instant(base + 660 * S),
+        "leased",
+        "3",
+        "2.75",
+        "12.0",
+        "schedule",
+        "-",
+    ]
     assert (
         lines[-2] == "runs: pending 0, leased 2, failed 0, succeeded 9, dead 1, canceled 0, predelivery 1; in flight 2"
     )
     assert lines[-1] == "skipped: grace 5 slots in 2 ranges, paused 0 slots in 1 ranges (1 ranges too long to count)"
+
+
+def test_describe_shows_each_recent_runs_id_which_redrive_takes(pg_dsn, conn) -> None:
+    """The trial: `jobs describe`'s recent runs had no run id, so a dead run seen there
+    could not be passed to `runs redrive`."""
+    job = add(conn)
+    insert_run(conn, job, T0, state="dead", attempt=5, last_error="HTTP 500")
+    insert_run(conn, job, T0 + 60 * S, state="succeeded", attempt=1)
+    lines = run(["jobs", "describe", str(job)], pg_dsn).stdout.splitlines()
+    start = lines.index("recent runs:")
+    assert lines[start + 1].split()[:3] == ["RUN_ID", "NOMINAL_TIME", "STATE"]
+    assert [line.split()[:3] for line in lines[start + 2 : start + 4]] == [
+        [rid(job, T0 + 60 * S), format_instant(T0 + 60 * S), "succeeded"],
+        [rid(job, T0), format_instant(T0), "dead"],
+    ]
+    shown = lines[start + 3].split()[0]
+    result = run(["runs", "redrive", shown], pg_dsn)
+    assert (result.exit_code, result.stdout) == (0, rid(job, T0) + "\n")
+    assert run_row(conn, job, T0)["state"] == "pending"
 
 
 def test_describe_a_queue_job_with_defaults_and_no_runs(pg_dsn, conn) -> None:
