@@ -1529,9 +1529,9 @@ def runs_redrive(
 
     The run is available at once, with a fresh retry budget: attempt reset
     to 0 and the first claim forgotten (max_attempts and max_age_s count
-    from the redrive); last_error is kept. A RUN_ID that is not dead or
-    canceled exits 2 naming its state, changing nothing. Prints the run ids
-    redriven, one a line.
+    from the redrive); last_error is kept until an attempt succeeds. A
+    RUN_ID that is not dead or canceled exits 2 naming its state, changing
+    nothing. Prints the run ids redriven, one a line.
     """
     from scheduler.delivery import views
 

@@ -117,7 +117,10 @@ class RunOut(BaseModel):
     leased_until: datetime | None
     first_claimed_at: datetime | None
     finished_at: datetime | None
-    last_error: str | None
+    last_error: str | None = Field(
+        description="Why the last attempt failed, or why the run was canceled; null if none did, "
+        "and once the run succeeded (the ack clears it)."
+    )
     lateness_s: float | None
     worker: str | None = Field(
         description="Who made the last claim: `api:<key id>` or `api:<key id>:<label>` (the claim's `worker`) "
@@ -617,8 +620,8 @@ def redrive_run(
     principal: Annotated[Principal, Depends(tenant_principal)],
     conn_cm: Annotated[Any, Depends(db)],
 ) -> RedriveOut:
-    """Pending again, available now, attempt 0 and a fresh retry budget (``last_error`` kept);
-    409 naming the state for a run that is not dead or canceled (nothing changed)."""
+    """Pending again, available now, attempt 0 and a fresh retry budget (``last_error`` kept until an
+    attempt succeeds); 409 naming the state for a run that is not dead or canceled (nothing changed)."""
     tenant = _tenant(principal)
     with conn_cm as conn:
         done = views.redrive(conn, id, tenant=tenant, field="id")

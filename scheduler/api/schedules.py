@@ -278,7 +278,10 @@ class Run(BaseModel):
     lateness_s: float | None
     dispatch_lag_s: float | None
     finished_at: datetime | None
-    last_error: str | None
+    last_error: str | None = Field(
+        description="Why the last attempt failed, or why the run was canceled; null if none did, "
+        "and once the run succeeded (the ack clears it)."
+    )
     worker: str | None = Field(description="Who made the last claim, as in `GET /v1/runs` (null: never claimed).")
 
 

@@ -442,7 +442,8 @@ def ack(
     now: datetime | None = None,
     tenant: str | None = None,
 ) -> dict[str, str]:
-    """Record the attempts of ``(run id or key, token)`` pairs as succeeded.
+    """Record the attempts of ``(run id or key, token)`` pairs as succeeded
+    (``last_error`` cleared: a succeeded run shows no error).
 
     Returns run id → ``"succeeded"`` (also for an ack re-sent with the
     token that already succeeded), or ``"canceled"`` / ``"lost"``: refused,

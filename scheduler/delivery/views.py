@@ -245,7 +245,8 @@ def redrive(conn: psycopg.Connection, text: str, *, tenant: str | None = None, f
     and ``first_claimed_at`` cleared (``max_attempts`` and ``max_age_s``
     count from the redrive; its dispatch lag afterwards counts to the first
     claim after the redrive), lease and outcome cleared (``finished_at``,
-    ``retryable``); ``last_error`` is kept (why it died). Nothing else of
+    ``retryable``); ``last_error`` is kept (why it died) until an attempt
+    succeeds (the ack clears it). Nothing else of
     the run changes. ``tenant`` (None: any) limits it to that tenant's runs:
     another tenant's run is not found, as a missing one (the HTTP API passes
     its key's tenant). Raises ValidationError (naming ``field``) for a

@@ -1331,7 +1331,8 @@ LIMIT %(limit)s;
 -- (%(nominal_time)s) or the oldest %(limit)s of a job, only those whose state
 -- is in %(states)s (dead, canceled). A redrive is a fresh retry budget:
 -- attempt 0 and first_claimed_at NULL (max_attempts and max_age_s count
--- from the redrive), lease and outcome cleared; last_error is kept. The
+-- from the redrive), lease and outcome cleared; last_error is kept (until an
+-- attempt succeeds: ack_runs clears it). The
 -- state is re-checked by the UPDATE, so a concurrent change wins. Only runs
 -- of tenant %(tenant)s (NULL: any; the HTTP API passes its key's).
 UPDATE runs
@@ -1986,7 +1987,9 @@ ORDER BY a.i;
 
 -- name: ack_runs
 -- Record attempts that succeeded: runs (pids[i], jids[i], nominals[i]) whose
--- current token is tokens[i] and which are still leased become succeeded.
+-- current token is tokens[i] and which are still leased become succeeded,
+-- with last_error cleared (an earlier attempt's error, or the one a redriven
+-- run died of, is not what a succeeded run shows).
 -- Answers every pair in input order: 'succeeded' (now, or already by this
 -- very token: an ack re-sent after a lost reply), 'canceled' or 'lost'
 -- (refused: see heartbeat_runs). Changed pairs are found with IN, as in
@@ -1999,7 +2002,8 @@ WITH a AS (
     UPDATE runs AS r
     SET state = 'succeeded',
         finished_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
-        leased_until = NULL
+        leased_until = NULL,
+        last_error = NULL
     FROM a
     WHERE r.partition_id = a.pid AND r.job_id = a.jid AND r.nominal_time = a.nominal
       AND r.lease_token = a.token

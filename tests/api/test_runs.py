@@ -498,6 +498,27 @@ def test_redrive_a_dead_run_back_to_pending_and_409_for_a_live_one(api, db) -> N
     assert [(r["id"], r["attempt"]) for r in claimed] == [(dead.run_id, 1), (live.run_id, 1)]
 
 
+def test_a_redriven_run_that_succeeds_shows_no_error(api, db) -> None:
+    """The trial: a dead run, redriven and then acked, still listed its old last_error."""
+    tenant = api.key("acme", "tenant")
+    worker = api.key("acme", "worker")
+    job_id = add_job(db, "acme", "nightly")
+    dead = due(db, job_id, 20)
+    db.execute(
+        "UPDATE runs SET state = 'dead', attempt = 5, last_error = 'boom', finished_at = now()"
+        " WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
+        (dead.partition_id, dead.job_id, dead.nominal_time),
+    )
+    assert post(api, f"/v1/runs/{dead.run_id}:redrive", tenant, None).status_code == 200
+    (claimed,) = post(api, "/v1/runs:claim", worker, {"max": 5}).json()["runs"]
+    acked = post(api, "/v1/runs:ack", worker, {"runs": [{"id": dead.run_id, "lease_token": claimed["lease_token"]}]})
+    assert acked.json() == {"results": [{"id": dead.run_id, "answer": "succeeded"}]}
+    listed = get(api, "/v1/runs", tenant, schedule="nightly").json()["items"]
+    assert [(r["id"], r["state"], r["last_error"]) for r in listed] == [(dead.run_id, "succeeded", None)]
+    described = get(api, "/v1/schedules/nightly", tenant).json()["recent_runs"]
+    assert [(r["id"], r["state"], r["last_error"]) for r in described] == [(dead.run_id, "succeeded", None)]
+
+
 def test_the_apis_store_sessions_never_prepare_statements_server_side(api, db) -> None:
     # A generic plan made while runs was empty would seq-scan every run on each claim, ack and
     # heartbeat afterwards (scheduler/store/session.py PREPARE_THRESHOLD): the API's pool plans

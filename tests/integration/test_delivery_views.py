@@ -19,7 +19,7 @@ from helpers import insert_run, store_now
 from scheduler import jobs, store
 from scheduler.audit import verify_delivery
 from scheduler.cli import cli
-from scheduler.delivery import views
+from scheduler.delivery import lifecycle, views
 from scheduler.metrics import Metrics
 from scheduler.partition import partition_of
 from scheduler.schedule import format_instant
@@ -271,6 +271,27 @@ def test_redrive_a_jobs_dead_runs_oldest_first(pg_dsn, conn) -> None:
     )
     one_line_error(run(["runs", "redrive"], pg_dsn), 2, "error: redrive: give exactly one of RUN_ID or --job")
     assert run(["runs", "redrive", "--job", str(job), "--state", "pending"], pg_dsn).exit_code == 2
+
+
+def test_a_redriven_run_that_succeeds_no_longer_shows_why_it_died(pg_dsn, conn) -> None:
+    """The trial: a dead run, redriven and then delivered, still showed its old last_error
+    in `runs list` and `jobs describe`. While it is pending again it still says why it
+    died; the ack that makes it succeeded clears it (a succeeded run has no error)."""
+    job = add(conn)
+    insert_run(conn, job, T0, state="dead", attempt=5, last_error="HTTP 503", finished_at=T0 + S)
+    assert views.redrive(conn, rid(job, T0)) == rid(job, T0)
+    assert (run_row(conn, job, T0)["state"], run_row(conn, job, T0)["last_error"]) == ("pending", "HTTP 503")
+    (claimed,) = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=1)
+    assert run_row(conn, job, T0)["last_error"] == "HTTP 503"  # attempt 1 of the new budget is running
+    assert lifecycle.ack(conn, [(claimed.run_id, claimed.token)]) == {rid(job, T0): "succeeded"}
+    row = run_row(conn, job, T0)
+    assert (row["state"], row["attempt"], row["last_error"]) == ("succeeded", 1, None)
+    listed = json.loads(run(["runs", "list", "--job", str(job), "--json"], pg_dsn).stdout)
+    assert [(r["run_id"], r["state"], r["last_error"]) for r in listed] == [(rid(job, T0), "succeeded", None)]
+    described = json.loads(run(["jobs", "describe", str(job), "--json"], pg_dsn).stdout)
+    assert [(r["run_id"], r["state"], r["last_error"]) for r in described["recent_runs"]] == [
+        (rid(job, T0), "succeeded", None)
+    ]
 
 
 # ---------------------------------------------------------------- describe
