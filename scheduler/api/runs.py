@@ -20,8 +20,9 @@ statement's WHERE clause: another tenant's run is exactly a missing one
 * ``POST /v1/runs/{id}:heartbeat|:ack|:nack`` (worker or tenant keys): one
   run; refused is 409 (``canceled`` or a stale token), 404 for a run the
   key's tenant does not have.
-* ``POST /v1/runs/{id}:redrive`` (tenant keys): a dead or canceled run back
-  to pending (409 naming the state otherwise).
+* ``POST /v1/runs/{id}:redrive`` (tenant keys): a dead or canceled run of a
+  live schedule back to pending (409 naming the state otherwise, or naming the
+  job for a run of a deleted schedule).
 
 Run ids are ``<job id>.<nominal time in Unix microseconds>``
 (:class:`~scheduler.delivery.lifecycle.RunKey`); a malformed one is a 422
@@ -87,7 +88,7 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {
         **_PROBLEM,
         "description": "Refused, nothing changed: the token no longer holds the run, or it was canceled "
-        "(redrive: the run is not dead or canceled).",
+        "(redrive: the run is not dead or canceled, or its schedule was deleted).",
     }
 }
 """The one error the run endpoints add to the app's common ones (401, 403, 404, 413, 422, 429)."""
@@ -621,7 +622,8 @@ def redrive_run(
     conn_cm: Annotated[Any, Depends(db)],
 ) -> RedriveOut:
     """Pending again, available now, attempt 0 and a fresh retry budget (``last_error`` kept until an
-    attempt succeeds); 409 naming the state for a run that is not dead or canceled (nothing changed)."""
+    attempt succeeds); 409 naming the state for a run that is not dead or canceled, or naming the job for
+    a run of a deleted schedule (nothing changed)."""
     tenant = _tenant(principal)
     with conn_cm as conn:
         done = views.redrive(conn, id, tenant=tenant, field="id")

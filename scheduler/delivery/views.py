@@ -7,8 +7,8 @@
   and dispatch lag, and counters (runs per state, skips per reason);
 * :func:`list_tenant_runs`: one tenant's runs, newest first, filtered and paged
   (the HTTP API's ``GET /v1/runs``);
-* :func:`redrive` / :func:`redrive_job`: dead or canceled runs back to
-  ``pending`` (see :func:`redrive` for what a redrive resets);
+* :func:`redrive` / :func:`redrive_job`: dead or canceled runs of a live job
+  back to ``pending`` (see :func:`redrive` for what a redrive resets);
 * :class:`DeliveryGauges`: the node's periodic read of queue depth per tenant
   (a bounded label set) and runs in flight.
 
@@ -18,6 +18,7 @@ queries in scheduler/sql/queries.sql, section "delivery views").
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import uuid
@@ -42,6 +43,9 @@ RUN_STATES = ("pending", "leased", "failed", "succeeded", "dead", "canceled")
 
 REDRIVABLE_STATES = ("dead", "canceled")
 """States :func:`redrive` moves back to ``pending``."""
+
+LIVE_JOB_RULE = "only a run of a live job can be redriven"
+"""Why a run of a deleted job is not redriven (:func:`redrive` refuses it, :func:`redrive_job` skips it)."""
 
 DESCRIBE_FIRES = 10
 """Fires :func:`describe_job` lists."""
@@ -206,6 +210,16 @@ def list_tenant_runs(
 # ---------------------------------------------------------------- redrive
 
 
+@dataclasses.dataclass(frozen=True)
+class Redriven:
+    """What :func:`redrive_job` did: ``run_ids``, the runs moved back to pending, oldest
+    first; ``skipped_job_deleted``, the runs it picked but left as they were because
+    their job is deleted (or pruned): a run of a deleted job is not redriven."""
+
+    run_ids: list[str]
+    skipped_job_deleted: int = 0
+
+
 def _redrive(
     conn: psycopg.Connection,
     job_id: uuid.UUID,
@@ -213,7 +227,9 @@ def _redrive(
     states: tuple[str, ...],
     limit: int,
     tenant: str | None = None,
-) -> list[datetime]:
+) -> tuple[list[datetime], int]:
+    """``redrive_runs`` in one transaction: (the nominal times moved back to pending,
+    ascending; how many runs were picked but not moved because the job is not live)."""
     params = {
         "partition_id": partition_of(job_id),
         "job_id": job_id,
@@ -223,7 +239,7 @@ def _redrive(
         "tenant": tenant,
     }
     rows = store.run_transaction(conn, lambda c: store.execute(c, "redrive_runs", params))
-    return sorted(row["nominal_time"] for row in rows)
+    return sorted(row["nominal_time"] for row in rows if row["redriven"]), sum(not row["redriven"] for row in rows)
 
 
 def run_state(conn: psycopg.Connection, key: RunKey, *, tenant: str | None = None) -> tuple[bool, str | None]:
@@ -239,7 +255,7 @@ def run_state(conn: psycopg.Connection, key: RunKey, *, tenant: str | None = Non
 
 
 def redrive(conn: psycopg.Connection, text: str, *, tenant: str | None = None, field: str = "run_id") -> str:
-    """Move the dead or canceled run ``text`` (a run id) back to ``pending``; return its run id.
+    """Move the dead or canceled run ``text`` (a run id) of a live job back to ``pending``; return its run id.
 
     The run becomes ``pending``, available at once (the store's now), with a fresh retry budget: ``attempt`` reset to 0
     and ``first_claimed_at`` cleared (``max_attempts`` and ``max_age_s``
@@ -251,12 +267,20 @@ def redrive(conn: psycopg.Connection, text: str, *, tenant: str | None = None, f
     another tenant's run is not found, as a missing one (the HTTP API passes
     its key's tenant). Raises ValidationError (naming ``field``) for a
     malformed id, NotFoundError for an unknown run, ConflictError naming
-    the state for a run that is not dead or canceled (nothing changed).
+    the state for a run that is not dead or canceled, or naming the job for
+    a run of a deleted (or pruned) job: it would be delivered again to a
+    target nothing expects any more (nothing changed either way).
     """
     key = RunKey.parse(text, field)
     job_id, nominal = key.job_id, key.nominal_time
-    if _redrive(conn, job_id, nominal, REDRIVABLE_STATES, 1, tenant):
+    moved, skipped = _redrive(conn, job_id, nominal, REDRIVABLE_STATES, 1, tenant)
+    if moved:
         return run_id(job_id, nominal)
+    if skipped:
+        raise ConflictError(
+            f"{field}: run {run_id(job_id, nominal)} is of job {job_id}, which is deleted; {LIVE_JOB_RULE} "
+            "(nothing changed)"
+        )
     exists, state = run_state(conn, key, tenant=tenant)
     if not exists:
         raise NotFoundError(f"{field}: no run {run_id(job_id, nominal)}")
@@ -267,24 +291,28 @@ def redrive(conn: psycopg.Connection, text: str, *, tenant: str | None = None, f
     )
 
 
-def redrive_job(conn: psycopg.Connection, job_id: uuid.UUID, state: str, limit: int) -> list[str]:
+def redrive_job(conn: psycopg.Connection, job_id: uuid.UUID, state: str, limit: int) -> Redriven:
     """Redrive (as :func:`redrive`) the oldest ``limit`` runs of ``job_id`` in ``state``
-    (``dead`` or ``canceled``); return their run ids, oldest first (empty if none).
+    (``dead`` or ``canceled``); return their run ids, oldest first (empty if none). If the
+    job is deleted (or pruned), none is redriven: the ones picked are counted in
+    ``skipped_job_deleted`` and left as they were.
 
-    One transaction. Raises ValidationError for another state (field
-    ``state``) or a ``limit`` below 1 (field ``limit``), NotFoundError for an
-    unknown job.
+    One statement, one transaction. Raises ValidationError for another state (field
+    ``state``) or a ``limit`` below 1 (field ``limit``), NotFoundError for a job
+    that does not exist and has no run in ``state``.
     """
     if state not in REDRIVABLE_STATES:
         raise ValidationError("state", "must be dead or canceled (the runs a redrive moves back to pending)", state)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValidationError("limit", "must be a whole number >= 1", limit)
-    moved = _redrive(conn, job_id, None, (state,), limit)
-    if not moved and not store.execute(
-        conn, "get_job", {"partition_id": partition_of(job_id), "job_id": job_id, "tenant": None}
+    moved, skipped = _redrive(conn, job_id, None, (state,), limit)
+    if (
+        not moved
+        and not skipped
+        and not store.execute(conn, "get_job", {"partition_id": partition_of(job_id), "job_id": job_id, "tenant": None})
     ):
         raise NotFoundError(f"job_id: no job {job_id}")
-    return [run_id(job_id, nominal) for nominal in moved]
+    return Redriven([run_id(job_id, nominal) for nominal in moved], skipped)
 
 
 # ---------------------------------------------------------------- gauges

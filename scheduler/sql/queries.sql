@@ -1329,17 +1329,24 @@ LIMIT %(limit)s;
 -- name: redrive_runs
 -- Back to pending, available now (store time): one run
 -- (%(nominal_time)s) or the oldest %(limit)s of a job, only those whose state
--- is in %(states)s (dead, canceled). A redrive is a fresh retry budget:
--- attempt 0 and first_claimed_at NULL (max_attempts and max_age_s count
--- from the redrive), lease and outcome cleared; last_error is kept (until an
--- attempt succeeds: ack_runs clears it). The
--- state is re-checked by the UPDATE, so a concurrent change wins. Only runs
--- of tenant %(tenant)s (NULL: any; the HTTP API passes its key's).
-UPDATE runs
-SET state = 'pending', attempt = 0, available_at = now(),
-    lease_token = NULL, leased_until = NULL, worker = NULL, claimed_at = NULL,
-    first_claimed_at = NULL, finished_at = NULL, retryable = NULL
-WHERE (partition_id, job_id, nominal_time) IN (
+-- is in %(states)s (dead, canceled), and only while the job is live: a run of
+-- a deleted job (or of one retention pruned from jobs) is not redriven (it
+-- would be delivered again to the deleted job's queue or URL, which nothing
+-- expects any more, or, once pruned, with no target at all). A redrive is a
+-- fresh retry budget: attempt 0 and first_claimed_at NULL (max_attempts and
+-- max_age_s count from the redrive), lease and outcome cleared; last_error is
+-- kept (until an attempt succeeds: ack_runs clears it). The state is
+-- re-checked by the UPDATE, so a concurrent change wins. Only runs (and the
+-- job) of tenant %(tenant)s (NULL: any; the HTTP API passes its key's).
+-- Returns each run picked: redriven true, or false when its job is not live
+-- (nothing written). One probe of the job's jobs row per statement.
+WITH live AS (
+    SELECT EXISTS (
+        SELECT 1 FROM jobs AS j
+        WHERE j.partition_id = %(partition_id)s AND j.job_id = %(job_id)s
+          AND j.deleted_at IS NULL
+          AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s::text)) AS live
+), picked AS (
     SELECT r.partition_id, r.job_id, r.nominal_time
     FROM runs AS r
     WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s
@@ -1347,9 +1354,20 @@ WHERE (partition_id, job_id, nominal_time) IN (
       AND r.state = ANY(%(states)s::text[])
       AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
     ORDER BY r.nominal_time
-    LIMIT %(limit)s)
-  AND state = ANY(%(states)s::text[])
-RETURNING nominal_time;
+    LIMIT %(limit)s
+), moved AS (
+    UPDATE runs
+    SET state = 'pending', attempt = 0, available_at = now(),
+        lease_token = NULL, leased_until = NULL, worker = NULL, claimed_at = NULL,
+        first_claimed_at = NULL, finished_at = NULL, retryable = NULL
+    WHERE (partition_id, job_id, nominal_time) IN (SELECT p.partition_id, p.job_id, p.nominal_time FROM picked AS p)
+      AND state = ANY(%(states)s::text[])
+      AND (SELECT l.live FROM live AS l)
+    RETURNING nominal_time
+)
+SELECT m.nominal_time, true AS redriven FROM moved AS m
+UNION ALL
+SELECT p.nominal_time, false AS redriven FROM picked AS p WHERE NOT (SELECT l.live FROM live AS l);
 
 -- name: delivery_depths
 -- The node's delivery gauges, one read of the partial indexes: pending runs

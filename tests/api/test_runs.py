@@ -519,6 +519,26 @@ def test_a_redriven_run_that_succeeds_shows_no_error(api, db) -> None:
     assert [(r["id"], r["state"], r["last_error"]) for r in described] == [(dead.run_id, "succeeded", None)]
 
 
+def test_a_run_of_a_deleted_schedule_is_not_redriven_409(api, db) -> None:
+    tenant = api.key("acme", "tenant")
+    job_id = add_job(db, "acme", "weekly")
+    dead = due(db, job_id, 20)
+    db.execute(
+        "UPDATE runs SET state = 'dead', attempt = 5, last_error = 'boom', finished_at = now()"
+        " WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
+        (dead.partition_id, dead.job_id, dead.nominal_time),
+    )
+    deleted = httpx.delete(f"{api.url}/v1/schedules/weekly", headers={"Authorization": f"Bearer {tenant}"})
+    assert deleted.status_code == 204
+    before = run_row(db, dead)
+    body = problem(post(api, f"/v1/runs/{dead.run_id}:redrive", tenant, None), 409)
+    assert body["detail"] == (
+        f"id: run {dead.run_id} is of job {job_id}, which is deleted; only a run of a live job can be redriven"
+        " (nothing changed)"
+    )
+    assert run_row(db, dead) == before
+
+
 def test_the_apis_store_sessions_never_prepare_statements_server_side(api, db) -> None:
     # A generic plan made while runs was empty would seq-scan every run on each claim, ack and
     # heartbeat afterwards (scheduler/store/session.py PREPARE_THRESHOLD): the API's pool plans

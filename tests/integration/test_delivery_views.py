@@ -13,6 +13,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+import pytest
 from click.testing import CliRunner
 from helpers import insert_run, store_now
 
@@ -20,6 +21,7 @@ from scheduler import jobs, store
 from scheduler.audit import verify_delivery
 from scheduler.cli import cli
 from scheduler.delivery import lifecycle, views
+from scheduler.errors import ConflictError
 from scheduler.metrics import Metrics
 from scheduler.partition import partition_of
 from scheduler.schedule import format_instant
@@ -243,7 +245,10 @@ def test_redrive_a_jobs_dead_runs_oldest_first(pg_dsn, conn) -> None:
     insert_run(conn, job, T0 + 300 * S, state="canceled", attempt=1)
     insert_run(conn, other, T0, state="dead", attempt=5)
     result = run(["runs", "redrive", "--job", str(job), "--state", "dead", "--limit", "3", "--json"], pg_dsn)
-    assert json.loads(result.stdout) == {"redriven": [rid(job, T0 + k * 60 * S) for k in range(3)]}
+    assert json.loads(result.stdout) == {
+        "redriven": [rid(job, T0 + k * 60 * S) for k in range(3)],
+        "skipped_job_deleted": 0,
+    }
     states = conn.execute(
         "SELECT job_id, nominal_time, state, attempt FROM runs ORDER BY job_id = %s, nominal_time", (job,)
     ).fetchall()
@@ -292,6 +297,40 @@ def test_a_redriven_run_that_succeeds_no_longer_shows_why_it_died(pg_dsn, conn) 
     assert [(r["run_id"], r["state"], r["last_error"]) for r in described["recent_runs"]] == [
         (rid(job, T0), "succeeded", None)
     ]
+
+
+def test_a_run_of_a_deleted_job_is_not_redriven(pg_dsn, conn) -> None:
+    """The trial: a dead run of a deleted job could be redriven, and was then delivered
+    again to the deleted job's queue with its payload (or pushed to its URL), where
+    nothing expects that job any more; once retention pruned the job, a pushed one had no
+    target at all. A single run is refused, nothing changed; a job's runs are skipped
+    and counted. A pruned job (no row left) counts as deleted."""
+    job = add(conn, name="nightly", interval_s=60)
+    for k in range(3):
+        insert_run(conn, job, T0 + k * 60 * S, state="dead", attempt=5, last_error="HTTP 500")
+    jobs.delete_job(conn, job)
+    before = conn.execute("SELECT * FROM runs ORDER BY nominal_time").fetchall()
+    rule = "only a run of a live job can be redriven (nothing changed)"
+    one_line_error(
+        run(["runs", "redrive", rid(job, T0)], pg_dsn),
+        2,
+        f"error: run_id: run {rid(job, T0)} is of job {job}, which is deleted; {rule}",
+    )
+    result = run(["runs", "redrive", "--job", str(job), "--state", "dead", "--limit", "2"], pg_dsn)
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        0,
+        "",
+        f"redrove 0 runs; skipped 2 runs of deleted job {job} ({rule.split(' (')[0]})\n",
+    )
+    result = run(["runs", "redrive", "--job", str(job), "--state", "dead", "--json"], pg_dsn)
+    assert (result.exit_code, json.loads(result.stdout)) == (0, {"redriven": [], "skipped_job_deleted": 3})
+    assert conn.execute("SELECT * FROM runs ORDER BY nominal_time").fetchall() == before
+
+    conn.execute("DELETE FROM jobs WHERE job_id = %s", (job,))  # pruned by retention
+    with pytest.raises(ConflictError, match=f"^run_id: run {rid(job, T0)} is of job {job}, which is deleted; "):
+        views.redrive(conn, rid(job, T0))
+    assert views.redrive_job(conn, job, "dead", 100) == views.Redriven(run_ids=[], skipped_job_deleted=3)
+    assert conn.execute("SELECT * FROM runs ORDER BY nominal_time").fetchall() == before
 
 
 # ---------------------------------------------------------------- describe
