@@ -314,7 +314,7 @@ def claim(
         "lease_s": _check_lease(lease_s),
         "now": now,
     }
-    claimed: list[Claimed] = store.run_transaction(
+    claimed: list[Claimed] = store.run_statement(
         conn, lambda c: store.execute_probing(c, "claim_runs", params, row_factory=_claimed_rows)
     )
     return claimed
@@ -330,7 +330,7 @@ def tenants_with_runs(
     if len(tenants) > MAX_TENANTS_PROBED:
         raise ValidationError("tenants", f"at most {MAX_TENANTS_PROBED} per call", len(tenants))
     params = {"tenants": list(tenants), "queue": queue, "now": now}
-    rows = store.run_transaction(conn, lambda c: store.execute(c, "tenants_with_pending_runs", params))
+    rows = store.run_statement(conn, lambda c: store.execute(c, "tenants_with_pending_runs", params))
     return {row["tenant"] for row in rows}
 
 
@@ -408,7 +408,7 @@ def _answers(
         raise ValidationError("runs", f"at most {MAX_BATCH} runs per call", len(pairs))
     keys = [p if isinstance(p, RunKey) else RunKey.parse(p) for p, _ in pairs]  # each run id parsed once
     arrays = _key_arrays(keys, [token for _, token in pairs])
-    rows = store.run_transaction(
+    rows = store.run_statement(
         conn, lambda c: store.execute_probing(c, name, {**arrays, **params, "tenant": tenant}, row_factory=_answer_rows)
     )
     return {keys[i - 1].run_id: answer for i, answer in rows}

@@ -15,7 +15,9 @@ owner's settle step retries it after a backoff or marks it ``dead``):
   that long.
 
 How it works (one asyncio loop, three store connections, each used by one
-thread so a slow statement on one never delays the others):
+thread so a slow statement on one never delays the others; each is a probe
+session, :func:`scheduler.store.make_probe_session`: every claim, probe,
+heartbeat, ack and nack is one statement sent alone, one round trip):
 
 * **claim**: while fewer than ``concurrency`` handlers run, one
   :func:`~scheduler.delivery.lifecycle.claim` of up to ``min(free slots,
@@ -303,7 +305,7 @@ class _Lane:
 
     def _call(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         if self._conn is None or self._conn.closed:
-            self._conn = store.connect(
+            conn = store.connect(
                 self._dsn,
                 application_name=f"scheduler-worker-{self._name}",
                 statement_timeout_s=self._statement_timeout_s,
@@ -316,6 +318,12 @@ class _Lane:
                 keepalives_count=3,
                 tcp_user_timeout=int(self._statement_timeout_s * 2000),
             )
+            try:  # each claim, probe, heartbeat, ack or nack is then one round trip
+                store.make_probe_session(conn)
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
         try:
             return fn(self._conn, *args, **kwargs)
         except BaseException:

@@ -62,7 +62,9 @@ from scheduler.store.queries import (
     execute_probing,
     execute_rowcount,
     execute_within,
+    is_probe_session,
     load_queries,
+    make_probe_session,
     now,
     stream,
 )
@@ -72,6 +74,7 @@ from scheduler.store.retry import (
     MAX_ATTEMPTS,
     RETRYABLE_SQLSTATES,
     is_retryable,
+    run_statement,
     run_transaction,
 )
 from scheduler.store.session import (
@@ -110,6 +113,8 @@ __all__ = [
     "execute_probing",
     "execute_rowcount",
     "execute_within",
+    "is_probe_session",
+    "make_probe_session",
     "first_line",
     "is_retryable",
     "keepalive_params",
@@ -121,6 +126,7 @@ __all__ = [
     "redact_dsn",
     "redact_text",
     "resend",
+    "run_statement",
     "run_transaction",
     "secret_spellings",
     "session_options",

@@ -16,16 +16,17 @@ import psycopg
 import pytest
 from helpers import OneNode, pending_run, run_row
 
-from scheduler import jobs
+from scheduler import jobs, store
 from scheduler.clock import ManualClock
 from scheduler.delivery import lifecycle
 from scheduler.delivery import loop as loop_module
 from scheduler.delivery.lifecycle import Nack, RunKey
 from scheduler.delivery.loop import SettleLoop
 from scheduler.delivery.targets import DeliverySpec
-from scheduler.errors import ValidationError
+from scheduler.errors import StoreError, ValidationError
 from scheduler.metrics import Metrics
 from scheduler.spec import JobSpec
+from scheduler.store import retry as store_retry
 
 T0 = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
 S = timedelta(seconds=1)
@@ -399,3 +400,78 @@ def test_the_settle_loop_logs_at_most_its_quota_of_dead_runs_per_pass_and_counts
         ("runs_dead_unlogged", logging.WARNING, {"node": "t1", "count": 3, "logged": 2})
     ]
     assert metrics.value("scheduler_delivery_settled_total", {"to": "dead", "cause": "failed"}) == 5
+
+
+def test_on_a_probe_session_each_claim_probe_and_batch_is_one_statement_with_no_transaction(pg_dsn) -> None:
+    # A worker's lanes are probe sessions (store.make_probe_session): the join
+    # settings are the session's, and each claim, probe, heartbeat, ack and
+    # nack is sent alone in autocommit (one round trip), never in BEGIN … COMMIT.
+    conn = store.connect(pg_dsn, application_name="scheduler-test")
+    try:
+        store.make_probe_session(conn)
+        assert store.is_probe_session(conn)
+        settings = conn.execute(
+            "SELECT current_setting('enable_hashjoin') AS h, current_setting('enable_mergejoin') AS m,"
+            " current_setting('enable_seqscan') AS s"
+        ).fetchone()
+        assert settings == {"h": "off", "m": "off", "s": "off"}
+        job_id = add_job(conn)
+        keys = [pending_run(conn, job_id, T0 + i * S) for i in range(4)]
+
+        def no_transaction() -> None:
+            raise AssertionError("a probe session's statement was wrapped in a transaction")
+
+        conn.transaction = no_transaction  # type: ignore[method-assign]
+        assert lifecycle.tenants_with_runs(conn, tenants=["acme", "other"], queue="default", now=T0 + 9 * S) == {"acme"}
+        claimed = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=3, now=T0 + 9 * S)
+        assert [c.key for c in claimed] == keys[:3]
+        leases = [(c.key, c.token) for c in claimed]
+        assert lifecycle.heartbeat(conn, leases[:1], lease_s=60, now=T0 + 10 * S) == {keys[0].run_id: "leased"}
+        assert lifecycle.ack(conn, leases[:2], now=T0 + 11 * S) == {
+            keys[0].run_id: "succeeded",
+            keys[1].run_id: "succeeded",
+        }
+        fail = Nack(run_id=keys[2].run_id, token=claimed[2].token, retryable=True, error="boom")
+        assert lifecycle.nack(conn, [fail], now=T0 + 11 * S) == {keys[2].run_id: "failed"}
+        del conn.transaction
+        states = [run_row(conn, k)["state"] for k in keys]
+        assert states == ["succeeded", "succeeded", "failed", "pending"]
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    finally:
+        conn.close()
+
+
+def test_a_probe_session_retries_a_statement_the_store_asked_to_retry(pg_dsn, monkeypatch) -> None:
+    conn = store.connect(pg_dsn, application_name="scheduler-test")
+    try:
+        store.make_probe_session(conn)
+        monkeypatch.setattr(store_retry.time, "sleep", lambda s: None)
+        calls = []
+
+        def body(c: psycopg.Connection) -> int:
+            calls.append(1)
+            if len(calls) == 1:
+                c.execute("SELECT 1")
+                raise psycopg.errors.SerializationFailure("restart transaction")
+            return c.execute("SELECT 7 AS n").fetchone()["n"]
+
+        assert store.run_statement(conn, body) == 7
+        assert len(calls) == 2
+
+        def never(c: psycopg.Connection) -> None:
+            raise psycopg.errors.SerializationFailure("restart transaction")
+
+        with pytest.raises(StoreError, match="statement failed after"):
+            store.run_statement(conn, never, max_attempts=3)
+    finally:
+        conn.close()
+
+
+def test_only_an_autocommit_connection_can_be_a_probe_session(pg_dsn) -> None:
+    conn = psycopg.connect(pg_dsn)
+    try:
+        with pytest.raises(ValueError, match="autocommit"):
+            store.make_probe_session(conn)
+        assert not store.is_probe_session(conn)
+    finally:
+        conn.close()

@@ -93,14 +93,18 @@ def test_engine_sessions_never_prepare_statements_server_side(pg_dsn):
 BATCH = 1_000
 
 
+@pytest.mark.parametrize("session", ["transaction", "probe session"])
 @pytest.mark.parametrize("statistics", ["current", "of an empty table"])
-def test_a_claim_reads_the_runs_it_leases_not_every_pending_run(pg_dsn, statistics):
+def test_a_claim_reads_the_runs_it_leases_not_every_pending_run(pg_dsn, statistics, session):
     """A table that is nearly all pending runs (the minutes after a herd) made PostgreSQL's
     planner join the picked keys to ``runs`` by hashing every pending run: a claim of 1,000
     read 50,000 rows, and the drain slowed as the backlog grew. A claim probes the primary
     key once per run it leases, with current statistics or with those of the empty table a
-    herd starts from (autovacuum analyzes at most once a minute)."""
+    herd starts from (autovacuum analyzes at most once a minute); in a transaction of its own
+    (``SET LOCAL``) or alone on a worker's probe session (settings for the session)."""
     conn = store.connect(pg_dsn, application_name="scheduler-test")
+    if session == "probe session":
+        store.make_probe_session(conn)
     try:
         if statistics != "current":
             conn.execute("ANALYZE runs")
@@ -127,15 +131,19 @@ def _finish(conn, kind: str, claimed: list) -> dict[str, str]:
     return lifecycle.nack(conn, fails)
 
 
+@pytest.mark.parametrize("session", ["transaction", "probe session"])
 @pytest.mark.parametrize("statistics", ["current", "taken while every run was pending"])
 @pytest.mark.parametrize("kind", ["heartbeat", "ack", "nack"])
-def test_a_batch_of_heartbeats_acks_or_nacks_reads_its_runs_not_every_leased_run(pg_dsn, kind, statistics):
+def test_a_batch_of_heartbeats_acks_or_nacks_reads_its_runs_not_every_leased_run(pg_dsn, kind, statistics, session):
     """With 20,000 runs leased and the statistics of the minute before (every run pending,
     none leased: autovacuum analyzes at most once a minute), the planner estimated one
     leased run and reached the batch through ``runs_inflight_idx``: every ack of 1,000 read
     all 20,000 leased runs (42 ms instead of 15; a herd's acks slowed as its workers fell
-    behind). A batch probes the primary key once per pair, whatever the statistics say."""
+    behind). A batch probes the primary key once per pair, whatever the statistics say, in a
+    transaction of its own or alone on a worker's probe session."""
     conn = store.connect(pg_dsn, application_name="scheduler-test")
+    if session == "probe session":
+        store.make_probe_session(conn)
     try:
         copy_pending_runs(conn, 20 * BATCH)
         conn.execute("ANALYZE runs")
