@@ -408,3 +408,18 @@ def json_log_records() -> Iterator[list[dict]]:
         logger.handlers[:], level = saved
         logger.setLevel(level)
         records.extend(json.loads(line) for line in buffer.getvalue().splitlines())
+
+
+RUNS_LIST_COLUMNS = [
+    "RUN_ID",
+    "TENANT",
+    "JOB_NAME",
+    "NOMINAL_TIME",
+    "STATE",
+    "ATTEMPT",
+    "FIRED_AT",
+    "LATENESS_S",
+    "WORKER",
+    "LAST_ERROR",
+]
+"""The header of ``scheduler runs list``'s table, in order."""

@@ -473,16 +473,21 @@ def test_list_pages_newest_first_with_filters(api, db) -> None:
 # ---------------------------------------------------------------- redrive
 
 
+def mark_dead(db, key) -> None:
+    """Run ``key`` dead after 5 attempts, last error 'boom'."""
+    db.execute(
+        "UPDATE runs SET state = 'dead', attempt = 5, last_error = 'boom', finished_at = now()"
+        " WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
+        (key.partition_id, key.job_id, key.nominal_time),
+    )
+
+
 def test_redrive_a_dead_run_back_to_pending_and_409_for_a_live_one(api, db) -> None:
     tenant = api.key("acme", "tenant")
     worker = api.key("acme", "worker")
     job_id = add_job(db, "acme", "nightly")
     dead, live = due(db, job_id, 20), due(db, job_id, 10)
-    db.execute(
-        "UPDATE runs SET state = 'dead', attempt = 5, last_error = 'boom', finished_at = now()"
-        " WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
-        (dead.partition_id, dead.job_id, dead.nominal_time),
-    )
+    mark_dead(db, dead)
     resp = post(api, f"/v1/runs/{dead.run_id}:redrive", tenant, None)
     assert resp.status_code == 200, resp.text
     assert resp.json() == {"id": dead.run_id, "state": "pending"}
@@ -504,11 +509,7 @@ def test_a_redriven_run_that_succeeds_shows_no_error(api, db) -> None:
     worker = api.key("acme", "worker")
     job_id = add_job(db, "acme", "nightly")
     dead = due(db, job_id, 20)
-    db.execute(
-        "UPDATE runs SET state = 'dead', attempt = 5, last_error = 'boom', finished_at = now()"
-        " WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
-        (dead.partition_id, dead.job_id, dead.nominal_time),
-    )
+    mark_dead(db, dead)
     assert post(api, f"/v1/runs/{dead.run_id}:redrive", tenant, None).status_code == 200
     (claimed,) = post(api, "/v1/runs:claim", worker, {"max": 5}).json()["runs"]
     acked = post(api, "/v1/runs:ack", worker, {"runs": [{"id": dead.run_id, "lease_token": claimed["lease_token"]}]})
@@ -523,11 +524,7 @@ def test_a_run_of_a_deleted_schedule_is_not_redriven_409(api, db) -> None:
     tenant = api.key("acme", "tenant")
     job_id = add_job(db, "acme", "weekly")
     dead = due(db, job_id, 20)
-    db.execute(
-        "UPDATE runs SET state = 'dead', attempt = 5, last_error = 'boom', finished_at = now()"
-        " WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
-        (dead.partition_id, dead.job_id, dead.nominal_time),
-    )
+    mark_dead(db, dead)
     deleted = httpx.delete(f"{api.url}/v1/schedules/weekly", headers={"Authorization": f"Bearer {tenant}"})
     assert deleted.status_code == 204
     before = run_row(db, dead)

@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from click.testing import CliRunner
-from helpers import OneNode, cron_cases, store_now
+from helpers import RUNS_LIST_COLUMNS, OneNode, cron_cases, store_now
 
 from scheduler import audit, jobs, migrate, store
 from scheduler.cli import cli
@@ -608,18 +608,7 @@ def test_runs_list(pg_dsn, conn) -> None:
     limited = json.loads(run(["runs", "list", "--limit", "3", "--json"], pg_dsn).stdout)
     assert len(limited) == 3
     text = run(["runs", "list", "--job", str(b)], pg_dsn).stdout.splitlines()
-    assert text[0].split() == [
-        "RUN_ID",
-        "TENANT",
-        "JOB_NAME",
-        "NOMINAL_TIME",
-        "STATE",
-        "ATTEMPT",
-        "FIRED_AT",
-        "LATENESS_S",
-        "WORKER",
-        "LAST_ERROR",
-    ]
+    assert text[0].split() == RUNS_LIST_COLUMNS
     assert len(text) == 6
     one_line_error(run(["runs", "list", "--since", "2030-01-01"], pg_dsn), 2, "error: since: ")
     rule = "error: limit: must be a whole number from 1 to 1000000 in ASCII digits"

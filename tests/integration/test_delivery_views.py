@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 from click.testing import CliRunner
-from helpers import insert_run, store_now
+from helpers import RUNS_LIST_COLUMNS, insert_run, store_now
 
 from scheduler import jobs, store
 from scheduler.audit import verify_delivery
@@ -131,18 +131,7 @@ def test_runs_list_names_each_runs_job(pg_dsn, conn) -> None:
         (rid(unnamed, T0), None),
     ]
     text = run(["runs", "list", "--state", "dead"], pg_dsn).stdout.splitlines()
-    assert text[0].split() == [
-        "RUN_ID",
-        "TENANT",
-        "JOB_NAME",
-        "NOMINAL_TIME",
-        "STATE",
-        "ATTEMPT",
-        "FIRED_AT",
-        "LATENESS_S",
-        "WORKER",
-        "LAST_ERROR",
-    ]
+    assert text[0].split() == RUNS_LIST_COLUMNS
     assert [line.split()[:3] for line in text[1:]] == [
         [rid(named, T0 + 3 * S), "acme", "nightly"],
         [rid(unnamed, T0 + 2 * S), "acme", "-"],
