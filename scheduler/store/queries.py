@@ -154,9 +154,9 @@ def make_probe_session(conn: psycopg.Connection[Any]) -> None:
     store, the node and four workers, every round trip waits for the other
     process to be scheduled: in the 300,000-run herd the many small claims
     of the first seconds (one per small tenant) were paced by those waits.
-    Measured interleaved (docs/performance.md, "2026-12-03"): small tenants'
-    dispatch p99 1.97, 1.94, 2.10 s against 2.91, 2.37 s; last ack 14.08,
-    14.61, 15.76 s against 14.81, 14.72 s. Nothing is sent on CockroachDB
+    Measured run for run against the build before (docs/performance.md,
+    "2026-12-03"): small tenants' dispatch p99 1.94–2.56 s against
+    2.37–3.23 s; last ack the same to 2 s shorter. Nothing is sent on CockroachDB
     (no such settings; its implicit transactions are retried by the server).
     Raises ``psycopg.Error`` if the settings cannot be sent."""
     if not conn.autocommit:
