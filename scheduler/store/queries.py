@@ -97,7 +97,9 @@ def execute_within(
         return execute(conn, name, params)
 
 
-PROBE_JOINS_SQL = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; SET LOCAL enable_seqscan = off"
+PROBE_SETTINGS = ("enable_hashjoin", "enable_mergejoin", "enable_seqscan")
+"""The planner settings a probing statement runs with turned off (see :func:`execute_probing`)."""
+PROBE_JOINS_SQL = "; ".join(f"SET LOCAL {name} = off" for name in PROBE_SETTINGS)
 """What :func:`execute_probing` sends first on PostgreSQL (one round trip)."""
 
 
@@ -134,8 +136,8 @@ def execute_probing(
     return execute(conn, name, params, row_factory=row_factory)
 
 
-PROBE_SESSION_SQL = "SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_seqscan = off"
-"""What :func:`make_probe_session` sends once on PostgreSQL (the session-level :data:`PROBE_JOINS_SQL`)."""
+PROBE_SESSION_SQL = "; ".join(f"SET {name} = off" for name in PROBE_SETTINGS)
+"""What :func:`make_probe_session` sends once on PostgreSQL (:data:`PROBE_SETTINGS` for the whole session)."""
 
 _PROBE_SESSIONS: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 
