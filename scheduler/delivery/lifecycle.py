@@ -324,13 +324,15 @@ def tenants_with_runs(
     conn: psycopg.Connection, *, tenants: Sequence[str], queue: str, now: datetime | None = None
 ) -> set[str]:
     """Those of ``tenants`` with a pending run of ``queue`` available now
-    (``tenants_with_pending_runs``: one index probe per tenant, read only).
+    (``tenants_with_pending_runs``: one index probe per tenant, read only,
+    with :func:`scheduler.store.execute_probing`'s settings: a probe is at most
+    one index entry per tenant whatever ``runs``' statistics say).
     A worker serving several tenants claims only from these. Raises
     ValidationError for more than :data:`MAX_TENANTS_PROBED` tenants."""
     if len(tenants) > MAX_TENANTS_PROBED:
         raise ValidationError("tenants", f"at most {MAX_TENANTS_PROBED} per call", len(tenants))
     params = {"tenants": list(tenants), "queue": queue, "now": now}
-    rows = store.run_statement(conn, lambda c: store.execute(c, "tenants_with_pending_runs", params))
+    rows = store.run_statement(conn, lambda c: store.execute_probing(c, "tenants_with_pending_runs", params))
     return {row["tenant"] for row in rows}
 
 

@@ -1805,12 +1805,17 @@ WHERE fired_at > now() - %(window_s)s * interval '1 second';
 
 -- name: tenants_with_pending_runs
 -- Of %(tenants)s, the tenants with a pending run of queue %(queue)s available
--- now: one probe of runs_pending_idx each (it stops at the first run found).
--- A worker serving several tenants asks this once a round and claims only
--- from those, instead of an empty claim transaction per idle tenant.
+-- now: one probe of runs_pending_idx each, which stops at the first entry
+-- (LIMIT 1). A worker serving several tenants asks this once a round and
+-- claims only from those, instead of an empty claim per idle tenant. The
+-- LATERAL ... LIMIT 1 leaves the planner no other plan, whatever runs'
+-- statistics say; written as a semi-join (WHERE EXISTS), it was planned from
+-- them, and with those of the minutes before a herd (few pending runs) it
+-- hashed, or on a probe session nested-looped over, every pending run of the
+-- queue at each probe (tests/integration/test_store_plans.py).
 SELECT t.tenant
 FROM unnest(%(tenants)s::text[]) AS t (tenant)
-WHERE EXISTS (
+CROSS JOIN LATERAL (
     SELECT 1
     FROM runs AS r
     WHERE r.tenant = t.tenant
@@ -1818,7 +1823,8 @@ WHERE EXISTS (
       AND r.state = 'pending'
       AND r.queue IS NOT NULL
       AND r.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
-);
+    LIMIT 1
+) AS found;
 
 -- name: claim_runs
 -- A worker's claim: up to %(limit)s pending runs of queue %(queue)s of tenant
