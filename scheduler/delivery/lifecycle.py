@@ -293,39 +293,24 @@ def _answer_rows(cursor: psycopg.Cursor[Any]) -> Callable[[Sequence[Any]], tuple
 def claim(
     conn: psycopg.Connection,
     *,
-    tenant: str | Sequence[str],
+    tenant: str,
     queue: str,
     worker: str,
     limit: int,
-    share: int | None = None,
     lease_s: float = DEFAULT_LEASE_S,
     now: datetime | None = None,
 ) -> list[Claimed]:
-    """Lease up to ``limit`` (1..:data:`MAX_BATCH`) pending runs of ``queue``
-    available now to ``worker`` for ``lease_s`` seconds, in one statement
-    (``claim_runs`` in sql/queries.sql). ``tenant``: one tenant, or several
-    (at most :data:`MAX_TENANTS_PROBED`; a repeat is dropped) in the caller's turn order:
-    at most ``share`` (1..``limit``, default ``limit``) runs of each, each
-    tenant's oldest available first, the tenants taken in that order until
-    ``limit`` runs are picked (a worker's round asks its ready tenants with
-    ``share`` = ``limit`` / their count, rounded up: each gets an equal part of
-    the batch). Each run gets attempt + 1 and a new token. Returns them
-    ordered by (nominal time, job id); ``[]`` when none is available. Raises
-    ValidationError for a bad ``limit``, ``share``, ``lease_s`` or tenant list."""
-    tenants = [tenant] if isinstance(tenant, str) else list(dict.fromkeys(tenant))  # a tenant once
-    if not tenants or len(tenants) > MAX_TENANTS_PROBED:
-        raise ValidationError("tenants", f"must name from 1 to {MAX_TENANTS_PROBED} tenants", len(tenants))
-    limit = _check_limit(limit)
-    if share is None:
-        share = limit
-    elif isinstance(share, bool) or not isinstance(share, int) or not 1 <= share <= limit:
-        raise ValidationError("share", f"must be a whole number from 1 to limit ({limit})", share)
+    """Lease up to ``limit`` (1..:data:`MAX_BATCH`) pending runs of ``tenant``'s
+    ``queue`` available now, oldest available first, to ``worker`` for
+    ``lease_s`` seconds (``claim_runs`` in sql/queries.sql). Each gets
+    attempt + 1 and a new token. Returns them ordered by (nominal time, job
+    id); ``[]`` when none is available. Raises ValidationError for a bad
+    ``limit``/``lease_s``."""
     params = {
-        "tenants": tenants,
+        "tenant": tenant,
         "queue": queue,
         "worker": worker,
-        "limit": limit,
-        "share": share,
+        "limit": _check_limit(limit),
         "lease_s": _check_lease(lease_s),
         "now": now,
     }

@@ -29,14 +29,12 @@ heartbeat, ack and nack is one statement sent alone, one round trip):
   several tenants, a round first asks
   the store which of them have runs to claim (one statement, an index probe
   per tenant: :func:`~scheduler.delivery.lifecycle.tenants_with_runs`),
-  then claims from all of those in ONE statement, each at most an equal
-  share of the free slots (rounded up), in turn order (:class:`TenantTurns`:
-  starting after the last tenant that got runs in the previous round). So a
-  tenant with a backlog takes only its share while other tenants have runs,
-  a tenant's new runs are seen by the next round, and idle tenants cost no
-  claim at all. A round in which a tenant gave its whole share is followed
-  at once by the next. (Over the HTTP API a worker serves its key's one
-  tenant.) No LISTEN/NOTIFY (not in the PostgreSQL/CockroachDB common subset).
+  then claims from those in turn (:class:`TenantTurns`), starting after the
+  last tenant that got runs in the previous round, until the free slots are
+  filled. So a tenant with a backlog takes at most one claim's worth before
+  every other tenant with runs has had its turn, a tenant's new runs are
+  seen by the next round, and idle tenants cost no claim at all. No
+  LISTEN/NOTIFY (not in the PostgreSQL/CockroachDB common subset).
 * **heartbeat**: every ``lease_s / 3``, ONE
   :func:`~scheduler.delivery.lifecycle.heartbeat` call for every run held
   (running or awaiting its ack; a call per 1,000 runs). A run answered
@@ -431,20 +429,12 @@ class StoreTransport:
         self._hb_lane = _Lane(dsn, "heartbeat", statement_timeout_s)
 
     async def claim(
-        self,
-        *,
-        tenant: str | Sequence[str] | None,
-        queue: str,
-        worker: str,
-        limit: int,
-        lease_s: float,
-        share: int | None = None,
+        self, *, tenant: str | None, queue: str, worker: str, limit: int, lease_s: float
     ) -> list[lifecycle.Claimed]:
-        """:func:`~scheduler.delivery.lifecycle.claim` of the ``queue`` of ``tenant`` (one,
-        or several in turn order, at most ``share`` runs of each): one statement."""
+        """:func:`~scheduler.delivery.lifecycle.claim` of ``tenant``'s ``queue``."""
         assert tenant is not None
         return await self._claim_lane.call(
-            lifecycle.claim, tenant=tenant, queue=queue, worker=worker, limit=limit, share=share, lease_s=lease_s
+            lifecycle.claim, tenant=tenant, queue=queue, worker=worker, limit=limit, lease_s=lease_s
         )
 
     async def ready(self, *, tenants: Sequence[str], queue: str) -> set[str]:
@@ -838,7 +828,7 @@ class Worker:
             coalesced = False
             limit = min(free, self.batch)
             try:
-                claimed, more = await self._claim_round(limit)
+                claimed = await self._claim_round(limit)
             except self._errors as exc:
                 wait = backoff
                 backoff = self._store_failed("claim", exc, backoff)
@@ -846,25 +836,21 @@ class Worker:
                 continue
             backoff = STORE_BACKOFF_MIN_S
             if claimed:
-                if not more:  # every tenant asked gave less than asked: it has no more yet
+                if claimed < limit:
                     await self._sleep(self._poll_min_s, self._stop_event)
             else:  # every tenant came back empty or is backing off: until one may be asked
                 await self._sleep(max(self._turns.wait_s(), 0.001), self._stop_event)
 
-    async def _claim_round(self, limit: int) -> tuple[int, bool]:
+    async def _claim_round(self, limit: int) -> int:
         """Claim up to ``limit`` runs, asking the tenants in turn (:class:`TenantTurns`),
-        and start them. Returns (runs claimed, whether a tenant may have more: one gave
-        all it was asked for). Raises what the store raises (runs claimed before the
-        failure are started).
-
-        Over the store, one statement claims from every tenant asked (after the ready
-        probe, when serving several), each an equal share of ``limit`` rounded up,
-        in turn order; over the HTTP API (one tenant), one claim."""
-        if isinstance(self._transport, StoreTransport):
-            return await self._claim_together(self._transport, limit)
+        and start them; return how many. Raises what the store raises (runs claimed
+        before the failure are started)."""
         total = 0
         turns = self._turns
-        for index in turns.due():
+        ready = None
+        if len(turns.tenants) > 1 and isinstance(self._transport, StoreTransport):
+            ready = await self._transport.ready(tenants=self.tenants, queue=self.queue)  # type: ignore[arg-type]
+        for index in turns.due(ready):
             if total >= limit or self._stop_event is None or self._stop_event.is_set():
                 break
             claimed = await self._transport.claim(
@@ -875,50 +861,13 @@ class Worker:
                 lease_s=self.lease_s,
             )
             turns.record(index, len(claimed))
-            self._start_claimed(claimed)
-            total += len(claimed)
-        return total, total >= limit
-
-    async def _claim_together(self, transport: StoreTransport, limit: int) -> tuple[int, bool]:
-        """:meth:`_claim_round` over the store: the tenants due (:meth:`TenantTurns.due`, after
-        :meth:`StoreTransport.ready` when serving several) in ONE claim statement, ``share`` =
-        ``limit`` / their count rounded up. A round of a herd asked ~50 small tenants one
-        claim each, and each claim's fixed cost made them wait (docs/performance.md,
-        "2026-12-03, morning"). The statement takes the tenants in turn order until
-        ``limit`` runs are picked; a tenant after the last one that got runs in a full batch
-        may not have been reached, so only those up to it are recorded."""
-        turns = self._turns
-        ready = None
-        if len(turns.tenants) > 1:
-            ready = await transport.ready(tenants=self.tenants, queue=self.queue)  # type: ignore[arg-type]
-        order = turns.due(ready)
-        if not order or self._stop_event is None or self._stop_event.is_set():
-            return 0, False
-        share = -(-limit // len(order))
-        claimed = await transport.claim(
-            tenant=[str(turns.tenants[i]) for i in order],
-            queue=self.queue,
-            worker=self.worker_id,
-            limit=limit,
-            share=share,
-            lease_s=self.lease_s,
-        )
-        counts = collections.Counter(c.tenant for c in claimed)
-        reached = order
-        if len(claimed) >= limit:
-            last = max(k for k, i in enumerate(order) if counts[turns.tenants[i]])
-            reached = order[: last + 1]
-        for index in reached:
-            turns.record(index, counts[turns.tenants[index]])
-        self._start_claimed(claimed)
-        return len(claimed), any(n >= share for n in counts.values())
-
-    def _start_claimed(self, claimed: list[lifecycle.Claimed]) -> None:
-        if claimed:
-            self._record_claims(claimed)
-            for c in claimed:
-                self._start(c)
-            self.metrics.inflight.set(len(self._inflight))
+            if claimed:
+                self._record_claims(claimed)
+                for c in claimed:
+                    self._start(c)
+                self.metrics.inflight.set(len(self._inflight))
+                total += len(claimed)
+        return total
 
     def _record_claims(self, claimed: list[lifecycle.Claimed]) -> None:
         lags = [(c.claimed_at - c.scheduled_at).total_seconds() for c in claimed if c.attempt == 1]

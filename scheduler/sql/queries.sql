@@ -1827,40 +1827,27 @@ CROSS JOIN LATERAL (
 ) AS found;
 
 -- name: claim_runs
--- A worker's claim: up to %(limit)s pending runs of queue %(queue)s of the
--- tenants %(tenants)s (in the worker's turn order), at most %(share)s of
--- each, each tenant's oldest available first (runs_pending_idx), each leased
--- to %(worker)s for %(lease_s)s seconds with a new random token and
--- attempt + 1. One statement for every tenant a worker's round asks: a
--- round of a herd asked ~50 tenants, one claim of ~100 runs each, and each
--- claim's fixed cost (a round trip, parse, plan) made small tenants wait
--- (docs/performance.md, "2026-12-03, morning"). A tenant's runs are picked
--- by LATERAL ... LIMIT %(share)s, so each is one range of runs_pending_idx
--- (the outer LIMIT stops the nested loop: the tenants after the cut are
--- neither read nor locked). SKIP LOCKED spreads concurrent claimers over
--- different runs; the re-check of state in the UPDATE makes a run leased by
--- a concurrent claim (READ COMMITTED re-evaluation) drop out. Returns the
--- runs with what the handler needs: the job's name and the job_delivery
--- row's payload. The name is the run's own (runs.job_name, written when the
--- run was created: '' for a job without one), so a claim reads nothing of
--- the 5 M-row jobs table; a run written before revision 0035 (NULL) is
--- looked up in jobs.
+-- A worker's claim: up to %(limit)s pending runs of queue %(queue)s of tenant
+-- %(tenant)s available now, oldest available first (runs_pending_idx), each
+-- leased to %(worker)s for %(lease_s)s seconds with a new random token and
+-- attempt + 1. SKIP LOCKED spreads concurrent claimers over different runs;
+-- the re-check of state in the UPDATE makes a run leased by a concurrent
+-- claim (READ COMMITTED re-evaluation) drop out. Returns the runs with what
+-- the handler needs: the job's name and the job_delivery row's payload. The
+-- name is the run's own (runs.job_name, written when the run was created:
+-- '' for a job without one), so a claim reads nothing of the 5 M-row jobs
+-- table; a run written before revision 0035 (NULL) is looked up in jobs.
 WITH picked AS (
-    SELECT p.partition_id, p.job_id, p.nominal_time
-    FROM unnest(%(tenants)s::text[]) AS t (tenant)
-    CROSS JOIN LATERAL (
-        SELECT r.partition_id, r.job_id, r.nominal_time
-        FROM runs AS r
-        WHERE r.tenant = t.tenant
-          AND r.queue = %(queue)s
-          AND r.state = 'pending'
-          AND r.queue IS NOT NULL
-          AND r.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
-        ORDER BY r.available_at
-        LIMIT %(share)s
-        FOR UPDATE SKIP LOCKED
-    ) AS p
+    SELECT r.partition_id, r.job_id, r.nominal_time
+    FROM runs AS r
+    WHERE r.tenant = %(tenant)s
+      AND r.queue = %(queue)s
+      AND r.state = 'pending'
+      AND r.queue IS NOT NULL
+      AND r.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+    ORDER BY r.available_at
     LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE runs AS r
     SET state = 'leased',

@@ -103,48 +103,6 @@ def test_claim_leases_each_run_once_and_ack_needs_its_token(conn) -> None:
     assert run_row(conn, first)["finished_at"] == T0 + 2 * S
 
 
-def test_a_claim_of_several_tenants_takes_up_to_a_share_of_each_oldest_first_in_their_order(conn) -> None:
-    """One statement for a worker's round: acme has five runs, beta two, gamma one
-    (not available yet), delta none. Each tenant gives at most ``share``, its oldest
-    first; the tenants are taken in the order given until ``limit`` runs are picked."""
-    acme, beta, gamma = add_job(conn, "acme"), add_job(conn, "beta"), add_job(conn, "gamma")
-    jobs.add_tenant(conn, "delta")
-    acme_runs = [pending_run(conn, acme, T0 + i * S) for i in range(5)]
-    beta_runs = [pending_run(conn, beta, T0 + i * S) for i in range(2)]
-    pending_run(conn, gamma, T0 + 60 * S)
-    everyone = ["delta", "gamma", "beta", "acme"]
-
-    def claim(limit: int, share: int | None, tenants=everyone) -> list[RunKey]:
-        claimed = lifecycle.claim(
-            conn, tenant=tenants, queue="default", worker="w", limit=limit, share=share, now=T0 + 9 * S
-        )
-        assert all(c.attempt == 1 and c.leased_until == T0 + 39 * S for c in claimed)
-        return [c.key for c in claimed]
-
-    # share 2 of limit 3: beta's two, then acme's oldest (the cut is after the limit).
-    in_order = sorted([beta_runs[0], acme_runs[0], beta_runs[1]], key=lambda k: (k.nominal_time, k.job_id))
-    assert claim(3, 2) == in_order  # returned by (nominal time, job id)
-    # beta is drained: acme gives its share, the next two oldest.
-    assert claim(10, 2) == acme_runs[1:3]
-    # A repeated tenant counts once; share defaults to limit.
-    assert claim(10, None, ["acme", "acme"]) == acme_runs[3:]
-    assert claim(10, 5) == []
-    leased = conn.execute(
-        "SELECT tenant, count(*) AS n FROM runs WHERE state = 'leased' GROUP BY tenant ORDER BY tenant"
-    )
-    assert [(r["tenant"], r["n"]) for r in leased] == [("acme", 5), ("beta", 2)]
-    for bad, match in (
-        ({"limit": 3, "share": 4}, r"^share: must be a whole number from 1 to limit \(3\)"),
-        ({"limit": 3, "share": 0}, r"^share: must be a whole number from 1 to limit \(3\)"),
-        ({"limit": 3, "share": True}, r"^share: must be"),
-        ({"limit": 3, "tenant": []}, r"^tenants: must name from 1 to 1000 tenants"),
-        ({"limit": 3, "tenant": [f"t{i}" for i in range(1001)]}, r"^tenants: must name from 1 to 1000 tenants"),
-    ):
-        args = {"tenant": everyone, "queue": "default", "worker": "w", **bad}
-        with pytest.raises(ValidationError, match=match):
-            lifecycle.claim(conn, **args)
-
-
 def test_a_stale_token_is_refused_after_the_lease_expired_and_another_worker_claimed(conn, node) -> None:
     job_id = add_job(conn)
     key = pending_run(conn, job_id, T0)

@@ -246,41 +246,6 @@ def test_a_worker_serving_several_tenants_claims_them_in_turn(conn, start) -> No
     assert seen == ["acme", "beta", "acme", "acme", "acme"]
 
 
-def test_a_round_gives_every_tenant_with_runs_an_equal_share_of_the_free_slots(conn, start) -> None:
-    """Six slots; acme has ten runs, beta two, gamma two: the first round claims two of
-    each (one statement for the three, share = 6 / 3), acme's oldest; acme's backlog does
-    not fill the round. Then every run is handled once."""
-    base = store_now(conn).replace(microsecond=0) - 60 * S
-    keys: dict[str, list[RunKey]] = {}
-    for tenant, n in (("acme", 10), ("beta", 2), ("gamma", 2)):
-        job = jobs.add_job(conn, JobSpec.build(tenant=tenant, interval_s=3600)).job_id
-        keys[tenant] = [pending_run(conn, job, base + i * S) for i in range(n)]
-    release = threading.Event()
-    seen: list[str] = []
-
-    def handler(run: Run) -> None:
-        release.wait(30)
-        seen.append(run.run_id)
-
-    w = start(handler, concurrency=6, batch=6, tenant=("acme", "beta", "gamma"))
-
-    def leased() -> list[tuple[str, str]]:
-        rows = conn.execute("SELECT tenant, partition_id, job_id, nominal_time FROM runs WHERE state = 'leased'")
-        return sorted((r["tenant"], RunKey(r["partition_id"], r["job_id"], r["nominal_time"]).run_id) for r in rows)
-
-    first = wait_for("six runs leased", leased, lambda rows: len(rows) == 6)
-    time.sleep(0.3)  # no further claim: every slot is taken
-    assert leased() == first
-    assert first == sorted((t, k.run_id) for t, ks in keys.items() for k in ks[:2])
-    release.set()
-    wait_for("all handled", lambda: len(seen), lambda n: n == 14)
-    w.stop()
-    assert sorted(seen) == sorted(k.run_id for ks in keys.values() for k in ks)
-    for ks in keys.values():
-        for key in ks:
-            assert state_of(conn, key) == ("succeeded", 1)
-
-
 def test_a_tenant_whose_runs_arrive_behind_a_backlog_is_served_within_its_backoff(pg_dsn, conn, start) -> None:
     """One slot, ten tenants: "big" with a backlog, nine idle. A run of "t1" appears while
     big's 3rd run is handled; t1 is asked again within its backoff (50 ms here, each big
