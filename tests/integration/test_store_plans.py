@@ -11,9 +11,12 @@ second (measured: a third of the store's CPU during a 300,000-run herd).
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 from helpers import OneNode
 
@@ -93,15 +96,13 @@ def test_engine_sessions_never_prepare_statements_server_side(pg_dsn):
 BATCH = 1_000
 
 
-@pytest.mark.parametrize("session", ["transaction", "probe session"])
-@pytest.mark.parametrize("statistics", ["current", "of an empty table"])
-def test_a_claim_reads_the_runs_it_leases_not_every_pending_run(pg_dsn, statistics, session):
-    """A table that is nearly all pending runs (the minutes after a herd) made PostgreSQL's
-    planner join the picked keys to ``runs`` by hashing every pending run: a claim of 1,000
-    read 50,000 rows, and the drain slowed as the backlog grew. A claim probes the primary
-    key once per run it leases, with current statistics or with those of the empty table a
-    herd starts from (autovacuum analyzes at most once a minute); in a transaction of its own
-    (``SET LOCAL``) or alone on a worker's probe session (settings for the session)."""
+@contextlib.contextmanager
+def pending_backlog(pg_dsn: str, statistics: str, session: str) -> Iterator[psycopg.Connection]:
+    """A connection to a store holding 50 × :data:`BATCH` pending runs of acme (a herd's
+    backlog), ``runs`` analyzed after they were written (``statistics`` "current") or
+    before (those of the empty table a herd starts from: autovacuum analyzes at most once
+    a minute); ``session`` "probe session" makes it a worker's probe session
+    (:func:`scheduler.store.make_probe_session`), else statements run in transactions."""
     conn = store.connect(pg_dsn, application_name="scheduler-test")
     if session == "probe session":
         store.make_probe_session(conn)
@@ -111,14 +112,27 @@ def test_a_claim_reads_the_runs_it_leases_not_every_pending_run(pg_dsn, statisti
         copy_pending_runs(conn, 50 * BATCH)
         if statistics == "current":
             conn.execute("ANALYZE runs")
+        yield conn
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("session", ["transaction", "probe session"])
+@pytest.mark.parametrize("statistics", ["current", "of an empty table"])
+def test_a_claim_reads_the_runs_it_leases_not_every_pending_run(pg_dsn, statistics, session):
+    """A table that is nearly all pending runs (the minutes after a herd) made PostgreSQL's
+    planner join the picked keys to ``runs`` by hashing every pending run: a claim of 1,000
+    read 50,000 rows, and the drain slowed as the backlog grew. A claim probes the primary
+    key once per run it leases, with current statistics or with those of the empty table a
+    herd starts from (autovacuum analyzes at most once a minute); in a transaction of its own
+    (``SET LOCAL``) or alone on a worker's probe session (settings for the session)."""
+    with pending_backlog(pg_dsn, statistics, session) as conn:
         before = runs_reads(conn)
         claimed = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=BATCH)
         after = runs_reads(conn)
         assert len(claimed) == BATCH
         assert after["seq_scan"] - before["seq_scan"] == 0
         assert after["idx_tup_fetch"] - before["idx_tup_fetch"] <= 3 * BATCH
-    finally:
-        conn.close()
 
 
 def _finish(conn, kind: str, claimed: list) -> dict[str, str]:
@@ -265,7 +279,7 @@ def test_the_push_loop_reads_about_what_it_claims_however_long_the_backlog(pg_ds
         node.close()
 
 
-@pytest.mark.parametrize("session", ["autocommit", "probe session"])
+@pytest.mark.parametrize("session", ["transaction", "probe session"])
 @pytest.mark.parametrize("statistics", ["current", "of an empty table"])
 def test_a_workers_ready_probe_reads_an_index_entry_per_tenant_not_every_pending_run(pg_dsn, statistics, session):
     """A worker serving many tenants asks, each claim round, which of them have runs
@@ -277,15 +291,7 @@ def test_a_workers_ready_probe_reads_an_index_entry_per_tenant_not_every_pending
     times a second spent 41 s of store CPU in a 300,000-run herd. Each tenant's probe reads
     at most one index entry, whatever the statistics say."""
     tenants = ["acme", *(f"small-{i:02d}" for i in range(50))]
-    conn = store.connect(pg_dsn, application_name="scheduler-test")
-    if session == "probe session":
-        store.make_probe_session(conn)
-    try:
-        if statistics != "current":
-            conn.execute("ANALYZE runs")
-        copy_pending_runs(conn, 50 * BATCH)  # all acme's
-        if statistics == "current":
-            conn.execute("ANALYZE runs")
+    with pending_backlog(pg_dsn, statistics, session) as conn:  # all acme's
         before = runs_reads(conn)
         assert lifecycle.tenants_with_runs(conn, tenants=tenants, queue="default") == {"acme"}
         after = runs_reads(conn)
@@ -293,5 +299,3 @@ def test_a_workers_ready_probe_reads_an_index_entry_per_tenant_not_every_pending
         assert after["idx_tup_fetch"] - before["idx_tup_fetch"] <= len(tenants)
         assert lifecycle.tenants_with_runs(conn, tenants=tenants[1:], queue="default") == set()
         assert lifecycle.tenants_with_runs(conn, tenants=tenants, queue="other") == set()
-    finally:
-        conn.close()
