@@ -1808,11 +1808,14 @@ WHERE fired_at > now() - %(window_s)s * interval '1 second';
 -- now: one probe of runs_pending_idx each, which stops at the first entry
 -- (LIMIT 1). A worker serving several tenants asks this once a round and
 -- claims only from those, instead of an empty claim per idle tenant. The
--- LATERAL ... LIMIT 1 leaves the planner no other plan, whatever runs'
--- statistics say; written as a semi-join (WHERE EXISTS), it was planned from
--- them, and with those of the minutes before a herd (few pending runs) it
--- hashed, or on a probe session nested-looped over, every pending run of the
--- queue at each probe (tests/integration/test_store_plans.py).
+-- LATERAL ... LIMIT 1 makes it a loop over the tenants, and the probe
+-- settings it runs with (no sequential scan, lifecycle.tenants_with_runs)
+-- leave each tenant one index probe, whatever runs' statistics say. Written
+-- as a semi-join (WHERE EXISTS), it was planned from them, and with those of
+-- the minutes before a herd (few pending runs) it hashed, or on a probe
+-- session nested-looped over, every pending run of the queue at each probe;
+-- as a LATERAL without the settings, current statistics made each tenant's
+-- probe a sequential scan (tests/integration/test_store_plans.py).
 SELECT t.tenant
 FROM unnest(%(tenants)s::text[]) AS t (tenant)
 CROSS JOIN LATERAL (

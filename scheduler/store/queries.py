@@ -108,9 +108,10 @@ def execute_probing(
 ) -> list[Any]:
     """:func:`execute` inside the caller's transaction, ``runs`` reached by index probes only (PostgreSQL).
 
-    For a claim (``claim_runs``, ``claim_push``), and a batch of
+    For a claim (``claim_runs``, ``claim_push``), a batch of
     heartbeats, acks or nacks (``heartbeat_runs``, ``ack_runs``,
-    ``nack_runs``): a claim locks up to 1,000
+    ``nack_runs``), and a worker's ready probe (``tenants_with_pending_runs``,
+    one ``LATERAL … LIMIT 1`` index probe per tenant): a claim locks up to 1,000
     picked runs, then updates them; the update must find each by one
     primary-key probe, so a claim costs the same whatever ``runs`` holds.
     PostgreSQL's planner, whose cost model assumes uncached random reads
@@ -127,7 +128,10 @@ def execute_probing(
     stale: the batch statements test ``coalesce(state, '') = 'leased'``,
     which no partial index matches (written ``state = 'leased'``, it
     matched ``runs_inflight_idx``, and forced into nested loops a stale
-    estimate of one leased run made each pair scan every leased run). CockroachDB (it
+    estimate of one leased run made each pair scan every leased run; the
+    claim's pick and the ready probe do read ``runs_pending_idx``, but as a
+    range of one tenant's entries cut by a LIMIT, which no estimate can
+    lengthen). CockroachDB (it
     reports ``crdb_version`` at connect) has none of these settings and
     plans such joins as lookup joins: nothing is sent there. ``row_factory``
     as in :func:`execute`. Raises what :func:`execute` raises."""
