@@ -186,7 +186,7 @@ def _loc_field(loc: tuple[Any, ...] | list[Any]) -> str:
 
 
 MORE_FIELDS_NAMED = 5
-"""A 422 with several errors details the first and names at most this many other fields."""
+"""A 422 with several errors details the first and at most this many others (each ``field: rule``)."""
 
 PATTERN_RULES: dict[str, str] = {}
 """A field pattern → the rule a person reads instead of the regular expression
@@ -307,9 +307,9 @@ async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
     if not errors:
         return problem(422, "request: is invalid")
     field, detail = validation_detail(errors[0])
-    if len(errors) > 1:  # the others named, so one round trip shows every field to fix
-        others = list(dict.fromkeys(_loc_field(e.get("loc", ())) for e in errors[1:]))
-        named = ", ".join(others[:MORE_FIELDS_NAMED]) + (", …" if len(others) > MORE_FIELDS_NAMED else "")
+    if len(errors) > 1:  # the others named with their rules, so one round trip shows every fix
+        others = list(dict.fromkeys(validation_detail(e)[1] for e in errors[1:]))
+        named = "; ".join(others[:MORE_FIELDS_NAMED]) + ("; …" if len(others) > MORE_FIELDS_NAMED else "")
         detail += f" (and {len(errors) - 1} more: {named})"
     return problem(422, detail, field=field)
 

@@ -127,10 +127,19 @@ def test_a_bad_schedule_quota_is_422_naming_it_nothing_written(admin, api, value
     assert _listed(admin, "acme")["weight"] == 1 and _listed(admin, "acme")["max_schedules"] is None
 
 
-def test_a_request_with_several_errors_names_every_field(admin):
-    """It said ``tenant: is required (and 1 more)``: the unknown field went unnamed."""
+def test_a_request_with_several_errors_names_every_field_and_its_rule(admin):
+    """It said ``tenant: is required (and 1 more)``: the unknown field went unnamed; then
+    ``(and 1 more: name)``, which read as if ``name`` were required too (a trial)."""
     body = _problem(admin.post("/v1/tenants", json={"name": "x"}), 422)
-    assert (body["field"], body["detail"]) == ("tenant", "tenant: is required (and 1 more: name)")
+    assert (body["field"], body["detail"]) == (
+        "tenant",
+        "tenant: is required (and 1 more: name: is not a known field (got 'x'))",
+    )
+    body = _problem(admin.post("/v1/tenants", json={"colour": 1, "name": "x"}), 422)
+    assert (body["field"], body["detail"]) == (
+        "tenant",
+        "tenant: is required (and 2 more: colour: is not a known field (got 1); name: is not a known field (got 'x'))",
+    )
 
 
 def test_tenant_errors_name_the_field(admin):
