@@ -289,16 +289,22 @@ async def _config(request: Request, exc: Exception) -> JSONResponse:
     return problem(422, exc.render(API_WORDS))
 
 
+def _named_field(text: str) -> str | None:
+    """The field a ``<field>: <rule>`` message names (None if it names none)."""
+    head, colon, _ = text.partition(":")
+    return head if colon and " " not in head else None
+
+
 async def _not_found(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, NotFoundError)
     text = exc.render(API_WORDS)
-    field = text.split(":", 1)[0] if ":" in text and " " not in text.split(":", 1)[0] else None
-    return problem(404, text, field=field)
+    return problem(404, text, field=_named_field(text))
 
 
 async def _conflict(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ConflictError)
-    return problem(409, exc.render(API_WORDS))
+    text = exc.render(API_WORDS)
+    return problem(409, text, field=_named_field(text))
 
 
 async def _request_validation(request: Request, exc: Exception) -> JSONResponse:

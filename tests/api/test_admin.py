@@ -145,7 +145,7 @@ def test_a_request_with_several_errors_names_every_field_and_its_rule(admin):
 def test_tenant_errors_name_the_field(admin):
     assert admin.post("/v1/tenants", json={"tenant": "dup"}).status_code == 201
     body = _problem(admin.post("/v1/tenants", json={"tenant": "dup"}), 409)
-    assert body["detail"] == "tenant: 'dup' exists; PATCH /v1/tenants/dup to change it"
+    assert (body["field"], body["detail"]) == ("tenant", "tenant: 'dup' exists; PATCH /v1/tenants/dup to change it")
     body = _problem(admin.post("/v1/tenants", json={"tenant": "-bad"}), 422)
     assert body["field"] == "tenant"
     assert body["detail"] == (

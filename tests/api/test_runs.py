@@ -495,6 +495,7 @@ def test_redrive_a_dead_run_back_to_pending_and_409_for_a_live_one(api, db) -> N
     assert (row["state"], row["attempt"], row["last_error"], row["finished_at"]) == ("pending", 0, "boom", None)
 
     body = problem(post(api, f"/v1/runs/{live.run_id}:redrive", tenant, None), 409)
+    assert body["field"] == "id"
     assert body["detail"] == (
         f"id: run {live.run_id} is pending; only a dead or canceled run can be redriven (nothing changed)"
     )
@@ -529,6 +530,7 @@ def test_a_run_of_a_deleted_schedule_is_not_redriven_409(api, db) -> None:
     assert deleted.status_code == 204
     before = run_row(db, dead)
     body = problem(post(api, f"/v1/runs/{dead.run_id}:redrive", tenant, None), 409)
+    assert body["field"] == "id"
     assert body["detail"] == (
         f"id: run {dead.run_id} is of job {job_id}, which is deleted; only a run of a live job can be redriven"
         " (nothing changed)"

@@ -71,6 +71,7 @@ def test_the_runs_examples_claim_ack_list_and_refuse_a_redrive(api) -> None:
             "status": 409,
             "detail": f"id: run {older.run_id} is succeeded; only a dead or canceled run can be redriven "
             "(nothing changed)",
+            "field": "id",
         },
     ]
 
