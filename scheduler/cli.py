@@ -1451,7 +1451,7 @@ def jobs_next(cron: str | None, tz: str | None, dialect: str | None, after: date
 
 @cli.group(cls=OneLineErrors)
 def runs() -> None:
-    """List, redrive and prune runs (one per fired job and nominal time)."""
+    """List, cancel, redrive and prune runs (one per fired job and nominal time)."""
 
 
 @runs.command("list")
@@ -1559,6 +1559,27 @@ def runs_redrive(
         plural = "" if skipped == 1 else "s"
         summary += f"; skipped {skipped} run{plural} of deleted job {_job_id(job_id)} ({views.LIVE_JOB_RULE})"
     click.echo(summary, err=True)
+
+
+@runs.command("cancel")
+@dsn_option
+@click.argument("run_id")
+def runs_cancel(dsn: str, run_id: str) -> None:
+    """Cancel an unfinished (pending, leased or failed) run: it ends canceled now.
+
+    A pending run is then never claimed or pushed; a leased one's worker hears
+    "canceled" at its next heartbeat (an async handler is cancelled; a sync
+    one should check run.abandoned) and its ack is refused, as after overlap
+    replace. last_error says "canceled by scheduler runs cancel". A finished
+    run (succeeded, dead, canceled) exits 2 naming its state, changing
+    nothing. `runs redrive` brings a canceled run back. Prints the run id.
+    """
+    from scheduler.delivery import views
+
+    with open_store(dsn) as conn:
+        done = views.cancel(conn, run_id)
+    click.echo(done)
+    click.echo("canceled 1 run", err=True)
 
 
 @runs.command("prune")

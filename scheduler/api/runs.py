@@ -1,4 +1,4 @@
-"""``/v1/runs…``: list, claim, heartbeat, ack, nack, redrive over HTTP (docs/api.md, "Runs and workers").
+"""``/v1/runs…``: list, claim, heartbeat, ack, nack, redrive, cancel over HTTP (docs/api.md, "Runs and workers").
 
 Every endpoint is a thin shell over the store layer the CLI and the Python
 worker use (:mod:`scheduler.delivery.lifecycle`, :mod:`scheduler.delivery.views`,
@@ -23,6 +23,9 @@ statement's WHERE clause: another tenant's run is exactly a missing one
 * ``POST /v1/runs/{id}:redrive`` (tenant keys): a dead or canceled run of a
   live schedule back to pending (409 naming the state otherwise, or naming the
   job for a run of a deleted schedule).
+* ``POST /v1/runs/{id}:cancel`` (tenant keys): an unfinished run (pending,
+  leased, failed) ends canceled; its token answers ``canceled`` from then on
+  (409 naming the state for a finished run).
 
 Run ids are ``<job id>.<nominal time in Unix microseconds>``
 (:class:`~scheduler.delivery.lifecycle.RunKey`); a malformed one is a 422
@@ -88,7 +91,7 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {
         **_PROBLEM,
         "description": "Refused, nothing changed: the token no longer holds the run, or it was canceled "
-        "(redrive: the run is not dead or canceled, or its schedule was deleted).",
+        "(redrive: the run is not dead or canceled, or its schedule was deleted; cancel: the run is finished).",
     }
 }
 """The one error the run endpoints add to the app's common ones (401, 403, 404, 413, 422, 429)."""
@@ -270,6 +273,13 @@ class RedriveOut(BaseModel):
 
     id: str
     state: Literal["pending"]
+
+
+class CancelOut(BaseModel):
+    """The run canceled: finished, its lease token refused from now on."""
+
+    id: str
+    state: Literal["canceled"]
 
 
 # ---------------------------------------------------------------- helpers
@@ -628,3 +638,24 @@ def redrive_run(
     with conn_cm as conn:
         done = views.redrive(conn, id, tenant=tenant, field="id")
     return RedriveOut(id=done, state="pending")
+
+
+@router.post(
+    "/v1/runs/{id}:cancel",
+    response_model=CancelOut,
+    summary="Cancel an unfinished run",
+    responses=_CONFLICT,
+)
+def cancel_run(
+    id: RunId,  # noqa: A002
+    principal: Annotated[Principal, Depends(tenant_principal)],
+    conn_cm: Annotated[Any, Depends(db)],
+) -> CancelOut:
+    """A pending, leased or failed run ends ``canceled`` now: a pending one is never claimed or pushed,
+    a leased one's worker hears ``canceled`` at its next heartbeat and its ack is refused (``last_error``:
+    ``canceled by an API key <key id>``); 409 naming the state for a finished run (nothing changed).
+    A canceled run can be redriven."""
+    tenant = _tenant(principal)
+    with conn_cm as conn:
+        done = views.cancel(conn, id, tenant=tenant, field="id", by=f"an API key {principal.key_id}")
+    return CancelOut(id=done, state="canceled")

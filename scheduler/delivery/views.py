@@ -291,6 +291,50 @@ def redrive(conn: psycopg.Connection, text: str, *, tenant: str | None = None, f
     )
 
 
+CANCELABLE_STATES = ("pending", "leased", "failed")
+"""The states an operator's :func:`cancel` ends (the unfinished ones)."""
+
+
+def cancel(
+    conn: psycopg.Connection,
+    text: str,
+    *,
+    tenant: str | None = None,
+    field: str = "run_id",
+    by: str = "scheduler runs cancel",
+) -> str:
+    """Cancel the unfinished run ``text`` (a run id): it ends ``canceled`` now; return its run id.
+
+    For a run that must not run after all (its job deleted, a bad payload):
+    a pending run is never claimed or pushed; a leased one's worker hears
+    ``canceled`` at its next heartbeat (an async handler is cancelled, a sync
+    one should check ``run.abandoned``) and its ack or nack is refused, as
+    after overlap ``replace`` (``cancel_run``). ``last_error`` becomes
+    ``canceled by <by>``. A canceled run can be redriven. ``tenant`` (None:
+    any) limits it to that tenant's runs (another's is not found). Raises
+    ValidationError (naming ``field``) for a malformed id, NotFoundError for
+    an unknown run, ConflictError naming the state for a finished run or one
+    fired before delivery existed (nothing changed either way)."""
+    key = RunKey.parse(text, field)
+    params = {
+        "partition_id": key.partition_id,
+        "job_id": key.job_id,
+        "nominal_time": key.nominal_time,
+        "tenant": tenant,
+        "reason": f"canceled by {by}",
+        "now": None,
+    }
+    if store.run_transaction(conn, lambda c: store.execute(c, "cancel_run", params)):
+        return key.run_id
+    exists, state = run_state(conn, key, tenant=tenant)
+    if not exists:
+        raise NotFoundError(f"{field}: no run {key.run_id}")
+    described = "has no delivery state (fired before delivery existed)" if state is None else f"is {state}"
+    raise ConflictError(
+        f"{field}: run {key.run_id} {described}; only a pending, leased or failed run can be canceled (nothing changed)"
+    )
+
+
 def redrive_job(conn: psycopg.Connection, job_id: uuid.UUID, state: str, limit: int) -> Redriven:
     """Redrive (as :func:`redrive`) the oldest ``limit`` runs of ``job_id`` in ``state``
     (``dead`` or ``canceled``); return their run ids, oldest first (empty if none). If the

@@ -1369,6 +1369,25 @@ SELECT m.nominal_time, true AS redriven FROM moved AS m
 UNION ALL
 SELECT p.nominal_time, false AS redriven FROM picked AS p WHERE NOT (SELECT l.live FROM live AS l);
 
+-- name: cancel_run
+-- An operator's cancel of one unfinished run (pending, leased or failed) of
+-- tenant %(tenant)s (NULL: any): canceled, finished now (store time, or the
+-- pin %(now)s), the lease ended; lease_token is kept, so the worker holding it hears
+-- 'canceled' at its next heartbeat and its ack or nack is refused, as after
+-- overlap replace. last_error says who (%(reason)s). The state is checked by
+-- the UPDATE itself, so a concurrent ack or settle wins or loses whole. No
+-- fence: like a redrive it is a user's state change, not the partition
+-- owner's lease work. Returns the run when canceled, no row otherwise.
+UPDATE runs AS r
+SET state = 'canceled',
+    finished_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
+    leased_until = NULL,
+    last_error = %(reason)s
+WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s AND r.nominal_time = %(nominal_time)s
+  AND r.state IN ('pending', 'leased', 'failed')
+  AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
+RETURNING r.nominal_time;
+
 -- name: delivery_depths
 -- The node's delivery gauges, one read of the partial indexes: pending runs
 -- per tenant (pull runs by runs_pending_idx, push runs by runs_push_idx), and

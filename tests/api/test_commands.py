@@ -227,7 +227,7 @@ def test_the_runs_group_help_names_every_subcommand():
     result = CliRunner().invoke(cli, ["--help"])
     [line] = [line for line in result.output.splitlines() if line.strip().startswith("runs ")]
     group = cli.commands["runs"]
-    assert sorted(group.commands) == ["list", "prune", "redrive"]
+    assert sorted(group.commands) == ["cancel", "list", "prune", "redrive"]
     for name in group.commands:  # as `scheduler --help` shows the line (cut to the terminal's 80 columns)
         assert name in line.lower(), (name, line)
 

@@ -521,6 +521,43 @@ def test_a_redriven_run_that_succeeds_shows_no_error(api, db) -> None:
     assert [(r["id"], r["state"], r["last_error"]) for r in described] == [(dead.run_id, "succeeded", None)]
 
 
+def test_cancel_an_unfinished_run_and_409_for_a_finished_one(api, db) -> None:
+    """``POST /v1/runs/{id}:cancel``: the leased run ends canceled, its worker's heartbeat is
+    refused ``canceled``; a pending one is never claimed; a finished one is a 409 naming its
+    state; another tenant's is a 404; a worker key may not cancel (nothing changed)."""
+    tenant = api.key("acme", "tenant")
+    worker = api.key("acme", "worker")
+    job_id = add_job(db, "acme", "nightly")
+    leased, pending = due(db, job_id, 30), due(db, job_id, 20)
+    (claimed,) = post(api, "/v1/runs:claim", worker, {"max": 1}).json()["runs"]
+    assert claimed["id"] == leased.run_id
+    theirs = due(db, add_job(db, "globex", "nightly"), 10)
+    assert problem(post(api, f"/v1/runs/{leased.run_id}:cancel", worker, None), 403)["detail"].startswith("role: ")
+    assert run_row(db, leased)["state"] == "leased"
+
+    resp = post(api, f"/v1/runs/{leased.run_id}:cancel", tenant, None)
+    assert (resp.status_code, resp.json()) == (200, {"id": leased.run_id, "state": "canceled"})
+    row = run_row(db, leased)
+    assert (row["state"], row["leased_until"]) == ("canceled", None)
+    assert row["last_error"] == f"canceled by an API key {key_id(tenant)}"
+    body = problem(
+        post(api, f"/v1/runs/{leased.run_id}:heartbeat", worker, {"lease_token": claimed["lease_token"]}), 409
+    )
+    assert body["detail"].startswith(f"lease_token: refused (canceled): run {leased.run_id} was canceled")
+    assert post(api, f"/v1/runs/{pending.run_id}:cancel", tenant, None).status_code == 200
+    assert post(api, "/v1/runs:claim", worker, {"max": 5}).json()["runs"] == []
+
+    body = problem(post(api, f"/v1/runs/{leased.run_id}:cancel", tenant, None), 409)
+    assert (body["field"], body["detail"]) == (
+        "id",
+        f"id: run {leased.run_id} is canceled; only a pending, leased or failed run can be canceled (nothing changed)",
+    )
+    body = problem(post(api, f"/v1/runs/{theirs.run_id}:cancel", tenant, None), 404)
+    assert (body["field"], body["detail"]) == ("id", f"id: no run {theirs.run_id}")
+    assert run_row(db, theirs)["state"] == "pending"
+    assert problem(post(api, "/v1/runs/nope:cancel", tenant, None), 422)["field"] == "id"
+
+
 def test_a_run_of_a_deleted_schedule_is_not_redriven_409(api, db) -> None:
     tenant = api.key("acme", "tenant")
     job_id = add_job(db, "acme", "weekly")

@@ -7,6 +7,7 @@ at instants chosen by the test, so every figure is exact.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import uuid
@@ -21,7 +22,7 @@ from scheduler import jobs, store
 from scheduler.audit import verify_delivery
 from scheduler.cli import cli
 from scheduler.delivery import lifecycle, views
-from scheduler.errors import ConflictError
+from scheduler.errors import ConflictError, NotFoundError
 from scheduler.metrics import Metrics
 from scheduler.partition import partition_of
 from scheduler.schedule import format_instant
@@ -675,3 +676,69 @@ def test_delivery_gauges_bound_the_tenant_labels(pg_dsn, conn) -> None:
 def test_depth_labels_ties_by_name() -> None:
     assert views.depth_labels({"b": 2, "a": 2, "c": 1}, top=2) == {"a": 2, "b": 2, "other": 1}
     assert views.depth_labels({}, top=2) == {"other": 0}
+
+
+def test_cancel_a_pending_leased_or_failed_run(pg_dsn, conn) -> None:
+    """``runs cancel RUN_ID``: an unfinished run ends ``canceled`` (finished now, lease ended,
+    why in last_error); a pending one is never claimed, a leased one's token answers
+    ``canceled`` to its worker's heartbeat and ack (its handler learns it, as with
+    overlap ``replace``). Nothing else changes."""
+    job = add(conn)
+    key = functools.partial(lifecycle.RunKey.of, job)
+    insert_run(conn, job, T0, available_at=T0)
+    (claimed,) = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=1, now=T0 + S)
+    assert claimed.key == key(T0)
+    insert_run(conn, job, T0 + 60 * S, available_at=T0)
+    insert_run(conn, job, T0 + 120 * S, state="failed", attempt=1, last_error="HTTP 503", available_at=T0)
+    insert_run(conn, job, T0 + 180 * S, available_at=T0)
+    before = store_now(conn)
+    result = run(["runs", "cancel", key(T0).run_id], pg_dsn)
+    assert (result.exit_code, result.stdout, result.stderr) == (0, key(T0).run_id + "\n", "canceled 1 run\n")
+    row = run_row(conn, job, T0)
+    assert row["state"] == "canceled" and row["leased_until"] is None and row["finished_at"] >= before
+    assert (row["lease_token"], row["attempt"]) == (claimed.token, 1)
+    assert row["last_error"] == "canceled by scheduler runs cancel"
+    assert lifecycle.heartbeat(conn, [(key(T0), claimed.token)]) == {key(T0).run_id: "canceled"}
+    assert lifecycle.ack(conn, [(key(T0), claimed.token)]) == {key(T0).run_id: "canceled"}
+    assert views.cancel(conn, key(T0 + 60 * S).run_id) == key(T0 + 60 * S).run_id
+    assert views.cancel(conn, key(T0 + 120 * S).run_id, by="an API key") == key(T0 + 120 * S).run_id
+    assert run_row(conn, job, T0 + 120 * S)["last_error"] == "canceled by an API key"
+    claimable = lifecycle.claim(conn, tenant="acme", queue="default", worker="w2", limit=10, now=T0 + 2 * S)
+    assert [c.key for c in claimable] == [key(T0 + 180 * S)]
+    # A canceled run can be redriven like any other.
+    assert views.redrive(conn, key(T0 + 60 * S).run_id) == key(T0 + 60 * S).run_id
+
+
+def test_cancel_refuses_a_finished_or_unknown_run_changing_nothing(pg_dsn, conn) -> None:
+    job = add(conn)
+    for k, state in enumerate(("succeeded", "dead", "canceled")):
+        insert_run(conn, job, T0 + k * S, state=state, attempt=1, finished_at=T0 + k * S, last_error=None)
+    insert_run(conn, job, T0 + 9 * S, state=None)
+    theirs = add(conn, tenant="globex")
+    insert_run(conn, theirs, T0, state="pending", available_at=T0, tenant="globex")
+    before = conn.execute("SELECT * FROM runs ORDER BY job_id, nominal_time").fetchall()
+    for k, state in enumerate(("succeeded", "dead", "canceled")):
+        one_line_error(
+            run(["runs", "cancel", rid(job, T0 + k * S)], pg_dsn),
+            2,
+            f"error: run_id: run {rid(job, T0 + k * S)} is {state}; only a pending, leased or failed run can be"
+            " canceled (nothing changed)",
+        )
+    one_line_error(
+        run(["runs", "cancel", rid(job, T0 + 9 * S)], pg_dsn),
+        2,
+        f"error: run_id: run {rid(job, T0 + 9 * S)} has no delivery state (fired before delivery existed); "
+        "only a pending, leased or failed run can be canceled (nothing changed)",
+    )
+    one_line_error(
+        run(["runs", "cancel", rid(job, T0 + 5 * S)], pg_dsn), 2, f"error: run_id: no run {rid(job, T0 + 5 * S)}"
+    )
+    one_line_error(
+        run(["runs", "cancel", "nope"], pg_dsn),
+        2,
+        "error: run_id: must be <job id>.<nominal time in Unix microseconds> (as listed by `scheduler runs list`)"
+        " (got 'nope')",
+    )
+    with pytest.raises(NotFoundError, match=f"^run_id: no run {rid(theirs, T0)}$"):
+        views.cancel(conn, rid(theirs, T0), tenant="acme")  # another tenant's run is a missing one
+    assert conn.execute("SELECT * FROM runs ORDER BY job_id, nominal_time").fetchall() == before

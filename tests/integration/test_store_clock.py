@@ -53,9 +53,10 @@ API_KEYS_ONLY = {"insert_api_key", "revoke_api_key", "touch_api_key"}
 """Pinnable queries of the tenant API's keys (scheduler/api/keys.py): a node started
 without ``--api-port`` (this test's) serves no API and never sends them."""
 
-CLI_ONLY = {"insert_run_request", "insert_backfill_runs"}
-"""Pinnable queries of `jobs trigger` and `jobs backfill` (scheduler/delivery/manual.py),
-which a node never sends (tests/integration/test_overlap.py pins them)."""
+CLI_ONLY = {"insert_run_request", "insert_backfill_runs", "cancel_run"}
+"""Pinnable queries of `jobs trigger`, `jobs backfill` (scheduler/delivery/manual.py,
+tests/integration/test_overlap.py pins them) and `runs cancel` (scheduler/delivery/views.py),
+which a node never sends."""
 
 
 def test_a_node_built_from_default_settings_sends_null_as_now_in_every_time_dependent_query(
