@@ -24,7 +24,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 
@@ -281,14 +281,17 @@ def redrive(conn: psycopg.Connection, text: str, *, tenant: str | None = None, f
             f"{field}: run {run_id(job_id, nominal)} is of job {job_id}, which is deleted; {LIVE_JOB_RULE} "
             "(nothing changed)"
         )
+    _refuse(conn, key, tenant, field, "only a dead or canceled run can be redriven")
+
+
+def _refuse(conn: psycopg.Connection, key: RunKey, tenant: str | None, field: str, rule: str) -> NoReturn:
+    """Raise why a redrive or cancel of ``key`` changed nothing: NotFoundError if ``tenant``
+    (None: any) has no such run, else ConflictError naming its state and ``rule``."""
     exists, state = run_state(conn, key, tenant=tenant)
     if not exists:
-        raise NotFoundError(f"{field}: no run {run_id(job_id, nominal)}")
+        raise NotFoundError(f"{field}: no run {key.run_id}")
     described = "has no delivery state (fired before delivery existed)" if state is None else f"is {state}"
-    raise ConflictError(
-        f"{field}: run {run_id(job_id, nominal)} {described}; only a dead or canceled run can be redriven "
-        "(nothing changed)"
-    )
+    raise ConflictError(f"{field}: run {key.run_id} {described}; {rule} (nothing changed)")
 
 
 CANCELABLE_STATES = ("pending", "leased", "failed")
@@ -321,18 +324,13 @@ def cancel(
         "job_id": key.job_id,
         "nominal_time": key.nominal_time,
         "tenant": tenant,
+        "states": list(CANCELABLE_STATES),
         "reason": f"canceled by {by}",
         "now": None,
     }
     if store.run_transaction(conn, lambda c: store.execute(c, "cancel_run", params)):
         return key.run_id
-    exists, state = run_state(conn, key, tenant=tenant)
-    if not exists:
-        raise NotFoundError(f"{field}: no run {key.run_id}")
-    described = "has no delivery state (fired before delivery existed)" if state is None else f"is {state}"
-    raise ConflictError(
-        f"{field}: run {key.run_id} {described}; only a pending, leased or failed run can be canceled (nothing changed)"
-    )
+    _refuse(conn, key, tenant, field, "only a pending, leased or failed run can be canceled")
 
 
 def redrive_job(conn: psycopg.Connection, job_id: uuid.UUID, state: str, limit: int) -> Redriven:

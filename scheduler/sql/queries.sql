@@ -1370,11 +1370,11 @@ UNION ALL
 SELECT p.nominal_time, false AS redriven FROM picked AS p WHERE NOT (SELECT l.live FROM live AS l);
 
 -- name: cancel_run
--- An operator's cancel of one unfinished run (pending, leased or failed) of
--- tenant %(tenant)s (NULL: any): canceled, finished now (store time, or the
--- pin %(now)s), the lease ended; lease_token is kept, so the worker holding it hears
--- 'canceled' at its next heartbeat and its ack or nack is refused, as after
--- overlap replace. last_error says who (%(reason)s). The state is checked by
+-- An operator's cancel of one unfinished run (state in %(states)s: pending,
+-- leased, failed) of tenant %(tenant)s (NULL: any): canceled, finished now
+-- (store time, or the pin %(now)s), the lease ended; lease_token is kept, so
+-- the worker holding it hears 'canceled' at its next heartbeat and its ack or
+-- nack is refused, as after overlap replace. last_error says who (%(reason)s). The state is checked by
 -- the UPDATE itself, so a concurrent ack or settle wins or loses whole. No
 -- fence: like a redrive it is a user's state change, not the partition
 -- owner's lease work. Returns the run when canceled, no row otherwise.
@@ -1384,7 +1384,7 @@ SET state = 'canceled',
     leased_until = NULL,
     last_error = %(reason)s
 WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s AND r.nominal_time = %(nominal_time)s
-  AND r.state IN ('pending', 'leased', 'failed')
+  AND r.state = ANY(%(states)s::text[])
   AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s::text)
 RETURNING r.nominal_time;
 

@@ -197,35 +197,46 @@ def test_redrive_a_canceled_run(conn) -> None:
     assert (row["state"], row["attempt"], row["finished_at"], row["last_error"]) == ("pending", 0, None, "replaced")
 
 
-def test_redrive_refuses_a_run_that_is_not_dead_or_canceled(pg_dsn, conn) -> None:
+def assert_refused(pg_dsn: str, conn: psycopg.Connection, verb: str, states: tuple[str, ...], rule: str, **columns):
+    """``runs <verb> RUN_ID`` refuses a run in each of ``states`` (written at T0 + k s with
+    ``columns``), one fired before delivery existed (T0 + 9 s), a missing one (T0 + 5 s) and a
+    malformed id: one line naming the state and ``rule``, exit status 2, ``runs`` unchanged.
+    Returns the job's id."""
     job = add(conn)
-    for k, state in enumerate(("pending", "leased", "failed", "succeeded")):
-        insert_run(conn, job, T0 + k * S, state=state, attempt=2, last_error="e")
+    for k, state in enumerate(states):
+        insert_run(conn, job, T0 + k * S, state=state, **columns)
     insert_run(conn, job, T0 + 9 * S, state=None)
-    before = conn.execute("SELECT * FROM runs ORDER BY nominal_time").fetchall()
-    for k, state in enumerate(("pending", "leased", "failed", "succeeded")):
+    before = conn.execute("SELECT * FROM runs ORDER BY job_id, nominal_time").fetchall()
+    for k, state in enumerate(states):
         one_line_error(
-            run(["runs", "redrive", rid(job, T0 + k * S)], pg_dsn),
+            run(["runs", verb, rid(job, T0 + k * S)], pg_dsn),
             2,
-            f"error: run_id: run {rid(job, T0 + k * S)} is {state}; only a dead or canceled run can be redriven"
-            " (nothing changed)",
+            f"error: run_id: run {rid(job, T0 + k * S)} is {state}; {rule} (nothing changed)",
         )
     one_line_error(
-        run(["runs", "redrive", rid(job, T0 + 9 * S)], pg_dsn),
+        run(["runs", verb, rid(job, T0 + 9 * S)], pg_dsn),
         2,
         f"error: run_id: run {rid(job, T0 + 9 * S)} has no delivery state (fired before delivery existed); "
-        "only a dead or canceled run can be redriven (nothing changed)",
+        f"{rule} (nothing changed)",
     )
     one_line_error(
-        run(["runs", "redrive", rid(job, T0 + 5 * S)], pg_dsn), 2, f"error: run_id: no run {rid(job, T0 + 5 * S)}"
+        run(["runs", verb, rid(job, T0 + 5 * S)], pg_dsn), 2, f"error: run_id: no run {rid(job, T0 + 5 * S)}"
     )
     one_line_error(
-        run(["runs", "redrive", "nope"], pg_dsn),
+        run(["runs", verb, "nope"], pg_dsn),
         2,
         "error: run_id: must be <job id>.<nominal time in Unix microseconds> (as listed by `scheduler runs list`)"
         " (got 'nope')",
     )
-    assert conn.execute("SELECT * FROM runs ORDER BY nominal_time").fetchall() == before
+    assert conn.execute("SELECT * FROM runs ORDER BY job_id, nominal_time").fetchall() == before
+    return job
+
+
+def test_redrive_refuses_a_run_that_is_not_dead_or_canceled(pg_dsn, conn) -> None:
+    states = ("pending", "leased", "failed", "succeeded")
+    assert_refused(
+        pg_dsn, conn, "redrive", states, "only a dead or canceled run can be redriven", attempt=2, last_error="e"
+    )
 
 
 def test_redrive_a_jobs_dead_runs_oldest_first(pg_dsn, conn) -> None:
@@ -710,35 +721,17 @@ def test_cancel_a_pending_leased_or_failed_run(pg_dsn, conn) -> None:
 
 
 def test_cancel_refuses_a_finished_or_unknown_run_changing_nothing(pg_dsn, conn) -> None:
-    job = add(conn)
-    for k, state in enumerate(("succeeded", "dead", "canceled")):
-        insert_run(conn, job, T0 + k * S, state=state, attempt=1, finished_at=T0 + k * S, last_error=None)
-    insert_run(conn, job, T0 + 9 * S, state=None)
+    assert_refused(
+        pg_dsn,
+        conn,
+        "cancel",
+        ("succeeded", "dead", "canceled"),
+        "only a pending, leased or failed run can be canceled",
+        attempt=1,
+        finished_at=T0,
+    )
     theirs = add(conn, tenant="globex")
     insert_run(conn, theirs, T0, state="pending", available_at=T0, tenant="globex")
-    before = conn.execute("SELECT * FROM runs ORDER BY job_id, nominal_time").fetchall()
-    for k, state in enumerate(("succeeded", "dead", "canceled")):
-        one_line_error(
-            run(["runs", "cancel", rid(job, T0 + k * S)], pg_dsn),
-            2,
-            f"error: run_id: run {rid(job, T0 + k * S)} is {state}; only a pending, leased or failed run can be"
-            " canceled (nothing changed)",
-        )
-    one_line_error(
-        run(["runs", "cancel", rid(job, T0 + 9 * S)], pg_dsn),
-        2,
-        f"error: run_id: run {rid(job, T0 + 9 * S)} has no delivery state (fired before delivery existed); "
-        "only a pending, leased or failed run can be canceled (nothing changed)",
-    )
-    one_line_error(
-        run(["runs", "cancel", rid(job, T0 + 5 * S)], pg_dsn), 2, f"error: run_id: no run {rid(job, T0 + 5 * S)}"
-    )
-    one_line_error(
-        run(["runs", "cancel", "nope"], pg_dsn),
-        2,
-        "error: run_id: must be <job id>.<nominal time in Unix microseconds> (as listed by `scheduler runs list`)"
-        " (got 'nope')",
-    )
     with pytest.raises(NotFoundError, match=f"^run_id: no run {rid(theirs, T0)}$"):
         views.cancel(conn, rid(theirs, T0), tenant="acme")  # another tenant's run is a missing one
-    assert conn.execute("SELECT * FROM runs ORDER BY job_id, nominal_time").fetchall() == before
+    assert run_row(conn, theirs, T0)["state"] == "pending"
