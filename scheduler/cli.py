@@ -1253,18 +1253,23 @@ def jobs_delete(
         return
     if tenant is None:
         raise ValidationError("tenant", "--all and --name-prefix need --tenant")
-    what = f"jobs of tenant {tenant}" + ("" if name_prefix is None else f" named {name_prefix}*")
+
+    def what(n: int) -> str:
+        return f"job{'' if n == 1 else 's'} of tenant {tenant}" + (
+            "" if name_prefix is None else f" named {name_prefix}*"
+        )
+
     with open_store(dsn) as conn:
         count = jobsmod.count_jobs(conn, tenant, name_prefix=name_prefix)
         if count:
             _confirm(
-                f"Delete {count} {what}?",
+                f"Delete {count} {what(count)}?",
                 yes,
-                refusal=f"deleting {count} {what} needs confirmation; pass --yes (no terminal to ask on)",
+                refusal=f"deleting {count} {what(count)} needs confirmation; pass --yes (no terminal to ask on)",
                 declined="not confirmed; nothing deleted",
             )
         deleted = jobsmod.delete_jobs(conn, tenant, name_prefix=name_prefix) if count else 0
-    click.echo(f"deleted {deleted} {what}")
+    click.echo(f"deleted {deleted} {what(deleted)}")
 
 
 @jobs.command("replan-slots")

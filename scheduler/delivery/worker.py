@@ -588,6 +588,13 @@ class Worker:
             if twice is not None:
                 raise ValidationError("tenant", "give each tenant once; this one is repeated", twice)
             for name in tenants:
+                if isinstance(name, str) and "," in name:  # SCHEDULER_TENANT="a,b": the trial's guess
+                    raise ValidationError(
+                        "tenant",
+                        "one name each: repeat --tenant, or separate the names in SCHEDULER_TENANT with spaces"
+                        " (a comma is not part of a tenant name)",
+                        name,
+                    )
                 validate_tenant(name)
         validate_queue(queue)
         if handler is None or not callable(handler):

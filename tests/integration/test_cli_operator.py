@@ -246,7 +246,7 @@ def test_bulk_delete_by_name_prefix_takes_the_prefix_literally(pg_dsn, conn) -> 
     percent = run(["jobs", "delete", "--tenant", "acme", "--name-prefix", "nightly%", "--yes"], pg_dsn)
     assert percent.stdout == "deleted 0 jobs of tenant acme named nightly%*\n"
     under = run(["jobs", "delete", "--tenant", "acme", "--name-prefix", "nightly_", "--yes"], pg_dsn)
-    assert under.stdout == "deleted 1 jobs of tenant acme named nightly_*\n"
+    assert under.stdout == "deleted 1 job of tenant acme named nightly_*\n"
 
 
 def test_bulk_delete_of_imported_jobs(pg_dsn, conn, tmp_path) -> None:

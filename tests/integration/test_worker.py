@@ -307,7 +307,9 @@ def test_a_worker_of_known_tenants_gives_no_warning(conn, start, caplog) -> None
     "tenants, message",
     [((), "tenant: give 1 to 1000 distinct tenants"),
      (("acme", "acme"), "tenant: give each tenant once; this one is repeated \\(got 'acme'\\)"),
-     (("acme", "bad tenant"), "tenant: must be 1-200 characters")],
+     (("acme", "bad tenant"), "tenant: must be 1-200 characters"),
+     (("t2,t3",), "tenant: one name each: repeat --tenant, or separate the names in SCHEDULER_TENANT with"
+                  " spaces \\(a comma is not part of a tenant name\\) \\(got 't2,t3'\\)")],
 )  # fmt: skip
 def test_the_tenants_of_a_worker_are_validated(pg_dsn, tenants, message) -> None:
     with pytest.raises(ValidationError, match=f"^{message}"):
