@@ -108,7 +108,10 @@ class RunOut(BaseModel):
     """One run as ``GET /v1/runs`` lists it. Times are UTC; ``lateness_s`` = fired − scheduled."""
 
     id: str = Field(description="`<job id>.<nominal time in Unix microseconds>`.")
-    schedule: str | None = Field(description="The schedule's name (null if it has none).")
+    schedule: str | None = Field(
+        description="The schedule's name when the run was fired (null if it had none): a rename "
+        "reaches later runs only."
+    )
     job_id: uuid.UUID
     queue: str | None = Field(description="The queue workers claim it from (null: pushed to an HTTP target).")
     state: RunState | None = Field(description="Delivery state (null: fired before delivery existed).")
@@ -167,7 +170,7 @@ class ClaimedRun(BaseModel):
     (or heartbeat to extend)."""
 
     id: str
-    schedule: str | None
+    schedule: str | None = Field(description="The schedule's name when the run was fired (null if it had none).")
     job_id: uuid.UUID
     tenant: str
     queue: str

@@ -1301,14 +1301,18 @@ WHERE r.partition_id = %(partition_id)s AND r.job_id = %(job_id)s AND r.nominal_
 -- (jobs_tenant_due_idx, then each job's primary-key range backward, at most
 -- %(limit)s rows each), so a page costs the tenant's own jobs, never a scan
 -- of every tenant's runs. Runs of a job pruned from jobs are not listed.
+-- job_name is the run's own, as in list_runs and claim_runs (the filter
+-- %(job_name)s is the job's current name: it finds the job).
 SELECT r.partition_id, r.job_id, r.nominal_time, r.scheduled_at, r.fired_at, r.state, r.queue,
        r.origin, r.attempt, r.available_at, r.leased_until, r.first_claimed_at, r.finished_at,
-       r.last_error, r.lateness_s, r.worker, j.name AS job_name
+       r.last_error, r.lateness_s, r.worker,
+       CASE WHEN r.recorded_name IS NOT NULL THEN nullif(r.recorded_name, '') ELSE j.name END AS job_name
 FROM jobs AS j
 CROSS JOIN LATERAL (
     SELECT x.partition_id, x.job_id, x.nominal_time, x.scheduled_at, x.fired_at, x.state, x.queue,
            x.origin, x.attempt, x.available_at, x.leased_until, x.first_claimed_at, x.finished_at,
-           x.last_error, x.worker, extract(epoch FROM (x.fired_at - x.scheduled_at))::float8 AS lateness_s
+           x.last_error, x.worker, extract(epoch FROM (x.fired_at - x.scheduled_at))::float8 AS lateness_s,
+           x.job_name AS recorded_name
     FROM runs AS x
     WHERE x.partition_id = j.partition_id AND x.job_id = j.job_id
       AND x.tenant = %(tenant)s::text

@@ -470,6 +470,31 @@ def test_list_pages_newest_first_with_filters(api, db) -> None:
     assert get(api, "/v1/runs", tenant, schedule="nope").json() == {"items": [], "next_cursor": None}
 
 
+def test_a_listed_run_shows_the_schedule_name_it_was_fired_under_as_its_claim_does(api, db) -> None:
+    """A schedule renamed after a run was fired: the run keeps its name in the list, as in a
+    claim and in ``scheduler runs list`` (docs/delivery.md); ``?schedule=`` still finds the
+    schedule's runs by its current name."""
+    tenant = api.key("acme", "tenant")
+    worker = api.key("acme", "worker")
+    job_id = add_job(db, "acme", "nightly")
+    old = due(db, job_id, 200)
+    db.execute(
+        "UPDATE runs SET job_name = 'nightly' WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
+        (old.partition_id, old.job_id, old.nominal_time),
+    )  # as the firing statement writes it
+    db.execute("UPDATE jobs SET name = 'daily' WHERE job_id = %s", (job_id,))
+    new = due(db, job_id, 100)
+    db.execute(
+        "UPDATE runs SET job_name = 'daily' WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
+        (new.partition_id, new.job_id, new.nominal_time),
+    )
+    page = get(api, "/v1/runs", tenant, schedule="daily").json()
+    assert [(i["id"], i["schedule"]) for i in page["items"]] == [(new.run_id, "daily"), (old.run_id, "nightly")]
+    assert get(api, "/v1/runs", tenant, schedule="nightly").json()["items"] == []
+    claimed = post(api, "/v1/runs:claim", worker, {"max": 2}).json()["runs"]
+    assert [(c["id"], c["schedule"]) for c in claimed] == [(old.run_id, "nightly"), (new.run_id, "daily")]
+
+
 # ---------------------------------------------------------------- redrive
 
 
