@@ -516,6 +516,10 @@ def deliver(
     firing_only = mode == "pull" and not workers
     click.echo(report.markdown_table([row], FIRING_ONLY_COLUMNS if firing_only else COLUMNS))
     click.echo(f"attempts: {row['attempts']}  states: {row['states']}")
+    if result.cpu_s is not None and result.cpu_window_s is not None:
+        from bench.cpu import describe
+
+        click.echo(describe(result.cpu_s, result.cpu_window_s, result.runs))
     if row["put"] is not None:
         click.echo(f"PUT /v1/schedules while the herd fired (ms): {row['put']}")
     if json_path:

@@ -208,11 +208,12 @@ def _serve(factory: str, port: int) -> subprocess.Popen:
 
 
 def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
-    import os
+    """User + system CPU seconds of process ``pid`` so far (:func:`bench.cpu.cpu_s`; the server runs)."""
+    from bench.cpu import cpu_s
 
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    spent = cpu_s(pid)
+    assert spent is not None, f"process {pid} is gone"
+    return spent
 
 
 def _measure(url: str, path: str, body: bytes, requests: int, pid: int) -> tuple[float, float]:

@@ -59,6 +59,7 @@ from bench.consumers import (
     start_api_workers,
     start_workers,
 )
+from bench.cpu import CpuMeter, store_backends
 from bench.herd import Herd, load_background
 from bench.load import reset_store, start_node, wait_until
 from bench.pairs import DEFAULT_SEED
@@ -122,7 +123,11 @@ class DeliverResult:
     (requests beyond the first per ``Idempotency-Key``). Firing only
     (``workers`` 0): ``pending`` and ``without_delivery_state``. ``put``
     (``--put-rate``): the :class:`bench.putprobe.PutFigures` of the schedule
-    writes sent through the API while the herd fired, else None.
+    writes sent through the API while the herd fired, else None. ``cpu_s``:
+    CPU seconds per part (:mod:`bench.cpu`) over ``cpu_window_s``, from the
+    herd's instant (steady: the window's start) until every run was
+    delivered (firing only: fired), as the bench noticed it (it polls
+    every 0.25 s for delivery, every 2 s for a herd's drain).
     """
 
     mode: str
@@ -165,6 +170,8 @@ class DeliverResult:
     receiver_duplicates: int | None
     node_rss_mb_max: float | None
     put: dict[str, Any] | None = None
+    cpu_s: dict[str, float] | None = None
+    cpu_window_s: float | None = None
 
 
 # ---------------------------------------------------------------- report math
@@ -410,6 +417,17 @@ class _Consumers:
         if api is not None:
             api.stop()
 
+    def meter(self, nodes: list[NodeProcess], conn) -> CpuMeter:
+        """A :class:`bench.cpu.CpuMeter` over the nodes, the workers (and their API), the
+        receiver and the store's backends."""
+        processes = {
+            "node": [p.pid for p in nodes],
+            "workers": [w.proc.pid for w in self.workers],
+            "api": [self.api.proc.pid] if self.api is not None else [],
+            "receiver": [self.receiver.proc.pid] if self.receiver is not None else [],
+        }
+        return CpuMeter(processes, store_backends(conn))
+
     def stop_receiver(self) -> None:
         self.stop_put_probe()
         receiver, self.receiver = self.receiver, None
@@ -485,9 +503,13 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
         # Workers start before the herd is loaded: dozens of processes starting
         # must be idle, polling empty queues, by T.
         consumers.start_workers(dsn, tenants, conn)
+        meter = consumers.meter(procs, conn)
         if opts.workload == "herd":
             herd.load(conn, opts.lead_s, progress, prepare)
             consumers.start_put_probe(dsn, conn, herd.t.timestamp())
+            time.sleep(max(0.0, (herd.t - store.now(conn)).total_seconds()))
+            meter.start()
+            metered = time.monotonic()
             herd.drain(conn, progress, opts.fire_timeout_s)
             put = consumers.stop_put_probe()
             since = herd.t
@@ -497,6 +519,8 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
             # The window is measured from the first due second on: a node that
             # owned its partitions before then must not shorten it.
             time.sleep(max(0.0, (base - store.now(conn)).total_seconds()))
+            meter.start()
+            metered = time.monotonic()
             started = store.now(conn)
             time.sleep(opts.seconds)
             ended = store.now(conn)
@@ -514,6 +538,7 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
         waited = 0.0
         if opts.mode == "push" or opts.workers:
             waited = _wait_delivered(conn, span, opts.deliver_timeout_s)
+        cpu, cpu_window_s = meter.stop(), time.monotonic() - metered
         firing = None
         if opts.workload == "herd":  # audited once delivered: the audit must not slow delivery
             fired = herd.measure(conn, procs, out_dir)
@@ -566,6 +591,8 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
         receiver_requests=None if records is None else len(records),
         receiver_duplicates=None if records is None else receiver_duplicates(records),
         node_rss_mb_max=max((r for r in rss if r is not None), default=None),
+        cpu_s=cpu,
+        cpu_window_s=cpu_window_s,
         put=put,
         **firing,
         **figures,

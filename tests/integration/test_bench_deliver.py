@@ -62,6 +62,13 @@ def test_pull_steady_every_run_claimed_once_and_acked(pg_dsn: str, tmp_path: Pat
     assert result.throughput_runs_per_s == runs / (runs / RATE)
     assert (result.receiver_requests, result.receiver_duplicates) == (None, None)
     assert (result.worker_impl, result.worker_processes) == (impl, 2)  # --workers 2, each over every tenant
+    cpu = result.cpu_s
+    assert cpu is not None and result.cpu_window_s >= SECONDS
+    assert {"node", "workers", "store: fire"} <= set(cpu)  # the store is local: its backends are read too
+    if impl == "scheduler":
+        assert "store: worker" in cpu  # the workers' claim, ack and heartbeat sessions
+    assert all(s > 0 for s in cpu.values())
+    assert cpu["total"] == pytest.approx(sum(s for g, s in cpu.items() if g != "total"), abs=0.05)
 
 
 def test_pull_steady_via_api_every_run_claimed_once_and_acked_over_http(pg_dsn: str, tmp_path: Path) -> None:
