@@ -223,7 +223,9 @@ class Receiver:
     """An HTTP endpoint on 127.0.0.1 that records every request and answers from a script.
 
     ``script`` items are ``(status, headers, delay_s)``; when it is empty the
-    answer is 200 after ``delay_s``. Every answer's body is ``body`` (``b"ok"``). ``requests`` holds ``{method, path,
+    answer is 200 after ``delay_s``; status 0 reads the request and closes the
+    connection without answering (a server that crashed mid-request). Every
+    answer's body is ``body`` (``b"ok"``). ``requests`` holds ``{method, path,
     headers (lower-case names), body, peer (the client's address and port:
     one per connection)}`` in arrival order; ``peak`` the most
     requests handled at once. Listens on ``host``:``port`` (0: a free port).
@@ -264,6 +266,9 @@ class Receiver:
                     receiver.peak = max(receiver.peak, receiver._active)
                 try:
                     time.sleep(delay_s)
+                    if status == 0:
+                        self.close_connection = True
+                        return
                     self.send_response(status)
                     for name, value in headers.items():
                         self.send_header(name, value)

@@ -22,7 +22,18 @@ What every request gets, whatever the caller passes:
   that now resolves to a refused address is never connected to); a refused
   address is skipped and curl tries the name's next one;
 * at most ``max_body`` bytes of a response body read; a longer body ends
-  the transfer (its connection is closed, the status is kept).
+  the transfer (its connection is closed, the status is kept);
+* **one request per call, never re-sent.** libcurl re-sends a request
+  whose reused connection died before any answer (on another connection,
+  up to 5 times), rewinding the body to do so: an endpoint that read the
+  request and then dropped the connection got one push attempt six times
+  (a trial, six kept-alive connections). The body is handed to libcurl
+  by a read callback whose seek callback refuses to rewind once libcurl
+  has read any of it, so such a request fails (:class:`TransferError`,
+  "connection closed before any answer") and the caller's retry policy
+  decides, as for any connection error. A request whose connection died
+  before libcurl read its body may still be retried by libcurl: nothing
+  of it was sent.
 
 A connection is checked when it is opened and then reused (keep-alive) for
 the same host and port only; the policy never changes during a client's life.
@@ -83,17 +94,25 @@ class _Transfer:
     __slots__ = (
         "allow",
         "allowed",
+        "body",
         "body_read",
         "future",
         "max_body",
         "over_limit",
         "refused",
         "retry_after",
+        "rewind_refused",
+        "sent",
         "status",
     )
 
-    def __init__(self, future: asyncio.Future[None], allow: Callable[[str], bool], max_body: int) -> None:
+    def __init__(
+        self, future: asyncio.Future[None], allow: Callable[[str], bool], max_body: int, body: bytes = b""
+    ) -> None:
         self.future = future
+        self.body = body
+        self.sent = -1  # body bytes handed to libcurl (-1: it has not asked for the body yet)
+        self.rewind_refused = False
         self.allow = allow
         self.max_body = max_body
         self.status = b""
@@ -116,6 +135,21 @@ class _Transfer:
             self.over_limit = True
             return 0  # fewer bytes than given: curl ends the transfer (CURLE_WRITE_ERROR)
         return None  # all of it taken
+
+    def read(self, size: int) -> bytes:
+        """libcurl's ``READFUNCTION``: the next ``size`` bytes of the request body."""
+        start = max(self.sent, 0)
+        chunk = self.body[start : start + size]
+        self.sent = start + len(chunk)
+        return chunk
+
+    def seek(self, offset: int, origin: int) -> int:
+        """libcurl's ``SEEKFUNCTION``, called to rewind the body before sending the request
+        again: allowed only while libcurl has read none of it (see the module doc)."""
+        if self.sent < 0 and offset == 0 and origin == os.SEEK_SET:
+            return pycurl.SEEKFUNC_OK
+        self.rewind_refused = True
+        return pycurl.SEEKFUNC_FAIL
 
     def open_socket(self, purpose: int, address: tuple[int, int, int, tuple[Any, ...]]) -> Any:
         family, socktype, protocol, addr = address
@@ -168,6 +202,7 @@ class CurlClient:
         self._resolve = dict(resolve or {})
         self._static: list[tuple[int, Any]] = [
             (pycurl.NOSIGNAL, 1),
+            (pycurl.POST, 1),  # a body from READFUNCTION (CUSTOMREQUEST names the method)
             (pycurl.PROXY, ""),
             (pycurl.FOLLOWLOCATION, 0),
             (pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS),
@@ -205,14 +240,15 @@ class CurlClient:
         if self._closed:
             raise RuntimeError("the HTTP client is closed")
         handle = self._idle.pop() if self._idle else self._new_handle()
-        transfer = _Transfer(self._loop.create_future(), self._allow, self._max_body)
+        transfer = _Transfer(self._loop.create_future(), self._allow, self._max_body, body)
         lines = [f"{name}: {value}" if value else f"{name};" for name, value in headers]
         lines.append("Expect:")  # no 100-continue round trip for bodies over 1 KiB
         try:
             handle.setopt(pycurl.URL, ascii_url(url))
             handle.setopt(pycurl.CUSTOMREQUEST, method)
-            handle.setopt(pycurl.POSTFIELDSIZE, len(body))
-            handle.setopt(pycurl.POSTFIELDS, body)
+            handle.setopt(pycurl.POSTFIELDSIZE_LARGE, len(body))
+            handle.setopt(pycurl.READFUNCTION, transfer.read)  # not POSTFIELDS: never re-sent
+            handle.setopt(pycurl.SEEKFUNCTION, transfer.seek)
             handle.setopt(pycurl.HTTPHEADER, lines)
             handle.setopt(pycurl.TIMEOUT_MS, max(1, round(timeout_s * 1000)))
             handle.setopt(pycurl.HEADERFUNCTION, transfer.header)
@@ -231,9 +267,11 @@ class CurlClient:
             if self._running.get(handle) is transfer:  # not already finished (and pooled) before the cancel
                 self._drop(handle, reuse=False)
             raise
-        except TransferError:
+        except TransferError as exc:
             if transfer.over_limit and transfer.status:
                 return _response(transfer)
+            if transfer.rewind_refused and not transfer.status:
+                raise TransferError(exc.code, "connection closed before any answer (not sent again)") from None
             if transfer.refused and not transfer.allowed:
                 raise AddressRefused(transfer.refused) from None
             raise

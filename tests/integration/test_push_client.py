@@ -85,6 +85,28 @@ def test_keep_alive_reuses_one_connection_for_a_host(receiver) -> None:
     assert len({r["peer"] for r in receiver.requests}) == 1
 
 
+def test_an_attempt_reaches_the_endpoint_once_when_its_kept_alive_connections_die_unanswered(receiver) -> None:
+    """An endpoint that reads each request and drops the connection without answering.
+    libcurl re-sends a request whose reused connection died before any answer, on another
+    connection, up to 5 times, whenever it can rewind the body: six kept-alive connections
+    made one attempt reach the endpoint six times (a trial). One attempt, one request
+    (docs/delivery.md): the attempt fails and the run's retry policy decides."""
+
+    async def main() -> tuple[list, object]:
+        async with Pusher(LOCAL, concurrency=8, per_host=8) as pusher:
+            receiver.delay_s = 0.3  # six at once: six connections, then kept alive
+            warm = await asyncio.gather(*(pusher.push(claimed(receiver.url()), ["s3cret"]) for _ in range(6)))
+            receiver.script = [(0, {}, 0.0)] * 20
+            return warm, await pusher.push(claimed(receiver.url()), ["s3cret"])
+
+    warm, dropped = asyncio.run(main())
+    assert [o.outcome for o in warm] == ["succeeded"] * 6
+    assert len({r["peer"] for r in receiver.requests[:6]}) == 6
+    assert len(receiver.requests) == 7  # the attempt was sent once
+    assert dropped.outcome == "retry"
+    assert dropped.error == "connection error: connection closed before any answer (not sent again)"
+
+
 def test_a_proxy_in_the_environment_is_never_used(receiver, monkeypatch) -> None:
     # A proxy that would see (and could keep) every tenant's signed request: pushes go direct.
     for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
