@@ -54,6 +54,14 @@ import pycurl
 
 READ, WRITE = 1, 2
 
+MAX_IDLE_S = 4
+"""A kept-alive connection idle longer than this is closed, not reused (libcurl's
+``MAXAGE_CONN``; its default is 118 s). Below the idle timeouts servers close
+connections after (Node.js 5 s; nginx 75 s): a server closing an idle
+connection must not race the push sent on it, which would fail (a request is
+never sent twice, see the module doc) and wait for its retry. A host pushed to
+every few seconds keeps its connections."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Response:
@@ -181,7 +189,9 @@ class CurlClient:
     ``allow(address)`` decides every address connected to (module doc);
     ``resolve`` pins names to addresses (``{"name": ["10.0.0.1", ...]}``,
     libcurl's ``RESOLVE``, tests); ``dns_cache_s`` how long a name's answer
-    is reused (seconds); ``max_body`` the response bytes read at most.
+    is reused (seconds); ``max_body`` the response bytes read at most;
+    ``max_idle_s`` how long an idle connection may wait to be reused
+    (whole seconds, :data:`MAX_IDLE_S`).
     Not thread-safe: one loop, one thread. :meth:`close` when done.
     """
 
@@ -195,6 +205,7 @@ class CurlClient:
         max_body: int,
         resolve: Mapping[str, Sequence[str]] | None = None,
         dns_cache_s: int = 10,
+        max_idle_s: int = MAX_IDLE_S,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._allow = allow
@@ -210,6 +221,7 @@ class CurlClient:
             (pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1),
             (pycurl.USERAGENT, user_agent),
             (pycurl.DNS_CACHE_TIMEOUT, dns_cache_s),
+            (pycurl.MAXAGE_CONN, max_idle_s),
             (pycurl.TCP_NODELAY, 1),
             *_ca_options(),
         ]

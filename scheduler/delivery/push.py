@@ -90,7 +90,7 @@ import pycurl
 from scheduler import __version__, log, store
 from scheduler.clock import Clock, SystemClock
 from scheduler.delivery import lifecycle, signing, tenant_secrets
-from scheduler.delivery.curl import AddressRefused, CurlClient, TransferError
+from scheduler.delivery.curl import MAX_IDLE_S, AddressRefused, CurlClient, TransferError
 from scheduler.delivery.lifecycle import Claimed, Nack
 from scheduler.delivery.ssrf import AddressPolicy, split_url
 from scheduler.errors import SchedulerError, ValidationError
@@ -247,7 +247,9 @@ class Pusher:
     :class:`PushLoop` claims no more than ``concurrency``); at most
     ``per_host`` attempts per host run at once (:meth:`push` waits for a
     turn). ``resolve`` pins host names to addresses (``{"name": ["10.0.0.1"]}``,
-    tests); the policy still decides each address. Use as ``async with``.
+    tests); the policy still decides each address; ``max_idle_s``: a
+    connection idle longer is not reused (:data:`scheduler.delivery.curl.MAX_IDLE_S`).
+    Use as ``async with``.
     """
 
     def __init__(
@@ -258,6 +260,7 @@ class Pusher:
         per_host: int,
         clock: Clock | None = None,
         resolve: Mapping[str, Sequence[str]] | None = None,
+        max_idle_s: int = MAX_IDLE_S,
     ) -> None:
         self._policy = policy
         self._per_host = per_host
@@ -273,6 +276,7 @@ class Pusher:
             max_body=MAX_RESPONSE_READ,
             resolve=resolve,
             dns_cache_s=DNS_CACHE_S,
+            max_idle_s=max_idle_s,
         )
 
     async def __aenter__(self) -> Pusher:

@@ -107,6 +107,22 @@ def test_an_attempt_reaches_the_endpoint_once_when_its_kept_alive_connections_di
     assert dropped.error == "connection error: connection closed before any answer (not sent again)"
 
 
+def test_a_connection_idle_past_max_idle_is_not_reused(receiver) -> None:
+    """A server may close an idle keep-alive connection as a push is sent on it, and that
+    push would fail (never sent twice): connections idle past ``max_idle_s`` are not reused."""
+
+    async def main() -> list[str]:
+        async with Pusher(LOCAL, concurrency=8, per_host=8, max_idle_s=1) as pusher:
+            outcomes = [await pusher.push(claimed(receiver.url()), ["s3cret"]) for _ in range(2)]
+            await asyncio.sleep(1.6)
+            outcomes.append(await pusher.push(claimed(receiver.url()), ["s3cret"]))
+            return [o.outcome for o in outcomes]
+
+    assert asyncio.run(main()) == ["succeeded"] * 3
+    first, second, third = (r["peer"] for r in receiver.requests)
+    assert first == second != third
+
+
 def test_a_proxy_in_the_environment_is_never_used(receiver, monkeypatch) -> None:
     # A proxy that would see (and could keep) every tenant's signed request: pushes go direct.
     for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
