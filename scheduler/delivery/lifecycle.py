@@ -183,14 +183,17 @@ class Nack:
 class DeadRun:
     """A run :func:`settle` marked dead: its ``key`` and ``tenant``, the ``attempt``
     that was its last, ``was`` (``leased``: its lease expired; ``failed``: a nack or
-    a push failure) and its ``last_error`` (``lease expired`` for an expired lease;
-    None if the failure gave no text)."""
+    a push failure), its ``last_error`` (``lease expired`` for an expired lease;
+    None if the failure gave no text; for ``max age``, followed by why) and
+    ``why`` it is dead: ``not retryable``, ``max attempts`` or ``max age``
+    (its retry would have started more than ``max_age_s`` after its first claim)."""
 
     key: RunKey
     tenant: str
     attempt: int
     was: str
     last_error: str | None
+    why: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -506,6 +509,7 @@ def settle(
         "max_attempts": DEFAULT_MAX_ATTEMPTS,
         "backoff_base_s": DEFAULT_BACKOFF_BASE_S,
         "backoff_cap_s": DEFAULT_BACKOFF_CAP_S,
+        "max_error_len": MAX_ERROR_LEN,
         "now": now,
     }
     rows = store.run_transaction(conn, lambda c: store.execute(c, "settle_runs", params))
@@ -513,7 +517,7 @@ def settle(
         (RunKey(r["partition_id"], r["job_id"], r["nominal_time"]), r["state"], r["attempt"], r["was"]) for r in rows
     )
     dead_runs = tuple(
-        DeadRun(key, r["tenant"], attempt, was, r["last_error"])
+        DeadRun(key, r["tenant"], attempt, was, r["last_error"], r["dead_why"])
         for (key, state, attempt, was), r in zip(runs, rows, strict=True)
         if state == "dead"
     )

@@ -10,7 +10,7 @@ second of becoming due. Every statement is fenced by the epochs: after a
 takeover the old owner's pass changes nothing, and the new owner's first
 pass picks up what the old one left (a node's death delays deliveries by
 the failover bound and loses none). Each run a pass marks dead is logged
-(WARNING ``run_dead``: run, job, tenant, attempts, cause, last error), at most
+(WARNING ``run_dead``: run, job, tenant, attempts, cause, why, last error), at most
 :data:`DEAD_RUNS_LOGGED_PER_PASS` a pass, the rest counted in one
 ``runs_dead_unlogged``; runs sent back to pending are counted, not logged.
 
@@ -141,8 +141,8 @@ class SettleLoop:
 
 
 def _log_dead(node_id: str, dead: list[lifecycle.DeadRun]) -> None:
-    """One WARNING ``run_dead`` per run in ``dead`` (run, job, tenant, attempts, cause, last
-    error; never its payload or headers), at most :data:`DEAD_RUNS_LOGGED_PER_PASS`, then one
+    """One WARNING ``run_dead`` per run in ``dead`` (run, job, tenant, attempts, cause, why,
+    last error; never its payload or headers), at most :data:`DEAD_RUNS_LOGGED_PER_PASS`, then one
     ``runs_dead_unlogged`` with the count of the rest."""
     for run in dead[:DEAD_RUNS_LOGGED_PER_PASS]:
         log.event(
@@ -154,6 +154,7 @@ def _log_dead(node_id: str, dead: list[lifecycle.DeadRun]) -> None:
             tenant=run.tenant,
             attempts=run.attempt,
             cause="expired" if run.was == "leased" else "failed",
+            why=run.why,
             error=log.cut(log.one_line(run.last_error or ""), DEAD_ERROR_LOG_CHARS),
         )
     if len(dead) > DEAD_RUNS_LOGGED_PER_PASS:

@@ -2123,9 +2123,12 @@ ORDER BY a.i;
 --                failed run: Retry-After, a nack's retry_after_s).
 -- The job's policy comes from its job_delivery row, else the defaults
 -- %(max_attempts)s, %(backoff_base_s)s, %(backoff_cap_s)s. An expired lease
--- leaves last_error 'lease expired'. Returns one row per settled run: its
--- new state, attempt and whether its lease had expired (for metrics), its
--- tenant, and for a run now dead its last_error (the node logs it; NULL else).
+-- leaves last_error 'lease expired'; a run dead by max_age_s gets, after
+-- its error, why (nothing else says it: its attempts are under the max, its
+-- error retryable). Returns one row per settled run: its new state, attempt
+-- and whether its lease had expired (for metrics), its tenant, and for a run
+-- now dead its last_error and why ('not retryable', 'max attempts',
+-- 'max age'; the node logs them; NULL else).
 WITH fence AS (
     SELECT p.partition_id
     FROM partitions AS p
@@ -2152,29 +2155,33 @@ WITH fence AS (
       AND r.leased_until <= coalesce(%(now)s::timestamptz, statement_timestamp())
     ORDER BY r.leased_until
     LIMIT %(limit)s
-), decided AS (
+), timed AS (
     SELECT due.*,
            greatest(coalesce(due.wish, coalesce(%(now)s::timestamptz, statement_timestamp())),
                     coalesce(%(now)s::timestamptz, statement_timestamp())
                     + due.backoff_s * interval '1 second') AS retry_at
     FROM due
+), decided AS (
+    SELECT timed.*,
+           CASE WHEN timed.retryable IS FALSE THEN 'not retryable'
+                WHEN timed.attempt >= timed.max_attempts THEN 'max attempts'
+                WHEN timed.max_age_s IS NOT NULL
+                     AND timed.retry_at > coalesce(timed.first_claimed_at, timed.retry_at)
+                                          + timed.max_age_s * interval '1 second' THEN 'max age'
+           END AS dead_why
+    FROM timed
 ), settled AS (
     UPDATE runs AS r
-    SET state = CASE WHEN dd.retryable IS FALSE
-                       OR dd.attempt >= dd.max_attempts
-                       OR (dd.max_age_s IS NOT NULL
-                           AND dd.retry_at > coalesce(dd.first_claimed_at, dd.retry_at)
-                                             + dd.max_age_s * interval '1 second')
-                     THEN 'dead' ELSE 'pending' END,
+    SET state = CASE WHEN dd.dead_why IS NOT NULL THEN 'dead' ELSE 'pending' END,
         available_at = dd.retry_at,
         leased_until = NULL,
-        finished_at = CASE WHEN dd.retryable IS FALSE
-                             OR dd.attempt >= dd.max_attempts
-                             OR (dd.max_age_s IS NOT NULL
-                                 AND dd.retry_at > coalesce(dd.first_claimed_at, dd.retry_at)
-                                                   + dd.max_age_s * interval '1 second')
+        finished_at = CASE WHEN dd.dead_why IS NOT NULL
                            THEN coalesce(%(now)s::timestamptz, statement_timestamp()) END,
-        last_error = CASE WHEN dd.was = 'leased' THEN 'lease expired' ELSE r.last_error END,
+        last_error = left(CASE WHEN dd.was = 'leased' THEN 'lease expired' ELSE r.last_error END
+                          || CASE WHEN dd.dead_why = 'max age'
+                                  THEN ' (dead: its retry would start more than max_age_s = '
+                                       || dd.max_age_s::text || ' s after its first claim)'
+                                  ELSE '' END, %(max_error_len)s),
         retryable = NULL
     FROM decided AS dd
     WHERE r.partition_id = dd.partition_id
@@ -2184,7 +2191,7 @@ WITH fence AS (
       AND r.lease_token IS NOT DISTINCT FROM dd.lease_token
       AND r.leased_until <= coalesce(%(now)s::timestamptz, statement_timestamp())
     RETURNING r.partition_id, r.job_id, r.nominal_time, r.state, r.attempt, dd.was, r.tenant,
-              CASE WHEN r.state = 'dead' THEN r.last_error END AS last_error
+              CASE WHEN r.state = 'dead' THEN r.last_error END AS last_error, dd.dead_why
 )
 SELECT * FROM settled;
 

@@ -182,6 +182,7 @@ def test_nack_then_settle_retries_with_backoff_until_max_attempts_then_dead(conn
         else:
             assert (result.retried, result.dead, row["state"]) == (0, 1, "dead")
             assert row["finished_at"] == now + S
+            assert [d.why for d in result.dead_runs] == ["max attempts"]
     assert lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=1, now=now + 3600 * S) == []
 
 
@@ -196,8 +197,11 @@ def test_a_not_retryable_failure_is_dead_at_once_and_retry_after_is_honoured(con
         [Nack(fatal.run_id, a.token, "404", retryable=False), Nack(later.run_id, b.token, "429", retry_after_s=120)],
         now=T0 + 2 * S,
     )
-    lifecycle.settle(conn, node_id="t1", epochs=epochs, now=T0 + 2 * S)
-    assert (run_row(conn, fatal)["state"], run_row(conn, fatal)["attempt"]) == ("dead", 1)
+    result = lifecycle.settle(conn, node_id="t1", epochs=epochs, now=T0 + 2 * S)
+    assert (run_row(conn, fatal)["state"], run_row(conn, fatal)["attempt"], run_row(conn, fatal)["last_error"]) == (
+        "dead", 1, "404",
+    )  # fmt: skip
+    assert [(d.key, d.why) for d in result.dead_runs] == [(fatal, "not retryable")]
     row = run_row(conn, later)
     assert row["state"] == "pending"
     assert row["available_at"] == T0 + 122 * S  # the wish (Retry-After) outweighs a backoff of at most 1 s
@@ -217,8 +221,12 @@ def test_max_age_ends_retries_counted_from_the_first_claim(conn, node) -> None:
     assert lifecycle.settle(conn, node_id="t1", epochs=epochs, now=T0 + 30 * S).retried == 1
     (claimed,) = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=1, now=T0 + 40 * S)
     lifecycle.nack(conn, [Nack(key.run_id, claimed.token, "x")], now=T0 + 60 * S)
-    assert lifecycle.settle(conn, node_id="t1", epochs=epochs, now=T0 + 60 * S).dead == 1
-    assert run_row(conn, key)["state"] == "dead"
+    result = lifecycle.settle(conn, node_id="t1", epochs=epochs, now=T0 + 60 * S)
+    assert [(d.key, d.why) for d in result.dead_runs] == [(key, "max age")]
+    row = run_row(conn, key)
+    assert (row["state"], row["attempt"]) == ("dead", 2)
+    # The attempt's own error, and what ended the run: neither the attempts (2 of 100) nor the error say it.
+    assert row["last_error"] == "x (dead: its retry would start more than max_age_s = 60 s after its first claim)"
 
 
 def test_settle_and_claim_push_are_fenced_by_the_owners_epoch(conn, node) -> None:
@@ -331,7 +339,7 @@ def _events(caplog, *names: str) -> list[tuple[str, int, dict]]:
 def test_the_settle_loop_logs_each_run_it_sends_to_dead_and_not_the_ones_it_retries(conn, pg_dsn, caplog) -> None:
     """Runs of failing receivers (500, timeout, refused) went dead with nothing in the node's log:
     the owner's settle step logs one ``run_dead`` per run it marks dead (run, job, tenant,
-    attempts, cause, last error; never the payload), nothing for a run it retries."""
+    attempts, cause, why, last error; never the payload), nothing for a run it retries."""
     spec = JobSpec.build(
         tenant="acme", name="report", interval_s=3600,
         delivery=DeliverySpec.build(queue="default", max_attempts=2, payload='{"card": "4111-PAYLOAD"}'),
@@ -355,9 +363,9 @@ def test_the_settle_loop_logs_each_run_it_sends_to_dead_and_not_the_ones_it_retr
     assert run_row(conn, retried)["state"] == "pending"
     dead = sorted(_events(caplog, "run_dead"), key=lambda e: e[2]["run_id"])
     expected = [
-        (last, 2, "failed", "HTTP 500 from the receiver\\nsecond line"),
-        (fatal, 1, "failed", "HTTP 404"),
-        (expired, 2, "expired", "lease expired"),
+        (last, 2, "failed", "max attempts", "HTTP 500 from the receiver\\nsecond line"),
+        (fatal, 1, "failed", "not retryable", "HTTP 404"),
+        (expired, 2, "expired", "max attempts", "lease expired"),
     ]
     assert dead == sorted(
         [
@@ -371,10 +379,11 @@ def test_the_settle_loop_logs_each_run_it_sends_to_dead_and_not_the_ones_it_retr
                     "tenant": "acme",
                     "attempts": attempts,
                     "cause": cause,
+                    "why": why,
                     "error": error,
                 },
             )
-            for key, attempts, cause, error in expected
+            for key, attempts, cause, why, error in expected
         ],
         key=lambda e: e[2]["run_id"],
     )
