@@ -558,7 +558,8 @@ def tenants_secret() -> None:
     "--grace",
     default="24h",
     show_default=True,
-    help="How long the previous secrets stay valid: 24h, 30m, 1d, seconds, or 0 (end them now); at most 30d.",
+    help="How long the previous secrets stay valid at most (one expiring sooner keeps its expiry): "
+    "24h, 30m, 1d, seconds, or 0 (end them now); at most 30d.",
 )
 @json_option
 def tenants_secret_rotate(dsn: str, tenant: str, grace: str, as_json: bool) -> None:
@@ -835,7 +836,13 @@ def _delivery_options(func: Callable) -> Callable:
 
 @jobs.command("add")
 @dsn_option
-@click.option("--tenant", required=True, envvar="SCHEDULER_TENANT", show_envvar=True, help="Owning tenant.")
+@click.option(
+    "--tenant",
+    required=True,
+    envvar="SCHEDULER_TENANT",
+    show_envvar=True,
+    help="Owning tenant; created (weight 1) if it does not exist: check the spelling.",
+)
 @_schedule_options
 @click.option(
     "--interval",
@@ -975,7 +982,13 @@ def jobs_add(
 @jobs.command("import")
 @dsn_option
 @click.argument("csv_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--tenant", required=True, envvar="SCHEDULER_TENANT", show_envvar=True)
+@click.option(
+    "--tenant",
+    required=True,
+    envvar="SCHEDULER_TENANT",
+    show_envvar=True,
+    help="Owning tenant; created (weight 1) if it does not exist: check the spelling.",
+)
 @click.option("--misfire", type=click.Choice(MISFIRE_POLICIES), default=DEFAULT_MISFIRE, show_default=True)
 @click.option(
     "--name-column",
