@@ -201,8 +201,10 @@ def pattern(regex: str, rule: str) -> str:
 
 
 def _bound(value: Any) -> str:
-    """A bound as a person writes it: ``3600``, not ``3600.0``."""
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    """A bound as a person writes it: ``3600``, not ``3600.0``; ``2592000``, not ``2.592e+06``."""
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else f"{value:g}"
+    return str(value)
 
 
 _RULES = {

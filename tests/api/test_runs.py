@@ -370,6 +370,11 @@ def test_bad_input_is_422_naming_the_field(api, path, body, field) -> None:
         ("/v1/runs:claim", {"lease_s": 3601}, "lease_s: must be <= 3600 (got 3601)"),
         ("/v1/runs:claim", {"lease_s": 0.5}, "lease_s: must be >= 1 (got 0.5)"),
         ("/v1/runs:claim", {"max": True}, "max: must be a whole number (got true)"),
+        (  # a large bound in digits, not 2.592e+06
+            f"/v1/runs/{uuid.uuid4()}.1:nack",
+            {"lease_token": str(uuid.uuid4()), "error": "x", "retry_after_s": 1e308},
+            "retry_after_s: must be <= 2592000 (got 1e+308)",
+        ),
         (
             f"/v1/runs/{uuid.uuid4()}.1:ack",
             {"lease_token": "nope"},
