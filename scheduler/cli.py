@@ -1367,7 +1367,9 @@ def jobs_trigger(dsn: str, job_id: str, request_id: str | None, force: bool, wai
     if done.outcome == "fired":
         click.echo(f"fired run {done.run_id}")
     elif done.outcome == "skipped":
-        click.echo("skipped: the job's overlap policy forbids another run now (--force runs it anyway)")
+        click.echo(
+            "skipped: the job's overlap policy forbids another run now (a new --request-id with --force runs it anyway)"
+        )
     elif done.outcome == "deleted":
         raise NotFoundError(f"job_id: job {job_id} was deleted before its run")
     else:

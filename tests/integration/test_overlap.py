@@ -456,6 +456,20 @@ def test_cli_trigger_is_queued_without_an_owner_then_reports_the_run(pg_dsn, con
     assert (fresh.exit_code, fresh.stderr.startswith("error: job_id: no job")) == (2, True), fresh.stderr
 
 
+def test_cli_trigger_skipped_says_a_forced_run_needs_a_new_request_id(pg_dsn, conn, node, clock) -> None:
+    """A request's outcome stands, --force included (docs/delivery.md): the hint must not send
+    the user back with the same id and --force, which changes nothing (a trial)."""
+    job_id = overlap_job(conn, "forbid")
+    node.firer.tick()  # the T0 run, unfinished: forbid skips a manual run
+    at(clock, T0 + 10 * S)
+    assert cli(["jobs", "trigger", str(job_id), "--request-id", "r1", "--wait-s", "0"], pg_dsn).exit_code == 0
+    node.firer.tick()
+    hint = "skipped: the job's overlap policy forbids another run now (a new --request-id with --force runs it anyway)"
+    forced = cli(["jobs", "trigger", str(job_id), "--request-id", "r1", "--force", "--wait-s", "0"], pg_dsn)
+    assert forced.stdout == f"request r1 was made before: its outcome\n{hint}\n"
+    assert [r[2] for r in runs(conn, job_id)] == ["schedule"]  # nothing fired
+
+
 def test_cli_backfill_lists_refuses_over_its_bound_and_creates(pg_dsn, conn) -> None:
     job_id = overlap_job(conn, "allow")
     base = ["jobs", "backfill", str(job_id), "--since", "2025-03-04T05:06:00Z", "--until", "2025-03-04T05:09:00Z"]
