@@ -1067,6 +1067,14 @@ def jobs_list(dsn: str, tenant: str | None, limit: int, as_json: bool) -> None:
         click.echo(f"(showing the first {limit} jobs; there may be more: raise --limit)", err=True)
 
 
+def _state_text(row: dict) -> str | None:
+    """A run's state as the text tables show it: a pending run without ``available_at`` is a
+    ``buffer_one`` run held behind an unfinished one (``--json`` keeps the stored values)."""
+    if row["state"] == "pending" and row.get("available_at", False) is None:
+        return "pending (held: buffer_one)"
+    return row["state"]
+
+
 def _schedule_text(row: dict) -> str:
     if row["kind"] == "cron":
         dialect = "" if row["cron_dialect"] == "unix" else f" ({row['cron_dialect']})"
@@ -1168,6 +1176,8 @@ def jobs_describe(dsn: str, job_id: str, as_json: bool) -> None:
             }
             for run in described["recent_runs"]
         ]
+        for row in rows:
+            row["state"] = _state_text(row)
         columns = ["run_id", "nominal_time", "state", "attempt", "lateness_s", "dispatch_lag_s", "origin"]
         _table(rows, [*columns, "last_error"])
     else:
@@ -1526,6 +1536,7 @@ def runs_list(
         for row in rows:  # one line each: the error's whitespace collapsed, cut to 80 characters
             if row["last_error"] is not None:
                 row["last_error"] = " ".join(row["last_error"].split())[:ECHO_MAX_CHARS]
+            row["state"] = _state_text(row)
         columns = ["run_id", "tenant", "job_name", "nominal_time", "state", "attempt", "fired_at", "lateness_s"]
         _table(rows, [*columns, "worker", "last_error"])
 

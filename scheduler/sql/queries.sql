@@ -1273,9 +1273,10 @@ ORDER BY s.reason;
 -- name: recent_job_runs
 -- A job's last %(limit)s runs, newest nominal time first, with lateness
 -- (fired − scheduled) and dispatch lag (first claim − scheduled; NULL until
--- claimed), in seconds; worker is the last claim's label.
+-- claimed), in seconds; worker is the last claim's label; available_at NULL
+-- for a pending run is a buffer_one run held behind an unfinished one.
 SELECT r.nominal_time, r.scheduled_at, r.fired_at, r.state, r.origin, r.attempt,
-       r.first_claimed_at, r.finished_at, r.last_error, r.worker,
+       r.first_claimed_at, r.finished_at, r.last_error, r.worker, r.available_at,
        extract(epoch FROM (r.fired_at - r.scheduled_at))::float8 AS lateness_s,
        extract(epoch FROM (r.first_claimed_at - r.scheduled_at))::float8 AS dispatch_lag_s
 FROM runs AS r

@@ -8,6 +8,7 @@ step pins the store clock, so runs and skips have exact values.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import uuid
@@ -468,6 +469,25 @@ def test_cli_trigger_skipped_says_a_forced_run_needs_a_new_request_id(pg_dsn, co
     forced = cli(["jobs", "trigger", str(job_id), "--request-id", "r1", "--force", "--wait-s", "0"], pg_dsn)
     assert forced.stdout == f"request r1 was made before: its outcome\n{hint}\n"
     assert [r[2] for r in runs(conn, job_id)] == ["schedule"]  # nothing fired
+
+
+def test_cli_shows_a_buffered_run_as_held_not_as_an_ordinary_pending_one(pg_dsn, conn, node, clock) -> None:
+    """A buffer_one run waiting behind an unfinished one is pending with no available_at:
+    `runs list` and `jobs describe` say it is held (it read as any pending run; a trial)."""
+    job_id = overlap_job(conn, "buffer_one")
+    node.firer.tick()
+    claim(conn, at(clock, T0 + S))
+    at(clock, T0 + M)
+    node.firer.tick()
+    held, leased = RunKey.of(job_id, T0 + M).run_id, RunKey.of(job_id, T0).run_id
+    listed = cli(["runs", "list", "--job", str(job_id)], pg_dsn).stdout.splitlines()
+    state_of = {line.split()[0]: line for line in listed[1:]}
+    assert " pending (held: buffer_one) " in state_of[held]
+    assert " leased " in state_of[leased]
+    described = cli(["jobs", "describe", str(job_id)], pg_dsn).stdout
+    assert f"{held}  " in described and "pending (held: buffer_one)" in described
+    as_json = json.loads(cli(["runs", "list", "--job", str(job_id), "--json"], pg_dsn).stdout)
+    assert [(r["state"], r["available_at"]) for r in as_json][0] == ("pending", None)  # JSON as stored
 
 
 def test_cli_backfill_lists_refuses_over_its_bound_and_creates(pg_dsn, conn) -> None:
