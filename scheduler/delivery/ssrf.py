@@ -90,7 +90,9 @@ class AddressPolicy:
         """From a comma-separated list of CIDR networks or addresses (``None``/empty: nothing extra).
 
         Raises ValidationError naming ``field`` for an entry that is not a
-        network (``10.0.0.0/8``, ``::1/128``) or an address.
+        network (``10.0.0.0/8``, ``::1/128``) or an address, or is a network
+        with host bits set (``127.0.0.5/8``: all of 127.0.0.0/8, or the one
+        address? It was read as the first, wider than may have been meant).
         """
         networks: list[IPNetwork] = []
         for item in (text or "").split(","):
@@ -98,11 +100,19 @@ class AddressPolicy:
             if not item:
                 continue
             try:
-                networks.append(ipaddress.ip_network(item, strict=False))
+                network = ipaddress.ip_network(item, strict=False)
             except ValueError:
                 raise ValidationError(
                     field, "must be a comma-separated list of networks or addresses (e.g. 10.0.0.0/8)", item
                 ) from None
+            address = ipaddress.ip_address(item.split("/", 1)[0])
+            if address != network.network_address:
+                raise ValidationError(
+                    field,
+                    f"an entry with host bits set is ambiguous: write {network} or {address}/{network.max_prefixlen}",
+                    item,
+                )
+            networks.append(network)
         return cls(tuple(networks))
 
     def allows(self, address: str | IPAddress) -> bool:

@@ -191,6 +191,8 @@ class DeliverySpec:
         else:
             split_url(self.url, "url")
             _check_port(self.url)
+            if "#" in self.url:
+                raise ValidationError("url", "must not carry a #fragment (it is never sent to the endpoint)", self.url)
             if self.method not in METHODS:
                 raise ValidationError("method", f"must be one of {', '.join(METHODS)}", self.method)
             _check_timeout(self.timeout_s)

@@ -150,6 +150,14 @@ def test_max_age_forms(text, seconds) -> None:
         ),
         ({"url": "https:///path"}, "url: must name a host (got 'https:///path')"),
         ({"url": "http://example.com:0/"}, "url: port must be 1-65535 (got 'http://example.com:0/')"),
+        (  # never sent (HTTP has no fragment on the wire): the endpoint would not see it
+            {"url": "https://93.184.216.34/hook#v2"},
+            "url: must not carry a #fragment (it is never sent to the endpoint) (got 'https://93.184.216.34/hook#v2')",
+        ),
+        (
+            {"url": "https://93.184.216.34/hook#"},
+            "url: must not carry a #fragment (it is never sent to the endpoint) (got 'https://93.184.216.34/hook#')",
+        ),
         ({"url": "https://[2606:2800::1]:00/x"}, "url: port must be 1-65535 (got 'https://[2606:2800::1]:00/x')"),
     ],
 )

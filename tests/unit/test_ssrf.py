@@ -75,3 +75,20 @@ def test_a_metadata_address_named_by_a_narrow_entry_is_allowed(allow: str, metad
     policy = AddressPolicy.parse(allow)
     assert policy.allows(metadata)
     assert AddressPolicy.parse("0.0.0.0/0").allows("10.1.2.3")  # a broad entry still opens the rest
+
+
+@pytest.mark.parametrize(
+    ("entry", "suggest"),
+    [("127.0.0.5/8", "127.0.0.0/8 or 127.0.0.5/32"), ("10.1.2.3/16", "10.1.0.0/16 or 10.1.2.3/32"),
+     ("fd00::5/64", "fd00::/64 or fd00::5/128")],
+)  # fmt: skip
+def test_an_allowlist_entry_with_host_bits_is_refused_not_widened(entry: str, suggest: str) -> None:
+    """``127.0.0.5/8`` was read as all of 127.0.0.0/8: an allowlist wider than the operator
+    may have meant (a trial). Refused, naming both readings."""
+    with pytest.raises(ValidationError) as caught:
+        AddressPolicy.parse(f"192.168.1.0/24,{entry}")
+    assert str(caught.value) == (
+        f"push_allow: an entry with host bits set is ambiguous: write {suggest} (got '{entry}')"
+    )
+    assert AddressPolicy.parse("127.0.0.5").allows("127.0.0.5")  # an address alone is its /32
+    assert not AddressPolicy.parse("127.0.0.5").allows("127.0.0.6")
