@@ -2178,11 +2178,14 @@ WITH fence AS (
         leased_until = NULL,
         finished_at = CASE WHEN dd.dead_why IS NOT NULL
                            THEN coalesce(%(now)s::timestamptz, statement_timestamp()) END,
-        last_error = left(CASE WHEN dd.was = 'leased' THEN 'lease expired' ELSE r.last_error END
-                          || CASE WHEN dd.dead_why = 'max age'
-                                  THEN ' (dead: its retry would start more than max_age_s = '
-                                       || dd.max_age_s::text || ' s after its first claim)'
-                                  ELSE '' END, %(max_error_len)s),
+        last_error = CASE WHEN dd.dead_why = 'max age'
+                          THEN left(concat_ws(' ', CASE WHEN dd.was = 'leased' THEN 'lease expired'
+                                                        ELSE r.last_error END,
+                                              '(dead: its retry would start more than max_age_s = '
+                                              || dd.max_age_s::text || ' s after its first claim)'),
+                                    %(max_error_len)s)
+                          WHEN dd.was = 'leased' THEN 'lease expired'
+                          ELSE r.last_error END,
         retryable = NULL
     FROM decided AS dd
     WHERE r.partition_id = dd.partition_id

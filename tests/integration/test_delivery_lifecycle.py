@@ -229,6 +229,24 @@ def test_max_age_ends_retries_counted_from_the_first_claim(conn, node) -> None:
     assert row["last_error"] == "x (dead: its retry would start more than max_age_s = 60 s after its first claim)"
 
 
+def test_max_age_says_why_also_for_a_failure_without_text(conn, node) -> None:
+    job_id = add_job(conn)
+    key = pending_run(conn, job_id, T0)
+    conn.execute(
+        "INSERT INTO job_delivery (partition_id, job_id, max_attempts, backoff_base_s, backoff_cap_s, max_age_s)"
+        " VALUES (%s, %s, 100, 1, 1, 5)",
+        (key.partition_id, job_id),
+    )
+    (claimed,) = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=1, now=T0)
+    lifecycle.nack(conn, [Nack(key.run_id, claimed.token, None)], now=T0 + 10 * S)
+    epochs = {key.partition_id: node.epoch(key.partition_id)}
+    assert lifecycle.settle(conn, node_id="t1", epochs=epochs, now=T0 + 10 * S).dead == 1
+    assert (
+        run_row(conn, key)["last_error"]
+        == "(dead: its retry would start more than max_age_s = 5 s after its first claim)"
+    )
+
+
 def test_settle_and_claim_push_are_fenced_by_the_owners_epoch(conn, node) -> None:
     job_id = add_job(conn)
     expired = pending_run(conn, job_id, T0)
