@@ -1155,9 +1155,10 @@ def jobs_describe(dsn: str, job_id: str, as_json: bool) -> None:
     payload = delivery["payload_bytes"]
     click.echo(f"{'payload':17} {'none' if payload is None else f'{payload} bytes'}")
     retry = delivery["retry"]
+    max_age = "-" if retry["max_age_s"] is None else f"{retry['max_age_s']}s"
     click.echo(
         f"{'retry':17} max_attempts {retry['max_attempts']}, backoff {retry['backoff_base_s']:g}s"
-        f" to {retry['backoff_cap_s']:g}s, max_age {_fmt(retry['max_age_s'])}"
+        f" to {retry['backoff_cap_s']:g}s, max_age {max_age}"
     )
     click.echo(f"{'overlap':17} {delivery['overlap']}")
     click.echo("next fires:")
@@ -1533,9 +1534,9 @@ def runs_list(
     if as_json:
         _echo_json(rows)
     else:
-        for row in rows:  # one line each: the error's whitespace collapsed, cut to 80 characters
+        for row in rows:  # one line each: the error's whitespace collapsed, cut to 80 characters (… if cut)
             if row["last_error"] is not None:
-                row["last_error"] = " ".join(row["last_error"].split())[:ECHO_MAX_CHARS]
+                row["last_error"] = logmod.cut(" ".join(row["last_error"].split()), ECHO_MAX_CHARS)
             row["state"] = _state_text(row)
         columns = ["run_id", "tenant", "job_name", "nominal_time", "state", "attempt", "fired_at", "lateness_s"]
         _table(rows, [*columns, "worker", "last_error"])

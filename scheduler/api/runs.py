@@ -109,8 +109,7 @@ class RunOut(BaseModel):
 
     id: str = Field(description="`<job id>.<nominal time in Unix microseconds>`.")
     schedule: str | None = Field(
-        description="The schedule's name when the run was fired (null if it had none): a rename "
-        "reaches later runs only."
+        description="The schedule's name, as recorded on the run when it was fired (null if it had none)."
     )
     job_id: uuid.UUID
     queue: str | None = Field(description="The queue workers claim it from (null: pushed to an HTTP target).")

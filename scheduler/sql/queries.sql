@@ -2181,8 +2181,8 @@ WITH fence AS (
         last_error = CASE WHEN dd.dead_why = 'max age'
                           THEN left(concat_ws(' ', CASE WHEN dd.was = 'leased' THEN 'lease expired'
                                                         ELSE r.last_error END,
-                                              '(dead: its retry would start more than max_age_s = '
-                                              || dd.max_age_s::text || ' s after its first claim)'),
+                                              '(dead: retrying would pass max_age_s = '
+                                              || dd.max_age_s::text || ' s)'),
                                     %(max_error_len)s)
                           WHEN dd.was = 'leased' THEN 'lease expired'
                           ELSE r.last_error END,

@@ -102,6 +102,21 @@ def test_runs_list_by_state_and_tenant(pg_dsn, conn) -> None:
     assert run(["runs", "list", "--state", "lost"], pg_dsn).exit_code == 2
 
 
+def test_runs_list_text_marks_a_cut_error(pg_dsn, conn) -> None:
+    """The table's error column holds 80 characters: a longer error ends in … (the re-trial: a
+    max-age reason was cut mid-sentence, with nothing to say so); --json has it whole."""
+    job = add(conn, name="nightly", interval_s=60)
+    long_error = "connection error: Empty reply from server (dead: retrying would pass max_age_s = 60 s) " + "x" * 40
+    insert_run(conn, job, T0, state="dead", attempt=1, job_name="nightly", last_error=long_error)
+    short = add(conn, name="hourly", interval_s=60)
+    insert_run(conn, short, T0 + S, state="dead", attempt=1, job_name="hourly", last_error="HTTP 404")
+    lines = run(["runs", "list", "--state", "dead"], pg_dsn).stdout.splitlines()
+    cut = long_error[:79] + "…"
+    assert lines[2].endswith(f"  {cut}") and lines[1].endswith("  HTTP 404")
+    got = json.loads(run(["runs", "list", "--state", "dead", "--json"], pg_dsn).stdout)
+    assert [r["last_error"] for r in got] == ["HTTP 404", long_error]
+
+
 def jobs_reads(conn: psycopg.Connection) -> int:
     """Scans of ``jobs`` (sequential and index) this transaction made so far."""
     row = conn.execute(
@@ -436,7 +451,7 @@ def test_describe_a_pushed_job(pg_dsn, conn) -> None:
     lines = text.splitlines()
     assert f"{'target':17} POST https://hooks.example.com/run (headers: Authorization, X-Token; timeout 2.5s)" in lines
     assert f"{'payload':17} 28 bytes" in lines
-    assert f"{'retry':17} max_attempts 3, backoff 0.5s to 60s, max_age 3600" in lines
+    assert f"{'retry':17} max_attempts 3, backoff 0.5s to 60s, max_age 3600s" in lines
     assert f"{'overlap':17} forbid" in lines
     start = lines.index("next fires:")
     assert lines[start + 1 : start + 11] == [f"  {format_instant(f)}" for f in fires]
