@@ -32,8 +32,9 @@ What every request gets, whatever the caller passes:
   has read any of it, so such a request fails (:class:`TransferError`,
   "connection closed before any answer") and the caller's retry policy
   decides, as for any connection error. A request whose connection died
-  before libcurl read its body may still be retried by libcurl: nothing
-  of it was sent.
+  before libcurl read its body may still be retried by libcurl: at most its
+  headers went out, and no endpoint acts on a request whose body
+  (``Content-Length`` bytes) never came.
 
 A connection is checked when it is opened and then reused (keep-alive) for
 the same host and port only; the policy never changes during a client's life.
