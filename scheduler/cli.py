@@ -834,15 +834,19 @@ def _delivery_options(func: Callable) -> Callable:
     return func
 
 
-@jobs.command("add")
-@dsn_option
-@click.option(
+owning_tenant_option = click.option(
     "--tenant",
     required=True,
     envvar="SCHEDULER_TENANT",
     show_envvar=True,
     help="Owning tenant; created (weight 1) if it does not exist: check the spelling.",
 )
+"""The ``--tenant`` of ``jobs add`` and ``jobs import``, which create a tenant they do not find."""
+
+
+@jobs.command("add")
+@dsn_option
+@owning_tenant_option
 @_schedule_options
 @click.option(
     "--interval",
@@ -982,13 +986,7 @@ def jobs_add(
 @jobs.command("import")
 @dsn_option
 @click.argument("csv_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--tenant",
-    required=True,
-    envvar="SCHEDULER_TENANT",
-    show_envvar=True,
-    help="Owning tenant; created (weight 1) if it does not exist: check the spelling.",
-)
+@owning_tenant_option
 @click.option("--misfire", type=click.Choice(MISFIRE_POLICIES), default=DEFAULT_MISFIRE, show_default=True)
 @click.option(
     "--name-column",

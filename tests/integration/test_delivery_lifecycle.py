@@ -207,14 +207,19 @@ def test_a_not_retryable_failure_is_dead_at_once_and_retry_after_is_honoured(con
     assert row["available_at"] == T0 + 122 * S  # the wish (Retry-After) outweighs a backoff of at most 1 s
 
 
+def with_max_age(conn: psycopg.Connection, key: RunKey, max_age_s: int) -> None:
+    """Give ``key``'s job 100 attempts, a 1 s backoff and ``max_age_s``."""
+    conn.execute(
+        "INSERT INTO job_delivery (partition_id, job_id, max_attempts, backoff_base_s, backoff_cap_s, max_age_s)"
+        " VALUES (%s, %s, 100, 1, 1, %s)",
+        (key.partition_id, key.job_id, max_age_s),
+    )
+
+
 def test_max_age_ends_retries_counted_from_the_first_claim(conn, node) -> None:
     job_id = add_job(conn)
     key = pending_run(conn, job_id, T0)
-    conn.execute(
-        "INSERT INTO job_delivery (partition_id, job_id, max_attempts, backoff_base_s, backoff_cap_s, max_age_s)"
-        " VALUES (%s, %s, 100, 1, 1, 60)",
-        (key.partition_id, job_id),
-    )
+    with_max_age(conn, key, 60)
     epochs = {key.partition_id: node.epoch(key.partition_id)}
     (claimed,) = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=1, now=T0)
     lifecycle.nack(conn, [Nack(key.run_id, claimed.token, "x")], now=T0 + 30 * S)
@@ -232,11 +237,7 @@ def test_max_age_ends_retries_counted_from_the_first_claim(conn, node) -> None:
 def test_max_age_says_why_also_for_a_failure_without_text(conn, node) -> None:
     job_id = add_job(conn)
     key = pending_run(conn, job_id, T0)
-    conn.execute(
-        "INSERT INTO job_delivery (partition_id, job_id, max_attempts, backoff_base_s, backoff_cap_s, max_age_s)"
-        " VALUES (%s, %s, 100, 1, 1, 5)",
-        (key.partition_id, job_id),
-    )
+    with_max_age(conn, key, 5)
     (claimed,) = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=1, now=T0)
     lifecycle.nack(conn, [Nack(key.run_id, claimed.token, None)], now=T0 + 10 * S)
     epochs = {key.partition_id: node.epoch(key.partition_id)}
