@@ -277,6 +277,10 @@ class Run(BaseModel):
     attempt: int | None
     lateness_s: float | None
     dispatch_lag_s: float | None
+    available_at: datetime | None = Field(
+        description="When it may be claimed; null for a pending run: a buffer_one run held behind "
+        "an unfinished one (as in `GET /v1/runs`)."
+    )
     finished_at: datetime | None
     last_error: str | None = Field(
         description="Why the last attempt failed, or why the run was canceled; null if none did, "

@@ -551,6 +551,26 @@ def test_a_redriven_run_that_succeeds_shows_no_error(api, db) -> None:
     assert [(r["id"], r["state"], r["last_error"]) for r in described] == [(dead.run_id, "succeeded", None)]
 
 
+def test_a_held_buffer_one_run_shows_no_available_at_in_both_listings(api, db) -> None:
+    """A buffer_one run waiting behind an unfinished one is pending with available_at null:
+    `GET /v1/runs` showed it, a schedule's recent runs did not (the re-trial)."""
+    tenant = api.key("acme", "tenant")
+    job_id = add_job(db, "acme", "nightly")
+    ready = due(db, job_id, 20)
+    held = due(db, job_id, 10)
+    db.execute(
+        "UPDATE runs SET available_at = NULL WHERE partition_id = %s AND job_id = %s AND nominal_time = %s",
+        (held.partition_id, held.job_id, held.nominal_time),
+    )  # as the firing statement writes a buffer_one run behind an unfinished one
+    listed = get(api, "/v1/runs", tenant, schedule="nightly").json()["items"]
+    described = get(api, "/v1/schedules/nightly", tenant).json()["recent_runs"]
+    for runs in (listed, described):
+        assert [(r["id"], r["state"], r["available_at"]) for r in runs] == [
+            (held.run_id, "pending", None),
+            (ready.run_id, "pending", iso(ready.nominal_time)),
+        ]
+
+
 def test_cancel_an_unfinished_run_and_409_for_a_finished_one(api, db) -> None:
     """``POST /v1/runs/{id}:cancel``: the leased run ends canceled, its worker's heartbeat is
     refused ``canceled``; a pending one is never claimed; a finished one is a 409 naming its
