@@ -120,10 +120,12 @@ class ValidationError(SchedulerError, ValueError):
         self.item: int | None = None
         super().__init__(f"{field}: {rule}")
 
-    def render(self, words: Mapping[str, str]) -> str:
-        """``"<field>: <rule> (got <value>)"``, the rule's placeholders in ``words``."""
+    def render(self, words: Mapping[str, str], field: str | None = None) -> str:
+        """``"<field>: <rule> (got <value>)"``, the rule's placeholders in ``words``;
+        ``field``: a surface's own name for the field (the API's ``interval_s`` for
+        ``interval``), else :attr:`field`."""
         got = "" if self.value is None else f" (got {clip(self.value)})"
-        return f"{self.field}: {_words(self.template, words)}{got}"
+        return f"{field or self.field}: {_words(self.template, words)}{got}"
 
 
 class ConflictError(SchedulerError):

@@ -283,7 +283,8 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ValidationError)
-    return problem(422, exc.render(API_WORDS), field=exc.field)
+    field = FIELD_NAMES.get(exc.field, exc.field)
+    return problem(422, exc.render(API_WORDS, field), field=field)
 
 
 async def _config(request: Request, exc: Exception) -> JSONResponse:

@@ -408,10 +408,12 @@ NamePath = Annotated[str, Path(description="The schedule's name (one percent-enc
 
 
 def _invalid(exc: ValidationError, prefix: str = "") -> ApiError:
-    """A 422 of a project ValidationError: ``detail`` the CLI's message naming this API's
-    fields where its rule names another input (``API_WORDS``), ``field`` this API's name."""
-    field = prefix + FIELD_NAMES.get(exc.field, exc.field)
-    text = exc.render(API_WORDS)
+    """A 422 of a project ValidationError: ``detail`` the CLI's rule, led by this API's name
+    for the field and naming this API's fields where the rule names another input
+    (``API_WORDS``); ``field`` this API's name."""
+    name = FIELD_NAMES.get(exc.field, exc.field)
+    field = prefix + name
+    text = exc.render(API_WORDS, name)
     detail = f"{prefix.rstrip('.')}: {text}" if prefix else text
     return ApiError(422, UNPROCESSABLE, detail, field=field)
 

@@ -53,5 +53,5 @@ def test_the_schedules_examples_work(api, tmp_path):
     )
     assert output('"interval_s": 0').strip() == (
         '{"type":"about:blank","title":"Unprocessable Content","status":422,'
-        '"detail":"interval: must be positive (at least 1 second) (got 0)","field":"interval_s"}'
+        '"detail":"interval_s: must be positive (at least 1 second) (got 0)","field":"interval_s"}'
     )

@@ -605,7 +605,7 @@ def test_apply_with_a_bad_item_writes_nothing(acme, db):
         (
             [good, {"name": "x", "interval_s": 0}],
             "items[1].interval_s",
-            "items[1]: interval: must be positive (at least 1 second) (got 0)",
+            "items[1]: interval_s: must be positive (at least 1 second) (got 0)",
         ),
         ([good, {"name": "fine", "interval_s": 5}], "items[1].name", "items[1]: name: is given twice (got 'fine')"),
         ([good, {"name": "x", "at": "2001-01-01T00:00:00Z"}], "items[1].at", None),
@@ -954,27 +954,28 @@ def test_a_body_sent_as_another_content_type_is_told_so(acme, db):
 
 
 def test_messages_are_the_clis_naming_the_apis_fields(acme):
-    """The CLI's rules, but a rule naming another input names the body field, never a CLI flag."""
+    """The CLI's rules, led by the body field; a rule naming another input names the body field,
+    never a CLI flag."""
 
     def detail(body):
         return acme.put("/v1/schedules/bad", json=body).json()["detail"]
 
-    assert detail({"interval_s": 0}) == "interval: must be positive (at least 1 second) (got 0)"
+    assert detail({"interval_s": 0}) == "interval_s: must be positive (at least 1 second) (got 0)"
     assert detail({"cron": "0 2 * * *", "tz": "EST"}).startswith("tz: ")
     assert detail({}) == "schedule: give exactly one of cron, interval_s or at (got 'none')"
     assert detail({"interval_s": None}) == "schedule: give exactly one of cron, interval_s or at (got 'none')"
     assert detail({"interval_s": 60, "tz": "UTC"}) == "tz: applies to cron schedules only"
     assert detail({"interval_s": 60, "misfire": "all", "misfire_grace_s": 5}) == (
-        "misfire_grace: misfire_grace_s is ignored by misfire all (it applies to once and skip)"
+        "misfire_grace_s: misfire_grace_s is ignored by misfire all (it applies to once and skip)"
     )
     assert detail({"interval_s": 60, "misfire": "skip", "catchup_window_s": 5}) == (
-        "catchup_window: catchup_window_s is ignored by misfire skip (it applies to all only)"
+        "catchup_window_s: catchup_window_s is ignored by misfire skip (it applies to all only)"
     )
     assert detail({"interval_s": 60, "queue": "q", "url": "https://example.com/"}) == (
         "target: give either queue or url, not both"
     )
-    assert detail({"interval_s": 60, "timeout_s": 5}) == "timeout: applies to url targets only"
-    assert detail({"interval_s": 60, "headers": {"X": "y"}}) == "header: applies to url targets only"
+    assert detail({"interval_s": 60, "timeout_s": 5}) == "timeout_s: applies to url targets only"
+    assert detail({"interval_s": 60, "headers": {"X": "y"}}) == "headers: applies to url targets only"
     assert detail({"interval_s": 60, "max_attempts": 0}) == (
         "max_attempts: must be a whole number from 1 to 100 in ASCII digits (got 0)"
     )
