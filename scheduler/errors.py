@@ -59,6 +59,7 @@ CLI_WORDS: Mapping[str, str] = {
     "catchup_window": "--catchup-window-s",
     "queue": "--queue",
     "url": "--url",
+    "backoff_cap": "--backoff-cap-s",
     "tenants_add": "`scheduler tenants add`",
 }
 """The CLI's words for the inputs and commands a rule may name: ``{name}`` in a rule

@@ -465,7 +465,7 @@ def _check_backoff(field: str, number: Any, given: Any = None) -> None:
 
 
 def _base_above_cap(cap_s: float, given: Any) -> ValidationError:
-    return ValidationError("backoff_base", f"must not exceed backoff_cap ({_num(cap_s)} s)", given)
+    return ValidationError("backoff_base", f"must not exceed {{backoff_cap}} ({_num(cap_s)} s)", given)
 
 
 _MAX_AGE_RULE = (

@@ -976,6 +976,9 @@ def test_messages_are_the_clis_naming_the_apis_fields(acme):
     )
     assert detail({"interval_s": 60, "timeout_s": 5}) == "timeout_s: applies to url targets only"
     assert detail({"interval_s": 60, "headers": {"X": "y"}}) == "headers: applies to url targets only"
+    assert detail({"interval_s": 60, "backoff_base_s": 10, "backoff_cap_s": 5}) == (
+        "backoff_base_s: must not exceed backoff_cap_s (5 s) (got 10)"
+    )
     assert detail({"interval_s": 60, "max_attempts": 0}) == (
         "max_attempts: must be a whole number from 1 to 100 in ASCII digits (got 0)"
     )

@@ -274,8 +274,11 @@ MAX_AGE = (
         ({"backoff_base_s": "NaN"}, f"backoff_base: {BACKOFF} (got 'NaN')"),
         ({"backoff_cap_s": "86400.5"}, f"backoff_cap: {BACKOFF} (got '86400.5')"),
         ({"backoff_cap_s": "-0"}, f"backoff_cap: {BACKOFF} (got '-0')"),
-        ({"backoff_base_s": "10", "backoff_cap_s": "5"}, "backoff_base: must not exceed backoff_cap (5 s) (got '10')"),
-        ({"backoff_base_s": "301"}, "backoff_base: must not exceed backoff_cap (300 s) (got '301')"),
+        (
+            {"backoff_base_s": "10", "backoff_cap_s": "5"},
+            "backoff_base: must not exceed --backoff-cap-s (5 s) (got '10')",
+        ),
+        ({"backoff_base_s": "301"}, "backoff_base: must not exceed --backoff-cap-s (300 s) (got '301')"),
         ({"max_age_s": "0"}, f"{MAX_AGE} (got '0')"),
         ({"max_age_s": "0s"}, f"{MAX_AGE} (got '0s')"),
         ({"max_age_s": "31d"}, f"{MAX_AGE} (got '31d')"),
