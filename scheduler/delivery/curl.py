@@ -115,9 +115,7 @@ class _Transfer:
         "status",
     )
 
-    def __init__(
-        self, future: asyncio.Future[None], allow: Callable[[str], bool], max_body: int, body: bytes = b""
-    ) -> None:
+    def __init__(self, future: asyncio.Future[None], allow: Callable[[str], bool], max_body: int, body: bytes) -> None:
         self.future = future
         self.body = body
         self.sent = -1  # body bytes handed to libcurl (-1: it has not asked for the body yet)
