@@ -8,6 +8,7 @@ expiries have exact values.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -289,6 +290,34 @@ def test_the_claim_returns_the_jobs_name_and_payload(conn) -> None:
         key.run_id,
     )
     assert (claimed.tenant, claimed.queue, claimed.origin, claimed.scheduled_at) == ("acme", "default", "schedule", T0)
+
+
+@pytest.mark.parametrize("queue", ["default", None], ids=["claim_runs", "claim_push"])
+def test_a_claims_run_ids_are_the_ones_run_key_computes(conn, node, queue) -> None:
+    # The claim statements return each run's id as text (the worker no longer formats it):
+    # it must be RunKey.run_id's exact text, microseconds and times before 1970 included.
+    job_id = add_job(conn)
+    nominals = [
+        T0,
+        T0 + timedelta(microseconds=1),
+        datetime(2031, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC),
+        datetime(1969, 12, 31, 23, 59, 59, 500_000, tzinfo=UTC),
+        datetime(1901, 6, 1, 0, 0, 0, 3, tzinfo=UTC),
+    ]
+    keys = [pending_run(conn, job_id, nominal, queue=queue, scheduled=T0) for nominal in nominals]
+    if queue is None:
+        epochs = {keys[0].partition_id: node.epoch(keys[0].partition_id)}  # one job: one partition
+        claimed = lifecycle.claim_push(conn, node_id="t1", epochs=epochs, limit=10, now=T0)
+    else:
+        claimed = lifecycle.claim(conn, tenant="acme", queue="default", worker="w1", limit=10, now=T0)
+    got = {c.key: c.run_id for c in claimed}
+    assert got == {RunKey(k.partition_id, k.job_id, k.nominal_time): k.run_id for k in keys}
+    assert got[keys[3]] == f"{job_id}.-500000"
+    assert got[keys[4]] == f"{job_id}.{-2164406400 * 1_000_000 + 3}"
+    for c in claimed:  # keys made without RunKey.__init__ (lifecycle.frozen_of) are keys like any other
+        fresh = RunKey(*dataclasses.astuple(c.key))
+        assert (c.key, hash(c.key), repr(c.key)) == (fresh, hash(fresh), repr(fresh))
+    assert len(claimed) == len(keys)
 
 
 def test_run_ids_round_trip_and_malformed_ones_name_the_field() -> None:

@@ -163,3 +163,29 @@ def test_a_failed_store_call_cuts_a_long_error_to_300_characters_with_an_ellipsi
     w._store_failed("ack", StoreError("y" * 1000), 0.5)
     [record] = [r for r in caplog.records if getattr(r, "event", None) == "worker_store_error"]
     assert record.fields["error"] == "StoreError: " + "y" * (300 - len("StoreError: ") - 1) + "…"
+
+
+def test_the_run_a_handler_gets_is_the_one_run_would_build_field_by_field() -> None:
+    # run_of (and the claim's Claimed) skip the frozen dataclass's __init__ for speed:
+    # every field must still be set, equal to Run(...)'s, and each run gets its own Abandoned.
+    c = in_flight().claimed
+    built = Run(c.run_id, c.job_id, None, c.tenant, "default", c.nominal_time, c.scheduled_at, 1, None, "schedule")
+    fast, other = worker.run_of(c, "default"), worker.run_of(c, "default")
+    assert {f.name: getattr(fast, f.name) for f in dataclasses.fields(Run) if f.name != "abandoned"} == {
+        f.name: getattr(built, f.name) for f in dataclasses.fields(Run) if f.name != "abandoned"
+    }
+    assert set(vars(fast)) == {f.name for f in dataclasses.fields(Run)}
+    assert (fast, repr(fast)) == (built, repr(built))
+    assert isinstance(fast.abandoned, worker.Abandoned) and fast.abandoned is not other.abandoned
+    assert not fast.abandoned.is_set()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.attempt = 2  # type: ignore[misc]
+    unnamed = dataclasses.replace(c, queue=None)
+    assert worker.run_of(unnamed, "reports").queue == "reports"
+
+
+def test_frozen_of_sets_every_field_of_a_claimed_attempt() -> None:
+    c = in_flight().claimed
+    fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(lifecycle.Claimed)}
+    fast = lifecycle.frozen_of(lifecycle.Claimed, dict(fields))
+    assert (fast, repr(fast), fast.run_id, fast.nominal_time) == (c, repr(c), c.run_id, c.nominal_time)
