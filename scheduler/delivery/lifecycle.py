@@ -252,7 +252,6 @@ _CLAIM_COLUMNS = (
     "partition_id",
     "job_id",
     "nominal_time",
-    "run_id",
     "tenant",
     "queue",
     "job_name",
@@ -276,21 +275,17 @@ def _claimed_rows(cursor: psycopg.Cursor[Any]) -> Callable[[Sequence[Any]], Clai
     into a :class:`Claimed`, its columns picked by name once per result. A claim
     reads up to 1,000 rows: building a dict of each first cost the claimer ~3 µs
     of CPU per run (claim 13.8 → 10.6 µs/run of client CPU, ack 7.5 → 6.3 with
-    :func:`_answer_rows`; docs/performance.md, "2026-12-02, noon"). The run id
-    comes from the statement (``run_id``, the text :attr:`RunKey.run_id` would
-    compute: ~0.8 µs of store CPU against ~3 µs of Python) and the objects are
-    made by :func:`frozen_of` (docs/performance.md, "2026-12-03, afternoon")."""
+    :func:`_answer_rows`; docs/performance.md, "2026-12-02, noon"). The objects
+    are made by :func:`frozen_of` (docs/performance.md, "2026-12-03, afternoon")."""
     names = [column.name for column in cursor.description or ()]
     pick = operator.itemgetter(*(names.index(column) for column in _CLAIM_COLUMNS))
 
     def claimed(values: Sequence[Any]) -> Claimed:
-        pid, jid, nominal, run_id, tenant, queue, name, origin, scheduled, attempt, token, until, at, *target = pick(
-            values
-        )
+        pid, jid, nominal, tenant, queue, name, origin, scheduled, attempt, token, until, at, *target = pick(values)
         payload, url, method, headers, timeout_s = target
         if isinstance(headers, list):  # stored as [[name, value], ...]
             headers = {str(key): str(value) for key, value in headers}
-        key = frozen_of(RunKey, {"partition_id": pid, "job_id": jid, "nominal_time": nominal, "_run_id": run_id})
+        key = frozen_of(RunKey, {"partition_id": pid, "job_id": jid, "nominal_time": nominal})
         return frozen_of(
             Claimed,
             {

@@ -1860,8 +1860,7 @@ CROSS JOIN LATERAL (
 -- attempt + 1. SKIP LOCKED spreads concurrent claimers over different runs;
 -- the re-check of state in the UPDATE makes a run leased by a concurrent
 -- claim (READ COMMITTED re-evaluation) drop out. Returns the runs with what
--- the handler needs: the job's name and the job_delivery row's payload, and
--- its run id (RunKey.run_id's text: cheaper here than in the worker). The
+-- the handler needs: the job's name and the job_delivery row's payload. The
 -- name is the run's own (runs.job_name, written when the run was created:
 -- '' for a job without one), so a claim reads nothing of the 5 M-row jobs
 -- table; a run written before revision 0035 (NULL) is looked up in jobs.
@@ -1895,10 +1894,8 @@ WITH picked AS (
     RETURNING r.partition_id, r.job_id, r.nominal_time, r.tenant, r.queue, r.origin, r.scheduled_at,
               r.attempt, r.lease_token, r.leased_until, r.claimed_at, r.job_name AS recorded_name
 )
-SELECT c.partition_id, c.job_id, c.nominal_time,
-       c.job_id::text || '.' || (floor(extract(epoch FROM date_trunc('second', c.nominal_time)))::int8 * 1000000
-                                 + mod(extract(microseconds FROM c.nominal_time)::int8, 1000000))::text AS run_id,
-       c.tenant, c.queue, c.origin, c.scheduled_at, c.attempt, c.lease_token, c.leased_until, c.claimed_at,
+SELECT c.partition_id, c.job_id, c.nominal_time, c.tenant, c.queue, c.origin, c.scheduled_at,
+       c.attempt, c.lease_token, c.leased_until, c.claimed_at,
        CASE WHEN c.recorded_name IS NOT NULL THEN nullif(c.recorded_name, '')
             ELSE (SELECT j.name FROM jobs AS j
                   WHERE j.partition_id = c.partition_id AND j.job_id = c.job_id) END AS job_name,
@@ -1944,7 +1941,7 @@ FROM (
 -- partitions' (see due_push_partitions). SKIP LOCKED only spreads two
 -- claimers (an old and a new owner for a moment) over different runs; the
 -- state re-check in the UPDATE is what keeps a run leased once. The job's
--- name and the run id come from the run, as in claim_runs.
+-- name comes from the run, as in claim_runs.
 WITH fence AS (
     SELECT p.partition_id
     FROM partitions AS p
@@ -1985,10 +1982,8 @@ WITH fence AS (
     RETURNING r.partition_id, r.job_id, r.nominal_time, r.tenant, r.queue, r.origin, r.scheduled_at,
               r.attempt, r.lease_token, r.leased_until, r.claimed_at, r.job_name AS recorded_name
 )
-SELECT c.partition_id, c.job_id, c.nominal_time,
-       c.job_id::text || '.' || (floor(extract(epoch FROM date_trunc('second', c.nominal_time)))::int8 * 1000000
-                                 + mod(extract(microseconds FROM c.nominal_time)::int8, 1000000))::text AS run_id,
-       c.tenant, c.queue, c.origin, c.scheduled_at, c.attempt, c.lease_token, c.leased_until, c.claimed_at,
+SELECT c.partition_id, c.job_id, c.nominal_time, c.tenant, c.queue, c.origin, c.scheduled_at,
+       c.attempt, c.lease_token, c.leased_until, c.claimed_at,
        CASE WHEN c.recorded_name IS NOT NULL THEN nullif(c.recorded_name, '')
             ELSE (SELECT j.name FROM jobs AS j
                   WHERE j.partition_id = c.partition_id AND j.job_id = c.job_id) END AS job_name,

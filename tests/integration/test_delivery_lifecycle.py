@@ -293,9 +293,9 @@ def test_the_claim_returns_the_jobs_name_and_payload(conn) -> None:
 
 
 @pytest.mark.parametrize("queue", ["default", None], ids=["claim_runs", "claim_push"])
-def test_a_claims_run_ids_are_the_ones_run_key_computes(conn, node, queue) -> None:
-    # The claim statements return each run's id as text (the worker no longer formats it):
-    # it must be RunKey.run_id's exact text, microseconds and times before 1970 included.
+def test_a_claims_keys_are_keys_like_any_other_with_exact_run_ids(conn, node, queue) -> None:
+    # A claim builds its RunKeys without RunKey.__init__ (lifecycle.frozen_of): equal, hashed and
+    # shown as any other, and their run ids exact to the microsecond, before 1970 included.
     job_id = add_job(conn)
     nominals = [
         T0,
