@@ -435,12 +435,11 @@ class WatchedConnection(psycopg.Connection):
     _call: int | None = None
     """The token of the call in flight (None between calls)."""
     pipelined: int = 0
-    """Statements queued in pipeline mode that the next blocking call may wait for (set by
-    :class:`scheduler.store.Pipeline` before each of its blocking calls: sending a chunk,
-    waiting for one, leaving the pipeline; 0 or 1: one statement's bounds): that call is
-    bounded by ``bounds.covering(pipelined)``. A tick's lane waits once for all its queued
-    chunks; one statement's bound cancelled a busy node's own herd (docs/performance.md,
-    "2026-12-03, afternoon")."""
+    """Statements queued in pipeline mode whose results the next blocking call waits for
+    (set by :class:`scheduler.store.Pipeline` around each wait; 0 or 1: one statement's
+    bounds): that call is bounded by ``bounds.covering(pipelined)``. A tick's lane waits
+    once for all its queued chunks; one statement's bound cancelled a busy node's own
+    herd (docs/performance.md, "2026-12-03, afternoon")."""
 
     def watch_with(self, watchdog: Watchdog, bounds: CallBounds, label: str) -> None:
         """Bound every blocking call of this connection by ``bounds`` (``label`` names it in the log)."""
