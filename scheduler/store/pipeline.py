@@ -50,29 +50,22 @@ class Sent:
 
         psycopg asks its lane for every result queued before this one (a flush request)
         and waits until they come: the store runs the lane's chunks one after the other,
-        so that one wait lasts as long as all the chunks still without results (the
-        lane's ``pipelined``, see :func:`_watch`)."""
+        so that one wait lasts as long as all the chunks still without results. A
+        :class:`~scheduler.watchdog.WatchedConnection` lane is told how many
+        (``pipelined``), so the watchdog bounds the wait by that many statements, each
+        within ``statement_timeout`` on the server, not by one."""
         if self.outcome is None:
-            lane = self.statement.connection
-            _watch(lane, self.lane_chunks)
+            conn = self.statement.connection
+            lane = conn if isinstance(conn, WatchedConnection) else None
+            if lane is not None:
+                lane.pipelined = sum(1 for c in self.lane_chunks if c.outcome is None and c.statement.pgresult is None)
             try:
                 row = self.statement.fetchone()
             finally:
-                _watch(lane, self.lane_chunks)
+                if lane is not None:
+                    lane.pipelined = 0
             self.outcome = (row, self.commit.statusmessage == "COMMIT")
         return self.outcome
-
-
-def _watch(lane: psycopg.Connection[Any], chunks: list[Sent], sending: int = 0) -> None:
-    """Tell a :class:`~scheduler.watchdog.WatchedConnection` lane how many statements its next
-    blocking call may wait for (``pipelined``): its ``chunks`` still without results, plus
-    ``sending`` (a chunk being written: the store reads it only after those). The watchdog
-    then bounds the call by that many statements, each within ``statement_timeout`` on the
-    server (PostgreSQL applies it to each statement of a pipeline), not by one: one
-    statement's bound cancelled a busy node's own herd ticks (docs/performance.md,
-    "2026-12-03, afternoon")."""
-    if isinstance(lane, WatchedConnection):
-        lane.pipelined = sending + sum(1 for c in chunks if c.outcome is None and c.statement.pgresult is None)
 
 
 class Pipeline:
@@ -98,23 +91,15 @@ class Pipeline:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
-        # Leaving a lane's pipeline syncs it: a wait for every chunk still without results.
-        for lane in self.lanes:
-            _watch(lane, self._lane_chunks.get(id(lane), []))
-        try:
-            return self._stack.__exit__(kind, exc, tb)
-        finally:
-            for lane in self.lanes:
-                _watch(lane, [])
+        return self._stack.__exit__(kind, exc, tb)
 
     def send(self, query: str, params: dict[str, Any], partitions: set[int], batch: Any = None) -> Sent:
         """Queue one chunk's transaction (BEGIN; ``query``; COMMIT) on the next lane (round robin)."""
         write = self.lanes[len(self.sent) % len(self.lanes)]
-        chunks = self._lane_chunks.setdefault(id(write), [])
-        _watch(write, chunks, sending=1)
         write.execute("BEGIN")
         cur = write.cursor()
         cur.execute(QUERIES[query], params, prepare=self._prepare)
+        chunks = self._lane_chunks.setdefault(id(write), [])
         item = Sent(query, params, partitions, batch, cur, write.execute("COMMIT"), lane_chunks=chunks)
         chunks.append(item)
         self.sent.append(item)
@@ -145,8 +130,6 @@ class Pipeline:
                 committed.append((item, row))
         self.sent = []
         self._lane_chunks = {}
-        for lane in self.lanes:
-            _watch(lane, [])
         return committed, failed
 
 
