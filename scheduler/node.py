@@ -207,9 +207,8 @@ class Node:
         """``(alive, reasons)`` for ``/healthz``: every watched loop makes progress.
 
         A loop (lease, firing) is stalled when it is inside a store call
-        older than its ``statement_timeout`` per statement the call waits for
-        (one, or a firing lane's pipelined chunks; the store should have
-        answered or cancelled them: the connection has gone silent), or when it has
+        older than its ``statement_timeout`` (the store should have answered
+        or cancelled it: the connection has gone silent), or when it has
         completed neither an iteration nor a store call for
         ``loop_stall_s``. Loops not started yet, and every loop once a stop
         was asked, count as alive. Times are the watchdog's clock (seconds).
@@ -225,12 +224,10 @@ class Node:
             if thread is None:
                 continue
             in_call, done = self.watchdog.thread_state(thread)
-            call = self.watchdog.oldest_call(thread)
-            if call is not None and now - call.started > statement * call.statements:
-                allowed = f"statement_timeout {statement:g}s"
-                if call.statements > 1:  # a firing lane's wait for its pipelined chunks
-                    allowed += f" × {call.statements} statements"
-                reasons.append(f"{loop} loop: stalled in a store call for {now - call.started:.1f}s ({allowed})")
+            if in_call is not None and now - in_call > statement:
+                reasons.append(
+                    f"{loop} loop: stalled in a store call for {now - in_call:.1f}s (statement_timeout {statement:g}s)"
+                )
                 continue
             progress = max(self._loop_beats.get(loop, now), done or 0.0)
             if in_call is None and now - progress > bound:

@@ -32,13 +32,6 @@ escalates, in order:
    down. ``on_stuck(call)`` is called (the node logs ``store_call_stuck`` and
    exits with status 1, so an orchestrator restarts it).
 
-A call that waits for several statements the store runs one after the
-other (a firing lane's pipelined chunks: :class:`scheduler.store.Pipeline`
-sets :attr:`WatchedConnection.pipelined`) has each one's statement timeout
-(:meth:`CallBounds.covering`): PostgreSQL applies ``statement_timeout`` to
-each statement of a pipeline, and one statement's bound cancelled a busy
-node's own herd.
-
 The socket is shut down under the lock that the owning thread takes to
 deregister the call, so the descriptor cannot have been closed (and its
 number reused) meanwhile.
@@ -103,10 +96,6 @@ class CallBounds:
     cancel_after_s: float
     break_after_s: float
     exit_after_s: float
-    statement_s: float = 0.0
-    """The server's bound on one statement these bounds were derived from (its
-    ``statement_timeout``; 0: not derived from one): :meth:`covering` adds it per
-    further statement a call waits for."""
 
     def __post_init__(self) -> None:
         if not 0 < self.cancel_after_s <= self.break_after_s <= self.exit_after_s:
@@ -120,23 +109,6 @@ class CallBounds:
             statement_timeout_s + margin_s,
             statement_timeout_s + 2 * margin_s,
             statement_timeout_s + 2 * margin_s + max(2.0, 2 * margin_s),
-            statement_timeout_s,
-        )
-
-    def covering(self, statements: int) -> CallBounds:
-        """The bounds of one call that waits for ``statements`` (≥ 1) statements run one
-        after the other, e.g. the results of a pipeline's queued statements: each may
-        take the server's ``statement_timeout`` (:attr:`statement_s`, which PostgreSQL
-        applies to each statement of a pipeline separately), so every bound grows by
-        ``statement_s`` per statement after the first. ``self`` for one statement."""
-        extra = max(0, statements - 1) * self.statement_s
-        if extra == 0:
-            return self
-        return dataclasses.replace(
-            self,
-            cancel_after_s=self.cancel_after_s + extra,
-            break_after_s=self.break_after_s + extra,
-            exit_after_s=self.exit_after_s + extra,
         )
 
 
@@ -153,8 +125,6 @@ class Call:
     bounds: CallBounds
     stage: int = 0
     """0 running, 1 cancel sent, 2 socket shut down, 3 reported stuck."""
-    statements: int = 1
-    """Statements the call waits for, run one after the other by the store (a pipeline's)."""
 
 
 CANCEL_TIMEOUT_S = 5.0
@@ -282,19 +252,15 @@ class Watchdog:
 
     # ---------------------------------------------------------------- calls
 
-    def begin(self, conn: Any, bounds: CallBounds, label: str = "", statements: int = 1) -> int:
-        """Register a blocking call on ``conn`` (a psycopg connection) by the current thread, waiting
-        for ``statements`` statements (``bounds`` already cover them: :meth:`CallBounds.covering`);
-        return its token."""
+    def begin(self, conn: Any, bounds: CallBounds, label: str = "") -> int:
+        """Register a blocking call on ``conn`` (a psycopg connection) by the current thread; return its token."""
         try:
             fd = conn.pgconn.socket
         except (psycopg.Error, AttributeError):
             fd = -1
         with self._lock:
             token = next(self._tokens)
-            self._calls[token] = Call(
-                token, conn, fd, threading.get_ident(), label, self.clock(), bounds, statements=max(1, statements)
-            )
+            self._calls[token] = Call(token, conn, fd, threading.get_ident(), label, self.clock(), bounds)
         return token
 
     def end(self, token: int) -> None:
@@ -337,12 +303,6 @@ class Watchdog:
         with self._lock:
             since = [call.started for call in self._calls.values() if call.thread == thread]
             return (min(since) if since else None), self._last_done.get(thread)
-
-    def oldest_call(self, thread: int) -> Call | None:
-        """A snapshot of thread id ``thread``'s oldest call in flight (None: not in a call)."""
-        with self._lock:
-            calls = [call for call in self._calls.values() if call.thread == thread]
-            return dataclasses.replace(min(calls, key=lambda c: c.started)) if calls else None
 
     def in_flight(self) -> list[Call]:
         """A snapshot of the calls in flight, oldest first."""
@@ -434,12 +394,6 @@ class WatchedConnection(psycopg.Connection):
     watch: tuple[Watchdog, CallBounds, str] | None = None
     _call: int | None = None
     """The token of the call in flight (None between calls)."""
-    pipelined: int = 0
-    """Statements queued in pipeline mode whose results the next blocking call waits for
-    (set by :class:`scheduler.store.Pipeline` around each wait; 0 or 1: one statement's
-    bounds): that call is bounded by ``bounds.covering(pipelined)``. A tick's lane waits
-    once for all its queued chunks; one statement's bound cancelled a busy node's own
-    herd (docs/performance.md, "2026-12-03, afternoon")."""
 
     def watch_with(self, watchdog: Watchdog, bounds: CallBounds, label: str) -> None:
         """Bound every blocking call of this connection by ``bounds`` (``label`` names it in the log)."""
@@ -475,10 +429,7 @@ class WatchedConnection(psycopg.Connection):
         if watch is None:
             return super().wait(gen, *args, **kwargs)
         watchdog, bounds, label = watch
-        statements = self.pipelined
-        if statements > 1:
-            bounds = bounds.covering(statements)
-        token = self._call = watchdog.begin(self, bounds, label, statements)
+        token = self._call = watchdog.begin(self, bounds, label)
         try:
             return super().wait(gen, *args, **kwargs)
         finally:

@@ -24,7 +24,6 @@ import psycopg
 
 from scheduler.store.queries import QUERIES, Row, execute
 from scheduler.store.retry import run_transaction
-from scheduler.watchdog import WatchedConnection
 
 
 @dataclasses.dataclass
@@ -42,28 +41,11 @@ class Sent:
     statement: psycopg.Cursor[Any]
     commit: psycopg.Cursor[Any]
     outcome: tuple[Row | None, bool] | None = None
-    lane_chunks: list[Sent] = dataclasses.field(default_factory=list, repr=False)
-    """Every chunk queued on the same lane, this one included, in the order sent."""
 
     def wait(self) -> tuple[Row | None, bool]:
-        """Wait for the chunk's results; raise psycopg.Error on failure.
-
-        psycopg asks its lane for every result queued before this one (a flush request)
-        and waits until they come: the store runs the lane's chunks one after the other,
-        so that one wait lasts as long as all the chunks still without results. A
-        :class:`~scheduler.watchdog.WatchedConnection` lane is told how many
-        (``pipelined``), so the watchdog bounds the wait by that many statements, each
-        within ``statement_timeout`` on the server, not by one."""
+        """Wait for the chunk's results (psycopg syncs its lane); raise psycopg.Error on failure."""
         if self.outcome is None:
-            conn = self.statement.connection
-            lane = conn if isinstance(conn, WatchedConnection) else None
-            if lane is not None:
-                lane.pipelined = sum(1 for c in self.lane_chunks if c.outcome is None and c.statement.pgresult is None)
-            try:
-                row = self.statement.fetchone()
-            finally:
-                if lane is not None:
-                    lane.pipelined = 0
+            row = self.statement.fetchone()
             self.outcome = (row, self.commit.statusmessage == "COMMIT")
         return self.outcome
 
@@ -79,7 +61,6 @@ class Pipeline:
     def __init__(self, lanes: list[psycopg.Connection[Any]], *, prepare: bool | None = False) -> None:
         self.lanes = lanes
         self.sent: list[Sent] = []
-        self._lane_chunks: dict[int, list[Sent]] = {}  # id(lane) -> its chunks not yet collected
         self._prepare = prepare
         self._stack = contextlib.ExitStack()
 
@@ -99,9 +80,7 @@ class Pipeline:
         write.execute("BEGIN")
         cur = write.cursor()
         cur.execute(QUERIES[query], params, prepare=self._prepare)
-        chunks = self._lane_chunks.setdefault(id(write), [])
-        item = Sent(query, params, partitions, batch, cur, write.execute("COMMIT"), lane_chunks=chunks)
-        chunks.append(item)
+        item = Sent(query, params, partitions, batch, cur, write.execute("COMMIT"))
         self.sent.append(item)
         return item
 
@@ -129,7 +108,6 @@ class Pipeline:
             else:
                 committed.append((item, row))
         self.sent = []
-        self._lane_chunks = {}
         return committed, failed
 
 

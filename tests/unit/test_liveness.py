@@ -58,25 +58,6 @@ def test_a_loop_inside_a_store_call_older_than_the_statement_timeout_is_stalled(
     assert node.liveness() == (True, [])
 
 
-def test_a_firing_lane_waiting_for_pipelined_chunks_has_each_ones_statement_timeout():
-    # A tick's lane waits once for all the chunks it queued; each is bounded by
-    # statement_timeout on the server, so the wait may last that long per chunk.
-    node, clock, watchdog = node_and_clock()
-    lane = threading.Thread(target=watchdog.begin, args=(FakeConn(), BOUNDS.covering(3), "scheduler-fire:n1", 3))
-    lane.start()  # the firing loop's thread begins the call
-    lane.join()
-    node._loop_threads["firing"] = lane.ident
-    clock.now += 11.5
-    node._loop_beats["lease"] = clock.now
-    assert node.liveness() == (True, [])
-    clock.now += 1.0
-    node._loop_beats["lease"] = clock.now
-    assert node.liveness() == (
-        False,
-        ["firing loop: stalled in a store call for 12.5s (statement_timeout 4s × 3 statements)"],
-    )
-
-
 def test_a_loop_with_neither_iterations_nor_store_calls_for_loop_stall_s_is_stalled():
     node, clock, watchdog = node_and_clock()
     for _ in range(12):  # a long tick that keeps committing chunks: progress

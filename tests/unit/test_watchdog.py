@@ -117,18 +117,10 @@ def test_time_the_process_was_suspended_does_not_count(rig):
 
 
 def test_bounds_follow_the_statement_timeout_and_the_margin():
-    assert CallBounds.after_statement_timeout(4.0, 2.0) == CallBounds(6.0, 8.0, 12.0, 4.0)
-    assert CallBounds.after_statement_timeout(0.8, 0.5) == CallBounds(1.3, 1.8, 3.8, 0.8)
+    assert CallBounds.after_statement_timeout(4.0, 2.0) == CallBounds(6.0, 8.0, 12.0)
+    assert CallBounds.after_statement_timeout(0.8, 0.5) == CallBounds(1.3, 1.8, 3.8)
     with pytest.raises(ValueError):
         CallBounds(2.0, 1.0, 3.0)
-
-
-def test_a_call_waiting_for_several_statements_gets_each_ones_timeout():
-    bounds = CallBounds.after_statement_timeout(4.0, 2.0)
-    assert bounds.covering(1) is bounds and bounds.covering(0) is bounds
-    assert bounds.covering(10) == CallBounds(42.0, 44.0, 48.0, 4.0)
-    fixed = CallBounds(5.0, 7.0, 9.0)  # not derived from a statement timeout: nothing to add
-    assert fixed.covering(3) == fixed
 
 
 def test_settings_derive_the_client_side_bounds_from_the_ttl():
