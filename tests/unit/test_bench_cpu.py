@@ -37,8 +37,12 @@ def burn(seconds: float) -> None:
 
 
 def test_the_meter_counts_each_groups_cpu_between_start_and_stop() -> None:
-    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    idle = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"], stdout=subprocess.PIPE
+    )
     try:
+        assert idle.stdout is not None
+        idle.stdout.readline()  # its interpreter's start-up is over before the window (CI saw it counted)
         me = os.getpid()
         # A backend map naming a process that is not postgres (this one) is ignored: pids are
         # taken as the store's only when they are local postgres processes.
@@ -50,6 +54,7 @@ def test_the_meter_counts_each_groups_cpu_between_start_and_stop() -> None:
     finally:
         idle.kill()
         idle.wait()
+        idle.stdout.close()
     assert set(cpu) == {"bench", "total"}  # the idle child spent nothing: left out
     assert 0.15 <= cpu["bench"] <= 1.0
     assert cpu["total"] == cpu["bench"]
