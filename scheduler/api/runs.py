@@ -62,10 +62,11 @@ from scheduler.errors import ValidationError
 router = APIRouter(tags=["runs"], route_class=JsonRoute)
 
 RUN_ID_PATTERN = pattern(
-    r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.[0-9]{1,17}$",
+    r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.-?[0-9]{1,17}$",
     "must be <job id>.<nominal time in Unix microseconds> (a run's id as a claim returned it)",
 )
-"""A run id as the API writes it: the job id (lowercase UUID), a dot, the nominal time in Unix microseconds."""
+"""A run id as the API writes it: the job id (lowercase UUID), a dot, the nominal time in Unix microseconds
+(negative before 1970)."""
 QUEUE_PATTERN = pattern(r"^[A-Za-z0-9._-]{1,100}$", "must be 1-100 characters of letters, digits and . _ -")
 SCHEDULE_NAME_MAX = 200
 WORKER_LABEL_MAX = 100

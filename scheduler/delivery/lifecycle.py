@@ -136,7 +136,8 @@ class RunKey:
         if not isinstance(text, str) or len(text) > 80:
             raise ValidationError(field, rule, text)
         job, _, micros = text.partition(".")
-        if not (micros.isascii() and micros.isdigit()) or len(micros) > 17:
+        digits = micros[1:] if micros.startswith("-") else micros  # before 1970 (a backfill may reach there)
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 17:
             raise ValidationError(field, rule, text)
         try:
             job_id = uuid.UUID(job)

@@ -325,7 +325,15 @@ def test_run_ids_round_trip_and_malformed_ones_name_the_field() -> None:
     key = RunKey.of(job_id, datetime(2026, 1, 1, tzinfo=UTC))
     assert key.run_id == "6c9f0f0e-8d3b-4f7e-9a43-1f0b0c1d2e3f.1767225600000000"
     assert RunKey.parse(key.run_id) == key
-    for bad in ("", "x.1", f"{job_id}", f"{job_id}.-5", f"{job_id}.1e3", f"{job_id}.９", f"{job_id}." + "9" * 30):
+    # A run before 1970 (a backfill may make one) has a negative time: its id parses back too.
+    early = RunKey.of(job_id, datetime(1969, 12, 31, 23, 59, 59, 500_000, tzinfo=UTC))
+    assert early.run_id == f"{job_id}.-500000"
+    assert RunKey.parse(early.run_id) == early
+    from scheduler.api.runs import LeaseIn
+
+    assert LeaseIn(id=early.run_id, lease_token=uuid.UUID(int=1)).id == early.run_id  # the API takes it too
+    for bad in ("", "x.1", f"{job_id}", f"{job_id}.-", f"{job_id}.--5", f"{job_id}.+5", f"{job_id}.1e3",
+                f"{job_id}.９", f"{job_id}." + "9" * 30, f"{job_id}.-" + "9" * 30):  # fmt: skip
         with pytest.raises(ValidationError, match=r"^run_id: must be <job id>\.<nominal time"):
             RunKey.parse(bad)
 
