@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from urllib.parse import quote, quote_plus, unquote, urlsplit
 
 import psycopg
@@ -92,12 +93,19 @@ def connect_error(exc: BaseException, dsn: str | None = None) -> str:
 
 def _with_unresolved(failures: list[tuple[str, str]], dsn: str, exc: BaseException) -> list[tuple[str, str]]:
     """``failures`` with a ``host:port: name does not resolve`` entry for each host name of ``dsn``
-    psycopg would resolve that no failure names, placed in the DSN's order."""
+    psycopg would resolve that no failure names and that does not resolve (psycopg 3.3 names
+    the addresses a name resolved to, e.g. ``127.0.0.1`` for ``localhost``, so a name absent
+    from the failures may well have been tried: it is looked up again here, on this error
+    path only), placed in the DSN's order."""
     named = {host for host, _ in failures}
     if _UNRESOLVED_HOST.match(str(exc).strip()):
         named = set()  # no name resolved, no host tried
     hosts = _dsn_hosts(dsn)
-    unresolved = {(host, port) for host, port, resolvable in hosts if resolvable and host not in named}
+    unresolved = {
+        (host, port)
+        for host, port, resolvable in hosts
+        if resolvable and host not in named and not _resolves(host, port)
+    }
     if not unresolved:
         return failures
     pending, out = list(failures), []
@@ -108,6 +116,14 @@ def _with_unresolved(failures: list[tuple[str, str]], dsn: str, exc: BaseExcepti
             out.extend(f for f in pending if f[0] == host)
             pending = [f for f in pending if f[0] != host]
     return out + pending
+
+
+def _resolves(host: str, port: str) -> bool:
+    """True if ``host`` (a name) resolves to an address, as psycopg resolves it before connecting."""
+    try:
+        return bool(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+    except (OSError, UnicodeError, ValueError):
+        return False
 
 
 def _dsn_hosts(dsn: str) -> list[tuple[str, str, bool]]:

@@ -257,3 +257,18 @@ def test_a_single_host_that_does_not_resolve_is_named_with_its_port() -> None:
         f"cannot connect to the store at postgresql://postgres:***@nonexistent.invalid:5432/sched: "
         f"nonexistent.invalid:5432: {UNRESOLVED}"
     )
+
+
+def test_a_host_name_that_resolved_is_not_said_not_to(pg_dsn) -> None:
+    # psycopg resolves a name and reports the addresses it tried: the name itself is then in
+    # no failure, yet it resolved (a trial: "localhost:56810: name does not resolve; 127.0.0.1:56810: FATAL ...").
+    dead = closed_port()
+    port = psycopg.conninfo.conninfo_to_dict(pg_dsn).get("port") or "5432"
+    for dsn, says in (
+        (f"postgresql://postgres@localhost:{dead}/sched", "Connection refused"),
+        (f"postgresql://postgres@localhost:{port}/no_such_database_here", 'database "no_such_database_here"'),
+    ):
+        with pytest.raises(StoreError) as caught:
+            store.connect(dsn)
+        assert UNRESOLVED not in str(caught.value) and says in str(caught.value), dsn
+        assert str(caught.value).startswith(f"cannot connect to the store at {store.redact_dsn(dsn)}: 127.0.0.1:")
