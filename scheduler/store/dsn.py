@@ -102,9 +102,7 @@ def _with_unresolved(failures: list[tuple[str, str]], dsn: str, exc: BaseExcepti
         named = set()  # no name resolved, no host tried
     hosts = _dsn_hosts(dsn)
     unresolved = {
-        (host, port)
-        for host, port, resolvable in hosts
-        if resolvable and host not in named and not _resolves(host, port)
+        (host, port) for host, port, resolvable in hosts if resolvable and host not in named and not _resolves(host)
     }
     if not unresolved:
         return failures
@@ -118,10 +116,10 @@ def _with_unresolved(failures: list[tuple[str, str]], dsn: str, exc: BaseExcepti
     return out + pending
 
 
-def _resolves(host: str, port: str) -> bool:
+def _resolves(host: str) -> bool:
     """True if ``host`` (a name) resolves to an address, as psycopg resolves it before connecting."""
     try:
-        return bool(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        return bool(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))
     except (OSError, UnicodeError, ValueError):
         return False
 
