@@ -281,10 +281,18 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     return problem(exc.status, exc.detail, title=exc.title, field=exc.field, headers=exc.headers)
 
 
+def api_terms(exc: ValidationError) -> tuple[str, str]:
+    """``(field, detail)`` of a project ValidationError in this API's words: the field's API
+    name (``interval_s`` for ``interval``), and the rule led by it, naming this API's inputs
+    where it names another (``API_WORDS``)."""
+    field = FIELD_NAMES.get(exc.field, exc.field)
+    return field, exc.render(API_WORDS, field)
+
+
 async def _validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ValidationError)
-    field = FIELD_NAMES.get(exc.field, exc.field)
-    return problem(422, exc.render(API_WORDS, field), field=field)
+    field, detail = api_terms(exc)
+    return problem(422, detail, field=field)
 
 
 async def _config(request: Request, exc: Exception) -> JSONResponse:

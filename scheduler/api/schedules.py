@@ -54,7 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema, f
 
 from scheduler import jobs
 from scheduler.api.deps import Principal, db, decode_cursor, page_of, page_size, tenant_principal
-from scheduler.api.errors import API_WORDS, FIELD_NAMES, PROBLEM_JSON, ApiError, Problem
+from scheduler.api.errors import FIELD_NAMES, PROBLEM_JSON, ApiError, Problem, api_terms
 from scheduler.api.inputs import JsonRoute
 from scheduler.delivery import manual, targets, views
 from scheduler.delivery.lifecycle import RunKey
@@ -411,9 +411,8 @@ def _invalid(exc: ValidationError, prefix: str = "") -> ApiError:
     """A 422 of a project ValidationError: ``detail`` the CLI's rule, led by this API's name
     for the field and naming this API's fields where the rule names another input
     (``API_WORDS``); ``field`` this API's name."""
-    name = FIELD_NAMES.get(exc.field, exc.field)
+    name, text = api_terms(exc)
     field = prefix + name
-    text = exc.render(API_WORDS, name)
     detail = f"{prefix.rstrip('.')}: {text}" if prefix else text
     return ApiError(422, UNPROCESSABLE, detail, field=field)
 
