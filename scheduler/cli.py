@@ -1676,8 +1676,8 @@ SETTING_HELP = {
     "retention_batch_interval_s": "At most one retention batch per this many seconds.",
     "tcp_user_timeout_s": "TCP user timeout of node sessions (unacknowledged data this long drops the "
     "connection; keepalives derive from the TTL) [default: 50% of the TTL].",
-    "store_call_margin_s": "Watchdog: cancel a store call running past statement_timeout + this, break its "
-    "connection past + 2x this [default: 20% of the TTL, at least 0.5].",
+    "store_call_margin_s": "Watchdog: cancel a store call the store has been silent in past statement_timeout "
+    "+ this, break its connection past + 2x this [default: 20% of the TTL, at least 0.5].",
     "loop_stall_s": "/healthz fails when the lease or firing loop made no progress this long "
     "[default: the TTL, or 2 ticks if longer].",
     "stop_timeout_s": "After SIGTERM/SIGINT, exit within this (gracefully, else with status 1).",

@@ -207,8 +207,10 @@ class Node:
         """``(alive, reasons)`` for ``/healthz``: every watched loop makes progress.
 
         A loop (lease, firing) is stalled when it is inside a store call
-        older than its ``statement_timeout`` (the store should have answered
-        or cancelled it: the connection has gone silent), or when it has
+        in which the store has sent nothing for longer than its
+        ``statement_timeout`` (the store should have answered or cancelled
+        it: the connection has gone silent; a wait on many pipelined chunks
+        that keep committing is not), or when it has
         completed neither an iteration nor a store call for
         ``loop_stall_s``. Loops not started yet, and every loop once a stop
         was asked, count as alive. Times are the watchdog's clock (seconds).
@@ -226,7 +228,8 @@ class Node:
             in_call, done = self.watchdog.thread_state(thread)
             if in_call is not None and now - in_call > statement:
                 reasons.append(
-                    f"{loop} loop: stalled in a store call for {now - in_call:.1f}s (statement_timeout {statement:g}s)"
+                    f"{loop} loop: stalled in a store call, nothing from the store for {now - in_call:.1f}s "
+                    f"(statement_timeout {statement:g}s)"
                 )
                 continue
             progress = max(self._loop_beats.get(loop, now), done or 0.0)

@@ -19,9 +19,9 @@ frozen node's transaction and a takeover proceeds.
 Client-side bounds (the store can go silent: a hung pooler or proxy, a
 vanished host): every node session also sets TCP keepalives and
 ``tcp_user_timeout`` (default 50 % of the TTL), and the node's watchdog
-(:mod:`scheduler.watchdog`) cancels a store call running past
-``statement_timeout`` + ``store_call_margin_s`` and breaks its connection
-past ``statement_timeout`` + 2 × ``store_call_margin_s`` (default margin:
+(:mod:`scheduler.watchdog`) cancels a store call in which the store has been
+silent past ``statement_timeout`` + ``store_call_margin_s`` and breaks its
+connection past ``statement_timeout`` + 2 × ``store_call_margin_s`` (default margin:
 20 % of the TTL, at least 0.5 s). ``/healthz`` fails when a loop has made
 no progress for ``loop_stall_s`` (default: the TTL); a stop signal ends the
 process within ``stop_timeout_s`` whatever its threads are doing.

@@ -13,9 +13,19 @@ the bound that always holds lives here, in the node.
 Every node session is a :class:`WatchedConnection`: each blocking driver
 call (psycopg's ``Connection.wait``, through which every query, commit,
 pipeline sync and result fetch passes) registers with the :class:`Watchdog`
-for as long as it runs. A thread of the watchdog checks the calls every
-:data:`CHECK_INTERVAL_S`; a call running past its :class:`CallBounds`
-escalates, in order:
+for as long as it runs, and reports *progress* each time the store's socket
+has bytes to read (:meth:`Watchdog.progress`). A call is judged on how long
+the store has been silent during it: since the call began, or since the
+store last sent something. One statement is bounded this way as before (the
+store sends nothing until it answers), and so is a wait on many chunks of a
+pipeline, each bounded by its own silence: the write pipeline asks the store
+to flush each chunk's results as it commits
+(:meth:`scheduler.store.Pipeline.send`), and PostgreSQL applies
+``statement_timeout`` per statement of a pipeline, so a lane collecting ten
+healthy chunks of 0.6 s is never cancelled, while a lane whose store went
+silent is cancelled after the same bound as a single statement. A thread of
+the watchdog checks the calls every :data:`CHECK_INTERVAL_S`; a call silent
+past its :class:`CallBounds` escalates, in order:
 
 1. ``cancel_after_s`` (statement timeout + margin): a cancel request is sent
    on a new connection (libpq's non-blocking cancel, on a short-lived thread,
@@ -52,8 +62,8 @@ the watchdog logs ``store_commit_wait_cancelled`` with the reason and the
 bound (:meth:`Watchdog.commit_wait_cancelled`).
 
 The watchdog also tells the node's liveness check (``/healthz``) which
-threads are inside a store call since when, and when each thread last
-completed one (:meth:`Watchdog.thread_state`).
+threads are inside a store call silent since when, and when each thread
+last completed one (:meth:`Watchdog.thread_state`).
 """
 
 from __future__ import annotations
@@ -67,12 +77,16 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import psycopg
+from psycopg.waiting import Ready
 
 from scheduler import log
+
+READY_R = int(Ready.R)
+"""The bit psycopg's wait functions send an I/O generator when the socket has bytes to read."""
 
 CHECK_INTERVAL_S = 0.1
 """How often the watchdog's thread looks at the calls in flight."""
@@ -114,7 +128,13 @@ class CallBounds:
 
 @dataclasses.dataclass
 class Call:
-    """One blocking store call in flight (see :meth:`Watchdog.begin`)."""
+    """One blocking store call in flight (see :meth:`Watchdog.begin`).
+
+    ``started`` is when it began, ``heard`` when the store last sent it
+    something (its start until then; moved by :meth:`Watchdog.progress`
+    while no step was taken): its bounds count from ``heard``. Both are the
+    watchdog's clock, in seconds.
+    """
 
     token: int
     conn: Any
@@ -123,8 +143,13 @@ class Call:
     label: str
     started: float
     bounds: CallBounds
+    heard: float = -1.0
     stage: int = 0
     """0 running, 1 cancel sent, 2 socket shut down, 3 reported stuck."""
+
+    def __post_init__(self) -> None:
+        if self.heard < self.started:
+            self.heard = self.started
 
 
 CANCEL_TIMEOUT_S = 5.0
@@ -263,6 +288,17 @@ class Watchdog:
             self._calls[token] = Call(token, conn, fd, threading.get_ident(), label, self.clock(), bounds)
         return token
 
+    def progress(self, token: int) -> None:
+        """The store sent the call ``token`` something: its bounds count from now.
+
+        Ignored once a step was taken for it (a cancel sent: its answer is
+        not progress) and for a call no longer in flight.
+        """
+        with self._lock:
+            call = self._calls.get(token)
+            if call is not None and call.stage == 0:
+                call.heard = self.clock()
+
     def end(self, token: int) -> None:
         """Deregister the call ``token`` (it returned or raised)."""
         with self._lock:
@@ -299,9 +335,13 @@ class Watchdog:
         )
 
     def thread_state(self, thread: int) -> tuple[float | None, float | None]:
-        """``(in_call_since, last_call_done)`` of thread id ``thread`` (this watchdog's clock; None: never)."""
+        """``(silent_since, last_call_done)`` of thread id ``thread`` (this watchdog's clock; None: never).
+
+        ``silent_since``: the oldest ``heard`` of the thread's calls in
+        flight (when the store last sent one of them something, or it began).
+        """
         with self._lock:
-            since = [call.started for call in self._calls.values() if call.thread == thread]
+            since = [call.heard for call in self._calls.values() if call.thread == thread]
             return (min(since) if since else None), self._last_done.get(thread)
 
     def in_flight(self) -> list[Call]:
@@ -312,7 +352,11 @@ class Watchdog:
     # ---------------------------------------------------------------- checks
 
     def check(self) -> None:
-        """One look at the calls in flight: cancel, break or report those past their bounds."""
+        """One look at the calls in flight: cancel, break or report those silent past their bounds.
+
+        The logged ``seconds`` is how long the store has been silent in the
+        call (what the bounds compare), ``call_s`` how long the call has run.
+        """
         now = self.clock()
         stuck: list[Call] = []
         with self._lock:
@@ -321,16 +365,29 @@ class Watchdog:
                 if gap > PAUSE_SLACK_S:  # the process was suspended: not the store's fault
                     for call in self._calls.values():
                         call.started += gap
+                        call.heard += gap
             self._last_check = now
             for call in self._calls.values():
-                age = now - call.started
+                age = now - call.heard
                 if call.stage == 0 and age >= call.bounds.cancel_after_s:
                     call.stage = 1
-                    log.event("store_call_cancelled", logging.WARNING, session=call.label, seconds=round(age, 3))
+                    log.event(
+                        "store_call_cancelled",
+                        logging.WARNING,
+                        session=call.label,
+                        seconds=round(age, 3),
+                        call_s=round(now - call.started, 3),
+                    )
                     self._cancel(call.conn)
                 if call.stage == 1 and age >= call.bounds.break_after_s:
                     call.stage = 2
-                    log.event("store_call_broken", logging.WARNING, session=call.label, seconds=round(age, 3))
+                    log.event(
+                        "store_call_broken",
+                        logging.WARNING,
+                        session=call.label,
+                        seconds=round(age, 3),
+                        call_s=round(now - call.started, 3),
+                    )
                     if call.fd >= 0:
                         try:  # under the lock: the owner cannot have closed the descriptor
                             self._shutdown(call.fd)
@@ -345,7 +402,13 @@ class Watchdog:
                     call.stage = 3
                     stuck.append(dataclasses.replace(call))
         for call in stuck:
-            log.event("store_call_stuck", logging.ERROR, session=call.label, seconds=round(now - call.started, 3))
+            log.event(
+                "store_call_stuck",
+                logging.ERROR,
+                session=call.label,
+                seconds=round(now - call.heard, 3),
+                call_s=round(now - call.started, 3),
+            )
             if self.on_stuck is not None:
                 self.on_stuck(call)
 
@@ -431,7 +494,27 @@ class WatchedConnection(psycopg.Connection):
         watchdog, bounds, label = watch
         token = self._call = watchdog.begin(self, bounds, label)
         try:
-            return super().wait(gen, *args, **kwargs)
+            return super().wait(reporting_reads(gen, lambda: watchdog.progress(token)), *args, **kwargs)
         finally:
             self._call = None
             watchdog.end(token)
+
+
+def reporting_reads(gen: Generator[Any, Any, Any], on_read: Callable[[], None]) -> Generator[Any, Any, Any]:
+    """Drive psycopg's I/O generator ``gen`` unchanged, calling ``on_read()`` each time
+    the socket is ready to read (the store sent something); return what ``gen`` returns.
+
+    psycopg's wait functions send ``gen`` a readiness bit set (``Ready.R`` = 1,
+    ``Ready.W`` = 2, 0 when an interval passed with neither) after each wait
+    on the socket; only reads count (a socket is writable while the peer is
+    frozen, until its buffers fill).
+    """
+    try:
+        state = next(gen)
+        while True:
+            ready = yield state
+            if ready & READY_R:
+                on_read()
+            state = gen.send(ready)
+    except StopIteration as stop:
+        return stop.value

@@ -37,6 +37,7 @@ from fixtures import (  # noqa: E402,F401  (re-exported: pytest finds fixtures h
     pg_dsn,
     pg_dsn_factory,
     pg_server,
+    relay,
 )
 
 

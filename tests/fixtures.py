@@ -30,6 +30,10 @@ Fixtures (request them only where PostgreSQL is needed; pure unit tests under
     are dropped after the test.
 ``empty_pg_dsn`` (function)
     URI of a fresh EMPTY database (no schema), for migration tests.
+``relay`` (function)
+    a :class:`relay.FreezingRelay` (``tests/relay.py``) in front of the
+    cluster (``relay.dsn(pg_dsn)`` is the test's DSN through it): freezing
+    it makes every connection open through it silent; stopped at teardown.
 
 Databases are created and dropped with pytest-postgresql's
 :class:`~pytest_postgresql.janitor.DatabaseJanitor` (``CREATE DATABASE ...
@@ -49,6 +53,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from pytest_postgresql.janitor import DatabaseJanitor
+from relay import FreezingRelay
 
 from scheduler.store import connect
 
@@ -202,3 +207,14 @@ def conn(pg_dsn: str) -> Iterator[psycopg.Connection]:
         yield connection
     finally:
         connection.close()
+
+
+@pytest.fixture
+def relay(pg_dsn: str) -> Iterator[FreezingRelay]:
+    """A :class:`FreezingRelay` in front of the test's store; stopped at teardown."""
+    info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
+    server = FreezingRelay(str(info.get("host", "127.0.0.1")), int(info.get("port", 5432))).start()
+    try:
+        yield server
+    finally:
+        server.stop()

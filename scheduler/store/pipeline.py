@@ -2,21 +2,33 @@
 
 A :class:`Pipeline` holds a tick's write lanes (node sessions in psycopg's
 pipeline mode). :meth:`Pipeline.send` queues one chunk's transaction
-(``BEGIN``; the named statement; ``COMMIT``) on the next lane, round robin,
-without waiting: the store executes it while the caller prepares the next.
+(``BEGIN``; the named statement; ``COMMIT``; a flush request) on the next
+lane, round robin, without waiting: the store executes it while the caller
+prepares the next, and sends its results as soon as it commits (the flush
+request), so a lane's results arrive chunk by chunk rather than all at the
+end: the node's watchdog bounds a wait on a lane by how long the store has
+been silent in it (:mod:`scheduler.watchdog`), not by how many chunks it
+waits for.
 :meth:`Pipeline.collect` then waits for every queued chunk and sorts them
 into the committed ones (with the statement's row, for the caller to count)
 and the others (to re-send with :func:`resend`, or leave due). A chunk counts
 as committed only once its ``COMMIT`` is known to have succeeded: under
 SERIALIZABLE (CockroachDB) a 40001 can come at ``COMMIT``, after the
 statement itself returned its counts.
+
+Leaving a :class:`Pipeline` syncs its lanes one after the other, except
+once a lane is found broken (its store went silent and the watchdog shut
+its socket, or the store dropped it): the lanes not synced yet are closed
+instead, their chunks' outcomes unknown. A silent store is silent on every
+lane; waiting on each in turn would multiply the watchdog's bound by the
+number of lanes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
@@ -52,7 +64,8 @@ class Sent:
 
 class Pipeline:
     """A tick's write lanes in pipeline mode (a context manager: entering it enters
-    every lane's pipeline, leaving it syncs them) and the chunks queued on them.
+    every lane's pipeline, leaving it syncs them, see the module doc) and the
+    chunks queued on them.
 
     ``prepare`` is psycopg's for every statement sent (``False``: never
     prepared server-side).
@@ -62,25 +75,53 @@ class Pipeline:
         self.lanes = lanes
         self.sent: list[Sent] = []
         self._prepare = prepare
-        self._stack = contextlib.ExitStack()
+        self._entered: list[tuple[psycopg.Connection[Any], AbstractContextManager[Any]]] = []
 
     def __enter__(self) -> Pipeline:
-        for lane in self.lanes:
-            self._stack.enter_context(lane.pipeline())
+        try:
+            for lane in self.lanes:
+                context = lane.pipeline()
+                context.__enter__()
+                self._entered.append((lane, context))
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
-        return self._stack.__exit__(kind, exc, tb)
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        """Sync every lane in turn (wait for all its results); once a lane is found
+        broken, close the lanes not synced yet instead of waiting on them.
+
+        Raises the first error of a sync (psycopg.Error; ``OperationalError``
+        if a lane was lost) if the block raised none; the block's own
+        exception propagates unchanged.
+        """
+        first: psycopg.Error | None = None
+        entered, self._entered = self._entered, []
+        lost = any(lane.closed for lane, _ in entered)  # a lane broke: the store went silent or dropped us
+        for lane, context in entered:
+            if lost:
+                lane.close()  # never waited on; its chunks' outcomes stay unknown
+            try:
+                context.__exit__(None, None, None)
+            except psycopg.Error as error:
+                if first is None and not lost:
+                    first = error
+            lost = lost or lane.closed
+        if first is None and lost:
+            first = psycopg.OperationalError("a write lane's connection to the store was lost")
+        if first is not None and exc is None:
+            raise first
 
     def send(self, query: str, params: dict[str, Any], partitions: set[int], batch: Any = None) -> Sent:
-        """Queue one chunk's transaction (BEGIN; ``query``; COMMIT) on the next lane (round robin)."""
+        """Queue one chunk's transaction (BEGIN; ``query``; COMMIT) on the next lane (round
+        robin), then a flush request: the store sends the chunk's results once it commits."""
         write = self.lanes[len(self.sent) % len(self.lanes)]
         write.execute("BEGIN")
         cur = write.cursor()
         cur.execute(QUERIES[query], params, prepare=self._prepare)
         item = Sent(query, params, partitions, batch, cur, write.execute("COMMIT"))
+        write.pgconn.send_flush_request()
         self.sent.append(item)
         return item
 

@@ -8,7 +8,7 @@
     default; a test runs against both with :data:`harness`-side
     ``@both_coordinators`` (``parametrize("cluster", ["sql", "etcd"],
     indirect=True)``).
-``relay``
+``relay`` (suite-wide, ``tests/fixtures.py``)
     a :class:`relay.FreezingRelay` in front of this test's store
     (``relay.dsn(pg_dsn)`` is the DSN through it), stopped at teardown.
 ``etcd_server`` (session)
@@ -35,7 +35,6 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 from harness import Cluster  # noqa: E402
-from relay import FreezingRelay  # noqa: E402
 
 from scheduler.devtools.etcd_server import EtcdUnavailable, ThrowawayEtcd, find_etcd  # noqa: E402
 
@@ -102,14 +101,3 @@ def cluster(request: pytest.FixtureRequest, pg_dsn: str, conn: psycopg.Connectio
         yield group
     finally:
         group.teardown()
-
-
-@pytest.fixture
-def relay(pg_dsn: str) -> Iterator[FreezingRelay]:
-    """A :class:`FreezingRelay` in front of the test's store; stopped at teardown."""
-    info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
-    server = FreezingRelay(str(info.get("host", "127.0.0.1")), int(info.get("port", 5432))).start()
-    try:
-        yield server
-    finally:
-        server.stop()

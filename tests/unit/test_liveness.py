@@ -53,7 +53,10 @@ def test_a_loop_inside_a_store_call_older_than_the_statement_timeout_is_stalled(
     assert node.liveness() == (True, [])
     clock.now += 0.5
     node._loop_beats["firing"] = clock.now
-    assert node.liveness() == (False, ["lease loop: stalled in a store call for 4.5s (statement_timeout 4s)"])
+    assert node.liveness() == (
+        False,
+        ["lease loop: stalled in a store call, nothing from the store for 4.5s (statement_timeout 4s)"],
+    )
     watchdog.end(token)  # the watchdog broke it: the call returned (with an error)
     assert node.liveness() == (True, [])
 

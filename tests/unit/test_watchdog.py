@@ -12,11 +12,19 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Generator
 
 import pytest
 
 from scheduler.settings import Settings
-from scheduler.watchdog import SYNC_REP_CANCELLED, CallBounds, Watchdog, WatchedConnection, shutdown_socket
+from scheduler.watchdog import (
+    SYNC_REP_CANCELLED,
+    CallBounds,
+    Watchdog,
+    WatchedConnection,
+    reporting_reads,
+    shutdown_socket,
+)
 
 
 class FakeConn:
@@ -114,6 +122,49 @@ def test_time_the_process_was_suspended_does_not_count(rig):
     assert actions == []
     clock.advance(0.125, watchdog)
     assert [kind for kind, _, _ in actions] == ["cancel"]
+
+
+def test_a_call_the_store_keeps_answering_is_judged_on_its_silence_not_its_length(rig, monkeypatch):
+    """A wait on a deep pipeline: each chunk's results reset the bound; silence is still bounded."""
+    clock, watchdog, actions = rig
+    events: list[tuple[str, dict]] = []
+    thread = threading.get_ident()
+    token = watchdog.begin(FakeConn(12), BOUNDS, "scheduler-fire:n1")
+    for _ in range(6):  # six chunks committing 4.5 s apart: 27 s in all, never 5 s of silence
+        clock.advance(4.5, watchdog)
+        watchdog.progress(token)
+        assert watchdog.thread_state(thread)[0] == pytest.approx(clock.now)
+    assert actions == []
+    monkeypatch.setattr("scheduler.watchdog.log.event", lambda name, level=0, **fields: events.append((name, fields)))
+    clock.advance(5.0, watchdog)  # then the store goes silent
+    assert actions == [("cancel", 12, pytest.approx(132.0))]
+    assert events == [("store_call_cancelled", {"session": "scheduler-fire:n1", "seconds": 5.0, "call_s": 32.0})]
+    watchdog.progress(token)  # the answer to a cancel is not progress: the break still comes on time
+    clock.advance(2.0, watchdog)
+    assert actions[1:] == [("shutdown", 12, pytest.approx(134.0))]
+    assert events[1:] == [("store_call_broken", {"session": "scheduler-fire:n1", "seconds": 7.0, "call_s": 34.0})]
+    watchdog.end(token)
+    watchdog.progress(token)  # a call no longer in flight: nothing to move
+    assert watchdog.in_flight() == [] and watchdog.thread_state(thread) == (None, pytest.approx(134.0))
+
+
+def test_only_reads_count_as_progress_and_the_generator_is_driven_unchanged():
+    """:func:`reporting_reads` passes psycopg's readiness bits through and returns the result."""
+    seen: list[int] = []
+
+    def io() -> Generator[int, int, str]:
+        for want in (3, 1, 2, 3):  # WAIT_RW, WAIT_R, WAIT_W, WAIT_RW
+            seen.append((yield want))
+        return "results"
+
+    reads: list[int] = []
+    wrapped = reporting_reads(io(), lambda: reads.append(len(seen)))
+    states = [next(wrapped)]
+    with pytest.raises(StopIteration) as done:
+        for ready in (2, 1, 0, 3):  # writable, readable, an interval with neither, both
+            states.append(wrapped.send(ready))
+    assert (states, seen, done.value.value) == ([3, 1, 2, 3], [2, 1, 0, 3], "results")
+    assert reads == [1, 3]  # called before the readable and the both-ready sends reached ``io``
 
 
 def test_bounds_follow_the_statement_timeout_and_the_margin():

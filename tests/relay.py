@@ -1,4 +1,4 @@
-"""A TCP relay on 127.0.0.1 between nodes and the store that can go silent.
+"""A TCP relay on 127.0.0.1 between the store and its clients (nodes, a test's sessions) that can go silent.
 
 :class:`FreezingRelay` listens on a free loopback port and forwards every
 accepted connection to the upstream ``host:port`` (one thread per direction
