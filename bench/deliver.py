@@ -72,6 +72,9 @@ from scheduler.audit import verify
 from scheduler.delivery import lifecycle
 
 MODES = ("pull", "push")
+CPU_SAMPLE_S = 1.0
+"""How often the CPU meter reads every process during the window (a session closed
+inside it keeps its CPU up to the last reading; one ``pg_stat_activity`` read each)."""
 WORKLOADS = ("herd", "steady")
 BIG_TENANT = "big"
 PUSH_ALLOW = "127.0.0.1/32"
@@ -426,7 +429,7 @@ class _Consumers:
             "api": [self.api.proc.pid] if self.api is not None else [],
             "receiver": [self.receiver.proc.pid] if self.receiver is not None else [],
         }
-        return CpuMeter(processes, store_backends(conn))
+        return CpuMeter(processes, store_backends(conn), sample_every_s=CPU_SAMPLE_S)
 
     def stop_receiver(self) -> None:
         self.stop_put_probe()

@@ -61,6 +61,29 @@ def test_the_meter_counts_each_groups_cpu_between_start_and_stop() -> None:
     assert cpu_s(idle.pid) is None  # gone
 
 
+def test_a_process_that_ends_inside_the_window_keeps_its_cpu_up_to_the_last_sample() -> None:
+    """A firing session closed after a failed tick and opened again: its CPU must not vanish."""
+    burn_then_exit = (
+        "import sys, time\nsys.stdin.readline()\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    )
+    short = subprocess.Popen([sys.executable, "-c", burn_then_exit], stdin=subprocess.PIPE)
+    meter = CpuMeter({"short": [short.pid]}, dict, sample_every_s=0.02)
+    try:
+        meter.start()
+        assert short.stdin is not None
+        short.stdin.write(b"go\n")
+        short.stdin.close()
+        short.wait(10)  # reaped: /proc no longer has it when the meter stops
+        assert cpu_s(short.pid) is None
+        cpu = meter.stop()
+    finally:
+        short.kill()
+        short.wait()
+    # Its 0.3 s of burning, less what the last sampling interval missed (wide: a loaded machine
+    # delays the sampler); without sampling it counted nothing.
+    assert 0.15 <= cpu["short"] <= 1.0
+
+
 def test_the_line_gives_each_group_the_total_against_the_cores_and_per_run() -> None:
     line = describe({"workers": 10.0, "store: fire": 8.5, "total": 18.5}, 10.0, 300_000)
     assert line.startswith("CPU over 10.0 s (s): workers 10.00, store: fire 8.50; total 18.50 of ")
