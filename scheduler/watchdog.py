@@ -15,17 +15,23 @@ call (psycopg's ``Connection.wait``, through which every query, commit,
 pipeline sync and result fetch passes) registers with the :class:`Watchdog`
 for as long as it runs, and reports *progress* each time the store's socket
 has bytes to read (:meth:`Watchdog.progress`). A call is judged on how long
-the store has been silent during it: since the call began, or since the
-store last sent something. One statement is bounded this way as before (the
-store sends nothing until it answers), and so is a wait on many chunks of a
-pipeline, each bounded by its own silence: the write pipeline asks the store
-to flush each chunk's results as it commits
-(:meth:`scheduler.store.Pipeline.send`), and PostgreSQL applies
+the store has been silent while it owed an answer: since the call began, or
+since the store last sent something, or, on a connection in pipeline mode
+whose earlier calls left results owed (chunks sent, not yet answered), since
+the store last sent something in those calls (the watchdog keeps that
+instant per connection between calls; a call that finds an answer already
+waiting in the socket or in libpq's buffer starts afresh). One statement is
+bounded this way as before (the store sends nothing until it answers), and
+so is a wait on many chunks of a pipeline, each bounded by its own silence:
+the write pipeline asks the store to flush each chunk's results as it
+commits (:meth:`scheduler.store.Pipeline.send`), and PostgreSQL applies
 ``statement_timeout`` per statement of a pipeline, so a lane collecting ten
 healthy chunks of 0.6 s is never cancelled, while a lane whose store went
-silent is cancelled after the same bound as a single statement. A thread of
-the watchdog checks the calls every :data:`CHECK_INTERVAL_S`; a call silent
-past its :class:`CallBounds` escalates, in order:
+silent is cancelled after the same bound as a single statement, counted
+from the silence, not from when the tick stopped queuing chunks on it and
+began to wait. A thread of the watchdog checks the calls every
+:data:`CHECK_INTERVAL_S`; a call silent past its :class:`CallBounds`
+escalates, in order:
 
 1. ``cancel_after_s`` (statement timeout + margin): a cancel request is sent
    on a new connection (libpq's non-blocking cancel, on a short-lived thread,
@@ -267,6 +273,8 @@ class Watchdog:
         self._cancel = cancel
         self._shutdown = shutdown
         self._calls: dict[int, Call] = {}
+        self._owed: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        """Per connection whose last call left results owed: when the store last sent it something."""
         self._last_done: dict[int, float] = {}
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
@@ -277,15 +285,26 @@ class Watchdog:
 
     # ---------------------------------------------------------------- calls
 
-    def begin(self, conn: Any, bounds: CallBounds, label: str = "") -> int:
-        """Register a blocking call on ``conn`` (a psycopg connection) by the current thread; return its token."""
+    def begin(self, conn: Any, bounds: CallBounds, label: str = "", *, owed: bool = True) -> int:
+        """Register a blocking call on ``conn`` (a psycopg connection) by the current thread; return its token.
+
+        Its silence counts from its start, or, if ``conn``'s last call ended
+        with results owed (:meth:`end`) and ``owed`` is true (the caller
+        found no answer waiting), from when the store last sent ``conn``
+        something.
+        """
         try:
             fd = conn.pgconn.socket
         except (psycopg.Error, AttributeError):
             fd = -1
         with self._lock:
             token = next(self._tokens)
-            self._calls[token] = Call(token, conn, fd, threading.get_ident(), label, self.clock(), bounds)
+            now = self.clock()
+            since = self._owed.get(conn) if owed else None
+            call = Call(token, conn, fd, threading.get_ident(), label, now, bounds)
+            if since is not None:
+                call.heard = min(since, now)
+            self._calls[token] = call
         return token
 
     def progress(self, token: int) -> None:
@@ -299,12 +318,21 @@ class Watchdog:
             if call is not None and call.stage == 0:
                 call.heard = self.clock()
 
-    def end(self, token: int) -> None:
-        """Deregister the call ``token`` (it returned or raised)."""
+    def end(self, token: int, *, owed: bool = False) -> None:
+        """Deregister the call ``token`` (it returned or raised).
+
+        ``owed``: its connection still waits for results it sent for (a
+        pipeline's chunks): the next call on it counts its silence from when
+        the store last sent it something (:meth:`begin`), not from its own start.
+        """
         with self._lock:
             call = self._calls.pop(token, None)
             if call is not None:
                 self._last_done[call.thread] = self.clock()
+                if owed:
+                    self._owed[call.conn] = call.heard
+                else:
+                    self._owed.pop(call.conn, None)
 
     def cancelled(self, token: int | None) -> bool:
         """True if the call ``token`` is in flight and a cancel request was sent for it."""
@@ -366,6 +394,8 @@ class Watchdog:
                     for call in self._calls.values():
                         call.started += gap
                         call.heard += gap
+                    for conn, since in list(self._owed.items()):
+                        self._owed[conn] = since + gap
             self._last_check = now
             for call in self._calls.values():
                 age = now - call.heard
@@ -492,12 +522,28 @@ class WatchedConnection(psycopg.Connection):
         if watch is None:
             return super().wait(gen, *args, **kwargs)
         watchdog, bounds, label = watch
-        token = self._call = watchdog.begin(self, bounds, label)
+        token = self._call = watchdog.begin(self, bounds, label, owed=not self._answer_waiting())
         try:
             return super().wait(reporting_reads(gen, lambda: watchdog.progress(token)), *args, **kwargs)
         finally:
             self._call = None
-            watchdog.end(token)
+            watchdog.end(token, owed=self._results_owed())
+
+    def _results_owed(self) -> bool:
+        """In pipeline mode with results not fetched yet (psycopg's queue of results to fetch)."""
+        pipeline = self._pipeline
+        return pipeline is not None and bool(pipeline.result_queue)
+
+    def _answer_waiting(self) -> bool:
+        """Whether the store's answer is already here: in libpq's buffer (a result is
+        available without reading) or in the socket (readable). The store was not
+        silent, however late this call comes to read it."""
+        try:
+            if not self.pgconn.is_busy():
+                return True
+            return bool(select.select([self.pgconn.socket], [], [], 0)[0])
+        except (psycopg.Error, OSError, ValueError):
+            return True
 
 
 def reporting_reads(gen: Generator[Any, Any, Any], on_read: Callable[[], None]) -> Generator[Any, Any, Any]:

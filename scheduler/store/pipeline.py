@@ -122,6 +122,7 @@ class Pipeline:
         cur.execute(QUERIES[query], params, prepare=self._prepare)
         item = Sent(query, params, partitions, batch, cur, write.execute("COMMIT"))
         write.pgconn.send_flush_request()
+        write.pgconn.flush()  # sent now (what the socket takes), not with the next chunk
         self.sent.append(item)
         return item
 

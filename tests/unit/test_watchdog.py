@@ -148,6 +148,44 @@ def test_a_call_the_store_keeps_answering_is_judged_on_its_silence_not_its_lengt
     assert watchdog.in_flight() == [] and watchdog.thread_state(thread) == (None, pytest.approx(134.0))
 
 
+def test_a_pipelines_silence_counts_across_its_calls_until_the_store_answers(rig):
+    """Chunks queued in one call, waited for in a later one: the wait is judged from when the
+    store last sent the connection something while it owed results, unless an answer is
+    already waiting (``owed=False`` at begin), and a pause of the process does not count."""
+    clock, watchdog, actions = rig
+    conn = FakeConn(21)
+    send = watchdog.begin(conn, BOUNDS)  # t = 100: chunks sent
+    clock.advance(0.5, watchdog)
+    watchdog.progress(send)  # t = 100.5: the store answered the first
+    clock.advance(0.5, watchdog)
+    watchdog.end(send, owed=True)  # t = 101: more results owed
+    clock.advance(1.5, watchdog)  # the tick plans its next pass
+    wait = watchdog.begin(conn, BOUNDS)  # t = 102.5, silent since 100.5
+    assert watchdog.thread_state(threading.get_ident())[0] == pytest.approx(100.5)
+    clock.advance(2.875, watchdog)
+    assert actions == []
+    clock.advance(0.125, watchdog)
+    assert actions == [("cancel", 21, pytest.approx(105.5))]  # 5 s of silence, 3 s of waiting
+    watchdog.end(wait)  # nothing owed any more: the next call counts from its own start
+    other = watchdog.begin(conn, BOUNDS)
+    clock.advance(4.875, watchdog)
+    watchdog.progress(other)  # t = 110.375
+    assert len(actions) == 1
+    watchdog.end(other, owed=True)
+    clock.now += 60.0  # the process suspended between two calls
+    watchdog.check()
+    late = watchdog.begin(conn, BOUNDS)  # silent since 110.375, less the pause: 0.125 s
+    clock.advance(4.75, watchdog)
+    assert len(actions) == 1
+    clock.advance(0.125, watchdog)
+    assert actions[1:] == [("cancel", 21, pytest.approx(175.25))]
+    watchdog.end(late, owed=True)
+    answered = watchdog.begin(conn, BOUNDS, owed=False)  # an answer waiting: counts from now
+    clock.advance(4.875, watchdog)
+    assert len(actions) == 2
+    watchdog.end(answered)
+
+
 def test_only_reads_count_as_progress_and_the_generator_is_driven_unchanged():
     """:func:`reporting_reads` passes psycopg's readiness bits through and returns the result."""
     seen: list[int] = []
