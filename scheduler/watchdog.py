@@ -401,23 +401,11 @@ class Watchdog:
                 age = now - call.heard
                 if call.stage == 0 and age >= call.bounds.cancel_after_s:
                     call.stage = 1
-                    log.event(
-                        "store_call_cancelled",
-                        logging.WARNING,
-                        session=call.label,
-                        seconds=round(age, 3),
-                        call_s=round(now - call.started, 3),
-                    )
+                    _log_step("store_call_cancelled", logging.WARNING, call, now)
                     self._cancel(call.conn)
                 if call.stage == 1 and age >= call.bounds.break_after_s:
                     call.stage = 2
-                    log.event(
-                        "store_call_broken",
-                        logging.WARNING,
-                        session=call.label,
-                        seconds=round(age, 3),
-                        call_s=round(now - call.started, 3),
-                    )
+                    _log_step("store_call_broken", logging.WARNING, call, now)
                     if call.fd >= 0:
                         try:  # under the lock: the owner cannot have closed the descriptor
                             self._shutdown(call.fd)
@@ -432,13 +420,7 @@ class Watchdog:
                     call.stage = 3
                     stuck.append(dataclasses.replace(call))
         for call in stuck:
-            log.event(
-                "store_call_stuck",
-                logging.ERROR,
-                session=call.label,
-                seconds=round(now - call.heard, 3),
-                call_s=round(now - call.started, 3),
-            )
+            _log_step("store_call_stuck", logging.ERROR, call, now)
             if self.on_stuck is not None:
                 self.on_stuck(call)
 
@@ -459,6 +441,18 @@ class Watchdog:
                 target=self.run, args=(threading.Event(),), name="store-watchdog", daemon=True
             )
         self._thread.start()
+
+
+def _log_step(event: str, level: int, call: Call, now: float) -> None:
+    """Log one escalation of ``call``: its session, ``seconds`` of silence (what the
+    bounds compare) and ``call_s``, how long the call has run (at ``now``)."""
+    log.event(
+        event,
+        level,
+        session=call.label,
+        seconds=round(now - call.heard, 3),
+        call_s=round(now - call.started, 3),
+    )
 
 
 _shared: Watchdog | None = None
