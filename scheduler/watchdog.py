@@ -137,9 +137,9 @@ class Call:
     """One blocking store call in flight (see :meth:`Watchdog.begin`).
 
     ``started`` is when it began, ``heard`` when the store last sent it
-    something (its start until then; moved by :meth:`Watchdog.progress`
-    while no step was taken): its bounds count from ``heard``. Both are the
-    watchdog's clock, in seconds.
+    something (set by :meth:`Watchdog.begin`, moved by
+    :meth:`Watchdog.progress` while no step was taken): its bounds count from
+    ``heard``. Both are the watchdog's clock, in seconds.
     """
 
     token: int
@@ -149,13 +149,9 @@ class Call:
     label: str
     started: float
     bounds: CallBounds
-    heard: float = -1.0
+    heard: float
     stage: int = 0
     """0 running, 1 cancel sent, 2 socket shut down, 3 reported stuck."""
-
-    def __post_init__(self) -> None:
-        if self.heard < self.started:
-            self.heard = self.started
 
 
 CANCEL_TIMEOUT_S = 5.0
@@ -300,11 +296,8 @@ class Watchdog:
         with self._lock:
             token = next(self._tokens)
             now = self.clock()
-            since = self._owed.get(conn) if owed else None
-            call = Call(token, conn, fd, threading.get_ident(), label, now, bounds)
-            if since is not None:
-                call.heard = min(since, now)
-            self._calls[token] = call
+            since = self._owed.get(conn, now) if owed else now
+            self._calls[token] = Call(token, conn, fd, threading.get_ident(), label, now, bounds, min(since, now))
         return token
 
     def progress(self, token: int) -> None:
