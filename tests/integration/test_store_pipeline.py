@@ -77,19 +77,23 @@ def watch(monkeypatch: pytest.MonkeyPatch) -> Iterator[Watch]:
         rig.stop()
 
 
-def test_a_lane_whose_chunks_keep_committing_is_not_cancelled_however_long_it_waits(pg_dsn, watch):
+@pytest.mark.parametrize("pad", [0, 4_000_000], ids=["small", "sends-wait"])
+def test_a_lane_whose_chunks_keep_committing_is_not_cancelled_however_long_it_waits(pg_dsn, watch, monkeypatch, pad):
     """Five chunks of 0.4 s on one lane, collected after leaving the pipeline: one wait of
-    ~2 s, past the 1.5 s bound, but the store answers every 0.4 s."""
+    ~2 s, past the 1.5 s bound, but the store answers every 0.4 s. With a 4 MB parameter
+    per chunk, sending a chunk itself waits (the socket's buffers full) until the store has
+    run the chunks before it: those sends hear each chunk commit too."""
+    monkeypatch.setitem(QUERIES, "test_sleep", SLEEP.replace(" as slept", " as slept, length(%(pad)s) * 0 as n"))
     lane = watch.lane(pg_dsn)
     try:
         started = time.monotonic()
         with store.Pipeline([lane]) as pipeline:
             for chunk in range(5):
-                pipeline.send("test_sleep", {"seconds": 0.4}, {chunk})
+                pipeline.send("test_sleep", {"seconds": 0.4, "pad": "x" * pad}, {chunk})
         committed, failed = pipeline.collect()
         elapsed = time.monotonic() - started
         assert failed == []
-        assert [(item.partitions, row) for item, row in committed] == [({c}, {"slept": ""}) for c in range(5)]
+        assert [(item.partitions, row) for item, row in committed] == [({c}, {"slept": "", "n": 0}) for c in range(5)]
         assert watch.actions == []
         assert elapsed >= 2.0 > BOUNDS.cancel_after_s  # the wait was longer than one statement's bound
         assert lane.execute("select 1 as one").fetchone() == {"one": 1}  # the lane is still usable
