@@ -29,7 +29,7 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -76,9 +76,45 @@ _LONG_QUOTED = re.compile("'([^'\n]{" + str(ECHO_MAX_CHARS + 1) + ",})'")
 
 
 def _usage_message(exc: click.UsageError) -> str:
-    """click's message of a usage error, any long quoted input in it cut (:func:`clip`)."""
+    """click's message of a usage error, any long quoted input in it cut (:func:`clip`)
+    (click's own refusal of a choice names the option's environment variable)."""
     hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
     return _LONG_QUOTED.sub(lambda m: clip(m.group(1)), exc.format_message()) + hint
+
+
+def _environment_variable(param: click.Parameter | None, ctx: click.Context | None) -> str | None:
+    """The environment variable ``param``'s value was taken from, or None (a flag, a default)."""
+    if param is None or ctx is None or param.name is None:
+        return None
+    if ctx.get_parameter_source(param.name) is not click.core.ParameterSource.ENVIRONMENT:
+        return None
+    names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
+    if not names and ctx.auto_envvar_prefix:
+        names = [f"{ctx.auto_envvar_prefix}_{param.name.upper()}"]
+    return next((name for name in names if os.environ.get(name)), names[0] if names else None)
+
+
+def _set_by(message: str, origins: Sequence[str | None]) -> str:
+    """``message``, then ``; set by A, B`` naming each distinct origin of the
+    values it refuses (None: a flag or a default, skipped)."""
+    named = list(dict.fromkeys(o for o in origins if o))
+    return f"{message}; set by {', '.join(named)}" if named else message
+
+
+class FieldType(click.ParamType):
+    """Base of the CLI's value types: a refusal (a ValidationError naming the
+    field) of a value taken from an environment variable also names the
+    variable (``port: must be a whole number … (got 'x'); set by
+    SCHEDULER_API_PORT``, a ConfigError, exit status 2)."""
+
+    def __call__(self, value: Any, param: click.Parameter | None = None, ctx: click.Context | None = None) -> Any:
+        try:
+            return super().__call__(value, param, ctx)
+        except ValidationError as exc:
+            variable = _environment_variable(param, ctx)
+            if variable is None:
+                raise
+            raise ConfigError(_set_by(str(exc), [variable])) from None
 
 
 class OneLineErrors(click.Group):
@@ -129,7 +165,7 @@ MAX_LIST_LIMIT = 1_000_000
 (beyond PostgreSQL's bigint, an unbounded one reached the store as an error)."""
 
 
-class WholeNumber(click.ParamType):
+class WholeNumber(FieldType):
     """A click type: a whole number in ASCII digits (:func:`scheduler.spec.parse_whole`).
 
     ``int("٦٠")`` is 60 in Python; this type refuses it, and parses huge
@@ -167,7 +203,7 @@ def limit_option(default: int, what: str) -> Callable[[Any], Any]:
     )
 
 
-class Seconds(click.ParamType):
+class Seconds(FieldType):
     """A click type: a duration field of a job spec in whole seconds, ASCII digits,
     bounded as :data:`scheduler.spec.SECONDS_FIELDS` says (:func:`scheduler.spec.parse_seconds`)."""
 
@@ -182,7 +218,7 @@ class Seconds(click.ParamType):
         return parse_seconds(self.field, value)
 
 
-class Decimal(click.ParamType):
+class Decimal(FieldType):
     """A click type: a number in ASCII decimal notation (:func:`scheduler.spec.parse_decimal`),
     within ``[low, high]`` when given; ``rule`` is the message of a refusal (a
     ValidationError naming ``field``, echoing the value as typed)."""
@@ -1752,7 +1788,8 @@ def _settings_options(func: Callable, only: tuple[str, ...] | None = None) -> Ca
 
 
 def _resolve_settings(ctx: click.Context, values: dict[str, Any]) -> tuple[Settings, dict[str, str]]:
-    """The effective settings and each one's source (flag/env/file/default); not validated."""
+    """The effective settings and each one's source (flag/env/file/default); not
+    validated (:func:`_checked` does, naming where a refused value came from)."""
     flags: dict[str, Any] = dict((ctx.obj or {}).get("root_flags", {}))
     env: dict[str, Any] = {}
     for name, value in values.items():
@@ -1767,7 +1804,44 @@ def _resolve_settings(ctx: click.Context, values: dict[str, Any]) -> tuple[Setti
     file_values = settings_mod.load_file(config_path) if config_path is not None else {}
     settings, sources = settings_mod.resolve(flags, env, file_values)
     _register_dsn(None, None, settings.dsn)
+    ctx.meta["scheduler.settings_origin"] = (sources, config_path)
     return settings, sources
+
+
+def _origin(name: str, source: str, config_path: Path | None) -> str | None:
+    """Where setting ``name``'s value came from, as an error about it says it:
+    its environment variable (``SCHEDULER_LEASE_TTL_S``) or ``lease_ttl_s in
+    <config file>``; None for a flag or the default (the field's own name
+    says it)."""
+    if source == "env":
+        return f"SCHEDULER_{name.upper()}"
+    if source == "file" and config_path is not None:
+        return f"{name} in {config_path}"
+    return None
+
+
+_SETTING_NAME = re.compile(r"\b(" + "|".join(sorted(settings_mod.field_types(), key=len, reverse=True)) + r")\b")
+
+
+def _checked(ctx: click.Context, settings: Settings, *, validate: bool = False) -> Settings:
+    """``settings.check()`` (``validated()`` if ``validate``); its ConfigError's
+    message, which names every setting involved, ends with where each of
+    them that came from the environment or the config file was set: ``lease_ttl_s
+    must be a finite number > 0 (got 0.0); set by SCHEDULER_LEASE_TTL_S``. A
+    systemd unit's or a container's variables are not on the command line
+    the operator reads.
+
+    Raises ConfigError (exit status 2).
+    """
+    try:
+        if validate:
+            return settings.validated()
+        settings.check()
+        return settings
+    except ConfigError as exc:
+        sources, config_path = ctx.meta.get("scheduler.settings_origin", ({}, None))
+        where = [_origin(name, sources.get(name, "default"), config_path) for name in _SETTING_NAME.findall(str(exc))]
+        raise ConfigError(_set_by(str(exc), where)) from None
 
 
 @cli.command("node")
@@ -1783,7 +1857,7 @@ def node_cmd(ctx: click.Context, **values: Any) -> None:
     settings, _ = _resolve_settings(ctx, values)
     if not settings.dsn:
         raise ConfigError(f"dsn: no store configured; pass --dsn or set SCHEDULER_DSN (e.g. {DSN_HINT})")
-    settings = settings.validated()
+    settings = _checked(ctx, settings, validate=True)
     logmod.configure(settings.log_format, settings.log_level)
     Node(settings).run_until_signalled()
 
@@ -1876,7 +1950,7 @@ def api_cmd(
         api_host=host if host is not None else settings.api_host,
         api_port=port if port is not None else API_PORT,
     )
-    settings.check()
+    _checked(ctx, settings)
     logmod.configure(settings.log_format, settings.log_level)
     open_store(settings.dsn).close()  # misconfigured (no DSN, bad password, schema behind): exit 2 now
     try:
@@ -2101,7 +2175,7 @@ def config_show(ctx: click.Context, as_json: bool, **values: Any) -> None:
     from scheduler.store import redact_dsn
 
     settings, sources = _resolve_settings(ctx, values)
-    settings.check()
+    _checked(ctx, settings)
     rows = []
     for field in dataclasses.fields(Settings):
         value = getattr(settings, field.name)

@@ -196,9 +196,36 @@ def test_node_without_dsn_is_one_line():
     assert "dsn" in line and "SCHEDULER_DSN" in line
 
 
-def test_bad_env_value_is_one_line():
+def test_bad_env_value_is_one_line_naming_the_variable():
+    """An operator reading the error did not type the value: a systemd unit or a
+    container set it, so the error names the variable as well as the field."""
     line = one_line_error(run(["config", "show"], {"SCHEDULER_METRICS_PORT": "http"}))
-    assert "metrics-port" in line or "metrics_port" in line
+    assert line == (
+        "error: metrics_port: must be a whole number in ASCII digits (got 'http'); set by SCHEDULER_METRICS_PORT"
+    )
+    line = one_line_error(run(["node", "--dsn", "postgresql://u@127.0.0.1:1/x"], {"SCHEDULER_LEASE_TTL_S": "ten"}))
+    assert line == "error: lease_ttl_s: must be a number in ASCII digits (got 'ten'); set by SCHEDULER_LEASE_TTL_S"
+
+
+def test_a_flag_error_says_no_variable():
+    line = one_line_error(run(["config", "show", "--metrics-port", "http"]))
+    assert line == "error: metrics_port: must be a whole number in ASCII digits (got 'http')"
+    line = one_line_error(run(["config", "show", "--lease-ttl-s", "0"]))
+    assert line == "error: lease_ttl_s must be a finite number > 0 (got 0.0)"
+
+
+@pytest.mark.parametrize("command", [["config", "show"], ["node", "--dsn", "postgresql://u@127.0.0.1:1/x"]])
+def test_env_value_out_of_range_names_the_variable(command):
+    line = one_line_error(run(command, {"SCHEDULER_LEASE_TTL_S": "0"}))
+    assert line == "error: lease_ttl_s must be a finite number > 0 (got 0.0); set by SCHEDULER_LEASE_TTL_S"
+
+
+def test_invalid_combination_says_where_each_value_was_set(tmp_path):
+    path = write(tmp_path, "lease_ttl_s = 3\n")
+    line = one_line_error(
+        run(["config", "show", "--config", str(path), "--safety-margin-s", "1"], {"SCHEDULER_RENEW_INTERVAL_S": "2.8"})
+    )
+    assert line.endswith(f"; set by SCHEDULER_RENEW_INTERVAL_S, lease_ttl_s in {path}"), line
 
 
 def test_settings_check_messages_name_the_settings():
