@@ -198,7 +198,8 @@ class Run:
     decoded (None if it has none); ``origin`` is ``schedule``, ``manual`` or
     ``backfill``. ``abandoned`` is set when the worker gives the attempt up
     (lease lost or run canceled, or the stop deadline passed): a sync handler
-    may poll it to stop early; its result is discarded either way.
+    may poll it to stop early; its result is discarded either way. Runs
+    are hashable (the payload is compared, not hashed).
     """
 
     run_id: str
@@ -209,7 +210,7 @@ class Run:
     nominal_time: datetime
     scheduled_at: datetime
     attempt: int
-    payload: Any
+    payload: Any = field(hash=False)  # a JSON object or list is unhashable; the run key identifies the run
     origin: str
     abandoned: Abandoned = field(default_factory=Abandoned, compare=False, repr=False)
 

@@ -189,3 +189,14 @@ def test_frozen_of_sets_every_field_of_a_claimed_attempt() -> None:
     fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(lifecycle.Claimed)}
     fast = lifecycle.frozen_of(lifecycle.Claimed, dict(fields))
     assert (fast, repr(fast), fast.run_id, fast.nominal_time) == (c, repr(c), c.run_id, c.nominal_time)
+
+
+def test_a_run_with_a_json_object_or_list_payload_is_hashable() -> None:
+    """A handler may keep runs in a set or as dict keys (e.g. to spot a redelivery
+    within the process): a frozen Run is hashable whatever its JSON payload holds,
+    and two attempts of one run with the same payload are equal and hash alike."""
+    c = dataclasses.replace(in_flight().claimed, payload={"report": ["daily", {"rows": 3}]})
+    first, again = worker.run_of(c, "default"), worker.run_of(c, "default")
+    assert {first, again} == {first} and hash(first) == hash(again)
+    listed = worker.run_of(dataclasses.replace(c, payload=[1, 2]), "default")
+    assert len({first, listed}) == 2
