@@ -520,6 +520,11 @@ def deliver(
         from bench.cpu import describe
 
         click.echo(describe(result.cpu_s, result.cpu_window_s, result.runs))
+    if result.machine is not None:
+        from bench.calibrate import Calibration
+        from bench.calibrate import describe as describe_machine
+
+        click.echo(describe_machine(Calibration(**result.machine)))
     if row["put"] is not None:
         click.echo(f"PUT /v1/schedules while the herd fired (ms): {row['put']}")
     if json_path:
@@ -531,6 +536,23 @@ def deliver(
         failed = failed or result.lost
     if failed:
         sys.exit(1)
+
+
+@cli.command()
+@click.option("--dsn", envvar="SCHEDULER_DSN", show_envvar=True, required=True)
+@click.option("--times", default=1, show_default=True, type=AsciiIntRange(1, 100), help="Calibrations, one line each.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line (milliseconds).")
+def calibrate(dsn, times, as_json) -> None:
+    """Time fixed work on this machine and its store (bench/calibrate.py): a pure-Python
+    loop, a store scan, store inserts; the best of 3 each, milliseconds, lower is faster.
+    `bench deliver` takes the same before each run: compare two days' figures only
+    alongside theirs. Leaves nothing in the store."""
+    from bench.calibrate import calibrate as measure
+    from bench.calibrate import describe as describe_machine
+
+    for _ in range(times):
+        machine = measure(dsn)
+        click.echo(json.dumps(dataclasses.asdict(machine)) if as_json else describe_machine(machine))
 
 
 def _name_list(choices):

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import queries
+from bench.calibrate import calibrate
 from bench.consumers import (
     BATCH,
     PUSH_CONCURRENCY,
@@ -130,7 +131,9 @@ class DeliverResult:
     CPU seconds per part (:mod:`bench.cpu`) over ``cpu_window_s``, from the
     herd's instant (steady: the window's start) until every run was
     delivered (firing only: fired), as the bench noticed it (it polls
-    every 0.25 s for delivery, every 2 s for a herd's drain).
+    every 0.25 s for delivery, every 2 s for a herd's drain). ``machine``:
+    the :class:`bench.calibrate.Calibration` taken before the run (fixed
+    work, ms): how fast the machine was, to compare runs of different days.
     """
 
     mode: str
@@ -175,6 +178,7 @@ class DeliverResult:
     put: dict[str, Any] | None = None
     cpu_s: dict[str, float] | None = None
     cpu_window_s: float | None = None
+    machine: dict[str, float] | None = None
 
 
 # ---------------------------------------------------------------- report math
@@ -468,6 +472,7 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     consumers = _Consumers(opts, log_dir)
+    machine = calibrate(dsn)  # before anything loads or runs: the machine at rest
     conn = reset_store(dsn)
     procs = []
     put = None
@@ -596,6 +601,7 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
         node_rss_mb_max=max((r for r in rss if r is not None), default=None),
         cpu_s=cpu,
         cpu_window_s=cpu_window_s,
+        machine=dataclasses.asdict(machine),
         put=put,
         **firing,
         **figures,

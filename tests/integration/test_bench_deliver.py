@@ -69,6 +69,9 @@ def test_pull_steady_every_run_claimed_once_and_acked(pg_dsn: str, tmp_path: Pat
         assert "store: worker" in cpu  # the workers' claim, ack and heartbeat sessions
     assert all(s > 0 for s in cpu.values())
     assert cpu["total"] == pytest.approx(sum(s for g, s in cpu.items() if g != "total"), abs=0.05)
+    machine = result.machine  # the fixed work timed before the run (bench/calibrate.py)
+    assert machine is not None and set(machine) == {"python_ms", "store_scan_ms", "store_insert_ms"}
+    assert all(ms > 0 for ms in machine.values())
 
 
 def test_pull_steady_via_api_every_run_claimed_once_and_acked_over_http(pg_dsn: str, tmp_path: Path) -> None:
