@@ -47,6 +47,18 @@ class FiringLimits:
     stream_rows: int = 1_000
     """Rows per network chunk when streaming the due scan."""
 
+    stream_page_jobs: int = 10_000
+    """Due timers one statement of the per-timer due scan reads at most; the
+    pass reads page after page, each resuming after the last timer read
+    (:meth:`~scheduler.firing.tick.Firer._stream`). A page's statement stays
+    open while its rows are planned and their chunks queued (two chunks of
+    ``chunk_jobs``, whose sends wait while the store is busy): one statement
+    for a whole pass was cancelled by statement_timeout once an overloaded
+    node's ticks held 100,000 timers (steady 12,000 runs/s on a machine too
+    slow for it, docs/performance.md "2026-12-03, evening"), and every tick
+    after it failed the same way. A page costs a statement and one index
+    descent per tenant in it."""
+
     herd_min_jobs: int = 1_000
     """A tenant's timers due at one instant form a *herd* (fired by ``fire_group``,
     see :mod:`scheduler.firing.herds`) when at least this many of them are in one

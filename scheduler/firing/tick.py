@@ -361,35 +361,58 @@ class Firer:
         in the first statements of the tick. Chunks are queued on the tick's
         pipeline (BEGIN; fire_runs; COMMIT per chunk, round robin over its
         lanes): the store executes them while this thread plans the next.
+
+        The due scan is read in pages of at most ``stream_page_jobs`` timers,
+        each a statement of its own that ends when its rows are read (see
+        :attr:`~scheduler.firing.limits.FiringLimits.stream_page_jobs`): a
+        page holds each tenant's quota left, smallest quota first, until the
+        page is full. A tenant that read fewer than its page's quota has no
+        more due timers; one that read it all goes on in the next page after
+        its last timer read, with what is left of its quota.
         """
-        tenants = sorted((t for t, q in quotas.items() if q > 0), key=lambda t: (quotas[t], t))
-        if not tenants:
-            return
-        cursors = [after.get(t, NO_CURSOR) for t in tenants]
-        params = {
-            "tenants": tenants,
-            "quotas": [quotas[t] for t in tenants],
-            "after_due": [c[0] for c in cursors],
-            "after_pid": [c[1] for c in cursors],
-            "after_job": [uuid.UUID(c[2]) for c in cursors],
-            "partition_ids": list(tick.firable),
-            "now": self._clock.store_now_or_none(),
-        }
+        left = {t: q for t, q in quotas.items() if q > 0}
+        order = sorted(left, key=lambda t: (quotas[t], t))
+        cursors = {t: after.get(t, NO_CURSOR) for t in order}
         # The per-row loop works on locals: no attribute lookup per timer.
         fetched, last, granted, used, result = tick.fetched, tick.last, tick.granted, tick.used, tick.result
         plan_row, limits = self._planner.plan_row, self._limits
         chunk_jobs = min(limits.chunk_jobs, limits.first_chunk_jobs << min(len(tick.pipeline.sent), 20))
         batch = Batch()
-        with store.stream(tick.read, "select_due_jobs", params, self._limits.stream_rows) as rows:
-            for row in rows:
-                tenant = row[TENANT]
-                fetched[tenant] += 1
-                last[tenant] = (row[NEXT_DUE], row[PARTITION], row[JOB_ID])
-                plan_row(batch, row, granted, used, result)
-                if len(batch.pids) >= chunk_jobs:
-                    self._send_batch(tick, batch)
-                    batch = Batch()
-                    chunk_jobs = min(limits.chunk_jobs, chunk_jobs * 2)
+        while left:
+            page: dict[str, int] = {}
+            room = limits.stream_page_jobs
+            for tenant in order:
+                if tenant in left and room > 0:
+                    page[tenant] = min(left[tenant], room)
+                    room -= page[tenant]
+            tenants = list(page)
+            before = {t: fetched[t] for t in tenants}
+            params = {
+                "tenants": tenants,
+                "quotas": [page[t] for t in tenants],
+                "after_due": [cursors[t][0] for t in tenants],
+                "after_pid": [cursors[t][1] for t in tenants],
+                "after_job": [uuid.UUID(cursors[t][2]) for t in tenants],
+                "partition_ids": list(tick.firable),
+                "now": self._clock.store_now_or_none(),
+            }
+            with store.stream(tick.read, "select_due_jobs", params, limits.stream_rows) as rows:
+                for row in rows:
+                    tenant = row[TENANT]
+                    fetched[tenant] += 1
+                    last[tenant] = (row[NEXT_DUE], row[PARTITION], row[JOB_ID])
+                    plan_row(batch, row, granted, used, result)
+                    if len(batch.pids) >= chunk_jobs:
+                        self._send_batch(tick, batch)
+                        batch = Batch()
+                        chunk_jobs = min(limits.chunk_jobs, chunk_jobs * 2)
+            for tenant in tenants:
+                read = fetched[tenant] - before[tenant]
+                left[tenant] -= read
+                if read < page[tenant] or left[tenant] <= 0:
+                    del left[tenant]  # no more due timers, or its quota is read
+                else:
+                    cursors[tenant] = last[tenant]
         if batch.pids:
             self._send_batch(tick, batch)
 

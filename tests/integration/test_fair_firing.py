@@ -9,6 +9,7 @@ the budget is spent (driven by a manual clock: no sleeping).
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -209,3 +210,52 @@ def test_loop_paces_ticks_one_interval_apart_when_the_budget_is_spent(pg_dsn, co
     # The manual clock only moves when the loop waits: exactly one interval
     # between the starts of ticks that spent their budget.
     assert [round(b - a, 6) for a, b in zip(starts, starts[1:], strict=False)] == [1.0, 1.0]
+
+
+def _load_many_due(conn, tenant: str, count: int, due_ago_s: int) -> None:
+    """``count`` hourly interval jobs of ``tenant`` (one INSERT), each with one slot ``due_ago_s`` old."""
+    jobs.add_tenant(conn, tenant)
+    conn.execute(
+        "INSERT INTO jobs (partition_id, job_id, tenant, kind, interval_s, anchor_at, next_nominal_at,"
+        " next_due_at, created_at, changed_at)"
+        " SELECT 0, gen_random_uuid(), %(tenant)s, 'interval', 3600, s - interval '1 hour', s, s,"
+        "        n - interval '2 hours', n - interval '2 hours'"
+        " FROM (SELECT date_trunc('second', now()) AS n,"
+        "              date_trunc('second', now()) - %(ago)s * interval '1 second' AS s) AS t,"
+        "      generate_series(1, %(count)s)",
+        {"tenant": tenant, "ago": due_ago_s, "count": count},
+    )
+    conn.execute("UPDATE jobs SET partition_id = mod(abs(hashtext(job_id::text)), 1024) WHERE tenant = %s", [tenant])
+    stamp_schedule_keys(conn)
+
+
+def test_a_per_timer_pass_longer_than_the_statement_timeout_is_read_in_pages(pg_dsn, conn, monkeypatch) -> None:
+    """An overloaded node (steady 12,000 runs/s on a machine too slow for it) had
+    ticks of 100,000 due timers: the due scan, one streaming statement, stayed
+    open while the tick planned and queued its chunks, until statement_timeout
+    cancelled it (``tick_failed``) and the rest of the tick's work was redone
+    by the next, itself cut again. The scan reads pages of at most
+    ``stream_page_jobs`` timers, each its own short statement, resuming after
+    the last timer read: here a 6 s pass under a 2 s statement timeout (each
+    chunk's send held 0.5 s, as a busy store's socket holds it) fires every
+    timer in one tick, each once."""
+    _load_many_due(conn, "big", 40_000, due_ago_s=30)  # ~10 MB of rows: more than the socket buffers hold
+    _load_many_due(conn, "small", 20, due_ago_s=5)
+    small = {r["job_id"] for r in conn.execute("SELECT job_id::text FROM jobs WHERE tenant = 'small'")}
+    real_send = Firer._send_batch
+    chunks = []
+
+    def slow_send(self, tick, batch):
+        chunks.append(set(batch.jids))
+        time.sleep(0.5)
+        return real_send(self, tick, batch)
+
+    monkeypatch.setattr(Firer, "_send_batch", slow_send)
+    limits = FiringLimits(  # no herds: every timer goes through the per-timer due scan
+        first_chunk_jobs=5_000, chunk_jobs=5_000, write_lanes=1, stream_page_jobs=5_000, herd_min_jobs=10**9
+    )
+    result = _tick_once(pg_dsn, limits=limits, statement_timeout_s=2.0, max_rate_per_s=100_000.0)
+    assert _runs_by_tenant(conn) == Counter({"big": 40_000, "small": 20})
+    assert result.fired == 40_020 and not result.budget_exhausted
+    assert [len(chunk) for chunk in chunks] == [5_000] * 8 + [20]
+    assert small <= set().union(*chunks) and len(set().union(*chunks)) == 40_020  # each timer in one chunk
