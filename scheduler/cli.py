@@ -3,8 +3,9 @@
 Every option can also come from an environment variable: the store and node
 settings from ``SCHEDULER_<SETTING>`` (``SCHEDULER_DSN``, ``SCHEDULER_LEASE_TTL_S``,
 shown in ``--help``), every other option from
-``SCHEDULER_<COMMAND>_<SUBCOMMAND>_<OPTION>`` (click's automatic names, e.g.
-``SCHEDULER_JOBS_ADD_TZ``). Errors are
+``SCHEDULER_<COMMAND>_<SUBCOMMAND>_<OPTION>``, the option's flag in upper
+case (e.g. ``SCHEDULER_JOBS_ADD_TZ``, ``SCHEDULER_JOBS_ADD_INTERVAL``:
+:class:`FlagNamedOption`). Errors are
 one line on stderr: ``error: <field>: <rule>``, echoed inputs cut to 80
 characters (:func:`scheduler.errors.clip`).
 
@@ -67,6 +68,33 @@ DSN_HELP = (
 """The help of every ``--dsn``: the single-host form and libpq's multi-host one."""
 
 
+class FlagNamedOption(click.Option):
+    """An option whose automatic environment variable is named after its flag, as
+    the module doc says: ``--interval`` of ``jobs add`` reads
+    ``SCHEDULER_JOBS_ADD_INTERVAL``, ``--json`` reads ``..._JSON`` (click's own
+    name comes from the Python parameter: ``..._INTERVAL_S``, ``..._AS_JSON``).
+    An explicit ``envvar`` (the settings' ``SCHEDULER_LEASE_TTL_S``, ...) is
+    read first, as click does."""
+
+    def auto_envvar(self, ctx: click.Context) -> str | None:
+        """The automatic variable's name in ``ctx`` (None: none is read)."""
+        flag = next((o for o in self.opts if o.startswith("--")), None)
+        if not (self.allow_from_autoenv and ctx.auto_envvar_prefix and flag):
+            return None
+        return f"{ctx.auto_envvar_prefix}_{flag[2:].replace('-', '_').upper()}"
+
+    def resolve_envvar_value(self, ctx: click.Context) -> str | None:
+        value = click.Parameter.resolve_envvar_value(self, ctx)
+        if value is not None:
+            return value
+        name = self.auto_envvar(ctx)
+        return (os.environ.get(name) or None) if name else None
+
+
+option = functools.partial(click.option, cls=FlagNamedOption)
+"""``click.option`` for every option of the CLI (:class:`FlagNamedOption`)."""
+
+
 def _fail(message: str, status: int) -> None:
     click.echo(logmod.redact(f"error: {message}"), err=True)
     sys.exit(status)
@@ -89,9 +117,9 @@ def _environment_variable(param: click.Parameter | None, ctx: click.Context | No
     if ctx.get_parameter_source(param.name) is not click.core.ParameterSource.ENVIRONMENT:
         return None
     names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
-    if not names and ctx.auto_envvar_prefix:
-        names = [f"{ctx.auto_envvar_prefix}_{param.name.upper()}"]
-    return next((name for name in names if os.environ.get(name)), names[0] if names else None)
+    if isinstance(param, FlagNamedOption):
+        names.append(param.auto_envvar(ctx) or "")
+    return next((name for name in names if name and os.environ.get(name)), None)
 
 
 def _set_by(message: str, origins: Sequence[str | None]) -> str:
@@ -194,7 +222,7 @@ class WholeNumber(FieldType):
 def limit_option(default: int, what: str) -> Callable[[Any], Any]:
     """The ``--limit`` option of a listing command: a whole number from 1 to
     :data:`MAX_LIST_LIMIT`, ``default`` shown; ``what`` starts its help."""
-    return click.option(
+    return option(
         "--limit",
         default=default,
         show_default=True,
@@ -303,7 +331,7 @@ def _register_dsn(ctx: click.Context | None, param: click.Parameter | None, valu
 
 
 def dsn_option(func: Callable) -> Callable:
-    return click.option(
+    return option(
         "--dsn",
         envvar="SCHEDULER_DSN",
         show_envvar=True,
@@ -314,7 +342,7 @@ def dsn_option(func: Callable) -> Callable:
 
 
 def json_option(func: Callable) -> Callable:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(func)
+    return option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(func)
 
 
 def _need_dsn(dsn: str) -> None:
@@ -380,7 +408,7 @@ def _table(rows: list[dict], columns: list[str]) -> None:
 @click.version_option(
     __version__, prog_name="scheduler", message=f"%(prog)s, version %(version)s (tzdata {tzdata.IANA_VERSION})"
 )
-@click.option(
+@option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",
@@ -389,7 +417,7 @@ def _table(rows: list[dict], columns: list[str]) -> None:
     show_default=True,
     help="Log record format (stderr).",
 )
-@click.option(
+@option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",
@@ -428,7 +456,7 @@ def db() -> None:
 @db.command("upgrade")
 @dsn_option
 @click.argument("revision", required=False)
-@click.option("--revision", "revision_option", default=None, help="Same as REVISION.")
+@option("--revision", "revision_option", default=None, help="Same as REVISION.")
 def db_upgrade(dsn: str, revision: str | None, revision_option: str | None) -> None:
     """Migrate the store's schema up to REVISION (default: head). Safe to re-run.
 
@@ -449,7 +477,7 @@ def db_upgrade(dsn: str, revision: str | None, revision_option: str | None) -> N
 @db.command("downgrade")
 @dsn_option
 @click.argument("revision")
-@click.option("--yes", is_flag=True, help="Confirm a downgrade of a store that holds live jobs.")
+@option("--yes", is_flag=True, help="Confirm a downgrade of a store that holds live jobs.")
 def db_downgrade(dsn: str, revision: str, yes: bool) -> None:
     """Migrate the schema down to REVISION: an id, -N (N revisions down) or 'base' (drops every table: data is lost).
 
@@ -507,8 +535,8 @@ def tenants() -> None:
 @tenants.command("add")
 @dsn_option
 @click.argument("tenant")
-@click.option("--weight", type=WEIGHT, default=1, show_default=True, help="Fair-share weight (1-1000).")
-@click.option("--max-rate", type=MAX_RATE, default=None, help="Fleet-wide cap in runs/s (default: none).")
+@option("--weight", type=WEIGHT, default=1, show_default=True, help="Fair-share weight (1-1000).")
+@option("--max-rate", type=MAX_RATE, default=None, help="Fleet-wide cap in runs/s (default: none).")
 def tenants_add(dsn: str, tenant: str, weight: int, max_rate: float | None) -> None:
     """Create TENANT (no-op if it exists)."""
     from scheduler import jobs
@@ -524,17 +552,17 @@ def tenants_add(dsn: str, tenant: str, weight: int, max_rate: float | None) -> N
 @tenants.command("set")
 @dsn_option
 @click.argument("tenant")
-@click.option("--weight", type=WEIGHT, default=None, help="Fair-share weight (1-1000).")
-@click.option("--max-rate", type=MAX_RATE, default=None, help="Fleet-wide cap in runs/s.")
-@click.option("--no-max-rate", is_flag=True, help="Remove the rate cap.")
-@click.option(
+@option("--weight", type=WEIGHT, default=None, help="Fair-share weight (1-1000).")
+@option("--max-rate", type=MAX_RATE, default=None, help="Fleet-wide cap in runs/s.")
+@option("--no-max-rate", is_flag=True, help="Remove the rate cap.")
+@option(
     "--max-schedules",
     type=MAX_SCHEDULES,
     default=None,
     help="Quota: live schedules the API's PUT and apply may leave TENANT with "
     "(default when unset: 10000; the CLI's own jobs add/import are not limited).",
 )
-@click.option("--no-max-schedules", is_flag=True, help="Back to the default schedule quota.")
+@option("--no-max-schedules", is_flag=True, help="Back to the default schedule quota.")
 def tenants_set(
     dsn: str,
     tenant: str,
@@ -590,7 +618,7 @@ def tenants_secret() -> None:
 @tenants_secret.command("rotate")
 @dsn_option
 @click.argument("tenant")
-@click.option(
+@option(
     "--grace",
     default="24h",
     show_default=True,
@@ -648,19 +676,19 @@ def keys() -> None:
 
 @keys.command("create")
 @dsn_option
-@click.option(
+@option(
     "--tenant",
     default=None,
     help="The key's tenant, which must exist (`scheduler tenants add T` creates it, as `jobs add` does); "
     "omit it for --role admin.",
 )
-@click.option(
+@option(
     "--role",
     required=True,
     type=click.Choice(["admin", "tenant", "worker"]),
     help="admin: tenants, keys, status, verify; tenant: its schedules and runs; worker: claim/ack its runs.",
 )
-@click.option("--name", default=None, help="A label to recognize the key by in `keys list`.")
+@option("--name", default=None, help="A label to recognize the key by in `keys list`.")
 def keys_create(dsn: str, tenant: str | None, role: str, name: str | None) -> None:
     """Create a key and print its token ONCE on stdout, alone on its line (it cannot be read back).
 
@@ -682,7 +710,7 @@ def keys_create(dsn: str, tenant: str | None, role: str, name: str | None) -> No
 
 @keys.command("list")
 @dsn_option
-@click.option("--tenant", default=None, help="Only this tenant's keys.")
+@option("--tenant", default=None, help="Only this tenant's keys.")
 @json_option
 def keys_list(dsn: str, tenant: str | None, as_json: bool) -> None:
     """List keys (id, tenant, role, name, times); never a secret or its hash."""
@@ -723,9 +751,9 @@ def jobs() -> None:
 
 def _schedule_options(func: Callable) -> Callable:
     options = [
-        click.option("--cron", default=None, help="Cron expression (see --dialect)."),
-        click.option("--tz", default=None, help="IANA time zone of the cron expression [default: UTC]."),
-        click.option(
+        option("--cron", default=None, help="Cron expression (see --dialect)."),
+        option("--tz", default=None, help="IANA time zone of the cron expression [default: UTC]."),
+        option(
             "--dialect",
             type=click.Choice(["unix", "seconds"]),
             default=None,
@@ -734,13 +762,13 @@ def _schedule_options(func: Callable) -> Callable:
             "A day field ? means *.",
         ),
     ]
-    for option in reversed(options):
-        func = option(func)
+    for decorate in reversed(options):
+        func = decorate(func)
     return func
 
 
 def push_allow_option(func: Callable) -> Callable:
-    return click.option(
+    return option(
         "--push-allow",
         envvar="SCHEDULER_PUSH_ALLOW",
         show_envvar=True,
@@ -781,26 +809,26 @@ def _delivery_options(func: Callable) -> Callable:
     from scheduler.delivery import targets as t
 
     options = [
-        click.option(
+        option(
             "--queue",
             default=None,
             help="Target: a queue of the tenant, which workers claim from (1-100 letters, digits, . _ -)  "
             f"[default: {t.DEFAULT_QUEUE}].",
         ),
-        click.option(
+        option(
             "--url",
             metavar="URL",
             default=None,
             help="Target: an http(s) endpoint the engine pushes each run to (instead of a queue). Its host "
             "must resolve to public addresses (see --push-allow); no user:password in it.",
         ),
-        click.option(
+        option(
             "--method",
             metavar=f"[{'|'.join(t.METHODS)}]",
             default=None,
             help=f"HTTP method of a --url target, in any case  [default: {t.DEFAULT_METHOD}].",
         ),
-        click.option(
+        option(
             "--header",
             "headers",
             metavar="'NAME: VALUE'",
@@ -809,54 +837,54 @@ def _delivery_options(func: Callable) -> Callable:
             "Host, Content-*, Transfer-Encoding, Connection, Idempotency-Key and Scheduler-* are the "
             "engine's. Values are never printed (jobs show lists names only).",
         ),
-        click.option(
+        option(
             "--timeout-s",
             metavar="SECONDS",
             default=None,
             help=f"Per-attempt timeout of a --url target in seconds, 0 < t <= {t.MAX_TIMEOUT_S:g}  "
             f"[default: {t.DEFAULT_TIMEOUT_S:g}].",
         ),
-        click.option(
+        option(
             "--payload",
             metavar="JSON",
             default=None,
             help="JSON delivered with every attempt (a worker's run.payload, a push's body); at most "
             f"{t.MAX_PAYLOAD_BYTES:,} bytes as compact UTF-8 JSON.",
         ),
-        click.option(
+        option(
             "--payload-file",
             metavar="PATH",
             default=None,
             help="Read the --payload JSON from this file ('-': stdin).",
         ),
-        click.option(
+        option(
             "--max-attempts",
             metavar="N",
             default=None,
             help=f"Attempts of a run before it is dead, 1-{t.MAX_ATTEMPTS}  [default: {t.DEFAULT_MAX_ATTEMPTS}].",
         ),
-        click.option(
+        option(
             "--backoff-base-s",
             metavar="SECONDS",
             default=None,
             help="Retry backoff: attempt n waits up to base * 2^(n-1) seconds (full jitter), "
             f"0 < base <= cap  [default: {t.DEFAULT_BACKOFF_BASE_S:g}].",
         ),
-        click.option(
+        option(
             "--backoff-cap-s",
             metavar="SECONDS",
             default=None,
             help=f"Longest retry backoff in seconds, at most {t.MAX_BACKOFF_S:g}  "
             f"[default: {t.DEFAULT_BACKOFF_CAP_S:g}].",
         ),
-        click.option(
+        option(
             "--max-age-s",
             metavar="DURATION",
             default=None,
             help="No retry starts later than this after the first attempt: seconds or 90m, 12h, 7d, 1d12h; "
             "at most 30d  [default: unset].",
         ),
-        click.option(
+        option(
             "--overlap",
             type=click.Choice(t.OVERLAP_POLICIES),
             default=None,
@@ -865,12 +893,12 @@ def _delivery_options(func: Callable) -> Callable:
             f"[default: {t.DEFAULT_OVERLAP}].",
         ),
     ]
-    for option in reversed(options):
-        func = option(func)
+    for decorate in reversed(options):
+        func = decorate(func)
     return func
 
 
-owning_tenant_option = click.option(
+owning_tenant_option = option(
     "--tenant",
     required=True,
     envvar="SCHEDULER_TENANT",
@@ -884,28 +912,28 @@ owning_tenant_option = click.option(
 @dsn_option
 @owning_tenant_option
 @_schedule_options
-@click.option(
+@option(
     "--interval",
     "interval_s",
     type=Seconds("interval"),
     default=None,
     help="Fixed interval in whole seconds (elapsed time).",
 )
-@click.option(
+@option(
     "--at",
     "at",
     default=None,
     callback=instant("at"),
     help="One-shot instant, ISO-8601 with offset (2030-01-01T09:00:00Z).",
 )
-@click.option(
+@option(
     "--name",
     default=None,
     help="Unique per tenant; makes the call idempotent. A named job is an API schedule "
     "(an API apply with prune that does not list it deletes it).",
 )
-@click.option("--replace", is_flag=True, help="With --name: change an existing job whose spec differs.")
-@click.option(
+@option("--replace", is_flag=True, help="With --name: change an existing job whose spec differs.")
+@option(
     "--misfire",
     type=click.Choice(MISFIRE_POLICIES),
     default=DEFAULT_MISFIRE,
@@ -913,19 +941,19 @@ owning_tenant_option = click.option(
     help="Catch-up policy for overdue slots (all: every slot within --catchup-window-s; "
     "once: one run for all; skip: drop slots later than --misfire-grace-s).",
 )
-@click.option(
+@option(
     "--catchup-window-s",
     type=Seconds("catchup_window"),
     default=None,
     help=f"Window of the 'all' policy (only): slots older are skipped  [default: {CATCHUP_WINDOW_S}].",
 )
-@click.option(
+@option(
     "--misfire-grace-s",
     type=Seconds("misfire_grace"),
     default=None,
     help=f"Grace of the 'once' and 'skip' policies (not 'all')  [default: {MISFIRE_GRACE_S}].",
 )
-@click.option(
+@option(
     "--jitter",
     "jitter_s",
     type=Seconds("jitter"),
@@ -1023,8 +1051,8 @@ def jobs_add(
 @dsn_option
 @click.argument("csv_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @owning_tenant_option
-@click.option("--misfire", type=click.Choice(MISFIRE_POLICIES), default=DEFAULT_MISFIRE, show_default=True)
-@click.option(
+@option("--misfire", type=click.Choice(MISFIRE_POLICIES), default=DEFAULT_MISFIRE, show_default=True)
+@option(
     "--name-column",
     default=None,
     help="Take each job's name from this CSV column [default: a name derived from the line].",
@@ -1078,7 +1106,7 @@ def jobs_import(
 
 @jobs.command("list")
 @dsn_option
-@click.option("--tenant", default=None)
+@option("--tenant", default=None)
 @limit_option(1000, "At most this many jobs")
 @json_option
 def jobs_list(dsn: str, tenant: str | None, limit: int, as_json: bool) -> None:
@@ -1249,7 +1277,7 @@ def jobs_pause(dsn: str, job_id: str) -> None:
 @jobs.command("resume")
 @dsn_option
 @click.argument("job_id")
-@click.option(
+@option(
     "--catch-up",
     type=click.Choice(["none", "backfill"]),
     default="none",
@@ -1257,7 +1285,7 @@ def jobs_pause(dsn: str, job_id: str) -> None:
     help="The slots that passed while paused: none (they never run) or backfill (a run each, "
     "origin backfill, as jobs backfill makes them).",
 )
-@click.option(
+@option(
     "--max-runs",
     default=1000,
     show_default=True,
@@ -1277,14 +1305,14 @@ def jobs_resume(dsn: str, job_id: str, catch_up: str, max_runs: int) -> None:
 @jobs.command("delete")
 @dsn_option
 @click.argument("job_id", required=False)
-@click.option("--tenant", default=None, help="With --all or --name-prefix: whose jobs.")
-@click.option("--all", "all_jobs", is_flag=True, help="Delete every live job of --tenant.")
-@click.option(
+@option("--tenant", default=None, help="With --all or --name-prefix: whose jobs.")
+@option("--all", "all_jobs", is_flag=True, help="Delete every live job of --tenant.")
+@option(
     "--name-prefix",
     default=None,
     help="Delete the live jobs of --tenant whose name starts with this (taken literally).",
 )
-@click.option("--yes", is_flag=True, help="Confirm a bulk delete without being asked.")
+@option("--yes", is_flag=True, help="Confirm a bulk delete without being asked.")
 def jobs_delete(
     dsn: str, job_id: str | None, tenant: str | None, all_jobs: bool, name_prefix: str | None, yes: bool
 ) -> None:
@@ -1332,10 +1360,8 @@ def jobs_delete(
 
 @jobs.command("replan-slots")
 @dsn_option
-@click.option("--dry-run", is_flag=True, help="Count the slots that would move; change nothing.")
-@click.option(
-    "--force", is_flag=True, help="Check every cron job even if the store already records this tzdata release."
-)
+@option("--dry-run", is_flag=True, help="Count the slots that would move; change nothing.")
+@option("--force", is_flag=True, help="Check every cron job even if the store already records this tzdata release.")
 @json_option
 def jobs_replan_slots(dsn: str, dry_run: bool, force: bool, as_json: bool) -> None:
     """Replan stored cron slots computed under another tzdata release.
@@ -1368,17 +1394,15 @@ def jobs_replan_slots(dsn: str, dry_run: bool, force: bool, as_json: bool) -> No
 @jobs.command("trigger")
 @dsn_option
 @click.argument("job_id")
-@click.option(
-    "--request-id", default=None, help="Deduplicates: the same id again makes no second run (default: a new UUID)."
-)
-@click.option(
+@option("--request-id", default=None, help="Deduplicates: the same id again makes no second run (default: a new UUID).")
+@option(
     "--force",
     is_flag=True,
     help="Deliver the run at once even if the job's overlap policy would skip it (forbid) or hold it "
     "(buffer_one); replace still cancels the job's unfinished runs. The request id still deduplicates: "
     "a repeated --request-id makes no second run, forced or not.",
 )
-@click.option(
+@option(
     "--wait-s",
     default=10.0,
     show_default=True,
@@ -1424,15 +1448,15 @@ def jobs_trigger(dsn: str, job_id: str, request_id: str | None, force: bool, wai
 @jobs.command("backfill")
 @dsn_option
 @click.argument("job_id")
-@click.option("--since", required=True, callback=instant("since"), help="ISO-8601 instant with offset (inclusive).")
-@click.option(
+@option("--since", required=True, callback=instant("since"), help="ISO-8601 instant with offset (inclusive).")
+@option(
     "--until",
     required=True,
     callback=instant("until"),
     help="ISO-8601 instant with offset (exclusive), not in the future.",
 )
-@click.option("--dry-run", is_flag=True, help="List the runs it would create; write nothing.")
-@click.option(
+@option("--dry-run", is_flag=True, help="List the runs it would create; write nothing.")
+@option(
     "--max-runs",
     default=1000,
     show_default=True,
@@ -1474,14 +1498,14 @@ def _utc_now() -> datetime:
 
 @jobs.command("next")
 @_schedule_options
-@click.option(
+@option(
     "--after",
     default=None,
     callback=instant("after"),
     help="ISO-8601 instant with offset; fires strictly after it are listed "
     "(default: now, this machine's clock, as GET /v1/explain).",
 )
-@click.option("--count", default=5, show_default=True, type=WholeNumber("count", 1, 10_000))
+@option("--count", default=5, show_default=True, type=WholeNumber("count", 1, 10_000))
 def jobs_next(cron: str | None, tz: str | None, dialect: str | None, after: datetime | None, count: int) -> None:
     """Print the next COUNT fire instants of a cron expression (UTC, one per line).
 
@@ -1521,21 +1545,21 @@ def runs() -> None:
 
 @runs.command("list")
 @dsn_option
-@click.option("--job", "job_id", default=None, help="Only this job's runs (an unknown job exits 2).")
-@click.option("--since", default=None, callback=instant("since"), help="Nominal time at or after (ISO-8601).")
-@click.option(
+@option("--job", "job_id", default=None, help="Only this job's runs (an unknown job exits 2).")
+@option("--since", default=None, callback=instant("since"), help="Nominal time at or after (ISO-8601).")
+@option(
     "--until",
     default=None,
     callback=instant("until"),
     help="Nominal time before (ISO-8601, exclusive; later than --since).",
 )
-@click.option(
+@option(
     "--state",
     type=click.Choice(RUN_STATES),
     default=None,
     help="Only runs in this delivery state (runs fired before delivery existed have none).",
 )
-@click.option("--tenant", default=None, help="Only this tenant's runs (an unknown tenant exits 2).")
+@option("--tenant", default=None, help="Only this tenant's runs (an unknown tenant exits 2).")
 @limit_option(100, "At most this many runs, newest nominal time first")
 @json_option
 def runs_list(
@@ -1579,8 +1603,8 @@ def runs_list(
 @runs.command("redrive")
 @dsn_option
 @click.argument("run_id", required=False)
-@click.option("--job", "job_id", default=None, help="Redrive this job's runs in --state (instead of RUN_ID).")
-@click.option(
+@option("--job", "job_id", default=None, help="Redrive this job's runs in --state (instead of RUN_ID).")
+@option(
     "--state",
     type=click.Choice(["dead", "canceled"]),
     default=None,
@@ -1650,7 +1674,7 @@ def runs_cancel(dsn: str, run_id: str) -> None:
 
 @runs.command("prune")
 @dsn_option
-@click.option(
+@option(
     "--older-than",
     "older_than",
     required=True,
@@ -1658,7 +1682,7 @@ def runs_cancel(dsn: str, run_id: str) -> None:
     "older (never a pending, leased or failed one), skip ranges that ended before, and jobs deleted "
     "before now minus this.",
 )
-@click.option(
+@option(
     "--batch-rows",
     default=settings_mod.RETENTION_BATCH_ROWS,
     show_default=True,
@@ -1765,7 +1789,7 @@ def _settings_options(func: Callable, only: tuple[str, ...] | None = None) -> Ca
         )
         default = defaults[name]
         shown = default not in ("", None)
-        func = click.option(
+        func = option(
             f"--{name.replace('_', '-')}",
             name,
             type=param_type,
@@ -1775,7 +1799,7 @@ def _settings_options(func: Callable, only: tuple[str, ...] | None = None) -> Ca
             help=SETTING_HELP.get(name, "") + (f"  [default: {default}]" if shown else ""),
             callback=_register_dsn if name == "dsn" else None,
         )(func)
-    return click.option(
+    return option(
         "--config",
         "config_path",
         type=click.Path(dir_okay=False, path_type=Path),
@@ -1869,7 +1893,7 @@ API_PORT = 8080
 
 
 @cli.command("api")
-@click.option(
+@option(
     "--host",
     envvar="SCHEDULER_API_HOST",
     show_envvar=True,
@@ -1877,7 +1901,7 @@ API_PORT = 8080
     help="Interface to listen on  [default: 127.0.0.1, loopback]. Bind 0.0.0.0 only behind a TLS proxy "
     "or with --ssl-certfile.",
 )
-@click.option(
+@option(
     "--port",
     envvar="SCHEDULER_API_PORT",
     show_envvar=True,
@@ -1885,19 +1909,19 @@ API_PORT = 8080
     type=WholeNumber("port", 0, 65535),
     help=f"TCP port (0: any free port)  [default: {API_PORT}].",
 )
-@click.option(
+@option(
     "--ssl-certfile",
     type=click.Path(dir_okay=False, exists=True),
     default=None,
     help="Serve HTTPS with this PEM certificate (uvicorn's TLS; with --ssl-keyfile).",
 )
-@click.option(
+@option(
     "--ssl-keyfile",
     type=click.Path(dir_okay=False, exists=True),
     default=None,
     help="The certificate's PEM private key.",
 )
-@click.option(
+@option(
     "--access-log",
     is_flag=True,
     help="Log every request as event api_request (method, path without the query, status, duration_ms, client; "
@@ -1974,7 +1998,7 @@ def api_cmd(
 
 @cli.command("worker")
 @dsn_option
-@click.option(
+@option(
     "--tenant",
     "tenants",
     multiple=True,
@@ -1984,7 +2008,7 @@ def api_cmd(
     "claimed in turn from those the store reports runs for (the variable: names separated by spaces). "
     "Not with --api-url: the key's tenant.",
 )
-@click.option(
+@option(
     "--api-url",
     default=None,
     envvar="SCHEDULER_API_URL",
@@ -1993,39 +2017,39 @@ def api_cmd(
     "credentials; SCHEDULER_DSN and SCHEDULER_TENANT are then ignored); the key (a worker or tenant key) is read "
     "from the environment variable SCHEDULER_API_KEY, never from the command line.",
 )
-@click.option("--queue", default="default", show_default=True, help="Queue (of each tenant) to serve.")
-@click.option(
+@option("--queue", default="default", show_default=True, help="Queue (of each tenant) to serve.")
+@option(
     "--handler",
     "handler_path",
     required=True,
     help="package.module:function called with each run (sync or async def); the current directory is importable.",
 )
-@click.option(
+@option(
     "--concurrency", default=10, show_default=True, type=WholeNumber("concurrency", 1, 10_000), help="Handlers at once."
 )
-@click.option(
+@option(
     "--lease-s",
     default=30.0,
     show_default=True,
     type=Decimal("lease_s", "must be a number of seconds from 1 to 3600 in ASCII digits", 1, 3600),
     help="Lease of each attempt; heartbeats extend it every third of it.",
 )
-@click.option(
+@option(
     "--batch",
     default=None,
     type=WholeNumber("batch", 1, 1000),
     help="Most runs per claim and per ack/nack statement  [default: concurrency, at least 100, at most 1000].",
 )
-@click.option(
+@option(
     "--stop-timeout-s",
     default=25.0,
     show_default=True,
     type=Decimal("stop_timeout_s", "must be a number of seconds from 0 to 86400 in ASCII digits", 0, 86_400),
     help="After SIGTERM/SIGINT, in-flight handlers get this long; runs still running then are nacked.",
 )
-@click.option("--worker-id", default=None, help="Written to runs.worker  [default: hostname:pid].")
-@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Interface of /metrics.")
-@click.option(
+@option("--worker-id", default=None, help="Written to runs.worker  [default: hostname:pid].")
+@option("--metrics-host", default="127.0.0.1", show_default=True, help="Interface of /metrics.")
+@option(
     "--metrics-port",
     default=None,
     type=WholeNumber("metrics_port", 0, 65535),
@@ -2202,7 +2226,7 @@ def config_show(ctx: click.Context, as_json: bool, **values: Any) -> None:
 
 def _fleet_timing(name: str, help_text: str) -> Callable:
     """``--<name>``: one of the fleet's lease timings (seconds), defaulting to the node's setting."""
-    return click.option(
+    return option(
         f"--{name.replace('_', '-')}",
         type=FleetSeconds(name),
         default=getattr(Settings, name),
@@ -2215,21 +2239,21 @@ def _fleet_timing(name: str, help_text: str) -> Callable:
 
 @cli.command("verify")
 @dsn_option
-@click.option("--since", required=True, callback=instant("since"), help="Window start (inclusive), ISO-8601.")
-@click.option("--until", required=True, callback=instant("until"), help="Window end (exclusive), ISO-8601.")
-@click.option(
+@option("--since", required=True, callback=instant("since"), help="Window start (inclusive), ISO-8601.")
+@option("--until", required=True, callback=instant("until"), help="Window end (exclusive), ISO-8601.")
+@option(
     "--exhaustive",
     is_flag=True,
     help="Also recompute every expected slot with the independent brute-force oracle (slow).",
 )
-@click.option(
+@option(
     "--list-limit",
     type=click.IntRange(0, 10_000),
     default=100,
     show_default=True,
     help="Findings of each kind --json lists (the text lists the first 10 of each; the counts are always totals).",
 )
-@click.option(
+@option(
     "--delivery",
     is_flag=True,
     help="Also audit delivery: every run succeeded, dead, canceled or still being delivered; none lost.",
@@ -2388,7 +2412,7 @@ def etcd() -> None:
 
 @etcd.command("raise-revision")
 @dsn_option
-@click.option(
+@option(
     "--etcd-endpoints",
     envvar="SCHEDULER_ETCD_ENDPOINTS",
     show_envvar=True,
@@ -2428,10 +2452,10 @@ def etcd_raise_revision(dsn: str, etcd_endpoints: str, as_json: bool) -> None:
 
 
 @cli.command("demo")
-@click.option(
+@option(
     "--seconds", default=30, show_default=True, type=WholeNumber("seconds", 5, 3600), help="How long the node runs."
 )
-@click.option(
+@option(
     "--dsn",
     envvar="SCHEDULER_DEMO_DSN",
     show_envvar=True,
