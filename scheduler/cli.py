@@ -145,8 +145,52 @@ class FieldType(click.ParamType):
             raise ConfigError(_set_by(str(exc), [variable])) from None
 
 
+_LEADING_FIELD = re.compile(r"([a-z][a-z0-9_]*): ")
+
+
+def _where_set(ctx: click.Context, field: str) -> str | None:
+    """Where the value of ``field`` (a refusal's field: ``tz``, ``dsn``, ...) came from in
+    ``ctx``'s command, if not from its flag or default: a node setting's variable or
+    config file (:func:`_origin`), else the variable of the option named ``--<field>``
+    or whose parameter is ``field``. None if no option has that name."""
+    sources, config_path = ctx.meta.get("scheduler.settings_origin", ({}, None))
+    if field in sources:
+        return _origin(field, sources[field], config_path)
+    flag = "--" + field.replace("_", "-")
+    for param in ctx.command.params:
+        if isinstance(param, click.Option) and (param.name == field or flag in param.opts):
+            return _environment_variable(param, ctx)
+    return None
+
+
+class SourcedCommand(click.Command):
+    """A command whose refusal of a value taken from an environment variable (or a node
+    setting's config file) names it: ``tz: unknown time zone 'Mars/X'; set by
+    SCHEDULER_JOBS_ADD_TZ`` (the command's body checks the value, after click parsed
+    it: :class:`FieldType` covers values refused while parsing). Raises the refusal
+    as a ConfigError when it names a variable (exit status 2 either way)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (ValidationError, ConfigError) as exc:
+            message = str(exc)
+            if isinstance(exc, ValidationError):
+                field: str | None = exc.field
+            else:
+                leading = _LEADING_FIELD.match(message)
+                field = leading.group(1) if leading and "; set by " not in message else None
+            where = _where_set(ctx, field) if field else None
+            if where is None:
+                raise
+            raise ConfigError(_set_by(message, [where])) from None
+
+
 class OneLineErrors(click.Group):
-    """A group whose commands report errors as one line instead of usage text."""
+    """A group whose commands report errors as one line instead of usage text
+    (its commands are :class:`SourcedCommand`, its groups OneLineErrors)."""
+
+    command_class = SourcedCommand
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

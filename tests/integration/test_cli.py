@@ -872,3 +872,23 @@ def test_every_option_reads_the_variable_named_after_its_flag(pg_dsn: str) -> No
     result = CliRunner().invoke(cli, ["jobs", "add", "--tenant", "envt", "--name", "other"], env=env)
     assert result.exit_code == 2
     assert result.stderr.strip().endswith("; set by SCHEDULER_JOBS_ADD_INTERVAL"), result.stderr
+
+
+def test_a_value_the_command_refuses_names_the_variable_it_came_from(pg_dsn: str) -> None:
+    """A value checked by the command itself (a time zone, a tenant name, the DSN),
+    taken from the environment, is refused naming the variable; given as a flag, not;
+    nothing is written either way."""
+    env = {key: None for key in os.environ if key.startswith("SCHEDULER_")} | {"SCHEDULER_DSN": pg_dsn}
+    add = ["jobs", "add", "--tenant", "envt", "--cron", "* * * * *"]
+    result = CliRunner().invoke(cli, add, env=env | {"SCHEDULER_JOBS_ADD_TZ": "Mars/X"})
+    line = one_line_error(result, 2, "error: tz: not an IANA time zone name")
+    assert line.endswith("(got 'Mars/X'); set by SCHEDULER_JOBS_ADD_TZ"), line
+    line = one_line_error(CliRunner().invoke(cli, [*add, "--tz", "Mars/X"], env=env), 2, "error: tz: ")
+    assert line.endswith("(got 'Mars/X')"), line
+    result = CliRunner().invoke(cli, add[:2] + add[4:], env=env | {"SCHEDULER_TENANT": "bad tenant"})
+    assert one_line_error(result, 2, "error: tenant: ").endswith("; set by SCHEDULER_TENANT")
+    bad_dsn = {"SCHEDULER_DSN": "postgresql://u:p@ss@127.0.0.1/db"}
+    line = one_line_error(CliRunner().invoke(cli, ["jobs", "list"], env=env | bad_dsn), 2, "error: dsn: ")
+    assert line.endswith("; set by SCHEDULER_DSN") and "p@ss" not in line, line
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
