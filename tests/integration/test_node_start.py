@@ -165,8 +165,8 @@ def test_the_node_command_exits_2_with_one_line_naming_the_fix(empty_pg_dsn, cas
         assert line.startswith("error: store: ") and 'role "nobody_here" does not exist' in line
     elif case == "garbage":
         assert line.startswith("error: dsn: must be a URI")
-    else:
-        assert line == f"error: {DSN_RULE}"
+    else:  # the DSN came from SCHEDULER_DSN (_node_cli): the error says so
+        assert line == f"error: {DSN_RULE}; set by SCHEDULER_DSN"
     assert "SuperSecret42" not in stdout + stderr
     assert not [json.loads(x) for x in stderr.splitlines() if x.startswith("{") and '"node_started"' in x]
 
