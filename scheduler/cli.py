@@ -117,9 +117,9 @@ def _environment_variable(param: click.Parameter | None, ctx: click.Context | No
     if ctx.get_parameter_source(param.name) is not click.core.ParameterSource.ENVIRONMENT:
         return None
     names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
-    if isinstance(param, FlagNamedOption):
-        names.append(param.auto_envvar(ctx) or "")
-    return next((name for name in names if name and os.environ.get(name)), None)
+    if isinstance(param, FlagNamedOption) and (auto := param.auto_envvar(ctx)):
+        names.append(auto)
+    return next((name for name in names if os.environ.get(name)), None)
 
 
 def _set_by(message: str, origins: Sequence[str | None]) -> str:
