@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 
@@ -34,6 +35,32 @@ class TickResult:
     budget_exhausted: bool = False
     replanned: int = 0  # jobs moved to their true slot (scheduler/tzreplan.py)
     requests: int = 0  # run-now requests carried out (scheduler/delivery/manual.py)
+
+
+@dataclasses.dataclass
+class TickFailure:
+    """What a tick was doing, for the ``tick_failed`` log event if a store error ends it.
+
+    ``step``: the statement the tick was in (``tenant_weights``,
+    ``find_herds`` (the herd lookup's reads), ``select_due_jobs`` (a page of
+    the due scan), ``fire_runs`` or ``fire_group`` (a chunk), ``replan_slots``,
+    ``fire_run_requests``); ``None`` before the first. Once the tick's chunks
+    were collected: ``chunks_committed`` and ``chunks_failed`` (statement or
+    COMMIT failed, or never ran: the chunks queued after a failed one on its
+    lane are skipped), and a failed chunk names the step (the error surfaces
+    wherever the tick next touches the pipeline, e.g. while reading the due
+    scan). ``None`` if the tick failed before they were collected.
+    """
+
+    step: str | None = None
+    chunks_committed: int | None = None
+    chunks_failed: int | None = None
+
+    def collected(self, sent: int, failed: list[Any]) -> None:
+        """The tick's ``sent`` chunks were collected, ``failed`` (store.Sent) did not commit."""
+        self.chunks_committed, self.chunks_failed = sent - len(failed), len(failed)
+        if failed:
+            self.step = failed[0].query
 
 
 @dataclasses.dataclass(eq=False)

@@ -88,7 +88,7 @@ from scheduler.firing.limits import (
 )
 from scheduler.firing.lookahead import LookAhead
 from scheduler.firing.outcomes import Outcomes, RateCaps
-from scheduler.firing.state import LAST_UUID, NO_CURSOR, Tick, TickResult
+from scheduler.firing.state import LAST_UUID, NO_CURSOR, Tick, TickFailure, TickResult
 from scheduler.metrics import Metrics
 from scheduler.partition import PARTITION_COUNT
 from scheduler.settings import Settings
@@ -129,6 +129,7 @@ class Firer:
         self._check_marks = False  # sessions were closed since the last rewind check (a reconnect is coming)
         self._sessions: dict[str, store.StoreSession] = {}
         self._wake = threading.Event()
+        self._failure = TickFailure()  # what the current tick is doing, for tick_failed
 
     # ------------------------------------------------------------------ store
 
@@ -197,6 +198,7 @@ class Firer:
         number, firable = self._table.begin_tick()
         try:
             if firable:
+                self._failure = failure = TickFailure()
                 try:
                     self._tick(firable, result)
                 except (psycopg.Error, SchedulerError, OSError) as exc:
@@ -206,6 +208,10 @@ class Firer:
                         logging.WARNING,
                         node=self._s.node_id,
                         error=(str(exc).splitlines() or [type(exc).__name__])[0],
+                        step=failure.step,
+                        runs_committed=result.fired,
+                        chunks_committed=failure.chunks_committed,
+                        chunks_failed=failure.chunks_failed,
                     )
                     self.close()  # reopened next tick; a failed session is never reused
                 except Exception as exc:  # a bug must not stop the firing loop: log it loudly
@@ -243,6 +249,7 @@ class Firer:
             if idle is not None:
                 idle.close()
         budget = self._s.tick_budget
+        self._failure.step = "tenant_weights"
         tenants = {row["tenant"]: row for row in store.execute(read, "tenant_weights")}
         self._tenants = sorted(tenants)
         weights = {tenant: row["weight"] for tenant, row in tenants.items()}
@@ -281,12 +288,15 @@ class Firer:
                     # The surplus's herds (index probes and a small sample)
                     # are looked up meanwhile, shortening the bubble.
                     after = dict(tick.last)
+                    self._failure.step = "find_herds"
                     herds = self._herds.find(tick, extra, after)
                     tick.pipeline.wait()
                     self._pass(tick, extra, after, herds)
                 passes_done = True
         except psycopg.Error as exc:
+            sent = len(tick.pipeline.sent)
             failed = self._outcomes.collect(tick.pipeline, result)
+            self._failure.collected(sent, failed)
             # An error inside the pipeline leaves the session in an aborted
             # transaction (and psycopg's statement cache unsure): never reuse it.
             self.close()
@@ -299,16 +309,20 @@ class Firer:
             # conflict; fire_group finds nothing left at the herd's instant.
             write = self._connection("write0")
             for item in failed:
+                self._failure.step = item.query
                 row = store.resend(write, item, prepare=FIRE_RUNS_PREPARE, on_retry=self._metrics.retry)
                 self._outcomes.account(item, row, result)
         else:
-            self._outcomes.collect(tick.pipeline, result)
+            sent = len(tick.pipeline.sent)
+            self._failure.collected(sent, self._outcomes.collect(tick.pipeline, result))
         if self._planner.replan:
+            self._failure.step = "replan_slots"
             result.replanned = self._planner.replan_slots(self._connection("write0"))
             self._metrics.slots_replanned.inc(result.replanned)
         # Run-now requests, after the chunks: serialized with this node's firing
         # statements, so a manual and a scheduled run of a forbid job never both
         # find "no unfinished run" (scheduler/delivery/owner.py).
+        self._failure.step = "fire_run_requests"
         done = owner.fire_requests(
             self._connection("write0"), self._s.node_id, tick.firable, self._clock.store_now_or_none(), tick.epochs
         )
@@ -339,6 +353,7 @@ class Firer:
         ``first_pass_herd_quota`` (the first pass).
         """
         if herds is None:
+            self._failure.step = "find_herds"
             herds = self._herds.find(tick, quotas, after, self._limits.first_pass_herd_quota)
         rest = {t: q for t, q in quotas.items() if t not in herds}
         self._stream(tick, rest, after)
@@ -396,6 +411,7 @@ class Firer:
                 "partition_ids": list(tick.firable),
                 "now": self._clock.store_now_or_none(),
             }
+            self._failure.step = "select_due_jobs"
             with store.stream(tick.read, "select_due_jobs", params, limits.stream_rows) as rows:
                 for row in rows:
                     tenant = row[TENANT]

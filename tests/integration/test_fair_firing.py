@@ -15,7 +15,7 @@ from collections import Counter
 from datetime import timedelta
 
 import psycopg
-from helpers import OneNode, stamp_schedule_keys
+from helpers import OneNode, json_log_records, stamp_schedule_keys
 
 from scheduler import jobs, store
 from scheduler.clock import ManualClock
@@ -259,3 +259,77 @@ def test_a_per_timer_pass_longer_than_the_statement_timeout_is_read_in_pages(pg_
     assert result.fired == 40_020 and not result.budget_exhausted
     assert [len(chunk) for chunk in chunks] == [5_000] * 8 + [20]
     assert small <= set().union(*chunks) and len(set().union(*chunks)) == 40_020  # each timer in one chunk
+
+
+def _failed_tick_record(records: list[dict]) -> dict:
+    failed = [r for r in records if r["event"] == "tick_failed"]
+    assert len(failed) == 1, records
+    return failed[0]
+
+
+def test_a_tick_failed_in_its_due_scan_says_so_and_what_it_had_committed(pg_dsn, conn, monkeypatch) -> None:
+    """``tick_failed`` names the step (statement) that failed and what the
+    tick had committed before it: here the due scan's second page waits for
+    a lock on ``jobs`` another session asks for once the first page's chunk
+    has committed (granted once the first page's scan has ended), until the
+    statement timeout cancels it."""
+    _load_many_due(conn, "big", 10_000, due_ago_s=30)
+    real_send = Firer._send_batch
+    released = threading.Event()
+    lockers: list[threading.Thread] = []
+
+    def hold_jobs() -> None:
+        with psycopg.connect(pg_dsn) as other:
+            other.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")  # once the first page's scan ends
+            released.wait(10)
+
+    def send_then_lock(self, tick, batch):
+        sent = real_send(self, tick, batch)
+        if not lockers:
+            tick.pipeline.wait()  # the first chunk committed
+            lockers.append(threading.Thread(target=hold_jobs))
+            lockers[0].start()
+            while not conn.execute(  # held, or queued behind the page's scan: the next page waits
+                "SELECT 1 FROM pg_locks WHERE relation = 'jobs'::regclass AND mode = 'AccessExclusiveLock'"
+            ).fetchone():
+                time.sleep(0.01)
+        return sent
+
+    monkeypatch.setattr(Firer, "_send_batch", send_then_lock)
+    limits = FiringLimits(
+        first_chunk_jobs=5_000, chunk_jobs=5_000, write_lanes=1, stream_page_jobs=5_000, herd_min_jobs=10**9
+    )
+    try:
+        with json_log_records() as records:
+            result = _tick_once(pg_dsn, limits=limits, statement_timeout_s=1.0, max_rate_per_s=100_000.0)
+    finally:
+        released.set()
+        for locker in lockers:
+            locker.join()
+    record = _failed_tick_record(records)
+    assert sum(_runs_by_tenant(conn).values()) == 5_000 == result.fired
+    assert record["step"] == "select_due_jobs"
+    assert (record["runs_committed"], record["chunks_committed"], record["chunks_failed"]) == (5_000, 1, 0)
+    assert "statement timeout" in record["error"]
+
+
+def test_a_tick_failed_in_a_chunk_names_it_and_counts_the_chunks(pg_dsn, conn) -> None:
+    """A chunk cancelled by the statement timeout (it waits for a job row
+    another transaction holds): ``tick_failed`` says ``fire_runs`` failed,
+    how many chunks had committed (the three before it, 15 runs) and how many
+    did not (that one)."""
+    _load_due(conn, "t", 20, due_ago_s=5)
+    last = conn.execute(
+        "SELECT job_id FROM jobs WHERE tenant = 't' ORDER BY next_due_at DESC, partition_id DESC, job_id DESC LIMIT 1"
+    ).fetchone()["job_id"]
+    limits = FiringLimits(first_chunk_jobs=5, chunk_jobs=5, write_lanes=1, herd_min_jobs=10**9)
+    with psycopg.connect(pg_dsn, autocommit=False) as holder:
+        holder.execute("SELECT 1 FROM jobs WHERE job_id = %s FOR UPDATE", [last])
+        with json_log_records() as records:
+            result = _tick_once(pg_dsn, limits=limits, statement_timeout_s=1.0, max_rate_per_s=100_000.0)
+        holder.rollback()
+    record = _failed_tick_record(records)
+    assert sum(_runs_by_tenant(conn).values()) == 15 == result.fired
+    assert record["step"] == "fire_runs"
+    assert (record["runs_committed"], record["chunks_committed"], record["chunks_failed"]) == (15, 3, 1)
+    assert "statement timeout" in record["error"]
