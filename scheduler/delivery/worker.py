@@ -730,7 +730,7 @@ class Worker:
             "worker_started",
             worker=self.worker_id,
             tenants=log.cut(",".join(named), LOGGED_TENANTS_CHARS) or "(the API key's)",
-            tenant_count=len(named),
+            tenant_count=len(self.tenants),  # over the API: the key's tenant (None), one
             queue=self.queue,
             concurrency=self.concurrency,
             lease_s=self.lease_s,

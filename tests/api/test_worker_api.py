@@ -7,6 +7,7 @@ as tests/integration/test_worker.py checks for the store transport.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -138,6 +139,19 @@ def test_a_worker_over_http_runs_the_handler_and_acks(api, db, start) -> None:
     assert m.value("scheduler_worker_attempts_total", {"outcome": "succeeded"}) == 1
     assert m.value("scheduler_worker_dispatch_lag_seconds_count") == 1
     assert w.worker.stopped_cleanly is True
+
+
+def test_an_http_workers_start_names_the_api_keys_tenant_as_one(api, db, start, caplog) -> None:
+    """``worker_started`` of a worker over the API: the tenant is the key's (one), not none
+    (it logged tenant_count=0, from a trial)."""
+    caplog.set_level(logging.INFO, logger="scheduler")
+    token = api.key("acme", "worker")
+    key = due(db, "nightly", None)
+    w = start(lambda run: None, token)
+    wait_for("succeeded", lambda: state_of(db, key), lambda s: s == ("succeeded", 1))
+    w.stop()
+    (started,) = [r.fields for r in caplog.records if getattr(r, "event", "") == "worker_started"]
+    assert (started["tenants"], started["tenant_count"]) == ("(the API key's)", 1)
 
 
 def test_a_raising_handler_over_http_nacks_with_its_error(api, db, start) -> None:
