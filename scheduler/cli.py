@@ -1118,8 +1118,10 @@ def jobs_import(
     reported (line, expression, reason) and every valid line is imported.
     Imported jobs are named schedules of the tenant for the HTTP API: a
     `POST /v1/schedules:apply` with prune deletes every one it does not list.
-    Exit status 0 even with rejected lines (count them in the summary line or
-    --json); 2 only when the file itself is unusable (unreadable, no expr column).
+    Exit status 0 when any line was imported (or found unchanged), even with
+    rejected lines (count them in the summary line or --json); 2 when every
+    line was rejected (the report is printed as usual) or the file itself is
+    unusable (unreadable, no expr column).
 
     Optional delivery columns, named as the `jobs add` options (an empty
     cell is the default): queue, url, method, headers ('Name: value' lines
@@ -1142,10 +1144,12 @@ def jobs_import(
                 "rejected": [{"line": n, "expr": e, "reason": r} for n, e, r in report.rejected],
             }
         )
-        return
-    for line, expr, reason in report.rejected:
-        click.echo(f"{csv_file}:{line}: {clip(expr)}: {reason}", err=True)
-    click.echo(f"{len(report.created)} created, {len(report.unchanged)} unchanged, {len(report.rejected)} rejected")
+    else:
+        for line, expr, reason in report.rejected:
+            click.echo(f"{csv_file}:{line}: {clip(expr)}: {reason}", err=True)
+        click.echo(f"{len(report.created)} created, {len(report.unchanged)} unchanged, {len(report.rejected)} rejected")
+    if report.rejected and not report.created and not report.unchanged:
+        sys.exit(EXIT_INVALID)  # every line rejected: nothing was imported
 
 
 @jobs.command("list")

@@ -122,7 +122,7 @@ def test_import_with_a_different_policy_reports_the_conflict_and_changes_nothing
     assert run(["jobs", "import", str(path), "--tenant", "acme"], pg_dsn).exit_code == 0
     job = conn.execute("SELECT job_id, misfire FROM jobs").fetchone()
     again = run(["jobs", "import", str(path), "--tenant", "acme", "--misfire", "once"], pg_dsn)
-    assert again.exit_code == 0
+    assert again.exit_code == 2  # every line rejected: nothing imported
     assert again.stdout == "0 created, 0 unchanged, 1 rejected\n"
     name = derived_name("acme", "0 2 * * *", "unix", "UTC", 1)
     assert again.stderr == (
@@ -130,6 +130,26 @@ def test_import_with_a_different_policy_reports_the_conflict_and_changes_nothing
         f"with a different spec (id {job['job_id']})\n"
     )
     assert conn.execute("SELECT job_id, misfire FROM jobs").fetchall() == [job]
+
+
+def test_an_import_whose_every_line_is_rejected_exits_2(pg_dsn, conn, tmp_path) -> None:
+    """Nothing imported and some line rejected is a wrong request (exit 2, README's table), with
+    the report as usual (text or --json); an import with one line taken exits 0."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("expr,dialect,timezone\n*/60 * * * *,unix5,\n0 2 * * *,unix5,Mars/X\n", encoding="utf-8")
+    text = run(["jobs", "import", str(bad), "--tenant", "acme"], pg_dsn)
+    assert (text.exit_code, text.stdout) == (2, "0 created, 0 unchanged, 2 rejected\n")
+    assert [line.split(": ")[0] for line in text.stderr.splitlines()] == [f"{bad}:2", f"{bad}:3"]
+    as_json = run(["jobs", "import", str(bad), "--tenant", "acme", "--json"], pg_dsn)
+    assert as_json.exit_code == 2
+    assert [r["line"] for r in json.loads(as_json.stdout)["rejected"]] == [2, 3]
+    assert count(conn, "jobs") == 0 and count(conn, "tenants", "tenant = 'acme'") == 0  # nothing written
+    mixed = tmp_path / "mixed.csv"
+    mixed.write_text("expr,dialect,timezone\n*/60 * * * *,unix5,\n0 2 * * *,unix5,\n", encoding="utf-8")
+    assert run(["jobs", "import", str(mixed), "--tenant", "acme"], pg_dsn).exit_code == 0
+    empty = tmp_path / "empty.csv"
+    empty.write_text("expr,dialect,timezone\n", encoding="utf-8")
+    assert run(["jobs", "import", str(empty), "--tenant", "acme"], pg_dsn).exit_code == 0
 
 
 def test_import_name_column(pg_dsn, conn, tmp_path) -> None:
