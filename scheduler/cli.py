@@ -2244,10 +2244,11 @@ def config_show(ctx: click.Context, as_json: bool, **values: Any) -> None:
     node`; the store password is masked. Exits 2 with a one-line error if
     the combination is invalid (as `scheduler node` would).
     """
-    from scheduler.store import redact_dsn
+    from scheduler.store import check_dsn, redact_dsn
 
     settings, sources = _resolve_settings(ctx, values)
     _checked(ctx, settings)
+    check_dsn(settings.dsn)  # as a node's first connection would (never echoes the password)
     rows = []
     for field in dataclasses.fields(Settings):
         value = getattr(settings, field.name)

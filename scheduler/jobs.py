@@ -71,7 +71,7 @@ import psycopg
 from scheduler import store
 from scheduler.delivery.ssrf import AddressPolicy
 from scheduler.delivery.targets import DeliverySpec, check_targets
-from scheduler.errors import ConflictError, NotFoundError, ValidationError, clip
+from scheduler.errors import CLI_WORDS, ConflictError, NotFoundError, ValidationError, clip
 from scheduler.identity import SPEC_COLUMNS, identity_of
 from scheduler.partition import partition_of
 from scheduler.planner import DEFAULT_MISFIRE, count_slots, scheduled_time
@@ -445,12 +445,15 @@ def corpus_specs(
                     name=name,
                     delivery=delivery_from_cells(cells),
                 )
-            except ValidationError as exc:
-                yield start, expr, str(exc)
+            except ValidationError as exc:  # named by its CSV column where that differs (timezone, not tz)
+                yield start, expr, exc.render(CLI_WORDS, CORPUS_COLUMNS.get(exc.field))
                 continue
             name_lines.setdefault(name, start)
             yield start, expr, spec
 
+
+CORPUS_COLUMNS = {"tz": "timezone"}
+"""A job field whose CSV column has another name: a rejected line's reason names the column."""
 
 _UNDECODABLE = re.compile("[\udc80-\udcff]")
 """Bytes that did not decode as UTF-8 (``surrogateescape``)."""

@@ -596,7 +596,8 @@ def test_import_reports_and_imports_a_small_file(conn, tmp_path) -> None:
             "cron: 6 fields given, but the unix dialect takes 5 (minute hour day-of-month "
             "month day-of-week); for a seconds-first expression use dialect 'seconds'",
         ),
-        (6, "0 9 * * *", "tz: EST is a fixed-offset legacy zone; use America/New_York (with DST) or Etc/GMT+5"),
+        # the CSV's column (timezone), not jobs add's --tz (a trial read "tz" as a column it lacked)
+        (6, "0 9 * * *", "timezone: EST is a fixed-offset legacy zone; use America/New_York (with DST) or Etc/GMT+5"),
     ]
     got = {(r["cron_expr"], r["cron_dialect"], r["tz"]) for r in jobs.list_jobs(conn, "mine")}
     assert got == {("0 2 * * *", "unix", "America/New_York"), ("*/10 * * * * *", "seconds", "UTC")}

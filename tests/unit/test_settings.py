@@ -133,6 +133,31 @@ def test_config_show_masks_the_password(tmp_path, where):
         assert "postgresql://scheduler:***@db.example:5432/scheduler" in output.stdout
 
 
+@pytest.mark.parametrize(
+    ("dsn", "rule"),
+    [
+        ("postgresql://u:p@ss@h/db", "dsn: a URI may hold '@' only once"),
+        ("mysql://x/y", "dsn: must be a URI (postgresql://user:password@host:5432/dbname) or libpq keywords"),
+    ],
+)
+@pytest.mark.parametrize("where", ["flag", "env", "file"])
+def test_config_show_refuses_a_dsn_the_node_refuses(tmp_path, dsn, rule, where):
+    """``config show`` exits 2 on a DSN ``scheduler node`` refuses, with the same rule and where
+    the DSN was set (it showed an unescaped '@' masked as a valid DSN and exited 0; a trial),
+    and never echoes the password."""
+    args, env = (["--dsn", dsn], {}) if where == "flag" else ([], {"SCHEDULER_DSN": dsn})
+    if where == "file":
+        args, env = ["--config", str(write(tmp_path, f'dsn = "{dsn}"\n'))], {}
+    for as_json in ([], ["--json"]):
+        result = run(["config", "show", *as_json, *args], env)
+        assert result.exit_code == 2, (result.stdout, result.stderr)
+        (line,) = result.stderr.splitlines()
+        assert line.startswith(f"error: {rule}") and result.stdout == ""
+        set_by = {"flag": None, "env": "SCHEDULER_DSN", "file": f"dsn in {tmp_path / 'scheduler.toml'}"}[where]
+        assert line.endswith(f"; set by {set_by}") if set_by else "; set by" not in line
+        assert "p@ss" not in line
+
+
 # ---------------------------------------------------------------- invalid input
 
 
