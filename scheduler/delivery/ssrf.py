@@ -146,12 +146,20 @@ class AddressPolicy:
 def split_url(url: str, field: str = "url") -> tuple[str, str, int]:
     """``(scheme, host, port)`` of a push target URL; raises ValidationError naming ``field``.
 
-    Rules: a string of at most :data:`MAX_URL_LEN` characters, scheme
+    Rules: a string of at most :data:`MAX_URL_LEN` characters without
+    spaces or unprintable characters (percent-encoded instead), scheme
     ``http`` or ``https``, a host, no user info (credentials belong in
-    headers, which are never logged), a valid port.
+    headers, which are never logged), a valid port. Each broken rule is
+    named by its own message.
     """
-    if not isinstance(url, str) or not url or len(url) > MAX_URL_LEN or not url.isprintable() or " " in url:
-        raise ValidationError(field, f"must be an http(s) URL of at most {MAX_URL_LEN} characters", url)
+    if not isinstance(url, str) or not url:
+        raise ValidationError(field, "must be an http(s) URL", url)
+    if len(url) > MAX_URL_LEN:
+        raise ValidationError(field, f"must be at most {MAX_URL_LEN} characters", url)
+    if not url.isprintable() or " " in url:
+        raise ValidationError(
+            field, "must not contain spaces or unprintable characters (percent-encode them: a space is %20)", url
+        )
     try:
         parts = urlsplit(url)
         port = parts.port

@@ -370,10 +370,28 @@ def test_arguments_that_were_not_utf8_are_refused_in_one_line() -> None:
     assert (
         refused(queue="caf\udce9") == "queue: must be 1-100 characters of letters, digits and . _ - (got 'caf\\udce9')"
     )
-    assert refused(url="https://caf\udce9.example/") == (
-        "url: must be an http(s) URL of at most 2048 characters (got 'https://caf\\udce9.example/')"
+    assert (
+        refused(url="https://caf\udce9.example/") == f"url: {URL_CHARACTERS_RULE} (got 'https://caf\\udce9.example/')"
     )
     assert refused(url=URL, headers=["X-A: caf\udce9"]) == f"header: value of X-A {VALUE_RULE}"
+
+
+URL_CHARACTERS_RULE = "must not contain spaces or unprintable characters (percent-encode them: a space is %20)"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("https://93.184.216.34/a b", f"url: {URL_CHARACTERS_RULE} (got 'https://93.184.216.34/a b')"),
+        ("https://93.184.216.34/a\tb", f"url: {URL_CHARACTERS_RULE} (got 'https://93.184.216.34/a\\tb')"),
+        ("https://exa mple.com/", f"url: {URL_CHARACTERS_RULE} (got 'https://exa mple.com/')"),
+        ("https://a.example/" + "x" * 2100, "url: must be at most 2048 characters (got 'https://a.example/xxx"),
+        ("", "url: must be an http(s) URL (got '')"),
+    ],
+)
+def test_a_malformed_url_is_refused_by_the_rule_it_breaks(url: str, message: str) -> None:
+    """A space or a tab was refused by the length rule ('of at most 2048 characters'; a trial)."""
+    assert refused(url=url).startswith(message)
 
 
 def test_keys_differing_in_case_or_level_are_not_duplicates() -> None:
