@@ -145,6 +145,24 @@ class FieldType(click.ParamType):
             raise ConfigError(_set_by(str(exc), [variable])) from None
 
 
+class Choice(click.Choice):
+    """click's Choice, whose refusal of a value taken from an environment variable names
+    the field, the rule and the variable, as :class:`FieldType` does: ``dialect: must be
+    one of unix, seconds (got 'weird'); set by SCHEDULER_JOBS_ADD_DIALECT`` (ConfigError,
+    exit status 2). click's own message named the flag, which was not given. A flag's
+    value keeps click's message (it names the flag typed)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            variable = _environment_variable(param, ctx)
+            if variable is None or param is None:
+                raise
+            rule = f"{param.name}: must be one of {', '.join(map(str, self.choices))} (got {clip(str(value))})"
+            raise ConfigError(_set_by(rule, [variable])) from None
+
+
 _LEADING_FIELD = re.compile(r"([a-z][a-z0-9_]*): ")
 
 
@@ -454,7 +472,7 @@ def _table(rows: list[dict], columns: list[str]) -> None:
 )
 @option(
     "--log-format",
-    type=click.Choice(["text", "json"]),
+    type=Choice(["text", "json"]),
     default="text",
     envvar="SCHEDULER_LOG_FORMAT",
     show_envvar=True,
@@ -463,7 +481,7 @@ def _table(rows: list[dict], columns: list[str]) -> None:
 )
 @option(
     "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
+    type=Choice(["debug", "info", "warning", "error"]),
     default="info",
     envvar="SCHEDULER_LOG_LEVEL",
     show_envvar=True,
@@ -729,7 +747,7 @@ def keys() -> None:
 @option(
     "--role",
     required=True,
-    type=click.Choice(["admin", "tenant", "worker"]),
+    type=Choice(["admin", "tenant", "worker"]),
     help="admin: tenants, keys, status, verify; tenant: its schedules and runs; worker: claim/ack its runs.",
 )
 @option("--name", default=None, help="A label to recognize the key by in `keys list`.")
@@ -799,7 +817,7 @@ def _schedule_options(func: Callable) -> Callable:
         option("--tz", default=None, help="IANA time zone of the cron expression [default: UTC]."),
         option(
             "--dialect",
-            type=click.Choice(["unix", "seconds"]),
+            type=Choice(["unix", "seconds"]),
             default=None,
             help="unix: 5 fields (default; Vixie day rule: OR unless a day field starts with *); "
             "seconds: 6 fields, seconds first (Spring: day fields combine with AND). "
@@ -930,7 +948,7 @@ def _delivery_options(func: Callable) -> Callable:
         ),
         option(
             "--overlap",
-            type=click.Choice(t.OVERLAP_POLICIES),
+            type=Choice(t.OVERLAP_POLICIES),
             default=None,
             help="A run due while the previous one is unfinished: allow (run both), forbid (skip the new), "
             "buffer_one (keep one waiting), replace (cancel the old)  "
@@ -979,7 +997,7 @@ owning_tenant_option = option(
 @option("--replace", is_flag=True, help="With --name: change an existing job whose spec differs.")
 @option(
     "--misfire",
-    type=click.Choice(MISFIRE_POLICIES),
+    type=Choice(MISFIRE_POLICIES),
     default=DEFAULT_MISFIRE,
     show_default=True,
     help="Catch-up policy for overdue slots (all: every slot within --catchup-window-s; "
@@ -1095,7 +1113,7 @@ def jobs_add(
 @dsn_option
 @click.argument("csv_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @owning_tenant_option
-@option("--misfire", type=click.Choice(MISFIRE_POLICIES), default=DEFAULT_MISFIRE, show_default=True)
+@option("--misfire", type=Choice(MISFIRE_POLICIES), default=DEFAULT_MISFIRE, show_default=True)
 @option(
     "--name-column",
     default=None,
@@ -1327,7 +1345,7 @@ def jobs_pause(dsn: str, job_id: str) -> None:
 @click.argument("job_id")
 @option(
     "--catch-up",
-    type=click.Choice(["none", "backfill"]),
+    type=Choice(["none", "backfill"]),
     default="none",
     show_default=True,
     help="The slots that passed while paused: none (they never run) or backfill (a run each, "
@@ -1603,7 +1621,7 @@ def runs() -> None:
 )
 @option(
     "--state",
-    type=click.Choice(RUN_STATES),
+    type=Choice(RUN_STATES),
     default=None,
     help="Only runs in this delivery state (runs fired before delivery existed have none).",
 )
@@ -1654,7 +1672,7 @@ def runs_list(
 @option("--job", "job_id", default=None, help="Redrive this job's runs in --state (instead of RUN_ID).")
 @option(
     "--state",
-    type=click.Choice(["dead", "canceled"]),
+    type=Choice(["dead", "canceled"]),
     default=None,
     help="With --job: the state of the runs to redrive.",
 )
@@ -1831,7 +1849,7 @@ def _settings_options(func: Callable, only: tuple[str, ...] | None = None) -> Ca
     for name in reversed([name for name in types if only is None or name in only]):
         kind = types[name]
         param_type: Any = (
-            click.Choice(_CHOICES[name])
+            Choice(_CHOICES[name])
             if name in _CHOICES
             else {float: Decimal(name), int: WholeNumber(name), str: click.STRING}[kind]
         )

@@ -874,6 +874,37 @@ def test_every_option_reads_the_variable_named_after_its_flag(pg_dsn: str) -> No
     assert result.stderr.strip().endswith("; set by SCHEDULER_JOBS_ADD_INTERVAL"), result.stderr
 
 
+@pytest.mark.parametrize(
+    ("command", "variable", "value", "message"),
+    [
+        (
+            ["jobs", "add", "--tenant", "envt", "--cron", "0 0 * * *"],
+            "SCHEDULER_JOBS_ADD_DIALECT",
+            "weird",
+            "error: dialect: must be one of unix, seconds (got 'weird')",
+        ),
+        (
+            ["jobs", "add", "--tenant", "envt", "--interval", "60"],
+            "SCHEDULER_JOBS_ADD_OVERLAP",
+            "never",
+            "error: overlap: must be one of allow, forbid, buffer_one, replace (got 'never')",
+        ),
+        (["config", "show"], "SCHEDULER_COORDINATOR", "zk", "error: coordinator: must be one of sql, etcd (got 'zk')"),
+    ],
+)
+def test_a_choice_taken_from_the_environment_is_refused_naming_the_variable(
+    pg_dsn: str, command: list[str], variable: str, value: str, message: str
+) -> None:
+    """A value outside an option's choices, from an environment variable, is refused as
+    ``field: rule (got value); set by VARIABLE`` (click's own message named the flag,
+    which was not given, and not the variable; a trial); nothing is written."""
+    env = {key: None for key in os.environ if key.startswith("SCHEDULER_")} | {"SCHEDULER_DSN": pg_dsn}
+    result = CliRunner().invoke(cli, command, env=env | {variable: value})
+    assert one_line_error(result, 2, message) == f"{message}; set by {variable}"
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+
+
 def test_a_value_the_command_refuses_names_the_variable_it_came_from(pg_dsn: str) -> None:
     """A value checked by the command itself (a time zone, a tenant name, the DSN),
     taken from the environment, is refused naming the variable; given as a flag, not;
