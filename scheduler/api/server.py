@@ -129,6 +129,8 @@ def serve(
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
+    """uvicorn finished the requests in flight after ``signum``: log ``api_stopped``, exit 0."""
+    logmod.event("api_stopped", signal=signal.Signals(signum).name)
     sys.exit(0)
 
 

@@ -130,6 +130,9 @@ def test_scheduler_api_serves_on_loopback_until_sigterm(pg_dsn):
         _, stderr = proc.communicate(timeout=20)
     assert proc.returncode == 0, stderr
     assert token not in stderr
+    # The stop is logged, as a node's and a worker's are (its last line was api_listening; a trial).
+    last = json.loads(stderr.strip().splitlines()[-1])
+    assert (last["event"], last["signal"]) == ("api_stopped", "SIGTERM"), stderr
 
 
 def test_scheduler_api_refuses_a_port_in_use_and_one_ssl_option_alone(pg_dsn, tmp_path):
