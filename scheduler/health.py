@@ -52,7 +52,7 @@ import psycopg
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scheduler import log, store
-from scheduler.errors import SchedulerError
+from scheduler.errors import ConfigError, SchedulerError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 
@@ -154,7 +154,7 @@ class HealthServer:
     ``readiness()`` returns ``(ready, reasons, checks)``; it is called per
     ``/readyz`` request. ``liveness()`` returns ``(alive, reasons)``, called per
     ``/healthz`` request (None: always alive). ``port`` 0 binds any free port; :attr:`port` is the
-    bound one. :meth:`start` raises :class:`SchedulerError` if the address
+    bound one. :meth:`start` raises :class:`ConfigError` if the address
     cannot be bound.
     """
 
@@ -186,8 +186,8 @@ class HealthServer:
         try:
             self._server = ThreadingHTTPServer((self._host, self._requested_port), handler)
         except OSError as exc:
-            raise SchedulerError(
-                f"metrics_port: cannot listen on {self._host}:{self._requested_port}: {exc.strerror or exc}"
+            raise ConfigError(  # a bad setting (exit status 2), as `scheduler api --port`'s
+                f"metrics_port: cannot listen on {self._host}:{self._requested_port} ({exc.strerror or exc})"
             ) from exc
         self._server.daemon_threads = True
         self._thread = threading.Thread(

@@ -79,7 +79,7 @@ from scheduler.delivery import owner
 from scheduler.delivery.loop import SettleLoop
 from scheduler.delivery.push import PushLoop
 from scheduler.delivery.views import DeliveryGauges
-from scheduler.errors import ConfigError, SchedulerError, StoreSetupError
+from scheduler.errors import ConfigError, StoreSetupError
 from scheduler.firing import Firer
 from scheduler.health import HealthServer, StoreProbe
 from scheduler.metrics import Metrics
@@ -276,12 +276,13 @@ class Node:
 
         Raises :class:`~scheduler.errors.StoreSetupError` if the store is
         misconfigured, :class:`~scheduler.errors.ConfigError` if its DSN is
-        malformed (see the module doc; a store that cannot be reached
-        yet is checked again by :meth:`check_store_again`),
-        :class:`~scheduler.errors.SchedulerError` if the metrics or API port
-        cannot be bound, or if the coordinator's preflight refuses (the etcd
-        coordinator: etcd's revision below the stored epochs); nothing
-        else is started then.
+        malformed or the metrics or API port cannot be bound (a bad
+        setting: ``scheduler node`` exits 2, as ``scheduler api`` does for
+        its port; see the module doc; a store that cannot be reached yet is
+        checked again by :meth:`check_store_again`),
+        :class:`~scheduler.errors.SchedulerError` if the coordinator's
+        preflight refuses (the etcd coordinator: etcd's revision below the
+        stored epochs); nothing else is started then.
         """
         if self.watchdog.on_stuck is None:
             self.watchdog.on_stuck = self._store_call_stuck
@@ -306,7 +307,7 @@ class Node:
                 self.api = ApiThread(self.settings.dsn, host, port, self.settings.api)
             except OSError as exc:
                 self.coordinator.close()
-                raise SchedulerError(f"api_port: cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+                raise ConfigError(f"api_port: cannot listen on {host}:{port} ({exc.strerror or exc})") from exc
         if self.health is not None:
             self.health.start()
         if self.api is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -126,12 +127,12 @@ def test_a_dsn_libpq_cannot_parse_is_refused():
     )
 
 
-def _node_cli(dsn: str) -> subprocess.Popen:
+def _node_cli(dsn: str, *extra: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
     env["SCHEDULER_DSN"] = dsn
     flags = [arg for k, v in TIMINGS.items() for arg in (f"--{k.replace('_', '-')}", str(v))]
     return subprocess.Popen(
-        [sys.executable, "-m", "scheduler", "--log-format", "json", "node", "--node-id", "cli", *flags],
+        [sys.executable, "-m", "scheduler", "--log-format", "json", "node", "--node-id", "cli", *flags, *extra],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -169,6 +170,25 @@ def test_the_node_command_exits_2_with_one_line_naming_the_fix(empty_pg_dsn, cas
         assert line == f"error: {DSN_RULE}; set by SCHEDULER_DSN"
     assert "SuperSecret42" not in stdout + stderr
     assert not [json.loads(x) for x in stderr.splitlines() if x.startswith("{") and '"node_started"' in x]
+
+
+@pytest.mark.parametrize("flag", ["--metrics-port", "--api-port"])
+def test_a_port_in_use_is_a_bad_setting_exit_2_as_for_scheduler_api(pg_dsn, flag):
+    """A node's --metrics-port or --api-port already in use exits 2 with one line, as
+    `scheduler api --port` does (the node exited 1, a system failure; a trial)."""
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        process = _node_cli(pg_dsn, flag, str(port))
+        try:
+            _, stderr = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    assert process.returncode == 2, stderr
+    (line,) = [line for line in stderr.splitlines() if not line.startswith("{")]
+    field = flag[2:].replace("-", "_")
+    assert line.startswith(f"error: {field}: cannot listen on 127.0.0.1:{port} ("), line
 
 
 def test_an_unreachable_store_is_transient_the_node_keeps_retrying(pg_dsn):
