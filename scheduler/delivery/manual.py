@@ -148,7 +148,9 @@ def request_run(
     """
     if request_id is None:
         request_id = str(uuid.uuid4())
-    if not isinstance(request_id, str) or not 1 <= len(request_id) <= MAX_REQUEST_ID_LEN:
+    if not isinstance(request_id, str):
+        raise ValidationError("request_id", "must be a string", request_id)
+    if not 1 <= len(request_id) <= MAX_REQUEST_ID_LEN:
         raise ValidationError("request_id", f"must be 1 to {MAX_REQUEST_ID_LEN} characters", request_id)
     if UNSTORABLE_TEXT.search(request_id):
         raise ValidationError("request_id", "must be text the store can keep (no NUL, no unpaired surrogate)")

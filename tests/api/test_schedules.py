@@ -436,6 +436,11 @@ def test_trigger_is_deduplicated_by_request_id(acme, db):
     ):
         bad = acme.post("/v1/schedules/t:trigger", json=body)
         assert (bad.status_code, bad.json()["field"]) == (422, field), (body, bad.text)
+    # A request id of another type says the type it must be (it said "must be 1 to 200
+    # characters (got 5)"; a trial).
+    for value, shown in ((5, "5"), (True, "true")):
+        bad = acme.post("/v1/schedules/t:trigger", json={"request_id": value})
+        assert (bad.status_code, bad.json()["detail"]) == (422, f"request_id: must be a string (got {shown})")
     assert count_writes(db)["requests"] == 2
 
 
