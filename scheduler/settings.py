@@ -286,40 +286,40 @@ class Settings:
         for name in positive:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
-                raise ConfigError(f"{name} must be a finite number > 0 (got {value!r})")
+                raise ConfigError(f"{name}: must be a finite number > 0 (got {value!r})")
         for name in ("lease_ttl_s", "renew_interval_s", "poll_interval_s", "tick_interval_s"):
             value = getattr(self, name)
             if value > MAX_FLEET_TIMING_S:
-                raise ConfigError(f"{name} must be at most {MAX_FLEET_TIMING_S} seconds (a day) (got {value!r})")
+                raise ConfigError(f"{name}: must be at most {MAX_FLEET_TIMING_S} seconds (a day) (got {value!r})")
         if self.retention_s is not None and not (
             isinstance(self.retention_s, (int, float)) and 0 < self.retention_s < math.inf
         ):
             raise ConfigError(
-                f"retention_s must be a finite number of seconds > 0, or unset (got {self.retention_s!r})"
+                f"retention_s: must be a finite number of seconds > 0, or unset (got {self.retention_s!r})"
             )
         if self.retention_s is not None and self.retention_s > MAX_RETENTION_S:
             raise ConfigError(
-                f"retention_s must be at most {MAX_RETENTION_S} seconds (100 years), or unset "
+                f"retention_s: must be at most {MAX_RETENTION_S} seconds (100 years), or unset "
                 f"(got {self.retention_s!r})"
             )
         if not (isinstance(self.retention_batch_rows, int) and 1 <= self.retention_batch_rows <= 100_000):
             raise ConfigError(
-                f"retention_batch_rows must be a whole number from 1 to 100000 (got {self.retention_batch_rows!r})"
+                f"retention_batch_rows: must be a whole number from 1 to 100000 (got {self.retention_batch_rows!r})"
             )
         if self.metrics_port is not None and not (
             isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535
         ):
             raise ConfigError(
-                f"metrics_port must be a TCP port 0-65535 (0: any free port), or unset (got {self.metrics_port!r})"
+                f"metrics_port: must be a TCP port 0-65535 (0: any free port), or unset (got {self.metrics_port!r})"
             )
         if not self.metrics_host:
             raise ConfigError("metrics_host must not be empty (e.g. 127.0.0.1, or 0.0.0.0 in a container)")
         if self.log_format not in LOG_FORMATS:
-            raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)} (got {self.log_format!r})")
+            raise ConfigError(f"log_format: must be one of {', '.join(LOG_FORMATS)} (got {self.log_format!r})")
         if self.log_level not in LOG_LEVELS:
-            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)} (got {self.log_level!r})")
+            raise ConfigError(f"log_level: must be one of {', '.join(LOG_LEVELS)} (got {self.log_level!r})")
         if self.coordinator not in COORDINATORS:
-            raise ConfigError(f"coordinator must be one of {', '.join(COORDINATORS)} (got {self.coordinator!r})")
+            raise ConfigError(f"coordinator: must be one of {', '.join(COORDINATORS)} (got {self.coordinator!r})")
         if self.coordinator == "etcd" and not self.etcd_endpoints.strip():
             raise ConfigError(
                 "etcd_endpoints: coordinator etcd needs host:port[,host:port] "
@@ -329,7 +329,7 @@ class Settings:
             raise ConfigError(f"etcd_prefix must start with '/' (got {self.etcd_prefix!r})")
         if self.safety_margin_s < 0.5:
             raise ConfigError(
-                f"safety_margin_s must be >= 0.5 (CockroachDB's max clock offset; got {self.safety_margin_s!r})"
+                f"safety_margin_s: must be >= 0.5 (CockroachDB's max clock offset; got {self.safety_margin_s!r})"
             )
         if self.renew_interval_s >= self.lease_ttl_s:
             raise ConfigError(
@@ -354,7 +354,7 @@ class Settings:
         for name in ("tcp_user_timeout_s", "store_call_margin_s", "loop_stall_s"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
-                raise ConfigError(f"{name} must be a finite number of seconds > 0, or unset (got {value!r})")
+                raise ConfigError(f"{name}: must be a finite number of seconds > 0, or unset (got {value!r})")
         if not self.effective_loop_stall_s > max(self.tick_interval_s, self.poll_interval_s):
             raise ConfigError(
                 f"loop_stall_s ({self.effective_loop_stall_s}) must be above tick_interval_s "
@@ -369,10 +369,10 @@ class Settings:
         for name in ("push_concurrency", "push_per_host"):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_PUSH_CONCURRENCY):
-                raise ConfigError(f"{name} must be a whole number from 1 to {MAX_PUSH_CONCURRENCY} (got {value!r})")
+                raise ConfigError(f"{name}: must be a whole number from 1 to {MAX_PUSH_CONCURRENCY} (got {value!r})")
         if self.api_port is not None and not (isinstance(self.api_port, int) and 0 <= self.api_port <= 65535):
             raise ConfigError(
-                f"api_port must be a TCP port 0-65535 (0: any free port), or unset (got {self.api_port!r})"
+                f"api_port: must be a TCP port 0-65535 (0: any free port), or unset (got {self.api_port!r})"
             )
         if not self.api_host:
             raise ConfigError("api_host must not be empty (e.g. 127.0.0.1, or 0.0.0.0 behind a TLS proxy)")
@@ -380,7 +380,7 @@ class Settings:
         if len(self.node_id) > 200 or not self.node_id.isprintable() or any(c.isspace() for c in self.node_id):
             # Written to runs, leases and every log line: a newline would split a log line.
             raise ConfigError(
-                "node_id must be 1-200 printable characters without spaces (letters, digits, . _ - : etc.)"
+                "node_id: must be 1-200 printable characters without spaces (letters, digits, . _ - : etc.)"
                 f" (got {self.node_id!r})"
             )
 
@@ -422,7 +422,7 @@ class ApiSettings:
             ("api_auth_fail_rate_per_s", self.auth_fail_rate_per_s),
         ):
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf):
-                raise ConfigError(f"{name} must be a finite number > 0 (got {value!r})")
+                raise ConfigError(f"{name}: must be a finite number > 0 (got {value!r})")
         for name, value, hi in (
             ("api_burst", self.burst, 1_000_000),
             ("api_auth_fail_burst", self.auth_fail_burst, 1_000_000),
@@ -432,7 +432,7 @@ class ApiSettings:
             ("api_page_size", self.page_size, self.max_page_size),
         ):
             if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= hi):
-                raise ConfigError(f"{name} must be a whole number from 1 to {hi} (got {value!r})")
+                raise ConfigError(f"{name}: must be a whole number from 1 to {hi} (got {value!r})")
         try:
             AddressPolicy.parse(self.push_allow)
         except ValidationError as exc:
@@ -443,7 +443,7 @@ class ApiSettings:
                     ipaddress.ip_network(entry.strip(), strict=False)
             except ValueError:
                 raise ConfigError(
-                    "api_forwarded_allow_ips must be comma-separated IP addresses or networks of trusted proxies, "
+                    "api_forwarded_allow_ips: must be comma-separated IP addresses or networks of trusted proxies, "
                     f"or * (got {self.forwarded_allow_ips!r})"
                 ) from None
         return self
@@ -469,7 +469,7 @@ def _coerce(name: str, kind: type, value: Any, origin: str) -> Any:
     if kind is str and isinstance(value, str):
         return value
     expected = {float: "a number", int: "a whole number", str: "a string"}[kind]
-    raise ConfigError(f"{name} must be {expected} (got {value!r} in {origin})")
+    raise ConfigError(f"{name}: must be {expected} (got {value!r}); set by {name} in {origin}")
 
 
 def load_file(path: str | Path) -> dict[str, Any]:

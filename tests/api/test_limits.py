@@ -239,11 +239,11 @@ def test_the_throttle_and_proxy_settings_are_checked():
     for settings, message in (
         (
             ApiSettings(forwarded_allow_ips="proxy.example"),
-            "api_forwarded_allow_ips must be comma-separated IP addresses or networks of trusted proxies, or * "
+            "api_forwarded_allow_ips: must be comma-separated IP addresses or networks of trusted proxies, or * "
             "(got 'proxy.example')",
         ),
-        (ApiSettings(auth_fail_burst=0), "api_auth_fail_burst must be a whole number from 1 to 1000000 (got 0)"),
-        (ApiSettings(auth_fail_rate_per_s=0.0), "api_auth_fail_rate_per_s must be a finite number > 0 (got 0.0)"),
+        (ApiSettings(auth_fail_burst=0), "api_auth_fail_burst: must be a whole number from 1 to 1000000 (got 0)"),
+        (ApiSettings(auth_fail_rate_per_s=0.0), "api_auth_fail_rate_per_s: must be a finite number > 0 (got 0.0)"),
     ):
         with pytest.raises(ConfigError) as caught:
             settings.check()

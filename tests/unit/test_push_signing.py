@@ -130,7 +130,7 @@ def test_push_settings_are_checked() -> None:
     assert not Settings().validated().push_policy.allows("127.0.0.1")
     with pytest.raises(ConfigError, match="push_allow: must be a comma-separated list"):
         Settings(push_allow="10.0.0.0/33").validated()
-    with pytest.raises(ConfigError, match="push_concurrency must be a whole number from 1 to 10000"):
+    with pytest.raises(ConfigError, match="push_concurrency: must be a whole number from 1 to 10000"):
         Settings(push_concurrency=0).validated()
-    with pytest.raises(ConfigError, match="push_per_host must be a whole number from 1 to 10000"):
+    with pytest.raises(ConfigError, match="push_per_host: must be a whole number from 1 to 10000"):
         Settings(push_per_host=10_001).validated()

@@ -208,7 +208,22 @@ def test_a_timing_past_a_day_is_refused_naming_it(option):
     lock_timeout of 2e10 ms) and retried its connection for ever, logging store_unavailable."""
     name, value = option.split()
     line = one_line_error(run(["node", "--dsn", "postgresql://u@127.0.0.1:1/x", name, value]))
-    assert f"{name.removeprefix('--').replace('-', '_')} must be at most 86400 seconds" in line, line
+    assert f"{name.removeprefix('--').replace('-', '_')}: must be at most 86400 seconds" in line, line
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('lease_ttl_s = "abc"\n', "error: lease_ttl_s: must be a number (got 'abc')"),
+        ("lease_ttl_s = 0\n", "error: lease_ttl_s: must be a finite number > 0 (got 0.0)"),
+    ],
+)
+def test_a_bad_value_in_the_config_file_is_refused_in_one_form(tmp_path, text, message):
+    """A value of the wrong type and one out of range, both in the config file, end alike:
+    ``field: rule (got value); set by field in FILE`` (the wrong type read ``(got 'abc' in
+    FILE)`` and the range ``field must be``; a trial)."""
+    path = write(tmp_path, text)
+    assert one_line_error(run(["config", "show", "--config", str(path)])) == f"{message}; set by lease_ttl_s in {path}"
 
 
 def test_missing_config_file_is_one_line(tmp_path):
@@ -236,13 +251,13 @@ def test_a_flag_error_says_no_variable():
     line = one_line_error(run(["config", "show", "--metrics-port", "http"]))
     assert line == "error: metrics_port: must be a whole number in ASCII digits (got 'http')"
     line = one_line_error(run(["config", "show", "--lease-ttl-s", "0"]))
-    assert line == "error: lease_ttl_s must be a finite number > 0 (got 0.0)"
+    assert line == "error: lease_ttl_s: must be a finite number > 0 (got 0.0)"
 
 
 @pytest.mark.parametrize("command", [["config", "show"], ["node", "--dsn", "postgresql://u@127.0.0.1:1/x"]])
 def test_env_value_out_of_range_names_the_variable(command):
     line = one_line_error(run(command, {"SCHEDULER_LEASE_TTL_S": "0"}))
-    assert line == "error: lease_ttl_s must be a finite number > 0 (got 0.0); set by SCHEDULER_LEASE_TTL_S"
+    assert line == "error: lease_ttl_s: must be a finite number > 0 (got 0.0); set by SCHEDULER_LEASE_TTL_S"
 
 
 def test_invalid_combination_says_where_each_value_was_set(tmp_path):
@@ -300,7 +315,7 @@ def test_a_node_id_is_printable_without_spaces(node_id):
     with pytest.raises(ConfigError) as caught:
         Settings(dsn="postgresql://x@h/db", node_id=node_id).validated()
     assert str(caught.value) == (
-        f"node_id must be 1-200 printable characters without spaces (letters, digits, . _ - : etc.) (got {node_id!r})"
+        f"node_id: must be 1-200 printable characters without spaces (letters, digits, . _ - : etc.) (got {node_id!r})"
     )
 
 
