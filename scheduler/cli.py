@@ -1126,8 +1126,9 @@ def jobs_import(
 ) -> None:
     """Bulk-import cron schedules from CSV_FILE (columns expr, dialect, timezone, ...); idempotent.
 
-    Rows with dialect unix5/macro are read as `unix`, seconds6 as `seconds`,
-    anything else is tried as `unix`; an empty timezone means UTC; a UTF-8
+    The dialect column takes `unix` or `seconds` (also the corpus's unix5 and
+    macro as `unix`, seconds6 as `seconds`); anything else is tried as
+    `unix`; an empty timezone means UTC; a UTF-8
     byte order mark is skipped. Every line becomes a named job: the
     --name-column value, else `import:<hash of tenant, expr, dialect,
     zone>:<n-th such line>`. Importing again creates only the lines whose

@@ -94,8 +94,9 @@ DEFAULT_MAX_SCHEDULES = 10_000
 MAX_SCHEDULES_LIMIT = 100_000_000
 """Largest quota ``tenants set --max-schedules`` accepts."""
 
-CORPUS_DIALECTS = {"unix5": "unix", "macro": "unix", "seconds6": "seconds"}
-"""Corpus ``dialect`` column → our dialect; any other value is tried as ``unix``."""
+CORPUS_DIALECTS = {"unix": "unix", "seconds": "seconds", "unix5": "unix", "macro": "unix", "seconds6": "seconds"}
+"""CSV ``dialect`` column → our dialect: ours by name, the corpus's own names; any other
+value (the corpus's ``other``, ``quartz``) is tried as ``unix``."""
 
 
 def _store_now(conn: psycopg.Connection) -> datetime:

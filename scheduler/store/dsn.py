@@ -187,7 +187,9 @@ def check_dsn(dsn: str) -> None:
     fragment), has a user name or password with an unescaped ``@`` (and then
     perhaps ``/ ? #``): libpq would take part of the password for the host
     or the database, and echo it in its errors. A DSN libpq cannot parse at
-    all (``garbage``, a ``mysql://`` URI, an unknown keyword) is refused too.
+    all (``garbage``, a ``mysql://`` URI, an unknown keyword) is refused too,
+    and so is a port that is not a whole number from 1 to 65535 (libpq
+    parses any text there and refuses it only when connecting).
     Raises :class:`ConfigError` (``dsn: <rule>``, exit status 2) that never
     holds the password; an empty ``dsn`` passes (callers say none is set).
     """
@@ -200,12 +202,15 @@ def check_dsn(dsn: str) -> None:
     from psycopg.conninfo import conninfo_to_dict
 
     try:
-        conninfo_to_dict(libpq_dsn(dsn))
+        params = conninfo_to_dict(libpq_dsn(dsn))
     except psycopg.Error as exc:
         raise ConfigError(
             "dsn: must be a URI (postgresql://user:password@host:5432/dbname) or libpq keywords "
             f"(host=... dbname=...); libpq: {redact_text(first_line(exc), dsn)}"
         ) from None
+    for port in str(params.get("port") or "").split(","):  # one per host; empty: the default
+        if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            raise ConfigError(f"dsn: each port must be a whole number from 1 to 65535 (got {port!r})")
 
 
 def dsn_secrets(dsn: str) -> list[str]:

@@ -557,12 +557,9 @@ def _bad_setting(pg_dsn: str, case: str) -> tuple[str, str | tuple[str, str]]:
                 f'role "nobody_here" does not exist; {AUTH_HINT}',
             ),
         ),
-        "port out of range": (
+        "port out of range": (  # refused as written, before connecting (libpq: at connect)
             f"postgresql://{parts.username or 'postgres'}@{parts.hostname}:99999{parts.path}",
-            (
-                "error: store: cannot connect to the store at ",
-                f'invalid port number: "99999"; {SETTING_HINT}',
-            ),
+            "error: dsn: each port must be a whole number from 1 to 65535 (got '99999')",
         ),
         "bad sslmode": (
             f"{pg_dsn}?sslmode=bogus",

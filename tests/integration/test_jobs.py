@@ -575,6 +575,25 @@ def test_corpus_import_default_batches(conn, monkeypatch) -> None:
     assert jobs.IMPORT_BATCH == 1_000
 
 
+def test_import_reads_the_dialect_names_jobs_add_takes(conn, tmp_path) -> None:
+    """The README's dialect column takes ``unix`` or ``seconds`` (the corpus's own
+    ``unix5``/``seconds6`` too): ``seconds`` was read as unix, so a seconds-first line was
+    refused with a hint to use dialect 'seconds' (a trial)."""
+    path = tmp_path / "dialects.csv"
+    path.write_text(
+        "expr,dialect,timezone\n*/10 * * * * *,seconds,\n0 2 * * *,unix,\n*/5 * * * * *,seconds6,\n0 3 * * *,unix5,\n",
+        encoding="utf-8",
+    )
+    report = jobs.import_csv(conn, path, "mine")
+    assert report.rejected == []
+    assert conn.execute("SELECT cron_expr, cron_dialect FROM jobs ORDER BY cron_expr").fetchall() == [
+        {"cron_expr": "*/10 * * * * *", "cron_dialect": "seconds"},
+        {"cron_expr": "*/5 * * * * *", "cron_dialect": "seconds"},
+        {"cron_expr": "0 2 * * *", "cron_dialect": "unix"},
+        {"cron_expr": "0 3 * * *", "cron_dialect": "unix"},
+    ]
+
+
 def test_import_reports_and_imports_a_small_file(conn, tmp_path) -> None:
     path = tmp_path / "mine.csv"
     path.write_text(

@@ -283,6 +283,26 @@ def test_a_dsn_libpq_cannot_parse_is_refused(dsn, reason):
 
 
 @pytest.mark.parametrize(
+    "dsn, port",
+    [
+        ("postgresql://u:s3cret@h:notaport/db", "notaport"),
+        ("host=h port=x password=s3cret", "x"),
+        ("postgresql://u@h1:5432,h2:abc/db", "abc"),
+        ("host=h port=70000", "70000"),
+        ("host=h port=0", "0"),
+    ],
+)
+def test_a_dsn_port_that_is_not_a_tcp_port_is_refused(dsn, port):
+    """libpq parses any port text and refuses it only when connecting, so ``config show``
+    passed ``postgresql://u:…@h:notaport/db`` (a trial); each port of a DSN (one per host)
+    must be a whole number from 1 to 65535."""
+    with pytest.raises(ConfigError) as caught:
+        store.check_dsn(dsn)
+    assert str(caught.value) == f"dsn: each port must be a whole number from 1 to 65535 (got {port!r})"
+    assert "s3cret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
     "dsn",
     [
         "postgresql://u:pa%40ss%2F%3F%23@h:5432/db",
