@@ -53,6 +53,7 @@ from bench.consumers import (
     BATCH,
     PUSH_CONCURRENCY,
     PUSH_PER_HOST,
+    RECEIVERS,
     ReceiverProcess,
     WorkerProcess,
     check_impl,
@@ -172,6 +173,7 @@ class DeliverResult:
     last_ack_s: float | None
     fire_lag_p99_s: float | None
     drain_s: float | None
+    receiver: str | None
     receiver_requests: int | None
     receiver_duplicates: int | None
     node_rss_mb_max: float | None
@@ -282,6 +284,7 @@ class Options:
     put_rate: float = 0.0
     push_concurrency: int = PUSH_CONCURRENCY
     push_per_host: int = PUSH_PER_HOST
+    receiver: str = "raw"
     fire_timeout_s: float = 600.0
     seed: int = DEFAULT_SEED
     herd_on_second: bool = False
@@ -293,6 +296,8 @@ class Options:
         if self.workload not in WORKLOADS:
             raise ValueError(f"--workload {self.workload!r}: choose from {', '.join(WORKLOADS)}")
         check_impl(self.worker_impl)
+        if self.receiver not in RECEIVERS:
+            raise ValueError(f"--receiver {self.receiver!r}: choose from {', '.join(RECEIVERS)}")
         if self.mode == "push" and self.workers:
             raise ValueError("--workers: push mode delivers from the nodes; give --workers 0")
         if self.via_api and (self.mode != "pull" or not self.workers or self.worker_impl != "scheduler"):
@@ -389,7 +394,9 @@ class _Consumers:
 
     def start_receiver(self) -> str:
         """Start the receiver; return the URL the jobs target."""
-        self.receiver = ReceiverProcess(self.log_dir / "receiver.tsv", self.log_dir / "receiver.log")
+        self.receiver = ReceiverProcess(
+            self.log_dir / "receiver.tsv", self.log_dir / "receiver.log", self.opts.receiver
+        )
         return f"http://127.0.0.1:{self.receiver.wait_ready()}/run"
 
     def start_workers(self, dsn: str, tenants: list[str], conn=None) -> None:
@@ -596,6 +603,7 @@ def run_deliver(dsn: str, opts: Options, out_dir: Path, progress=None) -> Delive
         since=since.isoformat(),
         until=until.isoformat(),
         delivered_wait_s=round(waited, 3),
+        receiver=opts.receiver if records is not None else None,
         receiver_requests=None if records is None else len(records),
         receiver_duplicates=None if records is None else receiver_duplicates(records),
         node_rss_mb_max=max((r for r in rss if r is not None), default=None),

@@ -97,8 +97,11 @@ class AddressRefused(TransferError):
 
 
 class _Transfer:
-    """One request's state while curl runs it: the status line, ``Retry-After``, bytes read,
-    and the addresses refused or allowed at connect."""
+    """One easy handle's request state while curl runs it: the status line, ``Retry-After``,
+    bytes read, and the addresses refused or allowed at connect. Made once per handle with
+    its callbacks set once (:meth:`CurlClient._new_handle`), and :meth:`reset` for each
+    request: a handle is reused only once out of the multi handle, so no callback of an
+    earlier request can reach a later one."""
 
     __slots__ = (
         "allow",
@@ -107,26 +110,43 @@ class _Transfer:
         "body_read",
         "future",
         "max_body",
+        "method",
         "over_limit",
         "refused",
         "retry_after",
         "rewind_refused",
         "sent",
         "status",
+        "url",
     )
 
-    def __init__(self, future: asyncio.Future[None], allow: Callable[[str], bool], max_body: int, body: bytes) -> None:
-        self.future = future
-        self.body = body
-        self.sent = -1  # body bytes handed to libcurl (-1: it has not asked for the body yet)
-        self.rewind_refused = False
+    def __init__(self, allow: Callable[[str], bool], max_body: int) -> None:
         self.allow = allow
         self.max_body = max_body
+        self.url = ""  # the URL and method last set on the handle (set again only when they change)
+        self.method = ""
+        self.future: asyncio.Future[Response] | None = None
+        self.body = b""
+        self.sent = -1
+        self.rewind_refused = False
         self.status = b""
         self.retry_after: bytes | None = None
         self.body_read = 0
         self.over_limit = False
         self.refused: list[str] = []
+        self.allowed = 0
+
+    def reset(self, future: asyncio.Future[Response], body: bytes) -> None:
+        """Ready for a new request sending ``body``, finished through ``future``."""
+        self.future = future
+        self.body = body
+        self.sent = -1  # body bytes handed to libcurl (-1: it has not asked for the body yet)
+        self.rewind_refused = False
+        self.status = b""
+        self.retry_after = None
+        self.body_read = 0
+        self.over_limit = False
+        self.refused = []
         self.allowed = 0
 
     def header(self, line: bytes) -> None:
@@ -231,8 +251,10 @@ class CurlClient:
         self._multi.setopt(pycurl.M_MAX_HOST_CONNECTIONS, max_per_host)
         self._multi.setopt(pycurl.M_MAXCONNECTS, max_total)
         self._watched: dict[int, int] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
+        self._timer_soon = False  # self._timer is a call at the loop's next turn (a 0 timeout)
         self._running: dict[pycurl.Curl, _Transfer] = {}
+        self._state: dict[pycurl.Curl, _Transfer] = {}  # every open handle's, running or idle
         self._idle: list[pycurl.Curl] = []
         self._max_idle = max_total
         self._closed = False
@@ -251,42 +273,35 @@ class CurlClient:
         if self._closed:
             raise RuntimeError("the HTTP client is closed")
         handle = self._idle.pop() if self._idle else self._new_handle()
-        transfer = _Transfer(self._loop.create_future(), self._allow, self._max_body, body)
+        transfer = self._state[handle]
+        future: asyncio.Future[Response] = self._loop.create_future()
+        transfer.reset(future, body)
         lines = [f"{name}: {value}" if value else f"{name};" for name, value in headers]
         lines.append("Expect:")  # no 100-continue round trip for bodies over 1 KiB
         try:
-            handle.setopt(pycurl.URL, ascii_url(url))
-            handle.setopt(pycurl.CUSTOMREQUEST, method)
+            if url != transfer.url:
+                transfer.url = ""
+                handle.setopt(pycurl.URL, ascii_url(url))
+                transfer.url = url
+            if method != transfer.method:
+                handle.setopt(pycurl.CUSTOMREQUEST, method)
+                transfer.method = method
             handle.setopt(pycurl.POSTFIELDSIZE_LARGE, len(body))
-            handle.setopt(pycurl.READFUNCTION, transfer.read)  # not POSTFIELDS: never re-sent
-            handle.setopt(pycurl.SEEKFUNCTION, transfer.seek)
             handle.setopt(pycurl.HTTPHEADER, lines)
             handle.setopt(pycurl.TIMEOUT_MS, max(1, round(timeout_s * 1000)))
-            handle.setopt(pycurl.HEADERFUNCTION, transfer.header)
-            handle.setopt(pycurl.WRITEFUNCTION, transfer.write)
-            handle.setopt(pycurl.OPENSOCKETFUNCTION, transfer.open_socket)
             if self._resolve:
                 handle.setopt(pycurl.RESOLVE, _resolve_entries(self._resolve, url))
         except (pycurl.error, UnicodeError, TypeError, ValueError) as exc:  # e.g. a URL curl cannot take
-            handle.close()
+            self._close_handle(handle)
             raise TransferError(pycurl.E_URL_MALFORMAT, f"request refused by libcurl: {type(exc).__name__}") from None
         self._running[handle] = transfer
         self._multi.add_handle(handle)
         try:
-            await transfer.future
+            return await future  # the answer or the error, taken when the transfer ended (_finish)
         except asyncio.CancelledError:
-            if self._running.get(handle) is transfer:  # not already finished (and pooled) before the cancel
+            if self._running.get(handle) is transfer and transfer.future is future:  # still this request's
                 self._drop(handle, reuse=False)
             raise
-        except TransferError as exc:
-            if transfer.over_limit and transfer.status:
-                return _response(transfer)
-            if transfer.rewind_refused and not transfer.status:
-                raise TransferError(exc.code, "connection closed before any answer (not sent again)") from None
-            if transfer.refused and not transfer.allowed:
-                raise AddressRefused(transfer.refused) from None
-            raise
-        return _response(transfer)
 
     async def close(self) -> None:
         """End every transfer (their awaiters get :class:`TransferError`) and close the connections."""
@@ -295,8 +310,7 @@ class CurlClient:
         self._closed = True
         for handle, transfer in list(self._running.items()):
             self._drop(handle, reuse=False)
-            if not transfer.future.done():
-                transfer.future.set_exception(TransferError(pycurl.E_ABORTED_BY_CALLBACK, "client closed"))
+            _finish(transfer, pycurl.E_ABORTED_BY_CALLBACK, "client closed")
         for fd, events in list(self._watched.items()):
             self._unwatch(fd, events)
         self._watched.clear()
@@ -304,7 +318,7 @@ class CurlClient:
             self._timer.cancel()
             self._timer = None
         for handle in self._idle:
-            handle.close()
+            self._close_handle(handle)
         self._idle.clear()
         self._multi.close()
 
@@ -314,7 +328,18 @@ class CurlClient:
         handle = pycurl.Curl()
         for option, value in self._static:
             handle.setopt(option, value)
+        transfer = _Transfer(self._allow, self._max_body)
+        handle.setopt(pycurl.READFUNCTION, transfer.read)  # not POSTFIELDS: never re-sent
+        handle.setopt(pycurl.SEEKFUNCTION, transfer.seek)
+        handle.setopt(pycurl.HEADERFUNCTION, transfer.header)
+        handle.setopt(pycurl.WRITEFUNCTION, transfer.write)
+        handle.setopt(pycurl.OPENSOCKETFUNCTION, transfer.open_socket)
+        self._state[handle] = transfer
         return handle
+
+    def _close_handle(self, handle: pycurl.Curl) -> None:
+        self._state.pop(handle, None)
+        handle.close()
 
     def _drop(self, handle: pycurl.Curl, *, reuse: bool) -> None:
         self._running.pop(handle, None)
@@ -322,7 +347,7 @@ class CurlClient:
         if reuse and len(self._idle) < self._max_idle:
             self._idle.append(handle)
         else:
-            handle.close()
+            self._close_handle(handle)
 
     def _on_socket(self, what: int, fd: int, multi: Any, data: Any) -> None:
         wanted = 0
@@ -351,10 +376,18 @@ class CurlClient:
             self._loop.remove_writer(fd)
 
     def _on_timer(self, timeout_ms: int) -> None:
+        """libcurl's timer callback: act on ``SOCKET_TIMEOUT`` in ``timeout_ms`` (-1: never).
+        A 0 while a call is already due at the loop's next turn keeps that call: libcurl
+        asks for 0 at every handle added, and a claim adds dozens in one turn."""
+        if timeout_ms == 0 and self._timer_soon and self._timer is not None:
+            return
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if timeout_ms >= 0:
+        self._timer_soon = timeout_ms == 0
+        if timeout_ms == 0:
+            self._timer = self._loop.call_soon(self._act, pycurl.SOCKET_TIMEOUT, 0)
+        elif timeout_ms > 0:
             self._timer = self._loop.call_later(timeout_ms / 1000, self._act, pycurl.SOCKET_TIMEOUT, 0)
 
     def _act(self, fd: int, events: int) -> None:
@@ -371,8 +404,7 @@ class CurlClient:
             code, message = (exc.args + (pycurl.E_ABORTED_BY_CALLBACK, "libcurl multi error"))[:2]
             for handle, transfer in list(self._running.items()):
                 self._drop(handle, reuse=False)
-                if not transfer.future.done():
-                    transfer.future.set_exception(TransferError(int(code), str(message)))
+                _finish(transfer, int(code), str(message))
             return
         self._collect()
 
@@ -384,14 +416,12 @@ class CurlClient:
                 if transfer is not None:
                     transfer.status = transfer.status or _status_line(handle)
                     self._drop(handle, reuse=True)
-                    if not transfer.future.done():
-                        transfer.future.set_result(None)
+                    _finish(transfer)
             for handle, code, message in failed:
                 transfer = self._running.get(handle)
                 if transfer is not None:
                     self._drop(handle, reuse=False)
-                    if not transfer.future.done():
-                        transfer.future.set_exception(TransferError(code, message))
+                    _finish(transfer, code, message)
             if not queued:
                 return
 
@@ -425,6 +455,23 @@ def ascii_url(url: str) -> str:
 
 def _status_line(handle: pycurl.Curl) -> bytes:
     return f"HTTP/1.1 {handle.getinfo(pycurl.RESPONSE_CODE)} ".encode()
+
+
+def _finish(transfer: _Transfer, code: int | None = None, message: str = "") -> None:
+    """End ``transfer``'s request: its future gets the :class:`Response` (``code`` None: curl
+    finished it; or a response whose body went over the limit) or the error, taken now (the
+    handle may serve another request before the awaiter resumes)."""
+    future = transfer.future
+    if future is None or future.done():
+        return
+    if code is None or (transfer.over_limit and transfer.status):
+        future.set_result(_response(transfer))
+    elif transfer.rewind_refused and not transfer.status:
+        future.set_exception(TransferError(code, "connection closed before any answer (not sent again)"))
+    elif transfer.refused and not transfer.allowed:
+        future.set_exception(AddressRefused(transfer.refused))
+    else:
+        future.set_exception(TransferError(code, message))
 
 
 def _response(transfer: _Transfer) -> Response:

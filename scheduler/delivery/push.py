@@ -73,6 +73,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import email.utils
+import functools
 import ipaddress
 import json
 import logging
@@ -114,6 +115,10 @@ a transaction per batch, not per attempt."""
 STORE_RETRY_S = 1.0
 """After a failed store call the loop makes none for this long (seconds): attempts in
 flight go on, their outcomes wait."""
+
+TARGETS_KEPT = 4096
+"""A pusher keeps what it found out about this many target URLs (their host, whether an
+attempt may be sent), then starts over: a node pushes to few endpoints, many times each."""
 
 RECORD_DELAY_S = 0.05
 """A finished attempt's outcome is recorded at most this long after it finished (seconds),
@@ -184,8 +189,13 @@ def parse_retry_after(value: str | None, now_wall: float) -> float | None:
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
+@functools.lru_cache(maxsize=4096)
 def rfc3339(instant: datetime) -> str:
-    """``2026-01-01T00:00:00Z`` (UTC; ``.ffffff`` only when there are microseconds)."""
+    """``2026-01-01T00:00:00Z`` (UTC; ``.ffffff`` only when there are microseconds).
+
+    Cached: runs pushed together share their nominal and scheduled instants
+    (a herd, every job due on the same second), and equal instants in any
+    zone give the same text."""
     return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
@@ -266,6 +276,7 @@ class Pusher:
         self._per_host = per_host
         self._clock = clock or SystemClock()
         self._hosts: dict[str, tuple[asyncio.Semaphore, int]] = {}
+        self._targets: dict[str, tuple[str, str | None]] = {}
         # One client sends every tenant's attempts; it keeps no cookies, so a cookie one
         # endpoint sets is never handed to the next request for that host.
         self._client = CurlClient(
@@ -313,6 +324,28 @@ class Pusher:
         else:
             self._hosts[host] = (sem, users - 1)
 
+    def _target(self, url: str) -> tuple[str, str | None]:
+        """``(host, refusal)`` of a target URL: the error of an attempt that must not be sent
+        (a malformed URL, an IP literal the policy refuses), else None. Kept per URL (the
+        policy never changes in a client's life; at most :data:`TARGETS_KEPT` URLs)."""
+        known = self._targets.get(url)
+        if known is not None:
+            return known
+        try:
+            _, host, _ = split_url(url)
+        except ValidationError as exc:  # the rule only: a URL may carry a token in its query
+            known = ("", f"invalid target url: {exc.rule}")
+        else:
+            refused = _is_ip(host) and not self._policy.allows(host)
+            known = (
+                host,
+                f"ssrf refused: {host} is an address push targets may not reach (push_allow)" if refused else None,
+            )
+        if len(self._targets) >= TARGETS_KEPT:
+            self._targets.clear()
+        self._targets[url] = known
+        return known
+
     async def push(
         self,
         run: Claimed,
@@ -327,14 +360,9 @@ class Pusher:
         timeouts, connection errors, refused addresses are outcomes);
         raises ValueError if ``secrets`` is empty.
         """
-        try:
-            _, host, _ = split_url(run.url or "")
-        except ValidationError as exc:  # the rule only: a URL may carry a token in its query
-            return Outcome(run, "failed", error=f"invalid target url: {exc.rule}")
-        if _is_ip(host) and not self._policy.allows(host):
-            return Outcome(
-                run, "failed", error=f"ssrf refused: {host} is an address push targets may not reach (push_allow)"
-            )
+        host, refusal = self._target(run.url or "")
+        if refusal is not None:
+            return Outcome(run, "failed", error=refusal)
         body = request_body(run.payload)
         timeout_s = run.timeout_s or DEFAULT_TIMEOUT_S
         sem = await self._acquire(host)

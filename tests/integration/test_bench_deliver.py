@@ -33,9 +33,10 @@ def window_runs(result) -> int:
     return RATE * int((until - since).total_seconds())
 
 
-def steady(mode: str, workers: int, impl: str = "scheduler") -> Options:
+def steady(mode: str, workers: int, impl: str = "scheduler", receiver: str = "raw") -> Options:
     return Options(
         worker_impl=impl,
+        receiver=receiver,
         mode=mode,
         workload="steady",
         rate=RATE,
@@ -148,8 +149,10 @@ def test_firing_only_leaves_every_run_pending(pg_dsn: str, tmp_path: Path) -> No
     assert result["dispatch_p50_s"] is None  # never claimed: infinitely late
 
 
-def test_push_steady_every_run_posted_once_with_its_run_id(pg_dsn: str, tmp_path: Path) -> None:
-    result = run_deliver(pg_dsn, steady("push", 0), tmp_path)
+@pytest.mark.parametrize("receiver", ["raw", "aiohttp"])
+def test_push_steady_every_run_posted_once_with_its_run_id(pg_dsn: str, tmp_path: Path, receiver: str) -> None:
+    result = run_deliver(pg_dsn, steady("push", 0, receiver=receiver), tmp_path)
+    assert result.receiver == receiver
     runs = window_runs(result)
     assert (result.runs, result.succeeded, result.lost) == (runs, runs, 0)
     assert (result.missing, result.duplicates) == (0, 0)

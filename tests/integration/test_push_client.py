@@ -227,3 +227,37 @@ def test_a_url_libcurl_refuses_is_an_invalid_target_url(receiver) -> None:
     (outcome,) = push_all([claimed("http://" + "\u00e9" * 64 + ".example/a")])
     assert (outcome.outcome, outcome.error) == ("failed", "invalid target url")
     assert receiver.requests == []
+
+
+def test_each_request_gets_its_own_answer_while_handles_are_reused_across_hosts() -> None:
+    """A handle serves the next request as soon as its transfer ends, often before the
+    request it served has resumed: what that request gets must be its own answer."""
+    ok, busy = Receiver(), Receiver()
+    busy.script = [(503, {"Retry-After": "7"}, 0.0)] * 100
+
+    async def main() -> list[tuple[bool, int, str | None]]:
+        client = curl.CurlClient(max_total=2, max_per_host=2, allow=LOCAL.allows, user_agent="t", max_body=1024)
+
+        async def sequence(i: int) -> list[tuple[bool, int, str | None]]:
+            got = []
+            for j in range(50):
+                target = busy if (i + j) % 2 else ok
+                response = await client.request("POST", target.url(), b"{}", [], 5.0)
+                got.append((target is busy, response.status, response.retry_after))
+            return got
+
+        try:
+            return [item for got in await asyncio.gather(*(sequence(i) for i in range(4))) for item in got]
+        finally:
+            await client.close()
+
+    try:
+        answers = asyncio.run(main())
+    finally:
+        ok.close()
+        busy.close()
+    assert len(answers) == 200
+    assert [(status, retry_after) for _, status, retry_after in answers] == [
+        (503, "7") if to_busy else (200, None) for to_busy, _, _ in answers
+    ]
+    assert (len(ok.requests), len(busy.requests)) == (100, 100)
