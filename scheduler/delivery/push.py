@@ -467,6 +467,7 @@ class PushLoop:
         self._oldest_outcome = 0.0
         self._store_down_until = 0.0
         self._wake: asyncio.Event | None = None
+        self._counted: dict[str, tuple[Any, Any]] = {}
 
     # ------------------------------------------------------------ thread
 
@@ -661,8 +662,14 @@ class PushLoop:
             self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
         if outcome is not None:
             self._add(outcome)
-            self._metrics.push_attempts.labels(outcome=outcome.outcome).inc()
-            self._metrics.push_latency.labels(outcome=outcome.outcome).observe(outcome.latency_s)
+            counted = self._counted.get(outcome.outcome)
+            if counted is None:  # a child of each metric per outcome, looked up once (labels() locks)
+                counted = self._counted[outcome.outcome] = (
+                    self._metrics.push_attempts.labels(outcome=outcome.outcome),
+                    self._metrics.push_latency.labels(outcome=outcome.outcome),
+                )
+            counted[0].inc()
+            counted[1].observe(outcome.latency_s)
         if self._wake is not None:
             self._wake.set()
 
@@ -699,7 +706,7 @@ class PushLoop:
         for lease_s, items in by_lease.items():
             for chunk in _chunks(items, lifecycle.MAX_BATCH):
                 sent = time.monotonic()
-                pairs = [(i.run.run_id, i.run.token) for i in chunk]
+                pairs = [(i.run.key, i.run.token) for i in chunk]
                 answers = await self._store(lambda c, p=pairs, s=lease_s: lifecycle.heartbeat(c, p, s, now=now))
                 if answers is None:
                     continue
@@ -737,7 +744,7 @@ class PushLoop:
         acks = [o for o in batch if o.outcome == "succeeded"]
         fails = [o for o in batch if o.outcome != "succeeded"]
         for chunk in _chunks(acks, lifecycle.MAX_BATCH):
-            pairs = [(o.run.run_id, o.run.token) for o in chunk]
+            pairs = [(o.run.key, o.run.token) for o in chunk]
             answers = await self._store(lambda c, p=pairs: lifecycle.ack(c, p, now=now), self._record_session)
             self._after_record(chunk, answers)
         for chunk in _chunks(fails, lifecycle.MAX_BATCH):
