@@ -1168,7 +1168,7 @@ def jobs_import(
             click.echo(f"{csv_file}:{line}: {clip(expr)}: {reason}", err=True)
         click.echo(f"{len(report.created)} created, {len(report.unchanged)} unchanged, {len(report.rejected)} rejected")
     if report.rejected and not report.created and not report.unchanged:
-        sys.exit(EXIT_INVALID)  # every line rejected: nothing was imported
+        _fail(f"every line of {csv_file} was rejected: nothing imported", EXIT_INVALID)
 
 
 @jobs.command("list")

@@ -128,6 +128,7 @@ def test_import_with_a_different_policy_reports_the_conflict_and_changes_nothing
     assert again.stderr == (
         f"{path}:2: '0 2 * * *': name: job {name!r} of tenant 'acme' already exists "
         f"with a different spec (id {job['job_id']})\n"
+        f"error: every line of {path} was rejected: nothing imported\n"
     )
     assert conn.execute("SELECT job_id, misfire FROM jobs").fetchall() == [job]
 
@@ -139,10 +140,12 @@ def test_an_import_whose_every_line_is_rejected_exits_2(pg_dsn, conn, tmp_path) 
     bad.write_text("expr,dialect,timezone\n*/60 * * * *,unix5,\n0 2 * * *,unix5,Mars/X\n", encoding="utf-8")
     text = run(["jobs", "import", str(bad), "--tenant", "acme"], pg_dsn)
     assert (text.exit_code, text.stdout) == (2, "0 created, 0 unchanged, 2 rejected\n")
-    assert [line.split(": ")[0] for line in text.stderr.splitlines()] == [f"{bad}:2", f"{bad}:3"]
+    assert [line.split(": ")[0] for line in text.stderr.splitlines()] == [f"{bad}:2", f"{bad}:3", "error"]
+    assert text.stderr.splitlines()[-1] == f"error: every line of {bad} was rejected: nothing imported"
     as_json = run(["jobs", "import", str(bad), "--tenant", "acme", "--json"], pg_dsn)
     assert as_json.exit_code == 2
     assert [r["line"] for r in json.loads(as_json.stdout)["rejected"]] == [2, 3]
+    assert as_json.stderr == f"error: every line of {bad} was rejected: nothing imported\n"
     assert count(conn, "jobs") == 0 and count(conn, "tenants", "tenant = 'acme'") == 0  # nothing written
     mixed = tmp_path / "mixed.csv"
     mixed.write_text("expr,dialect,timezone\n*/60 * * * *,unix5,\n0 2 * * *,unix5,\n", encoding="utf-8")
