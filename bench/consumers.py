@@ -129,7 +129,7 @@ RECEIVERS = ("raw", "aiohttp")
 """Receiver implementations (``--receiver``): ``raw``, the default, a minimal HTTP/1.1 server
 on :class:`asyncio.Protocol` (:class:`RawReceiver`); ``aiohttp``, aiohttp's web server (what
 the bench used until 2026-12-04: ~160 µs of CPU per request on this machine, a quarter of a
-push run's CPU, against ~40 µs for ``raw``; docs/performance.md, "2026-12-04")."""
+push run's CPU, against ~70 µs for ``raw``; docs/performance.md, "2026-12-04")."""
 
 _RESPONSE_204 = b"HTTP/1.1 204 No Content\r\n\r\n"
 _RESPONSE_501 = b"HTTP/1.1 501 Not Implemented\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"

@@ -174,6 +174,18 @@ def split_url(url: str, field: str = "url") -> tuple[str, str, int]:
     return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80)
 
 
+def is_metadata(address: str) -> bool:
+    """Whether ``address`` (text) is one of :data:`METADATA_ADDRESSES`, or an IPv6 address
+    carrying one (:func:`carried_ipv4`)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address):
+        ip = carried_ipv4(ip) or ip
+    return ip in METADATA_ADDRESSES
+
+
 def check_url(
     url: str,
     policy: AddressPolicy,
@@ -197,6 +209,14 @@ def check_url(
     if not addresses:
         raise ValidationError(field, "host does not resolve", host)
     for address in addresses:
+        if not policy.allows(address) and is_metadata(address):
+            raise ValidationError(
+                field,
+                "resolves to a cloud metadata address, which push targets may not reach; push_allow opens it "
+                "only with an entry of /16 or narrower (/64 for IPv6), never through a wider network such as "
+                "0.0.0.0/0",
+                f"{host} -> {address}",
+            )
         if not policy.allows(address):
             raise ValidationError(
                 field,

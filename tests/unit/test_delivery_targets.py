@@ -509,3 +509,30 @@ def test_a_header_value_that_is_not_text_says_so(value) -> None:
         refused(url=URL, headers={"X-A": value})
         == "header: value of X-A must be a string (text), not a number, list or null"
     )
+
+
+METADATA_RULE = (
+    "url: resolves to a cloud metadata address, which push targets may not reach; push_allow opens it only "
+    "with an entry of /16 or narrower (/64 for IPv6), never through a wider network such as 0.0.0.0/0"
+)
+
+
+@pytest.mark.parametrize("allow", ["", "0.0.0.0/0", "169.254.0.0/15", "::/0"])
+@pytest.mark.parametrize("address", ["169.254.169.254", "::ffff:169.254.169.254", "fd00:ec2::254"])
+def test_a_metadata_address_is_refused_with_the_rule_that_opens_it(allow: str, address: str) -> None:
+    # A trial allowed 0.0.0.0/0 and was told only that "an operator may allow a network with push_allow".
+    def resolve(host: str, port: int) -> list[str]:
+        return [address]
+
+    with pytest.raises(ValidationError) as info:
+        check_targets([DeliverySpec.build(url="http://meta.example/")], AddressPolicy.parse(allow), resolve=resolve)
+    assert str(info.value) == f"{METADATA_RULE} (got 'meta.example -> {address}')"
+
+
+def test_a_metadata_address_under_a_narrow_enough_entry_is_allowed() -> None:
+    def resolve(host: str, port: int) -> list[str]:
+        return ["169.254.169.254"]
+
+    check_targets(
+        [DeliverySpec.build(url="http://meta.example/")], AddressPolicy.parse("169.254.0.0/16"), resolve=resolve
+    )
