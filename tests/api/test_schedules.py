@@ -1039,3 +1039,22 @@ def test_text_the_store_cannot_keep_is_refused_or_not_found(acme, db):
         got = acme.get("/v1/schedules", params=params)
         assert (got.status_code, got.json()["field"]) == (422, field), (params, got.text)
     assert count_writes(db) == before
+
+
+def test_a_field_given_as_null_is_the_same_as_left_out(acme, db):
+    """docs/api.md, "The spec": null takes the default, like an omitted field."""
+    spec = {**YEARLY, "queue": "reports", "max_attempts": 3}
+    assert acme.put("/v1/schedules/nightly", json=spec).status_code == 201
+    before = count_writes(db)
+    nulls = dict.fromkeys(
+        ["kind", "dialect", "interval_s", "at", "misfire", "catchup_window_s", "misfire_grace_s", "jitter_s", "url"]
+        + ["method", "headers", "timeout_s", "payload", "backoff_base_s", "backoff_cap_s", "max_age_s", "overlap"]
+    )
+    same = acme.put("/v1/schedules/nightly", json={**spec, **nulls})
+    assert (same.status_code, same.json()["outcome"]) == (200, "unchanged"), same.text
+    assert count_writes(db) == before
+    reset = acme.put("/v1/schedules/nightly", json={**spec, "max_attempts": None})
+    assert (reset.status_code, reset.json()["outcome"]) == (200, "replaced"), reset.text
+    assert reset.json()["schedule"]["max_attempts"] == 5
+    # Every delivery field at its default again: no delivery row is kept for the job.
+    assert rows(db, "SELECT max_attempts FROM job_delivery WHERE job_id = %s", job(db, "nightly")["job_id"]) == []
