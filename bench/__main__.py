@@ -493,6 +493,12 @@ def deliver(
         workers = 4 if mode == "pull" else 0
     if mode == "push" and workers:
         raise click.BadParameter("push mode delivers from the nodes: no workers", param_hint="--workers")
+    if mode == "pull":
+        context = click.get_current_context()
+        for name in ("receiver", "push_concurrency", "push_per_host"):
+            if context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT:
+                flag = "--" + name.replace("_", "-")
+                raise click.BadParameter("a push option: give it with --mode push", param_hint=f"'{flag}'")
     opts = Options(
         mode=mode,
         workload=workload,
