@@ -209,7 +209,9 @@ def check_url(
     if not addresses:
         raise ValidationError(field, "host does not resolve", host)
     for address in addresses:
-        if not policy.allows(address) and is_metadata(address):
+        if policy.allows(address):
+            continue
+        if is_metadata(address):
             raise ValidationError(
                 field,
                 "resolves to a cloud metadata address, which push targets may not reach; push_allow opens it "
@@ -217,10 +219,9 @@ def check_url(
                 "0.0.0.0/0",
                 f"{host} -> {address}",
             )
-        if not policy.allows(address):
-            raise ValidationError(
-                field,
-                "resolves to an address push targets may not reach (loopback, private, link-local, metadata "
-                "or reserved); an operator may allow a network with push_allow",
-                f"{host} -> {address}",
-            )
+        raise ValidationError(
+            field,
+            "resolves to an address push targets may not reach (loopback, private, link-local, metadata "
+            "or reserved); an operator may allow a network with push_allow",
+            f"{host} -> {address}",
+        )
