@@ -344,7 +344,7 @@ def claim(
         "now": now,
     }
     claimed: list[Claimed] = store.run_statement(
-        conn, lambda c: store.execute_probing(c, "claim_runs", params, row_factory=_claimed_rows)
+        conn, lambda c: store.execute_probing(c, "claim_runs", params, row_factory=_claimed_rows, binary=True)
     )
     return claimed
 
@@ -389,7 +389,7 @@ def claim_push(
         return []
     params = claim_push_params(node_id=node_id, epochs=epochs, limit=limit, now=now)
     claimed: list[Claimed] = store.run_transaction(
-        conn, lambda c: store.execute_probing(c, "claim_push", params, row_factory=_claimed_rows)
+        conn, lambda c: store.execute_probing(c, "claim_push", params, row_factory=_claimed_rows, binary=True)
     )
     return claimed
 
