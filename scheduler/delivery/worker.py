@@ -85,9 +85,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import collections.abc
 import contextlib
-import contextvars
 import importlib
 import inspect
 import logging
@@ -100,7 +98,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Coroutine, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -293,68 +291,6 @@ def _is_async(handler: Callable[..., Any]) -> bool:
 def default_worker_id() -> str:
     """``<hostname>:<pid>``: what ``runs.worker`` shows for this process's attempts."""
     return f"{socket.gethostname()}:{os.getpid()}"[:200]
-
-
-_NOTHING = object()
-
-
-class _Resumed(collections.abc.Coroutine):  # type: ignore[type-arg]
-    """A coroutine whose first step already ran (:func:`_start_eagerly`), as a task can drive it.
-
-    The task's first ``send(None)`` gets what that step yielded (the future the
-    coroutine awaits, already marked blocking by the future's own ``__await__``, or
-    ``None`` for a bare yield such as ``asyncio.sleep(0)``); every later ``send`` and
-    every ``throw`` (a cancellation) goes to the coroutine itself, the first one
-    included: a task cancelled before its first step throws into the coroutine where
-    it waits, as it would have had the task run that step."""
-
-    __slots__ = ("_coro", "_yielded")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], yielded: Any) -> None:
-        self._coro, self._yielded = coro, yielded
-
-    def send(self, value: Any) -> Any:
-        yielded = self._yielded
-        if yielded is _NOTHING:
-            return self._coro.send(value)
-        self._yielded = _NOTHING
-        return yielded
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        self._yielded = _NOTHING
-        if val is None and tb is None:
-            return self._coro.throw(typ)
-        return self._coro.throw(typ, val, tb)  # pragma: no cover (the three-argument form: old callers)
-
-    def close(self) -> None:
-        self._yielded = _NOTHING
-        self._coro.close()
-
-    def __next__(self) -> Any:
-        return self.send(None)
-
-    def __await__(self) -> Any:
-        return self
-
-
-def _start_eagerly(coro: Coroutine[Any, Any, Any]) -> asyncio.Task | None:
-    """Run ``coro``'s first step now, in a copy of the current context, as Python 3.12's
-    ``asyncio.eager_task_factory`` does; return None if that step finished it, else a task
-    (with that context) that finishes it.
-
-    Why: a no-op or cache-hit handler (every run of a herd in ``bench deliver``) returns
-    without awaiting anything, and a task per run (created, registered in asyncio's
-    weak set of tasks, scheduled, stepped once, done callbacks) cost ~5 µs of the
-    worker's ~13 µs of own CPU per run (docs/performance.md, "2026-12-04, afternoon").
-    The copied context keeps what a handler sets in a context variable out of the
-    claim loop's, as a task's would. ``coro`` must not raise from its first step (the
-    worker's wrapper catches every handler error); if it does, the error propagates."""
-    context = contextvars.copy_context()
-    try:
-        yielded = context.run(coro.send, None)
-    except StopIteration:
-        return None
-    return asyncio.get_running_loop().create_task(_Resumed(coro, yielded), context=context)
 
 
 class _InFlight:
@@ -978,7 +914,7 @@ class Worker:
         self._inflight[f.run_id] = f
         self._running += 1
         if self._async:
-            f.task = _start_eagerly(self._run_async(f))
+            f.task = asyncio.get_running_loop().create_task(self._run_async(f))
             return
         assert self._threads is not None
         handler = self.handler
