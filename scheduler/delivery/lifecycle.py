@@ -365,6 +365,33 @@ def tenants_with_runs(
     return {row["tenant"] for row in rows}
 
 
+NEXT_DUE_LATE_S = 2.0
+""":func:`next_due` ignores timers overdue by more than this (seconds): one that late waits
+for a node to fire it, and a worker polling for it would poll in vain."""
+NEXT_DUE_SCAN = 64
+"""Due timers :func:`next_due` reads per tenant at most (earliest first) looking for one of the
+queue (the due index has no queue column)."""
+
+
+def next_due(
+    conn: psycopg.Connection, *, tenants: Sequence[str], queue: str, now: datetime | None = None
+) -> float | None:
+    """Seconds from the store's now (``now`` when pinned) until the next timer of
+    ``tenants`` whose runs go to ``queue`` falls due (``tenants_next_due``):
+    negative if one is overdue by at most :data:`NEXT_DUE_LATE_S`; None if none
+    is due from then on among each tenant's first :data:`NEXT_DUE_SCAN` due
+    timers. One index walk per tenant, read only, with
+    :func:`scheduler.store.execute_probing`'s settings. An idle worker sleeps
+    until then (:class:`~scheduler.delivery.worker.Worker`). Raises
+    ValidationError for more than :data:`MAX_TENANTS_PROBED` tenants."""
+    if len(tenants) > MAX_TENANTS_PROBED:
+        raise ValidationError("tenants", f"at most {MAX_TENANTS_PROBED} per call", len(tenants))
+    params = {"tenants": list(tenants), "queue": queue, "now": now, "late_s": NEXT_DUE_LATE_S, "scan": NEXT_DUE_SCAN}
+    rows = store.run_statement(conn, lambda c: store.execute_probing(c, "tenants_next_due", params))
+    due_in_s: float | None = rows[0]["due_in_s"] if rows else None
+    return due_in_s
+
+
 def unknown_tenants(conn: psycopg.Connection, tenants: Sequence[str]) -> list[str]:
     """Those of ``tenants`` the store has no tenant of (``unknown_tenants``), in the order
     given: a worker warns about them at start (a tenant may still be created later)."""

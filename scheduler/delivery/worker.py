@@ -25,7 +25,11 @@ heartbeat, ack and nack is one statement sent alone, one round trip):
   ``flush_interval_s`` for more to free up: under load, a few large claims
   rather than many of one run each). After an empty claim the tenant
   waits a tenth of the time since it last had runs, between ``poll_min_s``
-  (50 ms) and ``poll_max_s`` (1 s) (:data:`IDLE_POLL_FRACTION`). Serving
+  (50 ms) and ``poll_max_s`` (1 s) (:data:`IDLE_POLL_FRACTION`), or less:
+  before a longer idle wait the worker asks when its tenants' next timer of
+  its queue falls due (:func:`~scheduler.delivery.lifecycle.next_due`) and
+  asks for runs :data:`DUE_SETTLE_S` after that instant, then every
+  ``poll_min_s`` for :data:`DUE_WINDOW_S` while none come. Serving
   several tenants, a round first asks
   the store which of them have runs to claim (one statement, an index probe
   per tenant: :func:`~scheduler.delivery.lifecycle.tenants_with_runs`),
@@ -125,6 +129,15 @@ node's once-a-second tick) is asked every 50–100 ms, one fed every minute abou
 second. Doubling (50 ms, 100, 200, 400, 800) let a worker sleep through most of the next
 second's runs: dispatch lag p99 2.58 s at a steady 12,000 runs/s, 1.03 s with waits capped
 at 100 ms (docs/performance.md, "2026-12-02, afternoon")."""
+DUE_SETTLE_S = 0.05
+"""An idle worker that knows when its next timer falls due (:func:`~scheduler.delivery.lifecycle.next_due`)
+asks for runs this long after that instant: nodes tick 20 ms after each second and commit a tick's
+first runs tens of milliseconds later."""
+DUE_WINDOW_S = 1.0
+"""For this long after a due instant an empty claim waits only ``poll_min_s``, not the idle backoff:
+a tick's runs commit chunk by chunk over its first second."""
+DUE_PROBE_MIN_S = 0.2
+"""An idle worker asks when its next timer falls due only before a wait longer than this."""
 FLUSH_INTERVAL_S = 0.025
 """Acks and nacks wait at most this long to be sent in one batch."""
 STORE_BACKOFF_MIN_S = 0.1
@@ -405,6 +418,7 @@ class TenantTurns:
         self._next = 0  # index of the tenant the next round starts with
         self._not_before = [0.0] * len(self.tenants)
         self._last_runs = [clock()] * len(self.tenants)  # when each tenant last got runs
+        self._hot = (0.0, 0.0)  # [from, until): an empty claim then waits poll_min_s (see expect)
 
     def due(self, ready: Collection[str | None] | None = None) -> list[int]:
         """Indexes of the tenants to ask this round, in order.
@@ -429,9 +443,24 @@ class TenantTurns:
             self._last_runs[index] = now
             self._not_before[index] = 0.0
             self._next = (index + 1) % len(self.tenants)
+        elif self._hot[0] <= now < self._hot[1]:
+            self._not_before[index] = now + self._poll_min_s
         else:
             idle = IDLE_POLL_FRACTION * (now - self._last_runs[index])
             self._not_before[index] = now + min(self._poll_max_s, max(self._poll_min_s, idle))
+
+    def expect(self, in_s: float, window_s: float = DUE_WINDOW_S) -> None:
+        """A timer of these tenants falls due in ``in_s`` seconds (≤ 0: now): every tenant
+        may be asked from then on (a backoff ending sooner stands), and until ``window_s``
+        after it an empty claim waits only ``poll_min_s`` instead of the idle backoff."""
+        now = self._clock()
+        at = now + max(0.0, in_s)
+        self._not_before = [min(not_before, at) for not_before in self._not_before]
+        start, until = self._hot
+        if start <= now < until:  # in a window already: it lasts until this one's end too
+            self._hot = (start, max(until, at + window_s))
+        else:
+            self._hot = (at, at + window_s)
 
     def wait_s(self) -> float:
         """Seconds until some tenant may be asked again (0 if one may now)."""
@@ -466,6 +495,11 @@ class StoreTransport:
     async def ready(self, *, tenants: Sequence[str], queue: str) -> set[str]:
         """:func:`~scheduler.delivery.lifecycle.tenants_with_runs`: those of ``tenants`` with runs to claim."""
         return await self._claim_lane.call(lifecycle.tenants_with_runs, tenants=tenants, queue=queue)
+
+    async def next_due(self, *, tenants: Sequence[str], queue: str) -> float | None:
+        """:func:`~scheduler.delivery.lifecycle.next_due`: seconds until the next timer of
+        ``tenants``' ``queue`` falls due, or None."""
+        return await self._claim_lane.call(lifecycle.next_due, tenants=tenants, queue=queue)
 
     async def unknown(self, tenants: Sequence[str]) -> list[str]:
         """:func:`~scheduler.delivery.lifecycle.unknown_tenants`: those of ``tenants`` the store has not."""
@@ -872,7 +906,25 @@ class Worker:
                 if claimed < limit:
                     await self._sleep(self._poll_min_s, self._stop_event)
             else:  # every tenant came back empty or is backing off: until one may be asked
+                await self._expect_due()
                 await self._sleep(max(self._turns.wait_s(), 0.001), self._stop_event)
+
+    async def _expect_due(self) -> None:
+        """Before an idle wait longer than :data:`DUE_PROBE_MIN_S`, ask the store when the next
+        timer of the worker's tenants and queue falls due (one index walk per tenant) and wake
+        :data:`DUE_SETTLE_S` after it if that is sooner (:meth:`TenantTurns.expect`): a worker idle
+        for a minute is at its 1 s backoff, and claimed a minute's first runs up to a second
+        late. Over the HTTP API (no such call) the backoff stands; so it does after a store
+        error here (the next claim meets and reports it)."""
+        if self._turns.wait_s() <= DUE_PROBE_MIN_S or not isinstance(self._transport, StoreTransport):
+            return
+        named = [t for t in self.tenants if t is not None]
+        try:
+            due_in_s = await self._transport.next_due(tenants=named, queue=self.queue)
+        except self._errors:
+            return
+        if due_in_s is not None:
+            self._turns.expect(due_in_s + DUE_SETTLE_S)
 
     async def _claim_round(self, limit: int) -> int:
         """Claim up to ``limit`` runs, asking the tenants in turn (:class:`TenantTurns`),

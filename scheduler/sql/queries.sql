@@ -1853,6 +1853,34 @@ CROSS JOIN LATERAL (
     LIMIT 1
 ) AS found;
 
+-- name: tenants_next_due
+-- When the next timer of %(tenants)s whose runs go to queue %(queue)s falls
+-- due: seconds from the store's now (%(now)s when pinned) to the earliest
+-- next_due_at among them, NULL if none is due from %(late_s)s seconds ago on
+-- (a timer overdue longer than that waits for a node, not for a worker).
+-- An idle worker sleeps until then instead of its idle backoff (docs/delivery.md,
+-- "Claims"). One walk of jobs_due_schedule_idx per tenant from the earliest
+-- due entry, its first %(scan)s entries at most, keeping those of the queue
+-- (the index has no queue: a tenant whose first entries are all of other
+-- queues or pushed answers nothing, and its worker keeps its backoff).
+SELECT extract(epoch FROM (min(d.next_due_at)
+                           - coalesce(%(now)s::timestamptz, statement_timestamp())))::float8 AS due_in_s
+FROM unnest(%(tenants)s::text[]) AS t (tenant)
+CROSS JOIN LATERAL (
+    SELECT e.next_due_at
+    FROM (SELECT j.next_due_at, j.queue
+          FROM jobs AS j
+          WHERE j.tenant = t.tenant
+            AND j.next_due_at IS NOT NULL
+            AND j.next_due_at >= coalesce(%(now)s::timestamptz, statement_timestamp())
+                                 - %(late_s)s::float8 * interval '1 second'
+          ORDER BY j.next_due_at
+          LIMIT %(scan)s) AS e
+    WHERE e.queue = %(queue)s
+    ORDER BY e.next_due_at
+    LIMIT 1
+) AS d;
+
 -- name: claim_runs
 -- A worker's claim: up to %(limit)s pending runs of queue %(queue)s of tenant
 -- %(tenant)s available now, oldest available first (runs_pending_idx), each

@@ -103,7 +103,7 @@ def execute_within(
         return execute(conn, name, params)
 
 
-PROBE_SETTINGS = ("enable_hashjoin", "enable_mergejoin", "enable_seqscan")
+PROBE_SETTINGS = ("enable_hashjoin", "enable_mergejoin", "enable_seqscan", "enable_bitmapscan")
 """The planner settings a probing statement runs with turned off (see :func:`execute_probing`)."""
 PROBE_JOINS_SQL = "; ".join(f"SET LOCAL {name} = off" for name in PROBE_SETTINGS)
 """What :func:`execute_probing` sends first on PostgreSQL (one round trip)."""
@@ -130,10 +130,15 @@ def execute_probing(
     ``runs`` held under ~300,000 rows, most of them pending (the minutes
     after a herd): every claim then read every pending run, and the drain
     slowed as its backlog grew (tests/integration/test_store_plans.py).
-    ``SET LOCAL`` turns hash joins, merge joins and sequential scans off for
-    the rest of the caller's transaction (its :func:`run_transaction` body),
-    which leaves the planner one sane plan: a nested loop from the picked
-    runs into ``runs_pkey`` (for a batch: from its pairs). Only for
+    ``SET LOCAL`` turns hash joins, merge joins, sequential scans and bitmap
+    scans off for the rest of the caller's transaction (its
+    :func:`run_transaction` body), which leaves the planner one sane plan: a
+    nested loop from the picked runs into ``runs_pkey`` (for a batch: from
+    its pairs), and every "first N in index order" read an ordered index scan
+    that stops after N (a bitmap scan reads every match, then sorts: a
+    worker's next-due probe, ``tenants_next_due``, planned with the
+    statistics of a smaller ``jobs``, read all 20,000 jobs of a tenant for
+    one answer; tests/integration/test_store_plans.py). Only for
     statements whose every table has the index the probe needs, and where
     ``runs`` is not matched by a partial index whose statistics may be
     stale: the batch statements test ``coalesce(state, '') = 'leased'``,

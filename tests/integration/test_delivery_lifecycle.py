@@ -60,6 +60,45 @@ def test_a_fired_run_is_born_pending_in_its_jobs_queue(conn, node) -> None:
         assert run["lease_token"] is None and run["leased_until"] is None
 
 
+def test_next_due_is_the_seconds_until_the_next_timer_of_the_tenants_queue(conn, monkeypatch) -> None:
+    """acme: due at T0 + 3 s and T0 + 10 s; beta: T0 + 1 s; gamma: T0 + 0.5 s but in queue
+    reports; delta: T0 + 0.2 s, pushed (no queue); epsilon: overdue by 5 s (past the 2 s a
+    worker waits for); zeta: overdue by 1 s; eta: two timers of reports before one of default."""
+
+    def due(tenant: str, at: datetime, queue: str | None = "default") -> None:
+        conn.execute(
+            "UPDATE jobs SET next_nominal_at = %s, next_due_at = %s, queue = %s WHERE job_id = %s",
+            (at, at, queue, add_job(conn, tenant)),
+        )
+
+    due("acme", T0 + 10 * S)
+    due("acme", T0 + 3 * S)
+    due("beta", T0 + S)
+    due("gamma", T0 + S / 2, "reports")
+    due("delta", T0 + S / 5, None)
+    due("epsilon", T0 - 5 * S)
+    due("zeta", T0 - S)
+    due("eta", T0 + S, "reports")
+    due("eta", T0 + 2 * S, "reports")
+    due("eta", T0 + 3 * S)
+    jobs.add_tenant(conn, "idle")
+
+    def next_due(*tenants: str, queue: str = "default") -> float | None:
+        return lifecycle.next_due(conn, tenants=list(tenants), queue=queue, now=T0)
+
+    assert next_due("acme") == 3.0
+    assert next_due("acme", "beta") == 1.0
+    assert (next_due("gamma"), next_due("gamma", queue="reports")) == (None, 0.5)
+    assert next_due("delta") is None
+    assert (next_due("epsilon"), next_due("zeta"), next_due("epsilon", "acme")) == (None, -1.0, 3.0)
+    assert (next_due("idle"), next_due("nobody"), next_due()) == (None, None, None)
+    assert next_due("eta") == 3.0
+    monkeypatch.setattr(lifecycle, "NEXT_DUE_SCAN", 2)  # its first two due timers are of reports
+    assert next_due("eta") is None
+    with pytest.raises(ValidationError, match="tenants"):
+        next_due(*[f"t{i}" for i in range(lifecycle.MAX_TENANTS_PROBED + 1)])
+
+
 def test_tenants_with_runs_names_those_with_a_pending_run_available_in_the_queue(conn) -> None:
     """acme: available; beta: only leased; gamma: not available yet; delta: another queue;
     epsilon: nothing; zeta: pushed (no queue)."""

@@ -20,9 +20,10 @@ import psycopg
 import pytest
 from helpers import OneNode
 
-from scheduler import store
+from scheduler import jobs, store
 from scheduler.delivery import lifecycle
 from scheduler.partition import partition_of
+from scheduler.spec import JobSpec
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 PAST = datetime(2020, 1, 1, tzinfo=UTC)  # available for claims
@@ -299,3 +300,54 @@ def test_a_workers_ready_probe_reads_an_index_entry_per_tenant_not_every_pending
         assert after["idx_tup_fetch"] - before["idx_tup_fetch"] <= len(tenants)
         assert lifecycle.tenants_with_runs(conn, tenants=tenants[1:], queue="default") == set()
         assert lifecycle.tenants_with_runs(conn, tenants=tenants, queue="other") == set()
+
+
+def jobs_reads(conn) -> dict[str, int]:
+    """This session's running counts of scans and rows read on ``jobs`` (not yet reported)."""
+    row = conn.execute(
+        "SELECT seq_scan, coalesce(idx_tup_fetch, 0) AS idx_tup_fetch FROM pg_stat_xact_user_tables"
+        " WHERE relname = 'jobs'"
+    ).fetchone()
+    return {"seq_scan": int(row["seq_scan"]), "idx_tup_fetch": int(row["idx_tup_fetch"])}
+
+
+@pytest.mark.parametrize("session", ["transaction", "probe session"])
+@pytest.mark.parametrize("statistics", ["current", "of an empty table"])
+def test_a_workers_next_due_probe_reads_a_few_index_entries_per_tenant_not_every_job(pg_dsn, statistics, session):
+    """An idle worker asks when its tenants' next timer falls due (``tenants_next_due``)
+    before each longer wait. Among 20,000 jobs of acme due over the next hours, every
+    one of queue ``other`` but the 30th, the probe walks acme's first due entries in
+    order (at most NEXT_DUE_SCAN) and never scans the table, whatever the statistics."""
+    conn = store.connect(pg_dsn, application_name="scheduler-test")
+    try:
+        if session == "probe session":
+            store.make_probe_session(conn)
+        if statistics != "current":
+            conn.execute("ANALYZE jobs")
+        jobs.add_job(conn, JobSpec.build(tenant="acme", interval_s=3600))
+        columns = [
+            r["column_name"]
+            for r in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'jobs' ORDER BY ordinal_position"
+            ).fetchall()
+        ]
+        fresh = {"job_id": "gen_random_uuid()", "next_due_at": "%(t)s::timestamptz + g * interval '1 second'",
+                 "next_nominal_at": "%(t)s::timestamptz + g * interval '1 second'",
+                 "queue": "CASE WHEN g = 30 THEN 'default' ELSE 'other' END"}  # fmt: skip
+        select = ", ".join(fresh.get(c, c) for c in columns)
+        conn.execute(
+            f"INSERT INTO jobs ({', '.join(columns)}) SELECT {select}"  # noqa: S608 (column names from the catalog)
+            " FROM (SELECT * FROM jobs LIMIT 1) AS j, generate_series(1, 20000) AS g",
+            {"t": T0},
+        )
+        if statistics == "current":
+            conn.execute("ANALYZE jobs")
+        tenants = ["acme", *(f"small-{i:02d}" for i in range(50))]
+        before = jobs_reads(conn)
+        assert lifecycle.next_due(conn, tenants=tenants, queue="default", now=T0) == 30.0
+        assert lifecycle.next_due(conn, tenants=tenants, queue="reports", now=T0) is None
+        after = jobs_reads(conn)
+        assert after["seq_scan"] - before["seq_scan"] == 0
+        assert after["idx_tup_fetch"] - before["idx_tup_fetch"] <= 2 * lifecycle.NEXT_DUE_SCAN
+    finally:
+        conn.close()

@@ -148,3 +148,48 @@ def test_a_probe_that_finds_nothing_backs_every_tenant_off_by_its_idle_time(cloc
     clock.now += 0.2
     assert t.due(ready=set()) == []
     assert t.wait_s() == pytest.approx(0.22)
+
+
+def test_a_timer_due_sooner_than_the_backoff_wakes_every_tenant_at_its_instant(clock) -> None:
+    t = turns(clock, tenants=("a", "b"))
+    clock.now += 60.0  # idle for a minute: 1 s backoffs
+    t.record(0, 0)
+    t.record(1, 0)
+    assert t.wait_s() == pytest.approx(1.0)
+    t.expect(0.25)
+    assert t.wait_s() == pytest.approx(0.25)
+    clock.now += 0.25
+    assert t.due() == [0, 1]
+
+
+def test_a_timer_due_later_than_the_backoff_changes_nothing(clock) -> None:
+    t = turns(clock, tenants=("a",))
+    clock.now += 60.0
+    t.record(0, 0)
+    t.expect(30.0)
+    assert t.wait_s() == pytest.approx(1.0)
+    clock.now += 1.0
+    t.record(0, 0)  # not in the window yet: the idle backoff
+    assert t.wait_s() == pytest.approx(1.0)
+
+
+def test_after_a_due_instant_an_empty_claim_waits_poll_min_for_the_window_then_backs_off(clock) -> None:
+    t = turns(clock, tenants=("a",))
+    clock.now += 60.0
+    t.record(0, 0)
+    t.expect(0.5, window_s=1.0)  # due at 160.5; fast polls until 161.5
+    waits = []
+    for at in (160.5, 160.55, 161.0, 161.45, 161.5, 163.0):
+        clock.now = at
+        t.record(0, 0)
+        waits.append(round(t.wait_s(), 6))
+    assert waits == [0.05, 0.05, 0.05, 0.05, 1.0, 1.0]
+
+
+def test_an_overdue_timer_wakes_now(clock) -> None:
+    t = turns(clock, tenants=("a",))
+    clock.now += 60.0
+    t.record(0, 0)
+    t.expect(-1.5)
+    assert t.wait_s() == 0.0
+    assert t.due() == [0]
