@@ -53,11 +53,11 @@ def copy_pending_runs(conn, n: int, queue: str | None = "default") -> None:
             copy.write_row((partition_of(job_id), job_id, at, "acme", at, at, "n", 1, "pending", queue, "schedule", at))
 
 
-def runs_reads(conn) -> dict[str, int]:
-    """This session's running counts of scans and rows read on ``runs`` (not yet reported)."""
+def runs_reads(conn, table: str = "runs") -> dict[str, int]:
+    """This session's running counts of scans and rows read on ``table`` (not yet reported)."""
     row = conn.execute(
-        "SELECT seq_scan, coalesce(idx_tup_fetch, 0) AS idx_tup_fetch FROM pg_stat_xact_user_tables"
-        " WHERE relname = 'runs'"
+        "SELECT seq_scan, coalesce(idx_tup_fetch, 0) AS idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = %s",
+        (table,),
     ).fetchone()
     return {"seq_scan": int(row["seq_scan"]), "idx_tup_fetch": int(row["idx_tup_fetch"])}
 
@@ -302,15 +302,6 @@ def test_a_workers_ready_probe_reads_an_index_entry_per_tenant_not_every_pending
         assert lifecycle.tenants_with_runs(conn, tenants=tenants, queue="other") == set()
 
 
-def jobs_reads(conn) -> dict[str, int]:
-    """This session's running counts of scans and rows read on ``jobs`` (not yet reported)."""
-    row = conn.execute(
-        "SELECT seq_scan, coalesce(idx_tup_fetch, 0) AS idx_tup_fetch FROM pg_stat_xact_user_tables"
-        " WHERE relname = 'jobs'"
-    ).fetchone()
-    return {"seq_scan": int(row["seq_scan"]), "idx_tup_fetch": int(row["idx_tup_fetch"])}
-
-
 @pytest.mark.parametrize("session", ["transaction", "probe session"])
 @pytest.mark.parametrize("statistics", ["current", "of an empty table"])
 def test_a_workers_next_due_probe_reads_a_few_index_entries_per_tenant_not_every_job(pg_dsn, statistics, session):
@@ -343,10 +334,10 @@ def test_a_workers_next_due_probe_reads_a_few_index_entries_per_tenant_not_every
         if statistics == "current":
             conn.execute("ANALYZE jobs")
         tenants = ["acme", *(f"small-{i:02d}" for i in range(50))]
-        before = jobs_reads(conn)
+        before = runs_reads(conn, "jobs")
         assert lifecycle.next_due(conn, tenants=tenants, queue="default", now=T0) == 30.0
         assert lifecycle.next_due(conn, tenants=tenants, queue="reports", now=T0) is None
-        after = jobs_reads(conn)
+        after = runs_reads(conn, "jobs")
         assert after["seq_scan"] - before["seq_scan"] == 0
         assert after["idx_tup_fetch"] - before["idx_tup_fetch"] <= 2 * lifecycle.NEXT_DUE_SCAN
     finally:

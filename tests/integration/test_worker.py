@@ -251,20 +251,14 @@ def test_an_async_handler_runs_in_a_task_of_its_own_so_its_timeout_is_its_own(co
 
 
 def test_an_idle_worker_wakes_when_its_next_timer_falls_due_not_at_its_backoff(conn, start) -> None:
-    """A job due 1.5 s from now, its run written ahead (available at that instant, as the
+    """A job due 1 to 2 s from now, its run written ahead (available at that instant, as the
     node will make it), and a worker whose idle backoff is 3 s: its first claim finds
     nothing, it asks when the next timer falls due and claims the run ~DUE_SETTLE_S after
-    the instant, not at its next backoff poll (~1.5 s late)."""
+    the instant, not at its next backoff poll (1 to 2 s late)."""
     job_id = add_job(conn)
-    due = store_now(conn) + 1.5 * S
+    key = pending_now(conn, job_id, seconds_ago=-2)  # due (and available) 1 to 2 s from now
+    due = key.nominal_time
     conn.execute("UPDATE jobs SET next_nominal_at = %s, next_due_at = %s WHERE job_id = %s", (due, due, job_id))
-    key = RunKey.of(job_id, due)
-    conn.execute(
-        "INSERT INTO runs (partition_id, job_id, nominal_time, tenant, scheduled_at, fired_at, node_id, epoch,"
-        " state, queue, origin, available_at)"
-        " VALUES (%s, %s, %s, 'acme', %s, %s, 't1', 1, 'pending', 'default', 'schedule', %s)",
-        (key.partition_id, job_id, due, due, due, due),
-    )
     w = start(lambda run: None, poll_min_s=3.0, poll_max_s=3.0)
     claimed = wait_for("claimed", lambda: row(conn, key), lambda r: r["first_claimed_at"] is not None, timeout_s=20)
     lag_s = (claimed["first_claimed_at"] - due).total_seconds()
