@@ -93,6 +93,7 @@ def _pool(dsn: str, size: int) -> ConnectionPool:
         timeout=POOL_TIMEOUT_S,
         open=False,
         name="scheduler-api",
+        configure=store.pin_time_zone,
         kwargs={
             "autocommit": True,
             "row_factory": dict_row,

@@ -68,12 +68,26 @@ class ApiRefused(Exception):
 
 def validate_api_url(url: str) -> str:
     """``url`` without a trailing slash; raises ValidationError (field ``api_url``) unless it is an
-    ``http://`` or ``https://`` URL with a host and no query or fragment."""
-    parts = urlsplit(url) if isinstance(url, str) else None
+    ``http://`` or ``https://`` URL with a host, a port (if any) from 1 to 65535, no query or
+    fragment and no credentials (the key travels in ``SCHEDULER_API_KEY``; a ``user:password@``
+    is refused without being echoed)."""
+    rule = "must be an http:// or https:// URL of the API, e.g. http://127.0.0.1:8080"
+    try:
+        parts = urlsplit(url) if isinstance(url, str) else None
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ValidationError("api_url", rule, url)
+    if parts.username is not None or parts.password is not None:
         raise ValidationError(
-            "api_url", "must be an http:// or https:// URL of the API, e.g. http://127.0.0.1:8080", url
+            "api_url", "must not carry credentials (user@ or user:password@): the key goes in SCHEDULER_API_KEY"
         )
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port is not None and not 1 <= port <= 65535:
+        raise ValidationError("api_url", "port must be a whole number from 1 to 65535", url)
     return url.rstrip("/")
 
 

@@ -986,11 +986,16 @@ class Worker:
         error: BaseException | None = None
         try:
             await self.handler(f.run)
-        except asyncio.CancelledError:
-            if f.run.abandoned.is_set():
+        except asyncio.CancelledError as exc:
+            if f.run.abandoned.is_set():  # the worker gave the run up and cancelled the handler
                 self._finished(f, None)
                 return
-            raise
+            if self._done.is_set():  # the worker's own end: the run is left to its lease
+                raise
+            # The handler ended cancelled on its own (it raised CancelledError, cancelled its
+            # own task, awaited a cancelled future): a failed attempt like any other error.
+            # Re-raised, it left the run leased and its slot taken for the worker's life.
+            error = exc
         except BaseException as exc:  # noqa: BLE001 (every failure of the handler nacks)
             error = exc
         self._finished(f, error)

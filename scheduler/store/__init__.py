@@ -83,6 +83,7 @@ from scheduler.store.session import (
     drops_connection,
     keepalive_params,
     node_connect,
+    pin_time_zone,
     session_options,
     sqlalchemy_engine,
 )
@@ -129,6 +130,7 @@ __all__ = [
     "run_statement",
     "run_transaction",
     "secret_spellings",
+    "pin_time_zone",
     "session_options",
     "setup_problem",
     "sqlalchemy_dialect",

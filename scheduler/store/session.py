@@ -131,6 +131,20 @@ def session_options(dsn: str, **timeouts_s: float | None) -> str:
     return " ".join(option for option in options if option)
 
 
+def pin_time_zone(conn: psycopg.Connection[Any]) -> None:
+    """Make ``conn``'s session zone :data:`SESSION_TIME_ZONE` if the server reports another.
+
+    The engine asks for it in every session's ``options`` (:func:`session_options`), but
+    libpq also sends the ``PGTZ`` environment variable as a startup parameter of its own,
+    which the server applies after them: with ``PGTZ`` set, a session read times in that
+    zone (handlers got ``nominal_time`` in New York's zone, the API wrote ``+05:30``
+    offsets). One ``SET`` then, on an autocommit connection; nothing is sent when the
+    server already reports UTC (every session without ``PGTZ``). Raises ``psycopg.Error``
+    if the ``SET`` fails."""
+    if conn.info.parameter_status("TimeZone") != SESSION_TIME_ZONE:
+        conn.execute(f"SET TimeZone TO '{SESSION_TIME_ZONE}'")
+
+
 def connect(
     dsn: str,
     *,
@@ -182,6 +196,11 @@ def connect(
             options=options,
             **conninfo,
         )
+        try:
+            pin_time_zone(conn)
+        except BaseException:
+            conn.close()
+            raise
     except psycopg.Error as exc:
         raise StoreError(
             f"cannot connect to the store at {redact_dsn(dsn)}: {redact_text(connect_error(exc, dsn), dsn)}",

@@ -170,6 +170,32 @@ def test_every_session_reads_times_in_utc_and_keeps_the_dsns_own_options(pg_dsn,
         assert conn.execute("SHOW TimeZone").fetchone()["TimeZone"] == "UTC"
 
 
+def test_sessions_read_times_in_utc_even_with_pgtz_in_the_environment(pg_dsn, monkeypatch):
+    """libpq sends the PGTZ environment variable as a startup parameter of its own, which the
+    server applied after the engine's ``-c TimeZone=UTC``: a worker started with
+    ``PGTZ=America/New_York`` handed its handlers ``nominal_time`` in New York's zone, and the
+    API wrote ``+05:30`` offsets under ``PGTZ=Asia/Kolkata`` (a trial). Every engine session,
+    the API's pooled ones included, reads in UTC whatever PGTZ says."""
+    from scheduler.api.app import _pool
+
+    monkeypatch.setenv("PGTZ", "Asia/Kolkata")
+    for conn in (
+        store.connect(pg_dsn),
+        store.node_connect(settings(pg_dsn), "scheduler-test:n1", watchdog=Watchdog()),
+    ):
+        with conn:
+            assert conn.execute("SHOW TimeZone").fetchone()["TimeZone"] == "UTC"
+            assert conn.execute("SELECT now() AS t").fetchone()["t"].tzinfo is UTC
+    pool = _pool(pg_dsn, 1)
+    pool.open(wait=True)
+    try:
+        with pool.connection() as conn:
+            assert conn.execute("SHOW TimeZone").fetchone()["TimeZone"] == "UTC"
+            assert conn.execute("SELECT now() AS t").fetchone()["t"].tzinfo is UTC
+    finally:
+        pool.close()
+
+
 def test_the_options_of_a_libpq_service_reach_every_session(pg_dsn, tmp_path, monkeypatch):
     """A DSN naming a service of the service file (``service=name``, or ``PGSERVICE``) keeps the
     service's ``options`` (e.g. the search_path of the engine's schema): libpq would read them

@@ -266,6 +266,34 @@ def test_an_idle_worker_wakes_when_its_next_timer_falls_due_not_at_its_backoff(c
     assert 0 <= lag_s < 1.0, lag_s
 
 
+@pytest.mark.parametrize("how", ["raises CancelledError", "cancels its own task"])
+def test_an_async_handler_that_ends_cancelled_fails_its_attempt_and_frees_its_slot(conn, start, how) -> None:
+    """A handler that raises ``asyncio.CancelledError`` (itself, or by cancelling its own
+    task: a cancelled future awaited, a library's cancel scope) without the worker having
+    given the run up was re-raised past the worker: the run stayed leased, heartbeated for
+    as long as the worker lived, and its slot was never freed (a trial's worker with two
+    slots and two such runs served nothing more). It is a failed attempt like any other
+    exception; the worker (one slot) then serves the next run."""
+    first = pending_now(conn, add_job(conn), seconds_ago=10)
+
+    async def handler(run: Run) -> None:
+        if run.run_id == first.run_id:
+            if how == "raises CancelledError":
+                raise asyncio.CancelledError()
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(5)
+
+    w = start(handler, concurrency=1)
+    failed = wait_for("failed", lambda: row(conn, first), lambda r: r["state"] == "failed")
+    assert (failed["attempt"], failed["retryable"], failed["last_error"]) == (1, True, "CancelledError")
+    second = pending_now(conn, add_job(conn))
+    wait_for("second run acked", lambda: state_of(conn, second), lambda s: s == ("succeeded", 1))
+    w.stop()
+    assert w.worker.stopped_cleanly is True
+
+
 def test_a_worker_serving_several_tenants_claims_them_in_turn(conn, start) -> None:
     """One slot, acme with four runs due and beta with one: the rounds start with acme, beta,
     acme, ... so beta's run is the second handled, not the fifth (acme's backlog does not starve it)."""
