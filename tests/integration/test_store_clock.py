@@ -41,7 +41,7 @@ ETCD_ONLY = {"claim_partitions_at_epoch"}
 """Pinnable queries a SQL-coordinated node never sends (the etcd coordinator's,
 checked in tests/cluster/test_etcd_coordinator.py)."""
 
-WORKER_ONLY = {"claim_runs", "tenants_with_pending_runs"}
+WORKER_ONLY = {"claim_runs", "tenants_with_pending_runs", "tenants_next_due"}
 """Pinnable queries of the workers' side of delivery (scheduler/delivery/lifecycle.py),
 which a node never sends; the pin is theirs to pass (tests/integration/test_delivery_lifecycle.py)."""
 
