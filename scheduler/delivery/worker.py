@@ -667,6 +667,7 @@ class Worker:
         self.dsn, self.tenants, self.queue, self.handler = dsn, tenants, queue, handler
         self.api_url, self.api_key = api_url, api_key
         self.tenant = tenants[0]
+        self._named = [t for t in tenants if t is not None]  # the tenants by name (none over the API)
         self._turns = TenantTurns(tenants, poll_min_s, poll_max_s)
         self.concurrency, self.batch = concurrency, batch
         self.lease_s, self.stop_timeout_s = float(lease_s), float(stop_timeout_s)
@@ -759,7 +760,7 @@ class Worker:
         self._done_by_threads = _Completions(asyncio.get_running_loop(), self._finished)
         if self._stop_requested.is_set():
             self._on_stop()
-        named = [t for t in self.tenants if t is not None]
+        named = self._named
         log.event(
             "worker_started",
             worker=self.worker_id,
@@ -918,9 +919,8 @@ class Worker:
         error here (the next claim meets and reports it)."""
         if self._turns.wait_s() <= DUE_PROBE_MIN_S or not isinstance(self._transport, StoreTransport):
             return
-        named = [t for t in self.tenants if t is not None]
         try:
-            due_in_s = await self._transport.next_due(tenants=named, queue=self.queue)
+            due_in_s = await self._transport.next_due(tenants=self._named, queue=self.queue)
         except self._errors:
             return
         if due_in_s is not None:
