@@ -138,6 +138,10 @@ DUE_WINDOW_S = 1.0
 a tick's runs commit chunk by chunk over its first second."""
 DUE_PROBE_MIN_S = 0.2
 """An idle worker asks when its next timer falls due only before a wait longer than this."""
+DUE_PROBE_HOLD_S = 10.0
+"""After the store failed or refused that question (a probe canceled past
+:data:`~scheduler.delivery.lifecycle.NEXT_DUE_BUDGET_S`: a bulk import of the tenants' timers in
+progress), a worker does not ask it again for this long; its idle backoff stands meanwhile."""
 FLUSH_INTERVAL_S = 0.025
 """Acks and nacks wait at most this long to be sent in one batch."""
 STORE_BACKOFF_MIN_S = 0.1
@@ -669,6 +673,7 @@ class Worker:
         self.tenant = tenants[0]
         self._named = [t for t in tenants if t is not None]  # the tenants by name (none over the API)
         self._turns = TenantTurns(tenants, poll_min_s, poll_max_s)
+        self._due_probe_after = 0.0  # monotonic s: no next-due probe before (DUE_PROBE_HOLD_S)
         self.concurrency, self.batch = concurrency, batch
         self.lease_s, self.stop_timeout_s = float(lease_s), float(stop_timeout_s)
         self.worker_id = worker_id or default_worker_id()
@@ -916,12 +921,16 @@ class Worker:
         :data:`DUE_SETTLE_S` after it if that is sooner (:meth:`TenantTurns.expect`): a worker idle
         for a minute is at its 1 s backoff, and claimed a minute's first runs up to a second
         late. Over the HTTP API (no such call) the backoff stands; so it does after a store
-        error here (the next claim meets and reports it)."""
+        error here (the next claim meets and reports it), and the question is not asked again
+        for :data:`DUE_PROBE_HOLD_S`."""
         if self._turns.wait_s() <= DUE_PROBE_MIN_S or not isinstance(self._transport, StoreTransport):
+            return
+        if time.monotonic() < self._due_probe_after:
             return
         try:
             due_in_s = await self._transport.next_due(tenants=self._named, queue=self.queue)
         except self._errors:
+            self._due_probe_after = time.monotonic() + DUE_PROBE_HOLD_S
             return
         if due_in_s is not None:
             self._turns.expect(due_in_s + DUE_SETTLE_S)

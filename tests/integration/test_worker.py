@@ -266,6 +266,31 @@ def test_an_idle_worker_wakes_when_its_next_timer_falls_due_not_at_its_backoff(c
     assert 0 <= lag_s < 1.0, lag_s
 
 
+def test_a_refused_next_due_probe_is_not_asked_again_for_a_while_and_the_worker_goes_on(
+    conn, start, monkeypatch
+) -> None:
+    """The next-due probe canceled past its budget (a bulk import of the tenant's timers in
+    progress, test_delivery_lifecycle): asked again before every idle wait, each probe would
+    cost the store its whole budget once a second per worker for the length of the import.
+    After a refusal it is not asked for DUE_PROBE_HOLD_S; the worker keeps its backoff and
+    goes on claiming (here a run written after the refusal is acked)."""
+    asked: list[float] = []
+
+    def refused(*args, **kwargs):
+        asked.append(time.monotonic())
+        raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(lifecycle, "next_due", refused)
+    w = start(lambda run: None, poll_min_s=0.3, poll_max_s=0.3)
+    wait_for("probe asked", lambda: len(asked), lambda n: n >= 1)
+    time.sleep(1.5)  # five idle waits of 0.3 s (> DUE_PROBE_MIN_S), each asking without the hold
+    key = pending_now(conn, add_job(conn))
+    wait_for("run acked", lambda: state_of(conn, key), lambda s: s == ("succeeded", 1))
+    w.stop()
+    assert len(asked) == 1, asked
+    assert worker.DUE_PROBE_HOLD_S >= 5.0
+
+
 @pytest.mark.parametrize("how", ["raises CancelledError", "cancels its own task"])
 def test_an_async_handler_that_ends_cancelled_fails_its_attempt_and_frees_its_slot(conn, start, how) -> None:
     """A handler that raises ``asyncio.CancelledError`` (itself, or by cancelling its own
