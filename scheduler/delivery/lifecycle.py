@@ -131,7 +131,9 @@ class RunKey:
 
     @classmethod
     def parse(cls, text: str, field: str = "run_id") -> RunKey:
-        """The key a run id names; raises ValidationError naming ``field`` if malformed."""
+        """The key a run id names; raises ValidationError naming ``field`` if malformed or
+        not spelled as :attr:`run_id` spells it (a run has one id: the canonical job id,
+        lowercase with hyphens, and the time without a sign on 0 or leading zeros)."""
         rule = "must be <job id>.<nominal time in Unix microseconds> (as listed by `scheduler runs list`)"
         if not isinstance(text, str) or len(text) > 80:
             raise ValidationError(field, rule, text)
@@ -147,7 +149,10 @@ class RunKey:
             nominal = _EPOCH + timedelta(microseconds=int(micros))
         except OverflowError:
             raise ValidationError(field, rule, text) from None
-        return cls.of(job_id, nominal)
+        key = cls.of(job_id, nominal)
+        if key.run_id != text:
+            raise ValidationError(field, rule, text)
+        return key
 
 
 @dataclasses.dataclass(frozen=True)

@@ -417,6 +417,15 @@ def test_run_ids_round_trip_and_malformed_ones_name_the_field() -> None:
                 f"{job_id}.９", f"{job_id}." + "9" * 30, f"{job_id}.-" + "9" * 30):  # fmt: skip
         with pytest.raises(ValidationError, match=r"^run_id: must be <job id>\.<nominal time"):
             RunKey.parse(bad)
+    # Other spellings of the same key are not its id: one run, one id (the idempotency key a
+    # receiver sees, the name in logs and the API), so none of them is taken for it.
+    upper = str(job_id).upper()
+    for alias in (f"{job_id}.01767225600000000", f"{job_id}.-0", f"{upper}.1767225600000000",
+                  f"{{{job_id}}}.1767225600000000", f"urn:uuid:{job_id}.1767225600000000",
+                  f"{job_id.hex}.1767225600000000"):  # fmt: skip
+        with pytest.raises(ValidationError, match=r"^run_id: must be <job id>\.<nominal time"):
+            RunKey.parse(alias)
+    assert RunKey.parse(f"{job_id}.0").run_id == f"{job_id}.0"
 
 
 def test_batches_and_leases_out_of_bounds_are_refused(conn) -> None:
