@@ -61,12 +61,12 @@ from scheduler.errors import ValidationError
 
 router = APIRouter(tags=["runs"], route_class=JsonRoute)
 
+RUN_ID_RULE = "must be <job id>.<nominal time in Unix microseconds> (a run's id as a claim returned it)"
 RUN_ID_PATTERN = pattern(
-    r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.-?[0-9]{1,17}$",
-    "must be <job id>.<nominal time in Unix microseconds> (a run's id as a claim returned it)",
+    r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.(0|-?[1-9][0-9]{0,16})$", RUN_ID_RULE
 )
 """A run id as the API writes it: the job id (lowercase UUID), a dot, the nominal time in Unix microseconds
-(negative before 1970)."""
+(negative before 1970; no leading zero, no ``-0``: a run has one id)."""
 QUEUE_PATTERN = pattern(r"^[A-Za-z0-9._-]{1,100}$", "must be 1-100 characters of letters, digits and . _ -")
 SCHEDULE_NAME_MAX = 200
 WORKER_LABEL_MAX = 100
@@ -289,7 +289,12 @@ class CancelOut(BaseModel):
 
 
 def _key(text: str, field: str = "id") -> RunKey:
-    return RunKey.parse(text, field)
+    """The run ``text`` names; ValidationError (``field``) in the API's words otherwise (a time
+    out of range passes :data:`RUN_ID_PATTERN`; :meth:`RunKey.parse`'s rule names the CLI)."""
+    try:
+        return RunKey.parse(text, field)
+    except ValidationError:
+        raise ValidationError(field, RUN_ID_RULE, text) from None
 
 
 def _cursor_key(cursor: str | None) -> RunKey | None:

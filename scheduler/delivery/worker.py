@@ -106,7 +106,7 @@ from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 
@@ -142,6 +142,12 @@ DUE_PROBE_HOLD_S = 10.0
 """After the store failed or refused that question (a probe canceled past
 :data:`~scheduler.delivery.lifecycle.NEXT_DUE_BUDGET_S`: a bulk import of the tenants' timers in
 progress), a worker does not ask it again for this long; its idle backoff stands meanwhile."""
+DUE_PROBE_COST_FACTOR = 100.0
+"""And after an answer, not again before this many times as long as the answer took: the question
+costs the store at most ~1 % of an idle worker's time. One of ~1 ms (51 tenants, nothing being
+imported) holds nothing back (it is asked before idle waits, about once a second); one of 25-40 ms
+(a bulk import of 200,000 timers in progress, each probe just within its budget: a helper's trial,
+2026-12-04) holds the next for 2.5-4 s."""
 FLUSH_INTERVAL_S = 0.025
 """Acks and nacks wait at most this long to be sent in one batch."""
 STORE_BACKOFF_MIN_S = 0.1
@@ -471,6 +477,19 @@ class TenantTurns:
         return max(0.0, min(self._not_before) - self._clock())
 
 
+_CANCELED = object()
+"""What :func:`_next_due_or_canceled` returns for a probe canceled past its budget."""
+
+
+def _next_due_or_canceled(conn: psycopg.Connection, *, tenants: Sequence[str], queue: str) -> float | None | object:
+    """:func:`~scheduler.delivery.lifecycle.next_due`, or :data:`_CANCELED` if it was canceled:
+    returned, not raised, so the lane keeps its connection (its transaction was rolled back)."""
+    try:
+        return lifecycle.next_due(conn, tenants=tenants, queue=queue)
+    except psycopg.errors.QueryCanceled:
+        return _CANCELED
+
+
 class StoreTransport:
     """The worker's way to the store: :mod:`~scheduler.delivery.lifecycle` calls on three
     connections (claim, ack/nack, heartbeat), each used by its own thread (:class:`_Lane`).
@@ -502,8 +521,13 @@ class StoreTransport:
 
     async def next_due(self, *, tenants: Sequence[str], queue: str) -> float | None:
         """:func:`~scheduler.delivery.lifecycle.next_due`: seconds until the next timer of
-        ``tenants``' ``queue`` falls due, or None."""
-        return await self._claim_lane.call(lifecycle.next_due, tenants=tenants, queue=queue)
+        ``tenants``' ``queue`` falls due, or None. Raises StoreError (SQLSTATE 57014) if the
+        probe was canceled past its budget; the claim connection is kept (rolled back, sound),
+        where any other failure closes it."""
+        answer = await self._claim_lane.call(_next_due_or_canceled, tenants=tenants, queue=queue)
+        if answer is _CANCELED:
+            raise StoreError("next_due: canceled past its budget", "57014")
+        return cast(float | None, answer)
 
     async def unknown(self, tenants: Sequence[str]) -> list[str]:
         """:func:`~scheduler.delivery.lifecycle.unknown_tenants`: those of ``tenants`` the store has not."""
@@ -922,16 +946,20 @@ class Worker:
         for a minute is at its 1 s backoff, and claimed a minute's first runs up to a second
         late. Over the HTTP API (no such call) the backoff stands; so it does after a store
         error here (the next claim meets and reports it), and the question is not asked again
-        for :data:`DUE_PROBE_HOLD_S`."""
+        for :data:`DUE_PROBE_HOLD_S`; after an answer, not before :data:`DUE_PROBE_COST_FACTOR`
+        times as long as it took."""
         if self._turns.wait_s() <= DUE_PROBE_MIN_S or not isinstance(self._transport, StoreTransport):
             return
-        if time.monotonic() < self._due_probe_after:
+        started = time.monotonic()
+        if started < self._due_probe_after:
             return
         try:
             due_in_s = await self._transport.next_due(tenants=self._named, queue=self.queue)
         except self._errors:
             self._due_probe_after = time.monotonic() + DUE_PROBE_HOLD_S
             return
+        ended = time.monotonic()
+        self._due_probe_after = ended + DUE_PROBE_COST_FACTOR * (ended - started)
         if due_in_s is not None:
             self._turns.expect(due_in_s + DUE_SETTLE_S)
 

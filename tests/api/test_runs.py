@@ -20,6 +20,9 @@ from scheduler.api import keys
 from scheduler.delivery.lifecycle import RunKey
 from scheduler.spec import JobSpec
 
+JOB = "6c9f0f0e-8d3b-4f7e-9a43-1f0b0c1d2e3f"
+RUN_ID_RULE = "must be <job id>.<nominal time in Unix microseconds> (a run's id as a claim returned it)"
+
 S = timedelta(seconds=1)
 PAYLOAD = '{"report": "sales", "to": ["ops@example.com"]}'
 
@@ -379,6 +382,21 @@ def test_bad_input_is_422_naming_the_field(api, path, body, field) -> None:
             f"/v1/runs/{uuid.uuid4()}.1:ack",
             {"lease_token": "nope"},
             "lease_token: must be a UUID (32 hex digits as 8-4-4-4-12) (got 'nope')",
+        ),
+        # Another spelling of a run id (a leading zero, -0, before the year 1) is refused in
+        # the API's words, not the CLI's ("as listed by `scheduler runs list`").
+        *(
+            (
+                f"/v1/runs/{JOB}.{time}:heartbeat",
+                {"lease_token": str(uuid.uuid4())},
+                f"id: {RUN_ID_RULE} (got '{JOB}.{time}')",
+            )
+            for time in ("01", "-0", "00", "-62135596800000001")
+        ),
+        (
+            "/v1/runs:ack",
+            {"runs": [{"id": f"{JOB}.0100", "lease_token": str(uuid.uuid4())}]},
+            f"runs[0].id: {RUN_ID_RULE} (got '{JOB}.0100')",
         ),
     ],
 )

@@ -15,7 +15,7 @@ import uuid
 from datetime import datetime, timedelta
 
 import psycopg
-from helpers import OneNode, store_now
+from helpers import OneNode, json_log_records, store_now
 
 from scheduler import jobs, store, tzreplan
 from scheduler.schedule import CronSchedule
@@ -149,6 +149,23 @@ def test_replan_store_moves_future_slots_once_per_release(conn) -> None:
     assert jobs.get_job(conn, right_id) == right
     assert tzreplan.recorded_version(conn) == tzreplan.tzdata_version()
     assert tzreplan.replan_store(conn).checked == 0
+
+
+def test_a_large_replan_logs_a_few_jobs_and_counts_the_rest(conn) -> None:
+    """Every replanned job was one WARNING line: a trial's 35,000 off-slot timers wrote
+    35,000 lines in 25 s, as a tzdata release moving a zone with many jobs would. Each batch
+    now names its first SLOTS_REPLANNED_LOGGED jobs (job, stored and true slot) and counts
+    the rest in one ``slot_replanned_more`` line; every job is still moved."""
+    moved = [future_job_stored_late(conn) for _ in range(tzreplan.SLOTS_REPLANNED_LOGGED + 3)]
+    items = [tzreplan.replan_item(jobs.get_job(conn, job_id)) for job_id, _ in moved]
+    with json_log_records() as records:
+        assert tzreplan.replan_jobs(conn, items) == len(moved)
+    named = [r for r in records if r["event"] == "slot_replanned"]
+    more = [r for r in records if r["event"] == "slot_replanned_more"]
+    assert len(named) == tzreplan.SLOTS_REPLANNED_LOGGED
+    assert all(r["level"] == "warning" and r["true_slot"] for r in named)
+    assert [(r["level"], r["jobs"]) for r in more] == [("warning", 3)]
+    assert all(jobs.get_job(conn, job_id)["next_nominal_at"] == true for job_id, true in moved)
 
 
 def test_replan_never_overwrites_a_concurrent_edit(conn) -> None:

@@ -27,7 +27,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -273,11 +273,13 @@ def test_a_refused_next_due_probe_is_not_asked_again_for_a_while_and_the_worker_
     progress, test_delivery_lifecycle): asked again before every idle wait, each probe would
     cost the store its whole budget once a second per worker for the length of the import.
     After a refusal it is not asked for DUE_PROBE_HOLD_S; the worker keeps its backoff and
-    goes on claiming (here a run written after the refusal is acked)."""
-    asked: list[float] = []
+    goes on claiming (here a run written after the refusal is acked), on the same claim
+    connection (the lane closed it at every cancel and reconnected: a helper's trial saw a
+    new backend per cancel)."""
+    asked: list[datetime] = []
 
     def refused(*args, **kwargs):
-        asked.append(time.monotonic())
+        asked.append(datetime.now(UTC))
         raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
 
     monkeypatch.setattr(lifecycle, "next_due", refused)
@@ -286,9 +288,35 @@ def test_a_refused_next_due_probe_is_not_asked_again_for_a_while_and_the_worker_
     time.sleep(1.5)  # five idle waits of 0.3 s (> DUE_PROBE_MIN_S), each asking without the hold
     key = pending_now(conn, add_job(conn))
     wait_for("run acked", lambda: state_of(conn, key), lambda s: s == ("succeeded", 1))
+    claim_sessions = conn.execute(
+        "SELECT backend_start FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = 'scheduler-worker-claim'"
+    ).fetchall()
     w.stop()
     assert len(asked) == 1, asked
     assert worker.DUE_PROBE_HOLD_S >= 5.0
+    assert len(claim_sessions) == 1 and claim_sessions[0]["backend_start"] < asked[0], (claim_sessions, asked)
+
+
+def test_a_slow_next_due_answer_holds_the_next_question_back_in_proportion(conn, start, monkeypatch) -> None:
+    """Probes that end just within their budget (25-40 ms during a bulk import in a helper's
+    trial) were asked before every idle wait, once a second for the length of the import. The
+    next question waits DUE_PROBE_COST_FACTOR times as long as the last answer took: here
+    answers of 50 ms hold it back ~5 s, so a worker idle for 1.5 s with 0.3 s waits asks once."""
+    asked: list[float] = []
+
+    def slow(*args, **kwargs):
+        asked.append(time.monotonic())
+        time.sleep(0.05)
+        return None
+
+    monkeypatch.setattr(lifecycle, "next_due", slow)
+    w = start(lambda run: None, poll_min_s=0.3, poll_max_s=0.3)
+    wait_for("probe asked", lambda: len(asked), lambda n: n >= 1)
+    time.sleep(1.5)
+    w.stop()
+    assert len(asked) == 1, asked
+    assert worker.DUE_PROBE_COST_FACTOR * 0.05 >= 3.0
 
 
 @pytest.mark.parametrize("how", ["raises CancelledError", "cancels its own task"])
