@@ -643,6 +643,7 @@ def redrive_run(
     attempt succeeds); 409 naming the state for a run that is not dead or canceled, or naming the job for
     a run of a deleted schedule (nothing changed)."""
     tenant = _tenant(principal)
+    _key(id)  # refused in the API's words before views.redrive parses it (in the CLI's)
     with conn_cm as conn:
         done = views.redrive(conn, id, tenant=tenant, field="id")
     return RedriveOut(id=done, state="pending")
@@ -664,6 +665,7 @@ def cancel_run(
     ``canceled by an API key <key id>``); 409 naming the state for a finished run (nothing changed).
     A canceled run can be redriven."""
     tenant = _tenant(principal)
+    _key(id)  # refused in the API's words before views.cancel parses it (in the CLI's)
     with conn_cm as conn:
         done = views.cancel(conn, id, tenant=tenant, field="id", by=f"an API key {principal.key_id}")
     return CancelOut(id=done, state="canceled")

@@ -393,6 +393,14 @@ def test_bad_input_is_422_naming_the_field(api, path, body, field) -> None:
             )
             for time in ("01", "-0", "00", "-62135596800000001")
         ),
+        *(
+            (
+                f"/v1/runs/{JOB}.-62135596800000001:{action}",  # the pattern's, before the year 1
+                None,
+                f"id: {RUN_ID_RULE} (got '{JOB}.-62135596800000001')",
+            )
+            for action in ("cancel", "redrive")
+        ),
         (
             "/v1/runs:ack",
             {"runs": [{"id": f"{JOB}.0100", "lease_token": str(uuid.uuid4())}]},
