@@ -404,10 +404,9 @@ def next_due(
     if len(tenants) > MAX_TENANTS_PROBED:
         raise ValidationError("tenants", f"at most {MAX_TENANTS_PROBED} per call", len(tenants))
     params = {"tenants": list(tenants), "queue": queue, "now": now, "late_s": NEXT_DUE_LATE_S, "scan": NEXT_DUE_SCAN}
-    budget_ms = max(1, int(NEXT_DUE_BUDGET_S * 1000))
 
     def probe(c: psycopg.Connection) -> list[store.Row]:
-        c.execute(f"SET LOCAL statement_timeout = {budget_ms}")
+        store.limit_statements(c, NEXT_DUE_BUDGET_S)
         return store.execute_probing(c, "tenants_next_due", params)
 
     rows = store.run_transaction(conn, probe)

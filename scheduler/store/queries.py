@@ -99,8 +99,15 @@ def execute_within(
     look-ahead before the next tick). Raises ``psycopg.errors.QueryCanceled``
     past it, as every other store error."""
     with conn.transaction():
-        conn.execute(f"SET LOCAL statement_timeout = {max(1, int(timeout_s * 1000))}")
+        limit_statements(conn, timeout_s)
         return execute(conn, name, params)
+
+
+def limit_statements(conn: psycopg.Connection[Any], timeout_s: float) -> None:
+    """Let the statements of the rest of ``conn``'s current transaction run at most
+    ``timeout_s`` seconds each (``SET LOCAL statement_timeout``, at least 1 ms; the
+    session's own timeout returns with the transaction's end). Raises what the store raises."""
+    conn.execute(f"SET LOCAL statement_timeout = {max(1, int(timeout_s * 1000))}")
 
 
 PROBE_SETTINGS = ("enable_hashjoin", "enable_mergejoin", "enable_seqscan", "enable_bitmapscan")
