@@ -47,7 +47,8 @@ class TickFailure:
     ``fire_run_requests``); ``None`` before the first. Once the tick's chunks
     were collected: ``chunks_committed`` and ``chunks_failed`` (statement or
     COMMIT failed, or never ran: the chunks queued after a failed one on its
-    lane are skipped), and a failed chunk names the step (the error surfaces
+    lane are skipped; a chunk re-sent after a retryable error and committed
+    then counts as committed), and a failed chunk names the step (the error surfaces
     wherever the tick next touches the pipeline, e.g. while reading the due
     scan). ``None`` if the tick failed before they were collected.
     """
@@ -61,6 +62,11 @@ class TickFailure:
         self.chunks_committed, self.chunks_failed = sent - len(failed), len(failed)
         if failed:
             self.step = failed[0].query
+
+    def resent(self) -> None:
+        """One of the failed chunks was re-sent and committed (after a retryable error)."""
+        if self.chunks_committed is not None and self.chunks_failed:
+            self.chunks_committed, self.chunks_failed = self.chunks_committed + 1, self.chunks_failed - 1
 
 
 @dataclasses.dataclass(eq=False)

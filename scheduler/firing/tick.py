@@ -312,6 +312,7 @@ class Firer:
                 self._failure.step = item.query
                 row = store.resend(write, item, prepare=FIRE_RUNS_PREPARE, on_retry=self._metrics.retry)
                 self._outcomes.account(item, row, result)
+                self._failure.resent()
         else:
             sent = len(tick.pipeline.sent)
             self._failure.collected(sent, self._outcomes.collect(tick.pipeline, result))

@@ -333,3 +333,39 @@ def test_a_tick_failed_in_a_chunk_names_it_and_counts_the_chunks(pg_dsn, conn) -
     assert record["step"] == "fire_runs"
     assert (record["runs_committed"], record["chunks_committed"], record["chunks_failed"]) == (15, 3, 1)
     assert "statement timeout" in record["error"]
+
+
+def test_a_tick_failed_while_resending_counts_the_resent_chunks(pg_dsn, conn) -> None:
+    """Four chunks of 5 on one lane: the first fails with 40001 (a trigger,
+    once), so all four are re-sent one by one; the first two commit, the third
+    fails for good (a trigger that always raises). ``tick_failed`` counts what
+    the resends committed: 2 chunks (10 runs) committed, 2 not."""
+    _load_due(conn, "t", 20, due_ago_s=5)
+    ordered = [
+        r["job_id"]
+        for r in conn.execute("SELECT job_id FROM jobs WHERE tenant = 't' ORDER BY next_due_at, partition_id, job_id")
+    ]
+    conn.execute("CREATE SEQUENCE injected_conflicts")
+    conn.execute(
+        """
+        CREATE FUNCTION inject_failures() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.job_id = %(conflict)s::uuid AND nextval('injected_conflicts') = 1 THEN
+                RAISE EXCEPTION 'injected conflict' USING ERRCODE = '40001';
+            END IF;
+            IF NEW.job_id = %(broken)s::uuid THEN
+                RAISE EXCEPTION 'injected failure';
+            END IF;
+            RETURN NEW;
+        END $$
+        """.replace("%(conflict)s", f"'{ordered[0]}'").replace("%(broken)s", f"'{ordered[10]}'")
+    )
+    conn.execute("CREATE TRIGGER inject_failures BEFORE INSERT ON runs FOR EACH ROW EXECUTE FUNCTION inject_failures()")
+    limits = FiringLimits(first_chunk_jobs=5, chunk_jobs=5, write_lanes=1, herd_min_jobs=10**9)
+    with json_log_records() as records:
+        result = _tick_once(pg_dsn, limits=limits, max_rate_per_s=100_000.0)
+    record = _failed_tick_record(records)
+    assert sum(_runs_by_tenant(conn).values()) == 10 == result.fired
+    assert record["step"] == "fire_runs"
+    assert (record["runs_committed"], record["chunks_committed"], record["chunks_failed"]) == (10, 2, 2)
+    assert "injected failure" in record["error"]
