@@ -9,14 +9,14 @@ Groups (:func:`group_of`): the bench's own child processes as named by the
 caller (``node``, ``workers``, ``receiver``), and, when the store runs on
 this machine (its backends' pids are in ``/proc`` with a ``postgres``
 command line), its backends by ``application_name``: ``store: fire``
-(``scheduler-fire:<node>``), ``store: worker`` (a worker's claim, ack and
-heartbeat sessions), ``store: bench`` (this load generator's own
-queries), ``store: background`` (the WAL writer, checkpointer, autovacuum,
-…). A process that starts inside the window counts from its start; one
-that ends inside it keeps what it had spent by the meter's last sample (every
-``sample_every_s``; a firing session closed after a failed tick and opened
-again used to take its CPU with it, and ``store: fire`` read ~2 s of a herd's
-~18).
+(``scheduler-fire-read:<node>``, ``scheduler-fire-write0:<node>``, ...),
+``store: worker`` (a worker's claim, ack and heartbeat sessions),
+``store: bench`` (this load generator's own queries), ``store: background``
+(the WAL writer, checkpointer, autovacuum, …). A process that starts inside
+the window counts from its start; one that ends inside it keeps what it had
+spent by the meter's last sample (every ``sample_every_s``; a firing session
+closed after a failed tick and opened again used to take its CPU with it, and
+``store: fire`` read ~2 s of a herd's ~18).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _is_postgres(pid: int) -> bool:
 
 def group_of(application_name: str) -> str:
     """The group of a store backend named ``application_name`` (or, for a background
-    process, its ``backend_type``): ``scheduler-fire:node-1`` → ``store: fire``,
+    process, its ``backend_type``): ``scheduler-fire-write0:node-1`` → ``store: fire``,
     ``scheduler-worker-claim`` → ``store: worker``, ``bench-workers`` → ``store: bench``,
     anything else → ``store: background``."""
     name = application_name.split(":", 1)[0]

@@ -134,10 +134,11 @@ class Firer:
     # ------------------------------------------------------------------ store
 
     def _connection(self, role: str) -> psycopg.Connection:
-        """The ``read`` (due scan) or ``write0``, ``write1`` (firing lanes) connection."""
+        """The ``read`` (due scan) or ``write0``, ``write1`` (firing lanes) connection,
+        named ``scheduler-fire-<role>:<node id>`` in the store."""
         session = self._sessions.get(role)
         if session is None:
-            session = self._sessions[role] = store.StoreSession(self._s, role="fire")
+            session = self._sessions[role] = store.StoreSession(self._s, role=f"fire-{role}")
         return session.connection()
 
     def close(self) -> None:

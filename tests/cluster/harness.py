@@ -321,14 +321,14 @@ def install_firing_fault(conn: psycopg.Connection, node_id: str, sqlstate: str) 
     """Make the next firing statement of ``node_id`` fail once with ``sqlstate``.
 
     Installs a statement trigger on ``runs`` (in this test's database) that
-    raises for the session ``scheduler-fire:<node_id>``; disarmed until the
+    raises for the firing sessions of ``node_id`` (:func:`firing_sessions`); disarmed until the
     returned ``arm()`` is called, then fires exactly once.
     """
     conn.execute("CREATE SEQUENCE firing_fault MINVALUE 0 START 1000")
     conn.execute(f"""
         CREATE FUNCTION firing_fault() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-          IF current_setting('application_name') = {psycopg.sql.quote(f"scheduler-fire:{node_id}")} THEN
+          IF current_setting('application_name') LIKE {psycopg.sql.quote(firing_sessions(node_id))} THEN
             IF nextval('firing_fault') = 1 THEN
               RAISE EXCEPTION 'injected firing fault' USING ERRCODE = {psycopg.sql.quote(sqlstate)};
             END IF;
@@ -384,10 +384,17 @@ def max_lateness_s(conn: psycopg.Connection, pids: list[int], nominal_from: date
     return row["late"]
 
 
+def firing_sessions(node_id: str) -> str:
+    """The ``application_name`` pattern (LIKE) of ``node_id``'s firing sessions: its due scan
+    (``scheduler-fire-read:<node_id>``) and write lanes (``scheduler-fire-write0:<node_id>``, ...)."""
+    return f"scheduler-fire-%:{node_id}"
+
+
 def backend_pids(conn: psycopg.Connection, application_name: str) -> list[int]:
-    """Backends of this database with ``application_name`` (e.g. ``scheduler-fire:n2``)."""
+    """Backends of this database whose ``application_name`` is LIKE the pattern given
+    (e.g. ``scheduler-lease:n2``, or :func:`firing_sessions`)."""
     rows = conn.execute(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s",
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE %s",
         (application_name,),
     ).fetchall()
     return [row["pid"] for row in rows]
@@ -396,14 +403,14 @@ def backend_pids(conn: psycopg.Connection, application_name: str) -> list[int]:
 def blocked_backends(
     conn: psycopg.Connection, application_name: str, blocker_pid: int, waiting_mode: str | None = None
 ) -> list[int]:
-    """Backends with ``application_name`` waiting on a lock held by ``blocker_pid``.
+    """Backends whose ``application_name`` is LIKE the pattern given, waiting on a lock held by ``blocker_pid``.
 
     ``waiting_mode`` narrows it to backends with an ungranted lock of that mode
     (e.g. ``AccessShareLock``: a plain read waiting on a table lock).
     """
     rows = conn.execute(
         "SELECT a.pid FROM pg_stat_activity AS a"
-        " WHERE a.datname = current_database() AND a.application_name = %(app)s"
+        " WHERE a.datname = current_database() AND a.application_name LIKE %(app)s"
         "   AND %(blocker)s = ANY(pg_blocking_pids(a.pid))"
         "   AND (%(mode)s::text IS NULL OR EXISTS (SELECT 1 FROM pg_locks AS l"
         "        WHERE l.pid = a.pid AND NOT l.granted AND l.mode = %(mode)s::text))",
@@ -419,10 +426,10 @@ def running_queries(conn: psycopg.Connection, pids: list[int]) -> list[str]:
 
 
 def in_transaction(conn: psycopg.Connection, application_name: str) -> list[int]:
-    """Backends with ``application_name`` inside a transaction (holding its locks)."""
+    """Backends whose ``application_name`` is LIKE the pattern given, inside a transaction (holding its locks)."""
     rows = conn.execute(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-        " AND application_name = %s AND xact_start IS NOT NULL",
+        " AND application_name LIKE %s AND xact_start IS NOT NULL",
         (application_name,),
     ).fetchall()
     return [row["pid"] for row in rows]
@@ -792,7 +799,7 @@ class Cluster:
                 blocker = lock_conn.info.backend_pid
                 waiting = self.wait_for(
                     f"{node_id}'s firing session to wait on the test's lock",
-                    lambda: blocked_backends(self.conn, f"scheduler-fire:{node_id}", blocker, waiting_mode),
+                    lambda: blocked_backends(self.conn, firing_sessions(node_id), blocker, waiting_mode),
                     timeout_s=3.0,
                     interval_s=0.005,
                 )

@@ -44,6 +44,7 @@ from harness import (
     add_interval_jobs,
     backend_pids,
     both_coordinators,
+    firing_sessions,
     in_transaction,
     install_firing_fault,
     lagging_jobs,
@@ -302,7 +303,7 @@ def test_paused_mid_commit_holds_nothing_takeover_not_delayed(cluster: Cluster) 
     paused_at = cluster.at_mid_tick(VICTIM, LOCK_JOB_ROWS, (sorted(old),), lambda _pids: victim.pause())
     cluster.wait_for(
         "the frozen node to hold no open transaction",
-        lambda: in_transaction(cluster.conn, f"scheduler-fire:{VICTIM}"),
+        lambda: in_transaction(cluster.conn, firing_sessions(VICTIM)),
         lambda pids: not pids,
         timeout_s=TIMINGS.lease_ttl_s * 0.4 + 1.0,
     )
@@ -344,7 +345,7 @@ def test_cut_store_connections_node_recovers_without_losing_runs(cluster: Cluste
     cluster.at_mid_tick(VICTIM, LOCK_JOB_ROWS, (sorted(old),), cut_firing)
     victim.wait_event("tick_failed", since_mono=cut["mono"], timeout_s=MARGIN_S)
     cluster.wait_fired(VICTIM, cut["at"], pids=sorted(old))  # on a new connection
-    reconnected = backend_pids(cluster.conn, f"scheduler-fire:{VICTIM}")
+    reconnected = backend_pids(cluster.conn, firing_sessions(VICTIM))
     assert reconnected and not set(reconnected) & set(cut["pids"])
 
     # 2. The lease connection.

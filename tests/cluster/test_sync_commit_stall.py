@@ -109,7 +109,7 @@ def test_a_commit_stalled_on_synchronous_replication_is_cancelled_logged_and_not
                 lambda: [
                     e
                     for e in node.events_named("store_commit_wait_cancelled", since_mono=stalled_mono)
-                    if e["session"].startswith("scheduler-fire:n1")
+                    if e["session"].startswith("scheduler-fire-") and e["session"].endswith(":n1")
                 ],
                 lambda events: len(events) >= STALLED_COMMITS,
                 timeout_s=STALLED_COMMITS * (BOUND_S + TIMINGS.tick_interval_s) + 10 * MARGIN_S,

@@ -369,3 +369,24 @@ def test_a_tick_failed_while_resending_counts_the_resent_chunks(pg_dsn, conn) ->
     assert record["step"] == "fire_runs"
     assert (record["runs_committed"], record["chunks_committed"], record["chunks_failed"]) == (10, 2, 2)
     assert "injected failure" in record["error"]
+
+
+def test_the_firing_sessions_are_named_apart_in_the_store(pg_dsn, conn) -> None:
+    """The due scan and each write lane have their own application name, so
+    pg_stat_activity and pg_stat_statements users can tell a lane's statement
+    from the scan's (all grouped as ``store: fire`` by bench/cpu.py)."""
+    _load_due(conn, "t", 3, due_ago_s=5)
+    firer, coord = _node(pg_dsn)
+    try:
+        assert firer.tick().fired == 3
+        names = {
+            r["application_name"]
+            for r in conn.execute(
+                "SELECT application_name FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name LIKE 'scheduler-fire%%'"
+            )
+        }
+    finally:
+        firer.close()
+        coord.close()
+    assert names == {"scheduler-fire-read:fair", "scheduler-fire-write0:fair", "scheduler-fire-write1:fair"}

@@ -16,6 +16,7 @@ from bench.cpu import CpuMeter, cpu_s, describe, group_of
     "name, group",
     [
         ("scheduler-fire:deliver-0", "store: fire"),
+        ("scheduler-fire-write1:deliver-0", "store: fire"),
         ("scheduler-worker-claim", "store: worker"),
         ("scheduler-worker-heartbeat", "store: worker"),
         ("scheduler-lease:n1", "store: lease"),
