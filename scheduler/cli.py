@@ -1689,8 +1689,8 @@ def runs_redrive(
     from the redrive); last_error is kept until an attempt succeeds. A
     RUN_ID that is not dead or canceled exits 2 naming its state, changing
     nothing; so does a run of a deleted job (it would be delivered again to
-    a target nothing expects any more). --job skips (and counts) the runs
-    of a deleted job. Prints the run ids redriven, one a line.
+    a target nothing expects any more), and so does --job of a deleted job.
+    Prints the run ids redriven, one a line.
     """
     from scheduler.delivery import views
 
@@ -1702,20 +1702,15 @@ def runs_redrive(
         raise ValidationError("state", "--job needs --state dead or --state canceled")
     with open_store(dsn) as conn:
         if run_id is not None:
-            result = views.Redriven([views.redrive(conn, run_id)])
+            done = [views.redrive(conn, run_id)]
         else:
-            result = views.redrive_job(conn, _job_id(job_id), state, limit)
-    done, skipped = result.run_ids, result.skipped_job_deleted
+            done = views.redrive_job(conn, _job_id(job_id), state, limit)
     if as_json:
-        _echo_json({"redriven": done, "skipped_job_deleted": skipped})
+        _echo_json({"redriven": done})
         return
     for line in done:
         click.echo(line)
-    summary = f"redrove {len(done)} run{'' if len(done) == 1 else 's'}"
-    if skipped:
-        plural = "" if skipped == 1 else "s"
-        summary += f"; skipped {skipped} run{plural} of deleted job {_job_id(job_id)} ({views.LIVE_JOB_RULE})"
-    click.echo(summary, err=True)
+    click.echo(f"redrove {len(done)} run{'' if len(done) == 1 else 's'}", err=True)
 
 
 @runs.command("cancel")

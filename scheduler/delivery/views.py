@@ -18,7 +18,6 @@ queries in scheduler/sql/queries.sql, section "delivery views").
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import uuid
@@ -45,7 +44,7 @@ REDRIVABLE_STATES = ("dead", "canceled")
 """States :func:`redrive` moves back to ``pending``."""
 
 LIVE_JOB_RULE = "only a run of a live job can be redriven"
-"""Why a run of a deleted job is not redriven (:func:`redrive` refuses it, :func:`redrive_job` skips it)."""
+"""Why a run of a deleted job is not redriven (:func:`redrive` and :func:`redrive_job` refuse it)."""
 
 DESCRIBE_FIRES = 10
 """Fires :func:`describe_job` lists."""
@@ -210,16 +209,6 @@ def list_tenant_runs(
 # ---------------------------------------------------------------- redrive
 
 
-@dataclasses.dataclass(frozen=True)
-class Redriven:
-    """What :func:`redrive_job` did: ``run_ids``, the runs moved back to pending, oldest
-    first; ``skipped_job_deleted``, the runs it picked but left as they were because
-    their job is deleted (or pruned): a run of a deleted job is not redriven."""
-
-    run_ids: list[str]
-    skipped_job_deleted: int = 0
-
-
 def _redrive(
     conn: psycopg.Connection,
     job_id: uuid.UUID,
@@ -333,28 +322,28 @@ def cancel(
     _refuse(conn, key, tenant, field, "only a pending, leased or failed run can be canceled")
 
 
-def redrive_job(conn: psycopg.Connection, job_id: uuid.UUID, state: str, limit: int) -> Redriven:
+def redrive_job(conn: psycopg.Connection, job_id: uuid.UUID, state: str, limit: int) -> list[str]:
     """Redrive (as :func:`redrive`) the oldest ``limit`` runs of ``job_id`` in ``state``
-    (``dead`` or ``canceled``); return their run ids, oldest first (empty if none). If the
-    job is deleted (or pruned), none is redriven: the ones picked are counted in
-    ``skipped_job_deleted`` and left as they were.
+    (``dead`` or ``canceled``); return their run ids, oldest first (empty if none).
 
     One statement, one transaction. Raises ValidationError for another state (field
     ``state``) or a ``limit`` below 1 (field ``limit``), NotFoundError for a job
-    that does not exist and has no run in ``state``.
+    that does not exist and has no run in ``state``, ConflictError (field ``job_id``)
+    for a deleted (or pruned) job with runs in ``state``: as :func:`redrive` refuses
+    one run of it, nothing changed.
     """
     if state not in REDRIVABLE_STATES:
         raise ValidationError("state", "must be dead or canceled (the runs a redrive moves back to pending)", state)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValidationError("limit", "must be a whole number >= 1", limit)
     moved, skipped = _redrive(conn, job_id, None, (state,), limit)
-    if (
-        not moved
-        and not skipped
-        and not store.execute(conn, "get_job", {"partition_id": partition_of(job_id), "job_id": job_id, "tenant": None})
+    if skipped:  # the job is deleted: none of its runs was moved (one statement decides for all)
+        raise ConflictError(f"job_id: job {job_id} is deleted; {LIVE_JOB_RULE} (nothing changed)")
+    if not moved and not store.execute(
+        conn, "get_job", {"partition_id": partition_of(job_id), "job_id": job_id, "tenant": None}
     ):
         raise NotFoundError(f"job_id: no job {job_id}")
-    return Redriven([run_id(job_id, nominal) for nominal in moved], skipped)
+    return [run_id(job_id, nominal) for nominal in moved]
 
 
 # ---------------------------------------------------------------- gauges

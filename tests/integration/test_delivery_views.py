@@ -261,10 +261,7 @@ def test_redrive_a_jobs_dead_runs_oldest_first(pg_dsn, conn) -> None:
     insert_run(conn, job, T0 + 300 * S, state="canceled", attempt=1)
     insert_run(conn, other, T0, state="dead", attempt=5)
     result = run(["runs", "redrive", "--job", str(job), "--state", "dead", "--limit", "3", "--json"], pg_dsn)
-    assert json.loads(result.stdout) == {
-        "redriven": [rid(job, T0 + k * 60 * S) for k in range(3)],
-        "skipped_job_deleted": 0,
-    }
+    assert json.loads(result.stdout) == {"redriven": [rid(job, T0 + k * 60 * S) for k in range(3)]}
     states = conn.execute(
         "SELECT job_id, nominal_time, state, attempt FROM runs ORDER BY job_id = %s, nominal_time", (job,)
     ).fetchall()
@@ -319,8 +316,9 @@ def test_a_run_of_a_deleted_job_is_not_redriven(pg_dsn, conn) -> None:
     """The trial: a dead run of a deleted job could be redriven, and was then delivered
     again to the deleted job's queue with its payload (or pushed to its URL), where
     nothing expects that job any more; once retention pruned the job, a pushed one had no
-    target at all. A single run is refused, nothing changed; a job's runs are skipped
-    and counted. A pruned job (no row left) counts as deleted."""
+    target at all. A single run is refused, and so is a job's (``--job``: exit 2, as for
+    one run; it used to exit 0 with "redrove 0 runs" and the count on stderr): nothing
+    changed. A pruned job (no row left) counts as deleted."""
     job = add(conn, name="nightly", interval_s=60)
     for k in range(3):
         insert_run(conn, job, T0 + k * 60 * S, state="dead", attempt=5, last_error="HTTP 500")
@@ -332,20 +330,18 @@ def test_a_run_of_a_deleted_job_is_not_redriven(pg_dsn, conn) -> None:
         2,
         f"error: run_id: run {rid(job, T0)} is of job {job}, which is deleted; {rule}",
     )
-    result = run(["runs", "redrive", "--job", str(job), "--state", "dead", "--limit", "2"], pg_dsn)
-    assert (result.exit_code, result.stdout, result.stderr) == (
-        0,
-        "",
-        f"redrove 0 runs; skipped 2 runs of deleted job {job} ({rule.split(' (')[0]})\n",
+    job_refused = f"error: job_id: job {job} is deleted; {rule}"
+    one_line_error(
+        run(["runs", "redrive", "--job", str(job), "--state", "dead", "--limit", "2"], pg_dsn), 2, job_refused
     )
-    result = run(["runs", "redrive", "--job", str(job), "--state", "dead", "--json"], pg_dsn)
-    assert (result.exit_code, json.loads(result.stdout)) == (0, {"redriven": [], "skipped_job_deleted": 3})
+    one_line_error(run(["runs", "redrive", "--job", str(job), "--state", "dead", "--json"], pg_dsn), 2, job_refused)
     assert conn.execute("SELECT * FROM runs ORDER BY nominal_time").fetchall() == before
 
     conn.execute("DELETE FROM jobs WHERE job_id = %s", (job,))  # pruned by retention
     with pytest.raises(ConflictError, match=f"^run_id: run {rid(job, T0)} is of job {job}, which is deleted; "):
         views.redrive(conn, rid(job, T0))
-    assert views.redrive_job(conn, job, "dead", 100) == views.Redriven(run_ids=[], skipped_job_deleted=3)
+    with pytest.raises(ConflictError, match=f"^job_id: job {job} is deleted; "):
+        views.redrive_job(conn, job, "dead", 100)
     assert conn.execute("SELECT * FROM runs ORDER BY nominal_time").fetchall() == before
 
 
