@@ -243,6 +243,8 @@ class OneLineErrors(click.Group):
             _fail(_usage_message(exc), EXIT_INVALID)
         except click.ClickException as exc:
             _fail(exc.format_message(), exc.exit_code)
+        except (ValidationError, ConfigError) as exc:  # the root group's options, parsed before invoke
+            _fail(str(exc), EXIT_INVALID)
         sys.exit(status if isinstance(status, int) else 0)
 
 

@@ -890,6 +890,14 @@ def test_every_option_reads_the_variable_named_after_its_flag(pg_dsn: str) -> No
             "error: overlap: must be one of allow, forbid, buffer_one, replace (got 'never')",
         ),
         (["config", "show"], "SCHEDULER_COORDINATOR", "zk", "error: coordinator: must be one of sql, etcd (got 'zk')"),
+        # The root group's options (a trial: a traceback for every command).
+        (
+            ["jobs", "list"],
+            "SCHEDULER_LOG_LEVEL",
+            "bogus",
+            "error: log_level: must be one of debug, info, warning, error (got 'bogus')",
+        ),
+        (["status"], "SCHEDULER_LOG_FORMAT", "xml", "error: log_format: must be one of text, json (got 'xml')"),
     ],
 )
 def test_a_choice_taken_from_the_environment_is_refused_naming_the_variable(
