@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from scheduler.delivery import lifecycle
+from scheduler.delivery.ssrf import shown_url
 from scheduler.errors import ValidationError
 
 API_KEY_ENV = "SCHEDULER_API_KEY"
@@ -70,14 +71,15 @@ def validate_api_url(url: str) -> str:
     """``url`` without a trailing slash; raises ValidationError (field ``api_url``) unless it is an
     ``http://`` or ``https://`` URL with a host, a port (if any) from 1 to 65535, no query or
     fragment and no credentials (the key travels in ``SCHEDULER_API_KEY``; a ``user:password@``
-    is refused without being echoed)."""
+    is refused without being echoed). A refused URL is echoed as :func:`~scheduler.delivery.ssrf.shown_url`
+    gives it."""
     rule = "must be an http:// or https:// URL of the API, e.g. http://127.0.0.1:8080"
     try:
         parts = urlsplit(url) if isinstance(url, str) else None
     except ValueError:  # e.g. an unclosed IPv6 bracket
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise ValidationError("api_url", rule, url)
+        raise ValidationError("api_url", rule, shown_url(url) if isinstance(url, str) else url)
     if parts.username is not None or parts.password is not None:
         raise ValidationError(
             "api_url", "must not carry credentials (user@ or user:password@): the key goes in SCHEDULER_API_KEY"
@@ -87,7 +89,7 @@ def validate_api_url(url: str) -> str:
     except ValueError:
         port = 0
     if port is not None and not 1 <= port <= 65535:
-        raise ValidationError("api_url", "port must be a whole number from 1 to 65535", url)
+        raise ValidationError("api_url", "port must be a whole number from 1 to 65535", shown_url(url))
     return url.rstrip("/")
 
 

@@ -143,6 +143,23 @@ class AddressPolicy:
         return [a for a in addresses if self.allows(a)]
 
 
+def shown_url(url: str) -> str:
+    """``url`` as a refusal may echo it: user info replaced by ``***@``, and a query or
+    fragment by ``?***`` / ``#***`` (a push target URL may carry a password or a token
+    there; the path is kept, so a typo stays findable). Works on any string, however
+    malformed (it is what a refusal shows)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    head, tail = rest[:cut], rest[cut:]
+    end = head.find("/")
+    authority, path = (head, "") if end < 0 else (head[:end], head[end:])
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    return f"{scheme}{sep}{authority}{path}{tail[:1] + '***' if tail else ''}"
+
+
 def split_url(url: str, field: str = "url") -> tuple[str, str, int]:
     """``(scheme, host, port)`` of a push target URL; raises ValidationError naming ``field``.
 
@@ -150,25 +167,28 @@ def split_url(url: str, field: str = "url") -> tuple[str, str, int]:
     spaces or unprintable characters (percent-encoded instead), scheme
     ``http`` or ``https``, a host, no user info (credentials belong in
     headers, which are never logged), a valid port. Each broken rule is
-    named by its own message.
+    named by its own message, which echoes the URL as :func:`shown_url`
+    gives it (never its credentials, query or fragment).
     """
     if not isinstance(url, str) or not url:
         raise ValidationError(field, "must be an http(s) URL", url)
     if len(url) > MAX_URL_LEN:
-        raise ValidationError(field, f"must be at most {MAX_URL_LEN} characters", url)
+        raise ValidationError(field, f"must be at most {MAX_URL_LEN} characters", shown_url(url))
     if not url.isprintable() or " " in url:
         raise ValidationError(
-            field, "must not contain spaces or unprintable characters (percent-encode them: a space is %20)", url
+            field,
+            "must not contain spaces or unprintable characters (percent-encode them: a space is %20)",
+            shown_url(url),
         )
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError:
-        raise ValidationError(field, "must be an http(s) URL with a valid host and port", url) from None
+        raise ValidationError(field, "must be an http(s) URL with a valid host and port", shown_url(url)) from None
     if parts.scheme not in ("http", "https"):
         raise ValidationError(field, "scheme must be http or https", parts.scheme)
     if not parts.hostname:
-        raise ValidationError(field, "must name a host", url)
+        raise ValidationError(field, "must name a host", shown_url(url))
     if parts.username is not None or parts.password is not None:
         raise ValidationError(field, "must not carry user:password (send credentials as a header)", parts.hostname)
     return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80)

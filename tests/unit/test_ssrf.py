@@ -92,3 +92,30 @@ def test_an_allowlist_entry_with_host_bits_is_refused_not_widened(entry: str, su
     )
     assert AddressPolicy.parse("127.0.0.5").allows("127.0.0.5")  # an address alone is its /32
     assert not AddressPolicy.parse("127.0.0.5").allows("127.0.0.6")
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        # A trial: the refusal echoed the password, or a token in the query.
+        ("http://user:SECRET123@1.1.1.1:99999/", "http://***@1.1.1.1:99999/"),
+        ("http://1.1.1.1:99999/x?token=SECRET123", "http://1.1.1.1:99999/x?***"),
+        ("http://1.1.1.1/a b?token=SECRET123", "http://1.1.1.1/a b?***"),
+        ("http://1.1.1.1:99999/x#frag-SECRET123", "http://1.1.1.1:99999/x#***"),
+        ("http://:p@SECRET123@/", "http://***@/"),
+        ("http:///path?token=SECRET123", "http:///path?***"),
+        ("https://u@[::1:99999/?SECRET123", "https://***@[::1:99999/?***"),
+    ],
+)
+def test_a_refused_url_is_echoed_without_credentials_query_or_fragment(url: str, shown: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        check_url(url, DEFAULT, resolve=lambda host, port: ["93.184.216.34"])
+    assert "SECRET123" not in str(refused.value)
+    assert str(refused.value).endswith(f"(got {shown!r})"), str(refused.value)
+
+
+def test_a_too_long_url_is_echoed_clipped_and_without_its_query() -> None:
+    url = "https://example.com/" + "a" * 3000 + "?token=SECRET123"
+    with pytest.raises(ValidationError, match=r"^url: must be at most \d+ characters") as refused:
+        check_url(url, DEFAULT, resolve=lambda host, port: ["93.184.216.34"])
+    assert "SECRET123" not in str(refused.value)
