@@ -20,11 +20,13 @@ The schema is served at ``/openapi.json`` and committed as
 
 from __future__ import annotations
 
+import select
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import psycopg
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 from psycopg.rows import dict_row
@@ -85,6 +87,27 @@ Every error is `application/problem+json` naming the field and the rule.
 See docs/api.md."""
 
 
+def check_pooled(conn: psycopg.Connection[Any]) -> None:
+    """The pool's check of a connection it is about to lend: raises (the pool then closes it
+    and takes another) if the server has spoken on it while it sat idle.
+
+    An idle autocommit connection of the API receives nothing unless the server is ending
+    it: a termination notice (a restart, a failover, ``pg_terminate_backend``) or EOF. So
+    a readable socket (one ``poll`` with no wait, no round trip) is checked with
+    psycopg_pool's own ``check_connection`` (one empty query), which raises on a dead
+    connection. Without it, after a store restart every pooled connection failed the
+    first request that took it: up to ``api_pool_size`` 503s (a trial). A connection lost
+    without a word (a network partition) is not seen here; keepalives and the statement
+    timeout bound that request.
+    """
+    if conn.closed:
+        raise psycopg.OperationalError("the pooled connection is closed")
+    poller = select.poll()  # not select.select: an API serving many clients has descriptors past 1024
+    poller.register(conn.fileno(), select.POLLIN)
+    if poller.poll(0):
+        ConnectionPool.check_connection(conn)
+
+
 def _pool(dsn: str, size: int) -> ConnectionPool:
     return ConnectionPool(
         store.libpq_dsn(dsn),
@@ -94,6 +117,7 @@ def _pool(dsn: str, size: int) -> ConnectionPool:
         open=False,
         name="scheduler-api",
         configure=store.pin_time_zone,
+        check=check_pooled,
         kwargs={
             "autocommit": True,
             "row_factory": dict_row,
