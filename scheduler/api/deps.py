@@ -127,7 +127,9 @@ def authenticate(app: Any, authorization: str | None, client: str | None) -> Pri
 class Authenticate:
     """ASGI middleware: every ``/v1/`` request is authenticated (and its key's rate taken)
     before routing, so a caller without a valid key learns nothing but 401, not even that
-    its body is malformed; the principal is left in the request state for the dependencies."""
+    its body is malformed; the principal is left in the request state for the dependencies.
+    A request with more than one ``Authorization`` header is a 400 (field ``authorization``)
+    before any key is looked at."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -136,12 +138,17 @@ class Authenticate:
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
             await self.app(scope, receive, send)
             return
-        authorization = None
-        for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
+        sent = [value for name, value in scope.get("headers", ()) if name == b"authorization"]
+        authorization = sent[0].decode("latin-1") if sent else None
         client = scope.get("client")
         try:
+            if len(sent) > 1:  # which one counts would be a guess: a proxy may have appended one
+                raise ApiError(
+                    400,
+                    "Bad Request",
+                    f"authorization: must be sent once (got {len(sent)} Authorization headers)",
+                    field="authorization",
+                )
             principal = await run_in_threadpool(authenticate, scope["app"], authorization, client and client[0])
         except ApiError as exc:
             response = problem(exc.status, exc.detail, title=exc.title, field=exc.field, headers=exc.headers)

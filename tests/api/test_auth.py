@@ -143,3 +143,25 @@ def test_without_a_key_even_invalid_input_gets_only_401(api):
         ("POST", "/v1/keys/zzz:revoke", {}),
     ):
         _assert_401(httpx.request(method, f"{api.url}{path}", **kwargs))
+
+
+def test_two_authorization_headers_are_refused_whichever_comes_last(api):
+    """A trial: with two ``Authorization`` headers the last one was used, so a proxy that
+    appends one could switch the request's tenant. Ambiguous credentials are a 400 naming
+    the header, before either key is looked at; nothing is served."""
+    acme, other = api.key("acme", "tenant"), api.key("other", "tenant")
+    expected = {
+        "type": "about:blank",
+        "title": "Bad Request",
+        "status": 400,
+        "detail": "authorization: must be sent once (got 2 Authorization headers)",
+        "field": "authorization",
+    }
+    for first, second in ((acme, other), (other, acme), (acme, "garbage")):
+        response = httpx.get(
+            f"{api.url}/v1/schedules",
+            headers=[("Authorization", f"Bearer {first}"), ("Authorization", f"Bearer {second}")],
+        )
+        assert (response.status_code, response.json()) == (400, expected), response.text
+        assert response.headers["content-type"] == "application/problem+json"
+    assert httpx.get(f"{api.url}/v1/schedules", headers={"Authorization": f"Bearer {acme}"}).status_code == 200
