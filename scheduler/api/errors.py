@@ -242,7 +242,8 @@ def _rule(error: dict[str, Any]) -> str:
     if kind == "string_too_long":
         return f"must be at most {ctx.get('max_length')} characters"
     if kind == "string_too_short":
-        return f"must be at least {ctx.get('min_length')} characters"
+        shortest = ctx.get("min_length")
+        return "must not be empty" if shortest == 1 else f"must be at least {shortest} characters"
     if kind == "too_long":
         return f"must have at most {ctx.get('max_length')} items"
     if kind == "literal_error":

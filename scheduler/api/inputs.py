@@ -252,13 +252,38 @@ class JsonRequest(Request):
         return self._json
 
 
+NO_BODY_RULE = "this endpoint takes no body (send none, or {})"
+"""Why a body sent to an endpoint that takes none is refused (:class:`JsonRoute`)."""
+
+
+async def refuse_unexpected_body(request: JsonRequest) -> None:
+    """Raise :class:`BodyRefused` (field ``body``, :data:`NO_BODY_RULE`) unless the request's
+    body is empty, whitespace, ``{}`` or ``null``: what a client sends when it means no body.
+    Anything else (a field the caller thinks it set, text that is not JSON) would be ignored,
+    so it is refused instead. A body that is not UTF-8 is refused as :func:`decode_body` does."""
+    body = await request.body()
+    if not body.strip():
+        return
+    try:
+        value = decode_body(body)
+    except json.JSONDecodeError:
+        value = NO_BODY_RULE  # not JSON: refused below
+    if value not in ({}, None):
+        raise BodyRefused("body", NO_BODY_RULE)
+
+
 class JsonRoute(APIRoute):
-    """The API's route class (every router's ``route_class``): its endpoint sees a :class:`JsonRequest`."""
+    """The API's route class (every router's ``route_class``): its endpoint sees a :class:`JsonRequest`;
+    an endpoint that takes no body refuses one (:func:`refuse_unexpected_body`)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        takes_body = self.body_field is not None
 
         async def route_handler(request: Request) -> Response:
-            return await handler(JsonRequest(request.scope, request.receive, request._send))
+            json_request = JsonRequest(request.scope, request.receive, request._send)
+            if not takes_body and request.method in ("POST", "PUT", "PATCH", "DELETE"):
+                await refuse_unexpected_body(json_request)
+            return await handler(json_request)
 
         return route_handler

@@ -586,3 +586,39 @@ def test_an_unknown_path_is_named_as_sent_never_decoded_lossily(api, method, pat
     token = api.key("acme", "tenant")
     response = _json(api, token, method, path, json=None)
     assert (response.status_code, response.json()["detail"]) == (status, detail)
+
+
+def test_a_body_sent_to_an_endpoint_that_takes_none_is_refused_unless_empty(api):
+    """A trial: ``POST /v1/schedules/s1:pause`` with the body ``junk`` (or a field the caller
+    thinks it set) answered 200, the body ignored. An endpoint that takes no body accepts none,
+    whitespace, ``{}`` or ``null``; anything else is a 422 naming the body, nothing changed."""
+    token = api.key("acme", "tenant")
+    created = _json(api, token, "PUT", "/v1/schedules/s1", json={"interval_s": 60})
+    assert created.status_code == 201, created.text
+    rule = "body: this endpoint takes no body (send none, or {})"
+    for body in (b"junk", b'{"paused_until": "2030-01-01T00:00:00Z"}', b"[]", b"0", b"\xff"):
+        response = _json(
+            api, token, "POST", "/v1/schedules/s1:pause", content=body, headers={"content-type": "application/json"}
+        )
+        problem = response.json()
+        assert (response.status_code, problem.get("field")) == (422, "body"), problem
+        assert problem["detail"].startswith("body: "), problem
+        if body != b"\xff":
+            assert problem["detail"] == rule
+        assert _json(api, token, "GET", "/v1/schedules/s1").json()["schedule"]["paused"] is False
+    deleted = _json(api, token, "DELETE", "/v1/schedules/s1", content=b"junk")
+    assert (deleted.status_code, deleted.json()["detail"]) == (422, rule)
+    for body in (b"", b" \r\n", b"{}", b"null"):
+        response = _json(
+            api, token, "POST", "/v1/schedules/s1:pause", content=body, headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 200, (body, response.text)
+    assert _json(api, token, "DELETE", "/v1/schedules/s1").status_code == 204
+
+
+def test_a_too_short_string_is_refused_in_plain_words():
+    """A trial: ``must be at least 1 characters``."""
+    error = {"type": "string_too_short", "loc": ("query", "schedule"), "ctx": {"min_length": 1}, "input": ""}
+    assert validation_detail(error) == ("schedule", "schedule: must not be empty (got '')")
+    error = {"type": "string_too_short", "loc": ("body", "name"), "ctx": {"min_length": 3}, "input": "ab"}
+    assert validation_detail(error) == ("name", "name: must be at least 3 characters (got 'ab')")
