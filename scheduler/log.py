@@ -50,7 +50,7 @@ def redact(text: str) -> str:
     return API_TOKEN.sub("tk_<redacted>", text)
 
 
-LIBRARY_LOGGERS = ("psycopg", "psycopg.pool", "alembic")
+LIBRARY_LOGGERS = ("psycopg", "psycopg.pool", "alembic", "uvicorn")
 """Libraries whose warnings go through the same formatter (so ``--log-format
 json`` stays one JSON object per line), as event ``library_log``."""
 

@@ -338,3 +338,18 @@ def test_a_text_value_escapes_every_control_character_in_every_record(captured):
     assert not [c for c in buffer.getvalue() if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F]
     assert json.loads(lines[1].split(" other=", 1)[1].split(" plain=", 1)[0]) == "del\x7fc1\x9b2J\x85end"
     assert log.one_line("a\x1bb\x00\x7f\x9b\n") == "a\\x1bb\\x00\\x7f\\x9b\\n"
+
+
+def test_the_api_servers_own_warnings_are_records_in_the_log_format(captured):
+    """A trial: uvicorn's "Invalid HTTP request received." reached api.log as a bare line
+    (Python's last-resort handler), not a record; it is a ``library_log`` record now."""
+    configure, buffer = captured
+    configure("json")
+    logging.getLogger("uvicorn.error").warning("Invalid HTTP request received.")
+    (record,) = [json.loads(line) for line in buffer.getvalue().splitlines()]
+    assert (record["event"], record["level"], record["logger"], record["message"]) == (
+        "library_log",
+        "warning",
+        "uvicorn.error",
+        "Invalid HTTP request received.",
+    )
