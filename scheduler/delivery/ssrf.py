@@ -144,10 +144,12 @@ class AddressPolicy:
 
 
 def shown_url(url: str) -> str:
-    """``url`` as a refusal may echo it: user info replaced by ``***@``, and a query or
-    fragment by ``?***`` / ``#***`` (a push target URL may carry a password or a token
-    there; the path is kept, so a typo stays findable). Works on any string, however
-    malformed (it is what a refusal shows)."""
+    """``url`` as a refusal may echo it: scheme and host (and port) as given, user info
+    replaced by ``***@``, a path other than ``/`` by ``/***``, a query or fragment by
+    ``?***`` / ``#***``. A push target URL may carry a password, a token in its query, or
+    a secret in its path (webhook URLs often do); no rule whose refusal echoes a URL needs
+    them to be understood. Works on any string, however malformed (it is what a refusal
+    shows): ``http://u:pw@h:99999/hook/T0K3N?sig=x`` → ``http://***@h:99999/***?***``."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         scheme, rest = "", url
@@ -157,6 +159,8 @@ def shown_url(url: str) -> str:
     authority, path = (head, "") if end < 0 else (head[:end], head[end:])
     if "@" in authority:
         authority = "***@" + authority.rpartition("@")[2]
+    if path not in ("", "/"):
+        path = "/***"
     return f"{scheme}{sep}{authority}{path}{tail[:1] + '***' if tail else ''}"
 
 
@@ -168,7 +172,7 @@ def split_url(url: str, field: str = "url") -> tuple[str, str, int]:
     ``http`` or ``https``, a host, no user info (credentials belong in
     headers, which are never logged), a valid port. Each broken rule is
     named by its own message, which echoes the URL as :func:`shown_url`
-    gives it (never its credentials, query or fragment).
+    gives it (never its credentials, path, query or fragment).
     """
     if not isinstance(url, str) or not url:
         raise ValidationError(field, "must be an http(s) URL", url)

@@ -43,7 +43,7 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import urlsplit
 
-from scheduler.delivery.ssrf import AddressPolicy, check_url, split_url
+from scheduler.delivery.ssrf import AddressPolicy, check_url, shown_url, split_url
 from scheduler.errors import ValidationError
 from scheduler.spec import parse_decimal, parse_whole
 
@@ -192,7 +192,9 @@ class DeliverySpec:
             split_url(self.url, "url")
             _check_port(self.url)
             if "#" in self.url:
-                raise ValidationError("url", "must not carry a #fragment (it is never sent to the endpoint)", self.url)
+                raise ValidationError(
+                    "url", "must not carry a #fragment (it is never sent to the endpoint)", shown_url(self.url)
+                )
             if self.method not in METHODS:
                 raise ValidationError("method", f"must be one of {', '.join(METHODS)}", self.method)
             _check_timeout(self.timeout_s)
@@ -340,7 +342,7 @@ def _check_port(url: str) -> None:
     """Refuse an explicit port 0 (``http://host:0/``; :func:`~scheduler.delivery.ssrf.split_url`
     has already refused a malformed port or one above 65535). Raises ValidationError (field ``url``)."""
     if urlsplit(url).port == 0:
-        raise ValidationError("url", "port must be 1-65535", url)
+        raise ValidationError("url", "port must be 1-65535", shown_url(url))
 
 
 def _method(value: Any) -> str:

@@ -148,17 +148,17 @@ def test_max_age_forms(text, seconds) -> None:
             {"url": "https://u:p@93.184.216.34/"},
             "url: must not carry user:password (send credentials as a header) (got '93.184.216.34')",
         ),
-        ({"url": "https:///path"}, "url: must name a host (got 'https:///path')"),
+        ({"url": "https:///path"}, "url: must name a host (got 'https:///***')"),
         ({"url": "http://example.com:0/"}, "url: port must be 1-65535 (got 'http://example.com:0/')"),
         (  # never sent (HTTP has no fragment on the wire): the endpoint would not see it
             {"url": "https://93.184.216.34/hook#v2"},
-            "url: must not carry a #fragment (it is never sent to the endpoint) (got 'https://93.184.216.34/hook#v2')",
+            "url: must not carry a #fragment (it is never sent to the endpoint) (got 'https://93.184.216.34/***#***')",
         ),
         (
             {"url": "https://93.184.216.34/hook#"},
-            "url: must not carry a #fragment (it is never sent to the endpoint) (got 'https://93.184.216.34/hook#')",
+            "url: must not carry a #fragment (it is never sent to the endpoint) (got 'https://93.184.216.34/***#***')",
         ),
-        ({"url": "https://[2606:2800::1]:00/x"}, "url: port must be 1-65535 (got 'https://[2606:2800::1]:00/x')"),
+        ({"url": "https://[2606:2800::1]:00/x"}, "url: port must be 1-65535 (got 'https://[2606:2800::1]:00/***')"),
     ],
 )
 def test_target_rules(kwargs, message) -> None:
@@ -382,10 +382,10 @@ URL_CHARACTERS_RULE = "must not contain spaces or unprintable characters (percen
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("https://93.184.216.34/a b", f"url: {URL_CHARACTERS_RULE} (got 'https://93.184.216.34/a b')"),
-        ("https://93.184.216.34/a\tb", f"url: {URL_CHARACTERS_RULE} (got 'https://93.184.216.34/a\\tb')"),
+        ("https://93.184.216.34/a b", f"url: {URL_CHARACTERS_RULE} (got 'https://93.184.216.34/***')"),
+        ("https://93.184.216.34/a\tb", f"url: {URL_CHARACTERS_RULE} (got 'https://93.184.216.34/***')"),
         ("https://exa mple.com/", f"url: {URL_CHARACTERS_RULE} (got 'https://exa mple.com/')"),
-        ("https://a.example/" + "x" * 2100, "url: must be at most 2048 characters (got 'https://a.example/xxx"),
+        ("https://a.example/" + "x" * 2100, "url: must be at most 2048 characters (got 'https://a.example/***')"),
         ("", "url: must be an http(s) URL (got '')"),
     ],
 )

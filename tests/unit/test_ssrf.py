@@ -99,15 +99,17 @@ def test_an_allowlist_entry_with_host_bits_is_refused_not_widened(entry: str, su
     [
         # A trial: the refusal echoed the password, or a token in the query.
         ("http://user:SECRET123@1.1.1.1:99999/", "http://***@1.1.1.1:99999/"),
-        ("http://1.1.1.1:99999/x?token=SECRET123", "http://1.1.1.1:99999/x?***"),
-        ("http://1.1.1.1/a b?token=SECRET123", "http://1.1.1.1/a b?***"),
-        ("http://1.1.1.1:99999/x#frag-SECRET123", "http://1.1.1.1:99999/x#***"),
+        ("http://1.1.1.1:99999/x?token=SECRET123", "http://1.1.1.1:99999/***?***"),
+        ("http://1.1.1.1/a b?token=SECRET123", "http://1.1.1.1/***?***"),
+        ("http://1.1.1.1:99999/x#frag-SECRET123", "http://1.1.1.1:99999/***#***"),
         ("http://:p@SECRET123@/", "http://***@/"),
-        ("http:///path?token=SECRET123", "http:///path?***"),
+        ("http:///path?token=SECRET123", "http:///***?***"),
         ("https://u@[::1:99999/?SECRET123", "https://***@[::1:99999/?***"),
+        # A webhook's secret in its path (a bad port here).
+        ("https://hooks.example.com:0x1/services/T0/B0/SECRET123", "https://hooks.example.com:0x1/***"),
     ],
 )
-def test_a_refused_url_is_echoed_without_credentials_query_or_fragment(url: str, shown: str) -> None:
+def test_a_refused_url_is_echoed_without_credentials_path_query_or_fragment(url: str, shown: str) -> None:
     with pytest.raises(ValidationError) as refused:
         check_url(url, DEFAULT, resolve=lambda host, port: ["93.184.216.34"])
     assert "SECRET123" not in str(refused.value)
