@@ -87,6 +87,17 @@ Every error is `application/problem+json` naming the field and the rule.
 See docs/api.md."""
 
 
+RECONNECT_TIMEOUT_S = 1.0
+"""How long the pool retries a connection that failed to open before giving up (psycopg_pool's
+``reconnect_timeout``, default 300 s, retried on a doubling backoff: 1, 2, 4, 8 s ...). With
+it, a store back from an outage waited for the pool's next retry: a trial saw ~25 s of 503s
+with the store up. Given up after a second, the next request that finds no connection starts
+a new attempt at once (psycopg_pool grows the pool for a waiting client), so the first
+request after the store is back is served. While the store is down, a request that finds no
+connection starts an attempt (retried once, a second later) and is answered 503 after
+:data:`POOL_TIMEOUT_S`."""
+
+
 def check_pooled(conn: psycopg.Connection[Any]) -> None:
     """The pool's check of a connection it is about to lend: raises (the pool then closes it
     and takes another) if the server has spoken on it while it sat idle.
@@ -118,6 +129,7 @@ def _pool(dsn: str, size: int) -> ConnectionPool:
         name="scheduler-api",
         configure=store.pin_time_zone,
         check=check_pooled,
+        reconnect_timeout=RECONNECT_TIMEOUT_S,
         kwargs={
             "autocommit": True,
             "row_factory": dict_row,

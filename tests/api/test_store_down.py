@@ -123,3 +123,38 @@ def test_pooled_connections_the_store_closed_are_replaced_not_answered_503(api):
                 time.sleep(0.01)
         answers = [client.get(f"{api.url}/v1/schedules").status_code for _ in range(8)]
     assert answers == [200] * 8
+
+
+def test_the_first_request_after_a_store_outage_is_served_not_held_by_a_reconnect_backoff(pg_dsn, relay):
+    """A trial: with requests arriving during an outage, the API answered 503 for ~25 s after
+    the store was back: the pool retried its connections on a doubling backoff (1, 2, 4,
+    8 s ...) and every request waited for the next retry. Now a failed connection attempt
+    gives up after a second, and the next request starts a new one at once."""
+    from scheduler import jobs, store
+    from scheduler.api import keys
+    from scheduler.settings import ApiSettings
+
+    with store.connect(pg_dsn) as conn:
+        jobs.add_tenant(conn, "acme")
+        token, _ = keys.create(conn, "acme", "tenant", None)
+    settings = ApiSettings(rate_per_s=100_000.0, burst=100_000, pool_size=2)
+    server = ApiThread(relay.dsn(pg_dsn), "127.0.0.1", 0, settings).start()
+    try:
+        server.app.state.pool.timeout = 0.5  # wait half a second for a connection, not POOL_TIMEOUT_S
+        with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+            url = f"{server.url}/v1/schedules"
+            assert client.get(url).status_code == 200
+            relay.cut()
+            outage_ends = time.monotonic() + 4.5
+            during = []
+            while time.monotonic() < outage_ends:  # requests keep coming: each 503 after 0.5 s
+                during.append(client.get(url).status_code)
+                time.sleep(0.3)
+            relay.restore()
+            assert set(during) == {503}, during
+            started = time.monotonic()
+            first = client.get(url)
+            assert first.status_code == 200, first.text
+            assert time.monotonic() - started < 2.0
+    finally:
+        server.stop()
