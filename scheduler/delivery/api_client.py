@@ -70,20 +70,24 @@ class ApiRefused(Exception):
 def validate_api_url(url: str) -> str:
     """``url`` without a trailing slash; raises ValidationError (field ``api_url``) unless it is an
     ``http://`` or ``https://`` URL with a host, a port (if any) from 1 to 65535, no query or
-    fragment and no credentials (the key travels in ``SCHEDULER_API_KEY``; a ``user:password@``
-    is refused without being echoed). A refused URL is echoed as :func:`~scheduler.delivery.ssrf.shown_url`
-    gives it."""
+    fragment, no credentials (no ``@`` at all: the key travels in ``SCHEDULER_API_KEY``; such a
+    URL is refused without being echoed), no spaces or unprintable characters. A refused URL
+    is echoed as :func:`~scheduler.delivery.ssrf.shown_url` gives it."""
     rule = "must be an http:// or https:// URL of the API, e.g. http://127.0.0.1:8080"
+    if isinstance(url, str) and "@" in url:  # never part of the API's URL: credentials, however spelled
+        raise ValidationError(
+            "api_url", "must not carry credentials (user@ or user:password@): the key goes in SCHEDULER_API_KEY"
+        )
+    if isinstance(url, str) and (not url.isprintable() or " " in url):
+        raise ValidationError(
+            "api_url", "must not contain spaces or unprintable characters (percent-encode them: a space is %20)"
+        )
     try:
         parts = urlsplit(url) if isinstance(url, str) else None
     except ValueError:  # e.g. an unclosed IPv6 bracket
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
         raise ValidationError("api_url", rule, shown_url(url) if isinstance(url, str) else url)
-    if parts.username is not None or parts.password is not None:
-        raise ValidationError(
-            "api_url", "must not carry credentials (user@ or user:password@): the key goes in SCHEDULER_API_KEY"
-        )
     try:
         port = parts.port
     except ValueError:

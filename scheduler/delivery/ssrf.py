@@ -145,20 +145,23 @@ class AddressPolicy:
 
 def shown_url(url: str) -> str:
     """``url`` as a refusal may echo it: scheme and host (and port) as given, user info
-    replaced by ``***@``, a path other than ``/`` by ``/***``, a query or fragment by
-    ``?***`` / ``#***``. A push target URL may carry a password, a token in its query, or
-    a secret in its path (webhook URLs often do); no rule whose refusal echoes a URL needs
-    them to be understood. Works on any string, however malformed (it is what a refusal
-    shows): ``http://u:pw@h:99999/hook/T0K3N?sig=x`` → ``http://***@h:99999/***?***``."""
+    (everything up to the last ``@``, wherever it is) replaced by ``***@``, a path other
+    than ``/`` by ``/***``, a query or fragment by ``?***`` / ``#***``. A push target URL
+    may carry a password, a token in its query, or a secret in its path (webhook URLs
+    often do); no rule whose refusal echoes a URL needs them to be understood. Works on any
+    string, however malformed (it is what a refusal shows):
+    ``http://u:pw@h:99999/hook/T0K3N?sig=x`` → ``http://***@h:99999/***?***``."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         scheme, rest = "", url
+    hidden = ""
+    if "@" in rest:  # a password may hold an unescaped / ? or #: hide up to the last @ anywhere
+        hidden, rest = "***@", rest.rpartition("@")[2]
     cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
     head, tail = rest[:cut], rest[cut:]
     end = head.find("/")
     authority, path = (head, "") if end < 0 else (head[:end], head[end:])
-    if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
+    authority = hidden + authority
     if path not in ("", "/"):
         path = "/***"
     return f"{scheme}{sep}{authority}{path}{tail[:1] + '***' if tail else ''}"
@@ -174,7 +177,9 @@ def split_url(url: str, field: str = "url") -> tuple[str, str, int]:
     named by its own message, which echoes the URL as :func:`shown_url`
     gives it (never its credentials, path, query or fragment).
     """
-    if not isinstance(url, str) or not url:
+    if not isinstance(url, str):  # not echoed: a list or object may hold the URL, secrets and all
+        raise ValidationError(field, "must be an http(s) URL (a string)")
+    if not url:
         raise ValidationError(field, "must be an http(s) URL", url)
     if len(url) > MAX_URL_LEN:
         raise ValidationError(field, f"must be at most {MAX_URL_LEN} characters", shown_url(url))

@@ -23,9 +23,12 @@ from scheduler.errors import ValidationError
         ("http://user@127.0.0.1:8080", "must not carry credentials"),
         ("http://127.0.0.1:8080/?a=1", "must be an http:// or https:// URL"),
         ("http://127.0.0.1:8080/#f", "must be an http:// or https:// URL"),
-        ("ftp://user:pw@127.0.0.1", "must be an http:// or https:// URL"),
-        ("http://user:pw@[::1", "must be an http:// or https:// URL"),
+        ("ftp://user:pw@127.0.0.1", "must not carry credentials"),
+        ("http://user:pw@[::1", "must not carry credentials"),
         ("http://127.0.0.1:8080/?key=pw", "must be an http:// or https:// URL"),
+        ("http://user:pw/x@127.0.0.1:8080/", "must not carry credentials"),
+        ("http://127.0.0.1:8080/x y", "must not contain spaces or unprintable characters"),
+        ("http://127.0.0.1:8080/x\ty", "must not contain spaces or unprintable characters"),
     ],
 )
 def test_a_bad_api_url_is_refused_naming_the_field_and_the_rule(url, rule) -> None:

@@ -105,6 +105,12 @@ def test_an_allowlist_entry_with_host_bits_is_refused_not_widened(entry: str, su
         ("http://:p@SECRET123@/", "http://***@/"),
         ("http:///path?token=SECRET123", "http:///***?***"),
         ("https://u@[::1:99999/?SECRET123", "https://***@[::1:99999/?***"),
+        # A second trial: a password holding an unescaped / ? or # (the URL is malformed, the
+        # password still a password): everything up to the last @ is hidden.
+        ("https://user:s3cret/SECRET123@93.184.216.34/x", "https://***@93.184.216.34/***"),
+        ("https://user:s3cret?SECRET123@93.184.216.34/x", "https://***@93.184.216.34/***"),
+        ("https://user:s3cret#SECRET123@93.184.216.34/x", "https://***@93.184.216.34/***"),
+        ("https:///user:SECRET123@1.2.3.4/?q=x", "https://***@1.2.3.4/?***"),
         # A webhook's secret in its path (a bad port here).
         ("https://hooks.example.com:0x1/services/T0/B0/SECRET123", "https://hooks.example.com:0x1/***"),
     ],
@@ -121,3 +127,10 @@ def test_a_too_long_url_is_echoed_clipped_and_without_its_query() -> None:
     with pytest.raises(ValidationError, match=r"^url: must be at most \d+ characters") as refused:
         check_url(url, DEFAULT, resolve=lambda host, port: ["93.184.216.34"])
     assert "SECRET123" not in str(refused.value)
+
+
+def test_a_url_that_is_not_a_string_is_refused_without_echoing_it() -> None:
+    """A second trial: the API's ``"url": ["https://u:pw@host/?q=token"]`` was echoed whole."""
+    with pytest.raises(ValidationError) as refused:
+        check_url(["https://u:SECRET123@1.2.3.4/?q=SECRET123"], DEFAULT)  # type: ignore[arg-type]
+    assert str(refused.value) == "url: must be an http(s) URL (a string)"
