@@ -243,8 +243,17 @@ def decode_body(body: bytes) -> Any:
     return value
 
 
+JSON_WHITESPACE = b" \t\r\n"
+"""What RFC 8259 counts as whitespace around a JSON value."""
+
+
 class JsonRequest(Request):
-    """A request whose JSON body is decoded by :func:`decode_body`."""
+    """A request whose JSON body is decoded by :func:`decode_body`; a body of JSON whitespace
+    alone counts as none (as an empty one), on every endpoint."""
+
+    async def body(self) -> bytes:
+        raw = await super().body()
+        return raw if raw.strip(JSON_WHITESPACE) else b""
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
@@ -262,7 +271,7 @@ async def refuse_unexpected_body(request: JsonRequest) -> None:
     Anything else (a field the caller thinks it set, text that is not JSON) would be ignored,
     so it is refused instead. A body that is not UTF-8 is refused as :func:`decode_body` does."""
     body = await request.body()
-    if not body.strip():
+    if not body:
         return
     try:
         value = decode_body(body)
