@@ -39,14 +39,24 @@ API_TOKEN = re.compile(r"tk_[0-9a-fA-F]{16}_[A-Za-z0-9_-]*")
 """Anything shaped like a tenant API token (``tk_<key id>_<secret>``, scheduler/api/keys.py)."""
 
 
+URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@'\"]*:)(?!password@)[^\s'\"]*@")
+"""The password of a URL's user info (``scheme://user:password@``), up to the last ``@`` before
+whitespace or a quote (a password may hold an unescaped ``/``, ``?`` or ``#``); the literal
+placeholder ``password`` of the help texts' examples is left as it is."""
+
+
 def redact(text: str) -> str:
-    """Return ``text`` with every registered secret replaced by ``***`` and anything
-    shaped like an API token by ``tk_<redacted>``: an error or log line that echoes
-    input never shows a key pasted into the wrong field (``keys revoke TOKEN``)."""
+    """Return ``text`` with every registered secret replaced by ``***``, anything shaped
+    like an API token by ``tk_<redacted>`` and the password of any URL
+    (``scheme://user:password@``) by ``***``: an error or log line that echoes input never
+    shows a key pasted into the wrong field (``keys revoke TOKEN``) or a URL's password,
+    whatever field it came in (the user alone is kept: a DSN without a password is left
+    whole)."""
     with _secrets_lock:
         secrets = sorted(_secrets, key=len, reverse=True)
     for secret in secrets:
         text = text.replace(secret, "***")
+    text = URL_PASSWORD.sub(r"\g<head>***@", text)
     return API_TOKEN.sub("tk_<redacted>", text)
 
 

@@ -195,7 +195,8 @@ def split_url(url: str, field: str = "url") -> tuple[str, str, int]:
     except ValueError:
         raise ValidationError(field, "must be an http(s) URL with a valid host and port", shown_url(url)) from None
     if parts.scheme not in ("http", "https"):
-        raise ValidationError(field, "scheme must be http or https", parts.scheme)
+        # With an @ in the URL, what reads as a scheme may be a user or a token: not echoed.
+        raise ValidationError(field, "scheme must be http or https", shown_url(url) if "@" in url else parts.scheme)
     if not parts.hostname:
         raise ValidationError(field, "must name a host", shown_url(url))
     if parts.username is not None or parts.password is not None:

@@ -134,3 +134,13 @@ def test_a_url_that_is_not_a_string_is_refused_without_echoing_it() -> None:
     with pytest.raises(ValidationError) as refused:
         check_url(["https://u:SECRET123@1.2.3.4/?q=SECRET123"], DEFAULT)  # type: ignore[arg-type]
     assert str(refused.value) == "url: must be an http(s) URL (a string)"
+
+
+def test_a_url_without_a_scheme_is_refused_without_echoing_its_user_info() -> None:
+    """A third trial: ``TOKEN:@host/x`` reads as the scheme ``token``, which the scheme rule echoed."""
+    with pytest.raises(ValidationError) as refused:
+        check_url("a1b2c3SECRET123:@93.184.216.34/x", DEFAULT)
+    assert str(refused.value) == "url: scheme must be http or https (got '***@93.184.216.34/***')"
+    with pytest.raises(ValidationError) as refused:
+        check_url("ftp://93.184.216.34/x", DEFAULT)
+    assert str(refused.value) == "url: scheme must be http or https (got 'ftp')"
