@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -82,6 +83,10 @@ def _refuse(field: str, rule: str) -> ApiError:
     return ApiError(422, "Unprocessable Content", f"{field}: {rule}", field=field)
 
 
+_CONVERTER = re.compile(r"\{(\w+):\w+\}")
+"""A path parameter's converter in a route's path (``{name:path_name}``), left out where a message names the route."""
+
+
 def _query_names(route: Any) -> set[str]:
     """The query parameter names ``route`` takes: its endpoint's and its dependencies'."""
     names: set[str] = set()
@@ -123,7 +128,8 @@ def check_request_text(request: Request) -> None:
         if name is None:
             raise _refuse("query", "parameter names must be UTF-8 text with no NUL")
         if name not in known:
-            raise _refuse(name[:80], f"is not a known parameter of {request.method} {getattr(route, 'path', '')}")
+            path = _CONVERTER.sub(r"{\1}", getattr(route, "path", ""))  # {name:path_name} -> {name}
+            raise _refuse(name[:80], f"is not a known parameter of {request.method} {path}")
         if _decoded(raw_value) is None:
             raise _refuse(name, "must be UTF-8 text with no NUL")
         if name in given:
