@@ -282,7 +282,7 @@ async def refuse_unexpected_body(request: JsonRequest) -> None:
     try:
         value = decode_body(body)
     except json.JSONDecodeError:
-        value = NO_BODY_RULE  # not JSON: refused below
+        raise BodyRefused("body", NO_BODY_RULE) from None
     if value not in ({}, None):
         raise BodyRefused("body", NO_BODY_RULE)
 

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from scheduler.delivery import lifecycle
-from scheduler.delivery.ssrf import shown_url
+from scheduler.delivery.ssrf import URL_CHARACTERS_RULE, shown_url
 from scheduler.errors import ValidationError
 
 API_KEY_ENV = "SCHEDULER_API_KEY"
@@ -79,9 +79,7 @@ def validate_api_url(url: str) -> str:
             "api_url", "must not carry credentials (user@ or user:password@): the key goes in SCHEDULER_API_KEY"
         )
     if isinstance(url, str) and (not url.isprintable() or " " in url):
-        raise ValidationError(
-            "api_url", "must not contain spaces or unprintable characters (percent-encode them: a space is %20)"
-        )
+        raise ValidationError("api_url", URL_CHARACTERS_RULE)
     try:
         parts = urlsplit(url) if isinstance(url, str) else None
     except ValueError:  # e.g. an unclosed IPv6 bracket

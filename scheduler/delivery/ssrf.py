@@ -143,6 +143,10 @@ class AddressPolicy:
         return [a for a in addresses if self.allows(a)]
 
 
+URL_CHARACTERS_RULE = "must not contain spaces or unprintable characters (percent-encode them: a space is %20)"
+"""The rule a URL with a space or an unprintable character breaks (push targets, ``--api-url``)."""
+
+
 def shown_url(url: str) -> str:
     """``url`` as a refusal may echo it: scheme and host (and port) as given, user info
     (everything up to the last ``@``, wherever it is) replaced by ``***@``, a path other
@@ -184,11 +188,7 @@ def split_url(url: str, field: str = "url") -> tuple[str, str, int]:
     if len(url) > MAX_URL_LEN:
         raise ValidationError(field, f"must be at most {MAX_URL_LEN} characters", shown_url(url))
     if not url.isprintable() or " " in url:
-        raise ValidationError(
-            field,
-            "must not contain spaces or unprintable characters (percent-encode them: a space is %20)",
-            shown_url(url),
-        )
+        raise ValidationError(field, URL_CHARACTERS_RULE, shown_url(url))
     try:
         parts = urlsplit(url)
         port = parts.port
