@@ -24,6 +24,25 @@ plans by key, advances each to its plan's next slot and inserts its run.
 No timer travels; the store does ~14 µs of work per run instead of ~25 µs,
 and the node almost none.
 
+Herds are measured ahead when possible: in the waits between ticks the
+look-ahead (:mod:`scheduler.firing.lookahead`) has the finder read, for the
+coming seconds, each herd's timer count and schedule keys per firable
+partition (``lookahead_herds``, :meth:`HerdFinder.read_ahead`), so at the
+instant :meth:`~HerdFinder.extent` and the plans take them from memory
+instead of ``herd_counts`` and ``herd_schedule_keys``. Read at the instant,
+those walk every timer of the herd while the first pass's updates have
+just cleared the pages' all-visible bits: each index entry a heap visit,
+0.35-1.0 s of store time in the 5 M-job herd's first two seconds, beside the
+small tenants' firing and claims (docs/performance.md, "2026-12-04,
+evening"); read seconds before, the same walk is index entries only. What
+was read ahead is only a measure: a partition is taken from it only under
+the fencing epoch it was read under (otherwise the herd is counted at the
+instant, as before), the cursor's own partition is always counted at the
+instant, and the partitions a herd fired are zeroed (a failed tick forgets
+everything). A timer added, edited or re-keyed after the read is still
+found by ``fire_group`` itself, or stays due for the per-timer path: counts
+only size a pass's share, they never decide what fires.
+
 A timer's overlap policy (docs/delivery.md) is applied by ``fire_group``
 itself, in the same statement and tick: ``allow`` timers (nearly all) take
 the plain insert; the others are checked against their unfinished runs
@@ -48,7 +67,8 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from datetime import datetime
+from collections import Counter
+from datetime import datetime, timedelta
 
 import psycopg
 
@@ -61,6 +81,30 @@ from scheduler.planner import plan_job
 from scheduler.spec import ScheduleCache
 
 _NIL_UUID = uuid.UUID(int=0)  # plan_job's job id where jitter is 0 (unused)
+
+AHEAD_KEEP_S = 60.0
+"""A herd measured ahead is kept until this long after its instant (seconds): a
+herd larger than a tick's budget is fired over several ticks, each taking its
+partitions from the same measure."""
+
+
+@dataclasses.dataclass
+class AheadHerd:
+    """A herd measured ahead (``lookahead_herds``): ``epochs``, the firable
+    partitions when it was read (partition id → fencing epoch); ``counts``,
+    its timers per partition (partitions holding none left out); ``keys``,
+    per partition its schedule keys' counts (``[(key, n)]``; timers without
+    a key count in ``counts`` only). Partitions a herd fired since are zeroed
+    (:meth:`HerdFinder.send`)."""
+
+    epochs: dict[int, int]
+    counts: dict[int, int]
+    keys: dict[int, list[tuple[int, int]]]
+
+    def fits(self, firable: dict[int, int], pids: list[int]) -> bool:
+        """Whether every one of ``pids`` was read under its epoch in ``firable``."""
+        epochs = self.epochs
+        return all(epochs.get(pid) == firable[pid] for pid in pids)
 
 
 @dataclasses.dataclass
@@ -81,6 +125,11 @@ class Herd:
     cut: bool
     after: tuple[int, str] | None = None
     plans: dict[str, store.FrozenArray] = dataclasses.field(default_factory=dict)
+    ahead: AheadHerd | None = None
+    """The measure its partitions were taken from, if read ahead (its keys come
+    from it too)."""
+    store_now: datetime | None = None
+    """The store's clock when the herd was found: the ``now`` its plans are made for."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +153,7 @@ class HerdFinder:
         self._clock = clock
         self._limits = limits
         self._specs: dict[int, store.Row] = {}
+        self._ahead: dict[tuple[str, datetime], AheadHerd] = {}
 
     def find(self, tick: Tick, quotas: dict[str, int], after: dict[str, tuple], min_quota: int = 0) -> dict[str, Herd]:
         """This pass's herds, at most one per tenant, planned.
@@ -120,7 +170,8 @@ class HerdFinder:
         ``herd_min_jobs`` timers is dropped and the per-timer path serves
         the tenant. Reads ``herd_heads``, then per herd ``herd_counts``
         (:meth:`extent`), ``herd_schedule_keys`` and, for keys not seen
-        before, ``schedules_by_keys``.
+        before, ``schedules_by_keys``; a herd measured ahead
+        (:meth:`read_ahead`) reads at most the cursor's partition's count.
         """
         limits = self._limits
         tenants = sorted(t for t, q in quotas.items() if q >= max(min_quota, limits.herd_min_jobs))
@@ -143,13 +194,24 @@ class HerdFinder:
         herds: dict[str, Herd] = {}
         for head in heads:
             herd = self.extent(tick, head["tenant"], head["due"], quotas[head["tenant"]], after.get(head["tenant"]))
-            if herd is not None and self._planned(tick, herd):
-                herds[herd.tenant] = herd
+            if herd is not None:
+                herd.store_now = head["store_now"]
+                if self._planned(tick, herd):
+                    herds[herd.tenant] = herd
         return herds
 
-    def _planned(self, tick: Tick, herd: Herd) -> bool:
-        """Fill ``herd.plans`` from its schedule keys; False if they cover fewer
-        than ``herd_min_jobs`` of its timers (then the herd is not fired)."""
+    def _key_counts(self, tick: Tick, herd: Herd) -> list[tuple[int, int]]:
+        """The herd's schedule keys with their timer counts, most common first (then
+        by key), at most ``herd_max_schedules``: from its measure read ahead, or
+        ``herd_schedule_keys``."""
+        if herd.ahead is not None:
+            total: Counter[int] = Counter()
+            keys = herd.ahead.keys
+            for pid in herd.pids:
+                for key, n in keys.get(pid, ()):
+                    total[key] += n
+            ranked = sorted(total.items(), key=lambda kn: (-kn[1], kn[0]))
+            return ranked[: self._limits.herd_max_schedules]
         rows = store.execute(
             tick.read,
             "herd_schedule_keys",
@@ -163,19 +225,28 @@ class HerdFinder:
                 "now": self._clock.store_now_or_none(),
             },
         )
-        if not rows:
+        if rows:
+            herd.store_now = rows[0]["store_now"]
+        return [(row["schedule_key"], row["n"]) for row in rows]
+
+    def _planned(self, tick: Tick, herd: Herd) -> bool:
+        """Fill ``herd.plans`` from its schedule keys; False if they cover fewer
+        than ``herd_min_jobs`` of its timers (then the herd is not fired)."""
+        counted = self._key_counts(tick, herd)
+        if not counted:
             return False
-        self._load_specs(tick.read, [row["schedule_key"] for row in rows])
+        self._load_specs(tick.read, [key for key, _ in counted])
         keys: list[int] = []
         nexts: list[datetime | None] = []
         covered = 0
-        now = rows[0]["store_now"]
-        for row in rows:
-            slot = self.plan(row["schedule_key"], herd.due, now)
+        now = herd.store_now
+        assert now is not None
+        for key, n in counted:
+            slot = self.plan(key, herd.due, now)
             if slot is not None:
-                keys.append(row["schedule_key"])
+                keys.append(key)
                 nexts.append(slot.next_nominal)
-                covered += row["n"]
+                covered += n
         if covered < self._limits.herd_min_jobs:
             return False
         # Dumped once: the plans travel unchanged with every chunk of the herd.
@@ -203,28 +274,41 @@ class HerdFinder:
         (``herd_counts``, ``herd_count_batch`` partitions a query) from
         the cursor's partition (if the cursor is inside the instant) until
         the quota is reached, so the probes follow what the pass can fire.
-        Returns ``None`` if fewer than ``herd_min_jobs`` timers fit.
+        A herd measured ahead (:meth:`read_ahead`) whose partitions all
+        have the epochs they were read under takes their counts from the
+        measure; only the cursor's partition (timers after the cursor) is
+        counted by ``herd_counts``. Returns ``None`` if fewer than
+        ``herd_min_jobs`` timers fit.
         """
         inside = cursor is not None and cursor[0] == due
         lo = cursor[1] if inside else 0
         pids = [pid for pid in sorted(tick.firable) if pid >= lo]
+        ahead = self._ahead.get((tenant, due))
+        if ahead is not None and not ahead.fits(tick.firable, pids):
+            ahead = None
         taken: list[int] = []
         jobs, cut = 0, False
         step = self._limits.herd_count_batch
         for i in range(0, len(pids), step):
             batch = pids[i : i + step]
-            rows = store.execute(
-                tick.read,
-                "herd_counts",
-                {
-                    "tenant": tenant,
-                    "due": due,
-                    "pids": batch,
-                    "after_pid": cursor[1] if inside else None,
-                    "after_job": uuid.UUID(cursor[2]) if inside else None,
-                },
-            )
-            counts = {row["partition_id"]: row["n"] for row in rows}
+            # Measured ahead, only the cursor's partition (the batch's first) is counted now.
+            asked = batch if ahead is None else batch[:1] if inside and i == 0 else []
+            counts = {}
+            if asked:
+                rows = store.execute(
+                    tick.read,
+                    "herd_counts",
+                    {
+                        "tenant": tenant,
+                        "due": due,
+                        "pids": asked,
+                        "after_pid": cursor[1] if inside else None,
+                        "after_job": uuid.UUID(cursor[2]) if inside else None,
+                    },
+                )
+                counts = {row["partition_id"]: row["n"] for row in rows}
+            if ahead is not None:
+                counts = {pid: counts.get(pid, 0) if pid in asked else ahead.counts.get(pid, 0) for pid in batch}
             for pid in batch:
                 n = counts.get(pid, 0)
                 if jobs + n > quota:
@@ -236,7 +320,61 @@ class HerdFinder:
                 break
         if jobs < self._limits.herd_min_jobs:
             return None
-        return Herd(tenant, due, taken, jobs, cut, after=(cursor[1], cursor[2]) if inside else None)
+        return Herd(tenant, due, taken, jobs, cut, after=(cursor[1], cursor[2]) if inside else None, ahead=ahead)
+
+    def read_ahead(
+        self,
+        conn: psycopg.Connection,
+        tenants: list[str],
+        firable: dict[int, int],
+        after: datetime,
+        until: datetime,
+        now: datetime,
+        budget_s: float,
+    ) -> int:
+        """Measure the herds of ``tenants`` due in (``after``, ``until``] in the
+        ``firable`` partitions (partition id → epoch) ahead of their instant
+        (``lookahead_herds``, see the module doc), replacing what was read of
+        them before, and forget the herds whose instant is more than
+        :data:`AHEAD_KEEP_S` before the store's ``now``. Returns how many herds
+        were measured: 0 for a read cut at ``lookahead_herd_rows`` (nothing of
+        it is kept: a cut measure would under-count). The read may take at most
+        ``budget_s`` seconds (``psycopg.errors.QueryCanceled`` past it, as
+        every other store error, propagates; nothing is kept then)."""
+        horizon = now - timedelta(seconds=AHEAD_KEEP_S)
+        self._ahead = {k: v for k, v in self._ahead.items() if k[1] >= horizon}
+        limits = self._limits
+        rows = store.execute_within(
+            conn,
+            "lookahead_herds",
+            {
+                "tenants": tenants,
+                "partition_ids": list(firable),
+                "after": after,
+                "until": until,
+                "min_jobs": limits.herd_min_jobs,
+                "max_rows": limits.lookahead_herd_rows,
+            },
+            budget_s,
+        )
+        if len(rows) >= limits.lookahead_herd_rows:
+            return 0
+        epochs = dict(firable)
+        measured: dict[tuple[str, datetime], AheadHerd] = {}
+        for row in rows:
+            herd = measured.get((row["tenant"], row["due"]))
+            if herd is None:
+                herd = measured[(row["tenant"], row["due"])] = AheadHerd(epochs, {}, {})
+            pid = row["partition_id"]
+            herd.counts[pid] = row["n"]
+            herd.keys[pid] = list(zip(row["keys"], row["key_counts"], strict=True))
+        self._ahead.update(measured)
+        return len(measured)
+
+    def forget(self) -> None:
+        """Drop every herd measured ahead (after a failed tick: which of its
+        partitions fired is not known)."""
+        self._ahead.clear()
 
     def prepare(self, conn: psycopg.Connection, pairs: list[tuple[int, datetime]]) -> int:
         """Do ahead of time what planning the (schedule key, due instant) ``pairs``
@@ -308,3 +446,7 @@ class HerdFinder:
                 now=self._clock.store_now_or_none(),
             )
             tick.pipeline.send("fire_group", params, set(chunk))
+        if herd.ahead is not None:  # fired (or left due for the per-timer path): none left to count
+            for pid in pids:
+                herd.ahead.counts.pop(pid, None)
+                herd.ahead.keys.pop(pid, None)

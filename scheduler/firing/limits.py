@@ -97,6 +97,12 @@ class FiringLimits:
     lookahead_max_keys: int = 50_000
     """(schedule key, instant) pairs read per look-ahead read at most."""
 
+    lookahead_herd_rows: int = 20_000
+    """Rows (one per herd and partition) a look-ahead read of the coming herds
+    (``lookahead_herds``) returns at most; a read cut there is not used (its
+    herds are counted at their instant, as without it). 20,000 holds ~20
+    herds spread over all 1,024 partitions."""
+
     herd_count_batch: int = 256
     """Partitions counted per ``herd_counts`` query while sizing a herd."""
 

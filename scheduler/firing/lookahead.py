@@ -16,7 +16,10 @@ past the next tick's start) here: :meth:`LookAhead.run` reads the distinct
 firable partitions (``lookahead_schedule_keys``: due-index entries only,
 each read starting where the last one ended, so a timer's entry is read
 once; at most ``lookahead_max_keys`` pairs and one read a second, canceled
-if it would outlast the wait) and has
+if it would outlast the wait), has the herd finder measure the herds of the
+same window (:meth:`HerdFinder.read_ahead
+<scheduler.firing.herds.HerdFinder.read_ahead>`: their timers and keys per
+partition, so the instant's tick need not count them) and has
 the herd finder prepare each (:meth:`HerdFinder.prepare
 <scheduler.firing.herds.HerdFinder.prepare>`: the key's spec, the slot
 check, the next slot, all memoized). When the instant comes, both paths
@@ -79,6 +82,7 @@ class LookAhead:
         until = now + timedelta(seconds=self._limits.lookahead_s)
         if until <= start:
             return
+        began = self._clock.monotonic()
         rows = store.execute_within(
             conn,
             "lookahead_schedule_keys",
@@ -91,6 +95,10 @@ class LookAhead:
             },
             budget_s,
         )
+        if rows:  # no timer due in the window, no herd in it
+            left_s = budget_s - (self._clock.monotonic() - began)
+            if left_s > 0.001:
+                self._herds.read_ahead(conn, tenants, firable, start, until, now, left_s)
         # A cut read (max_keys) is read again from its last instant next time.
         cut = len(rows) >= self._limits.lookahead_max_keys
         self._until = max(r["due"] for r in rows) - timedelta(microseconds=1) if cut else until

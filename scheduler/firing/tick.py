@@ -145,8 +145,11 @@ class Firer:
         """Close the firing connections (after an error, or at shutdown).
 
         The next tick reconnects, and first checks the runs this node last
-        committed (:meth:`check_marks`).
+        committed (:meth:`check_marks`), and counts its herds at their instant:
+        the herds measured ahead are forgotten (after a failed tick, which of
+        their partitions fired is not known).
         """
+        self._herds.forget()
         sessions, self._sessions = self._sessions, {}
         self._check_marks = self._check_marks or bool(sessions)
         for session in sessions.values():

@@ -240,8 +240,9 @@ CROSS JOIN LATERAL (
 -- clock's pin; NULL: now()). Index entries only (index-only scans of
 -- jobs_due_schedule_idx while pages are all-visible): per tenant one
 -- ordered probe, then a walk of at most %(min_jobs)s entries at the instant
--- (small tenants stop there).
-SELECT h.tenant, h.due
+-- (small tenants stop there). Returns each herd's tenant and instant, and the
+-- store's clock (%(now)s; NULL: now()), the `now` its plans are made for.
+SELECT h.tenant, h.due, coalesce(%(now)s::timestamptz, now()) AS store_now
 FROM (
     SELECT q.tenant, q.after_due, q.after_pid, q.after_job, f.next_due_at AS due
     FROM unnest(%(tenants)b::text[], %(after_due)b::timestamptz[], %(after_pid)b::int4[],
@@ -290,6 +291,50 @@ CROSS JOIN LATERAL (
 ) AS d
 ORDER BY d.next_due_at
 LIMIT %(max_keys)s;
+
+-- name: lookahead_herds
+-- The herds of the coming seconds, measured ahead (scheduler/firing/herds.py,
+-- HerdFinder.read_ahead): for each tenant of %(tenants)s and instant in
+-- (%(after)s, %(until)s] at which at least %(min_jobs)s of its timers in the
+-- node's firable partitions %(partition_ids)s fall due, one row per partition
+-- holding some of them, in (tenant, due, partition_id) order: their count n,
+-- and their schedule keys (ascending) with each key's count (timers without a
+-- key count in n only). At most %(max_rows)s rows (a cut read is not used).
+-- Due-index entries only (jobs_due_schedule_idx), one range walk per tenant,
+-- the same walk as lookahead_schedule_keys: read before the instant, while
+-- the pages are all-visible, what herd_counts and herd_schedule_keys would
+-- read at it, when the first pass's updates make every entry a heap visit.
+WITH e AS MATERIALIZED (
+    SELECT t.tenant, x.next_due_at AS due, x.partition_id, x.schedule_key
+    FROM unnest(%(tenants)b::text[]) AS t (tenant)
+    CROSS JOIN LATERAL (
+        SELECT y.next_due_at, y.partition_id, y.schedule_key
+        FROM jobs AS y
+        WHERE y.tenant = t.tenant
+          AND y.next_due_at > %(after)s
+          AND y.next_due_at <= %(until)s
+          AND y.partition_id = ANY(%(partition_ids)b::int4[])
+    ) AS x
+), herds AS (
+    SELECT e.tenant, e.due
+    FROM e
+    GROUP BY e.tenant, e.due
+    HAVING count(*) >= %(min_jobs)s
+), per_key AS (
+    SELECT e.tenant, e.due, e.partition_id, e.schedule_key, count(*) AS n
+    FROM e
+    JOIN herds AS h ON h.tenant = e.tenant AND h.due = e.due
+    GROUP BY e.tenant, e.due, e.partition_id, e.schedule_key
+)
+SELECT k.tenant, k.due, k.partition_id, sum(k.n)::int8 AS n,
+       coalesce(array_agg(k.schedule_key ORDER BY k.schedule_key)
+                FILTER (WHERE k.schedule_key IS NOT NULL), '{}') AS keys,
+       coalesce(array_agg(k.n ORDER BY k.schedule_key)
+                FILTER (WHERE k.schedule_key IS NOT NULL), '{}') AS key_counts
+FROM per_key AS k
+GROUP BY k.tenant, k.due, k.partition_id
+ORDER BY k.tenant, k.due, k.partition_id
+LIMIT %(max_rows)s;
 
 -- name: herd_counts
 -- A herd's size per partition: the timers of tenant %(tenant)s due at

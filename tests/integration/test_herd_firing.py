@@ -583,6 +583,7 @@ def test_the_look_ahead_reads_each_timer_once_and_never_past_its_deadline(pg_dsn
         clock.advance(1.0)
         clock.pin_store(AT - timedelta(seconds=2))
         node.firer.look_ahead(clock.monotonic() + 60)
+        measure = node.firer._herds._ahead[("big", AT)]
     finally:
         node.close()
     reads = [params for name, params in sent if name == "lookahead_schedule_keys"]
@@ -591,6 +592,162 @@ def test_the_look_ahead_reads_each_timer_once_and_never_past_its_deadline(pg_dsn
         (AT + timedelta(seconds=2), AT + timedelta(seconds=3)),
     ]
     assert node.firer._lookahead.prepared == 50
+    # The herds are measured over the same windows, only where a timer falls due.
+    measured = [(p["after"], p["until"]) for name, p in sent if name == "lookahead_herds"]
+    assert measured == [(AT - timedelta(seconds=3), AT + timedelta(seconds=2))]
+    assert sum(measure.counts.values()) == 50
+    assert sum(n for keys in measure.keys.values() for _, n in keys) == 50
+
+
+# ------------------------------------------------------------- herds measured ahead
+
+AHEAD = FiringLimits(herd_min_jobs=60, first_pass_herd_quota=20)
+"""Herds of 60 timers and more (the big tenant's 100; the small tenant's 50 go per timer)."""
+
+
+def measured_node(pg_dsn: str, limits: FiringLimits = AHEAD, **overrides) -> tuple[OneNode, ManualClock]:
+    """A node whose look-ahead ran 3 s before :data:`AT` (the store clock then pinned
+    1 s after it): every herd due at AT is measured."""
+    clock = ManualClock(store_at=AT - timedelta(seconds=3))
+    node = Node(pg_dsn, limits, clock=clock, **overrides)
+    node.firer.tick()  # nothing due yet; learns the tenants
+    node.firer.look_ahead(clock.monotonic() + 60)
+    clock.pin_store(AT + timedelta(seconds=1))
+    return node, clock
+
+
+def count_reads(sent: list) -> list[list[int]]:
+    """The partition lists of the herd_counts reads among ``sent``."""
+    return [list(params["pids"]) for name, params in sent if name == "herd_counts"]
+
+
+def test_a_herd_measured_ahead_is_fired_without_counting_it_at_its_instant(pg_dsn, conn, monkeypatch) -> None:
+    """The wait before the instant measures the big tenant's herd (its timers and
+    keys per partition); at the instant the tick takes its partitions and keys
+    from that measure, reading neither herd_counts nor herd_schedule_keys, and
+    fires exactly the same runs, each timer moved to its schedule's next slot."""
+    from helpers import record_named_queries
+
+    made = load_cron_herd(conn, "big", 2, AT)
+    made.update(load_cron_herd(conn, "small", 1, AT))
+    node, _ = measured_node(pg_dsn)
+    try:
+        sent = record_named_queries(monkeypatch)
+        result = node.firer.tick()
+    finally:
+        node.close()
+
+    names = [name for name, _ in sent]
+    assert ("herd_counts" in names, "herd_schedule_keys" in names, "fire_group" in names) == (False, False, True)
+    assert (result.fired, result.herd_fired) == (150, 100)
+    fired = runs(conn)
+    assert sorted(r["job_id"] for r in fired) == sorted(made)
+    assert {(r["nominal_time"], r["fired_at"]) for r in fired} == {(AT, AT + timedelta(seconds=1))}
+    for job_id, (expr, zone) in made.items():
+        assert job(conn, job_id)["next_nominal_at"] == CronSchedule(expr, zone).next_after(AT)
+
+
+def test_a_herd_measured_ahead_fires_over_several_ticks_whole_partitions_each_once(pg_dsn, conn, monkeypatch) -> None:
+    """Budget 40 a tick, one tenant's 100 timers at AT, measured ahead: each tick
+    fires the next partitions, whole, while they fit (the partitions fired by
+    the ticks before count for nothing), in (partition, job id) order, every
+    timer once; only a cursor's own partition is ever counted at the instant."""
+    from helpers import record_named_queries
+
+    herd = load_herd(conn, "big", 100, AT)
+    order = in_order(herd)
+    node, _ = measured_node(pg_dsn, SMALL_HERDS, max_rate_per_s=40.0)
+    sent = record_named_queries(monkeypatch)
+    try:
+        fired_so_far: list[uuid.UUID] = []
+        herd_ticks = 0
+        for _ in range(20):
+            result = node.firer.tick()
+            new = [j for j in in_order(r["job_id"] for r in runs(conn)) if j not in fired_so_far]
+            assert len(new) == result.fired <= 40
+            assert new == order[len(fired_so_far) : len(fired_so_far) + len(new)]
+            fired_so_far += new
+            if len(fired_so_far) == 100:
+                break
+            if result.herd_fired:
+                herd_ticks += 1
+                assert result.herd_fired == result.fired
+                nxt = order[len(fired_so_far)]
+                assert partition_of(nxt) != partition_of(fired_so_far[-1])
+                left = [j for j in order[len(fired_so_far) :] if partition_of(j) == partition_of(nxt)]
+                assert result.fired + len(left) > 40
+    finally:
+        node.close()
+    assert fired_so_far == order
+    assert herd_ticks >= 2
+    assert all(len(pids) <= 1 for pids in count_reads(sent))
+
+
+@pytest.mark.parametrize("why", ["epoch", "closed"])
+def test_a_herd_measured_under_other_epochs_or_before_a_failure_is_counted_at_the_instant(
+    pg_dsn, conn, monkeypatch, why
+) -> None:
+    """A partition whose fencing epoch changed since the measure (lost and taken
+    again: its timers may have moved meanwhile) makes the whole herd counted at
+    the instant, as does a firer closed since (after a failed tick: which herd
+    partitions fired is not known); the runs are exactly the same."""
+    from helpers import record_named_queries
+
+    made = load_cron_herd(conn, "big", 2, AT)
+    node, _ = measured_node(pg_dsn)
+    try:
+        measure = node.firer._herds._ahead[("big", AT)]
+        if why == "epoch":
+            pid = min(measure.counts)
+            measure.epochs = {**measure.epochs, pid: measure.epochs[pid] + 1}
+        else:
+            node.firer.close()
+            assert node.firer._herds._ahead == {}
+        sent = record_named_queries(monkeypatch)
+        result = node.firer.tick()
+    finally:
+        node.close()
+    assert (result.fired, result.herd_fired) == (100, 100)
+    assert sorted(r["job_id"] for r in runs(conn)) == sorted(made)
+    assert sorted(p for pids in count_reads(sent) for p in pids) == list(range(1024))
+
+
+def test_timers_added_edited_or_deleted_after_the_measure_fire_by_what_the_store_holds(pg_dsn, conn) -> None:
+    """After the measure: 30 timers join the herd with a schedule it never saw,
+    one timer is deleted and one moved to another instant. Every timer due at AT
+    fires exactly once (the newcomers per timer or in a later herd), the deleted
+    and the moved ones not at all."""
+    herd = load_herd(conn, "big", 100, AT, intervals=(3600, 7200))
+    node, _ = measured_node(pg_dsn, SMALL_HERDS)
+    try:
+        added = load_herd(conn, "big", 30, AT, intervals=(5400,))
+        gone, moved = in_order(herd)[:2]
+        jobs.delete_job(conn, gone)
+        conn.execute("UPDATE jobs SET next_due_at = next_due_at + interval '1 hour' WHERE job_id = %s", (moved,))
+        results = [node.firer.tick() for _ in range(3)]
+    finally:
+        node.close()
+    assert sum(r.herd_fired for r in results) > 0
+    fired = [r["job_id"] for r in runs(conn)]
+    assert sorted(fired) == sorted((set(herd) | set(added)) - {gone, moved})
+    assert sum(r.fired for r in results) == len(fired) == 128
+
+
+def test_a_measure_cut_at_its_row_limit_is_not_kept(pg_dsn, conn, monkeypatch) -> None:
+    """More herd partitions than ``lookahead_herd_rows``: the read is not used (a
+    cut measure would under-count), the herd is counted at its instant."""
+    from helpers import record_named_queries
+
+    load_cron_herd(conn, "big", 2, AT)
+    node, _ = measured_node(pg_dsn, dataclasses.replace(AHEAD, lookahead_herd_rows=10))
+    try:
+        assert node.firer._herds._ahead == {}
+        sent = record_named_queries(monkeypatch)
+        result = node.firer.tick()
+    finally:
+        node.close()
+    assert (result.fired, result.herd_fired) == (100, 100)
+    assert count_reads(sent) and [n for n, _ in sent].count("herd_schedule_keys") == 1
 
 
 def test_a_herd_holding_jobs_with_overlap_policies_fires_skips_and_replaces_them_in_the_same_tick(conn, node) -> None:
