@@ -184,31 +184,40 @@ def test_the_quota_takes_whole_partitions_in_partition_order(pg_dsn, conn) -> No
     the next partitions, whole, while they fit; every timer fires exactly once."""
     due = instant(conn)
     herd = load_herd(conn, "big", 100, due)
-    order = in_order(herd)
     n = Node(pg_dsn, max_rate_per_s=40.0)
     try:
-        fired_so_far: list[uuid.UUID] = []
-        for _ in range(20):
-            result = n.firer.tick()
-            now_fired = [r["job_id"] for r in runs(conn)]
-            new = [j for j in in_order(now_fired) if j not in fired_so_far]
-            assert len(new) == result.fired <= 40
-            # The tick's timers continue the (partition, job id) order exactly ...
-            assert new == order[len(fired_so_far) : len(fired_so_far) + len(new)]
-            fired_so_far += new
-            if len(fired_so_far) == 100:
-                break
-            if result.herd_fired:
-                # ... and a herd stops at a partition boundary, short of the next partition's timers.
-                assert result.herd_fired == result.fired
-                nxt = order[len(fired_so_far)]
-                assert partition_of(nxt) != partition_of(fired_so_far[-1])
-                left = [j for j in order[len(fired_so_far) :] if partition_of(j) == partition_of(nxt)]
-                assert result.fired + len(left) > 40
-        assert fired_so_far == order
-        assert len(runs(conn)) == 100
+        fire_in_whole_partitions(n, conn, in_order(herd), 40)
     finally:
         n.close()
+    assert len(runs(conn)) == 100
+
+
+def fire_in_whole_partitions(node: OneNode, conn: psycopg.Connection, order: list[uuid.UUID], quota: int) -> int:
+    """Tick ``node`` until the timers ``order`` (in (partition, job id) order) have all
+    fired, at most ``quota`` a tick, asserting each tick continues that order exactly
+    and a herd tick stops at a partition boundary, short of the next partition's
+    timers; returns how many ticks fired a herd."""
+    fired_so_far: list[uuid.UUID] = []
+    herd_ticks = 0
+    for _ in range(20):
+        result = node.firer.tick()
+        new = [j for j in in_order(r["job_id"] for r in runs(conn)) if j not in fired_so_far]
+        assert len(new) == result.fired <= quota
+        # The tick's timers continue the (partition, job id) order exactly ...
+        assert new == order[len(fired_so_far) : len(fired_so_far) + len(new)]
+        fired_so_far += new
+        if len(fired_so_far) == len(order):
+            break
+        if result.herd_fired:
+            # ... and a herd stops at a partition boundary, short of the next partition's timers.
+            herd_ticks += 1
+            assert result.herd_fired == result.fired
+            nxt = order[len(fired_so_far)]
+            assert partition_of(nxt) != partition_of(fired_so_far[-1])
+            left = [j for j in order[len(fired_so_far) :] if partition_of(j) == partition_of(nxt)]
+            assert result.fired + len(left) > quota
+    assert fired_so_far == order
+    return herd_ticks
 
 
 def test_a_pass_continues_a_herd_from_the_per_timer_cursor_inside_a_partition(pg_dsn, conn, monkeypatch) -> None:
@@ -655,52 +664,38 @@ def test_a_herd_measured_ahead_fires_over_several_ticks_whole_partitions_each_on
     from helpers import record_named_queries
 
     herd = load_herd(conn, "big", 100, AT)
-    order = in_order(herd)
     node, _ = measured_node(pg_dsn, SMALL_HERDS, max_rate_per_s=40.0)
     sent = record_named_queries(monkeypatch)
     try:
-        fired_so_far: list[uuid.UUID] = []
-        herd_ticks = 0
-        for _ in range(20):
-            result = node.firer.tick()
-            new = [j for j in in_order(r["job_id"] for r in runs(conn)) if j not in fired_so_far]
-            assert len(new) == result.fired <= 40
-            assert new == order[len(fired_so_far) : len(fired_so_far) + len(new)]
-            fired_so_far += new
-            if len(fired_so_far) == 100:
-                break
-            if result.herd_fired:
-                herd_ticks += 1
-                assert result.herd_fired == result.fired
-                nxt = order[len(fired_so_far)]
-                assert partition_of(nxt) != partition_of(fired_so_far[-1])
-                left = [j for j in order[len(fired_so_far) :] if partition_of(j) == partition_of(nxt)]
-                assert result.fired + len(left) > 40
+        herd_ticks = fire_in_whole_partitions(node, conn, in_order(herd), 40)
     finally:
         node.close()
-    assert fired_so_far == order
     assert herd_ticks >= 2
     assert all(len(pids) <= 1 for pids in count_reads(sent))
 
 
-@pytest.mark.parametrize("why", ["epoch", "closed"])
-def test_a_herd_measured_under_other_epochs_or_before_a_failure_is_counted_at_the_instant(
+@pytest.mark.parametrize("why", ["epoch", "closed", "cut"])
+def test_a_herd_measured_under_other_epochs_before_a_failure_or_cut_is_counted_at_the_instant(
     pg_dsn, conn, monkeypatch, why
 ) -> None:
     """A partition whose fencing epoch changed since the measure (lost and taken
     again: its timers may have moved meanwhile) makes the whole herd counted at
     the instant, as does a firer closed since (after a failed tick: which herd
-    partitions fired is not known); the runs are exactly the same."""
+    partitions fired is not known) and a measure cut at ``lookahead_herd_rows``
+    (never kept: it would under-count); the runs are exactly the same."""
     from helpers import record_named_queries
 
     made = load_cron_herd(conn, "big", 2, AT)
-    node, _ = measured_node(pg_dsn)
+    node, _ = measured_node(pg_dsn, dataclasses.replace(AHEAD, lookahead_herd_rows=10) if why == "cut" else AHEAD)
     try:
-        measure = node.firer._herds._ahead[("big", AT)]
-        if why == "epoch":
+        if why == "cut":
+            assert node.firer._herds._ahead == {}
+        elif why == "epoch":
+            measure = node.firer._herds._ahead[("big", AT)]
             pid = min(measure.counts)
             measure.epochs = {**measure.epochs, pid: measure.epochs[pid] + 1}
         else:
+            assert node.firer._herds._ahead
             node.firer.close()
             assert node.firer._herds._ahead == {}
         sent = record_named_queries(monkeypatch)
@@ -710,6 +705,7 @@ def test_a_herd_measured_under_other_epochs_or_before_a_failure_is_counted_at_th
     assert (result.fired, result.herd_fired) == (100, 100)
     assert sorted(r["job_id"] for r in runs(conn)) == sorted(made)
     assert sorted(p for pids in count_reads(sent) for p in pids) == list(range(1024))
+    assert [name for name, _ in sent].count("herd_schedule_keys") == 1
 
 
 def test_timers_added_edited_or_deleted_after_the_measure_fire_by_what_the_store_holds(pg_dsn, conn) -> None:
@@ -731,23 +727,6 @@ def test_timers_added_edited_or_deleted_after_the_measure_fire_by_what_the_store
     fired = [r["job_id"] for r in runs(conn)]
     assert sorted(fired) == sorted((set(herd) | set(added)) - {gone, moved})
     assert sum(r.fired for r in results) == len(fired) == 128
-
-
-def test_a_measure_cut_at_its_row_limit_is_not_kept(pg_dsn, conn, monkeypatch) -> None:
-    """More herd partitions than ``lookahead_herd_rows``: the read is not used (a
-    cut measure would under-count), the herd is counted at its instant."""
-    from helpers import record_named_queries
-
-    load_cron_herd(conn, "big", 2, AT)
-    node, _ = measured_node(pg_dsn, dataclasses.replace(AHEAD, lookahead_herd_rows=10))
-    try:
-        assert node.firer._herds._ahead == {}
-        sent = record_named_queries(monkeypatch)
-        result = node.firer.tick()
-    finally:
-        node.close()
-    assert (result.fired, result.herd_fired) == (100, 100)
-    assert count_reads(sent) and [n for n, _ in sent].count("herd_schedule_keys") == 1
 
 
 def test_a_herd_holding_jobs_with_overlap_policies_fires_skips_and_replaces_them_in_the_same_tick(conn, node) -> None:
