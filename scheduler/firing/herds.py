@@ -336,9 +336,11 @@ class HerdFinder:
         ``firable`` partitions (partition id → epoch) ahead of their instant
         (``lookahead_herds``, see the module doc), replacing what was read of
         them before, and forget the herds whose instant is more than
-        :data:`AHEAD_KEEP_S` before the store's ``now``. Returns how many herds
-        were measured: 0 for a read cut at ``lookahead_herd_rows`` (nothing of
-        it is kept: a cut measure would under-count). The read may take at most
+        :data:`AHEAD_KEEP_S` before the store's ``now``, and those of the oldest
+        instants while more than ``lookahead_herd_rows`` partitions are kept in
+        all. Returns how many herds were measured: 0 for a read cut at
+        ``lookahead_herd_rows`` (nothing of it is kept: a cut measure would
+        under-count). The read may take at most
         ``budget_s`` seconds (``psycopg.errors.QueryCanceled`` past it, as
         every other store error, propagates; nothing is kept then)."""
         horizon = now - timedelta(seconds=AHEAD_KEEP_S)
@@ -369,6 +371,13 @@ class HerdFinder:
             herd.counts[pid] = row["n"]
             herd.keys[pid] = list(zip(row["keys"], row["key_counts"], strict=True))
         self._ahead.update(measured)
+        # Bounded: past lookahead_herd_rows partitions in all, the herds of the oldest
+        # instants are forgotten (they are counted at their instant if still due).
+        kept = sum(len(herd.counts) for herd in self._ahead.values())
+        for key in sorted(self._ahead, key=lambda k: (k[1], k[0])):
+            if kept <= limits.lookahead_herd_rows:
+                break
+            kept -= len(self._ahead.pop(key).counts)
         return len(measured)
 
     def forget(self) -> None:

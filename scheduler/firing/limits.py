@@ -99,9 +99,10 @@ class FiringLimits:
 
     lookahead_herd_rows: int = 20_000
     """Rows (one per herd and partition) a look-ahead read of the coming herds
-    (``lookahead_herds``) returns at most; a read cut there is not used (its
-    herds are counted at their instant, as without it). 20,000 holds ~20
-    herds spread over all 1,024 partitions."""
+    (``lookahead_herds``) returns at most, and the most a firer keeps in all
+    (the herds of the oldest instants are dropped past it); a read cut there
+    is not used (its herds are counted at their instant, as without it).
+    20,000 holds ~20 herds spread over all 1,024 partitions (a few MB)."""
 
     herd_count_batch: int = 256
     """Partitions counted per ``herd_counts`` query while sizing a herd."""

@@ -95,10 +95,6 @@ class LookAhead:
             },
             budget_s,
         )
-        if rows:  # no timer due in the window, no herd in it
-            left_s = budget_s - (self._clock.monotonic() - began)
-            if left_s > 0.001:
-                self._herds.read_ahead(conn, tenants, firable, start, until, now, left_s)
         # A cut read (max_keys) is read again from its last instant next time.
         cut = len(rows) >= self._limits.lookahead_max_keys
         self._until = max(r["due"] for r in rows) - timedelta(microseconds=1) if cut else until
@@ -108,3 +104,9 @@ class LookAhead:
             if pair not in self._seen:
                 self._seen.add(pair)
                 self._queue.append(pair)
+        left_s = budget_s - (self._clock.monotonic() - began)
+        if rows and left_s > 0.001:  # no timer due in the window, no herd in it
+            try:
+                self._herds.read_ahead(conn, tenants, firable, start, until, now, left_s)
+            except psycopg.errors.QueryCanceled:
+                pass  # past the wait: these herds are counted at their instant

@@ -708,6 +708,52 @@ def test_a_herd_measured_under_other_epochs_before_a_failure_or_cut_is_counted_a
     assert [name for name, _ in sent].count("herd_schedule_keys") == 1
 
 
+def test_the_herds_kept_are_bounded_by_lookahead_herd_rows_oldest_instant_first(pg_dsn, conn) -> None:
+    """Two herds of 10 partitions each, measured by two reads, with room for 15
+    partitions in all: the herd of the older instant is forgotten (counted at
+    its instant, if still due), the newer one kept."""
+    for pid in range(10):
+        load_herd(conn, "a", 3, AT, partitions={pid})
+        load_herd(conn, "b", 3, AT + timedelta(seconds=4), partitions={10 + pid})
+    clock = ManualClock(store_at=AT - timedelta(seconds=3))
+    node = Node(pg_dsn, dataclasses.replace(SMALL_HERDS, lookahead_herd_rows=15), clock=clock)
+    try:
+        node.firer.tick()
+        node.firer.look_ahead(clock.monotonic() + 60)  # reads (AT-3, AT+2]: a's herd
+        first = sorted(node.firer._herds._ahead)
+        clock.advance(2.0)
+        clock.pin_store(AT - timedelta(seconds=1))
+        node.firer.look_ahead(clock.monotonic() + 60)  # reads (AT+2, AT+4]: b's herd
+        second = {key: len(herd.counts) for key, herd in node.firer._herds._ahead.items()}
+    finally:
+        node.close()
+    assert first == [("a", AT)]
+    assert second == {("b", AT + timedelta(seconds=4)): 10}
+
+
+def test_a_herd_read_canceled_past_the_wait_leaves_the_schedules_prepared(pg_dsn, conn, monkeypatch) -> None:
+    """The herds' read comes after the schedules' read has queued its pairs: canceled
+    (the wait ran out), it takes nothing from them; the herd is counted at its instant."""
+    load_cron_herd(conn, "big", 2, AT)
+    clock = ManualClock(store_at=AT - timedelta(seconds=3))
+    node = Node(pg_dsn, AHEAD, clock=clock)
+
+    def canceled(*args, **kwargs):
+        raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+
+    try:
+        node.firer.tick()
+        monkeypatch.setattr(HerdFinder, "read_ahead", canceled)
+        node.firer.look_ahead(clock.monotonic() + 60)
+        prepared, kept = node.firer._lookahead.prepared, dict(node.firer._herds._ahead)
+        clock.pin_store(AT + timedelta(seconds=1))
+        result = node.firer.tick()
+    finally:
+        node.close()
+    assert (prepared, kept) == (50, {})
+    assert (result.fired, result.herd_fired) == (100, 100)
+
+
 def test_timers_added_edited_or_deleted_after_the_measure_fire_by_what_the_store_holds(pg_dsn, conn) -> None:
     """After the measure: 30 timers join the herd with a schedule it never saw,
     one timer is deleted and one moved to another instant. Every timer due at AT
