@@ -2158,7 +2158,7 @@ def worker_cmd(
     With --api-url the worker talks to the HTTP API (docs/api.md, "Runs and
     workers") with the key in SCHEDULER_API_KEY, and needs no --dsn.
     """
-    from scheduler.delivery.api_client import API_KEY_ENV
+    from scheduler.delivery.api_client import API_KEY_ENV, validate_api_url
     from scheduler.delivery.worker import Worker, load_handler
     from scheduler.health import HealthServer
 
@@ -2176,6 +2176,7 @@ def worker_cmd(
         if not api_key:
             raise ConfigError(f"api_key: --api-url needs the key in the environment variable {API_KEY_ENV}")
         logmod.add_secret(api_key)
+        validate_api_url(api_url)  # before the handler's import: user code, which may fail too
     elif not tenants:
         raise ValidationError("tenant", "give --tenant (or SCHEDULER_TENANT), or --api-url")
     handler = load_handler(handler_path)

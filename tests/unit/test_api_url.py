@@ -49,3 +49,23 @@ def test_a_bad_api_url_is_refused_naming_the_field_and_the_rule(url, rule) -> No
 )
 def test_a_good_api_url_is_kept_without_its_trailing_slash(url, kept) -> None:
     assert validate_api_url(url) == kept
+
+
+def test_a_bad_api_url_is_refused_before_the_handler_is_imported(tmp_path) -> None:
+    """``scheduler worker --api-url BAD --handler H``: the URL is checked before the
+    handler's module is imported (user code, possibly slow or failing): the error
+    names ``api_url`` even when the handler cannot be imported either."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
+    env["SCHEDULER_API_KEY"] = "k"
+    done = subprocess.run(
+        [sys.executable, "-m", "scheduler", "worker", "--api-url", "http://h:99999", "--handler", "no_such_mod:f"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: api_url: port must be a whole number from 1 to 65535 (got 'http://h:99999')"
+    ]
