@@ -146,21 +146,42 @@ class FieldType(click.ParamType):
 
 
 class Choice(click.Choice):
-    """click's Choice, whose refusal of a value taken from an environment variable names
-    the field, the rule and the variable, as :class:`FieldType` does: ``dialect: must be
-    one of unix, seconds (got 'weird'); set by SCHEDULER_JOBS_ADD_DIALECT`` (ConfigError,
-    exit status 2). click's own message named the flag, which was not given. A flag's
-    value keeps click's message (it names the flag typed)."""
+    """click's Choice, whose refusal names the field and the rule as every other
+    value's does (``misfire: must be one of … (got 'sometimes')``, a ValidationError,
+    exit status 2), and, for a value taken from an environment variable, the variable
+    too, as :class:`FieldType` does: ``dialect: must be one of unix, seconds (got
+    'weird'); set by SCHEDULER_JOBS_ADD_DIALECT`` (ConfigError). click's own message
+    named the flag, even when it was not given."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter:
-            variable = _environment_variable(param, ctx)
-            if variable is None or param is None:
+            if param is None or param.name is None:
                 raise
-            rule = f"{param.name}: must be one of {', '.join(map(str, self.choices))} (got {clip(str(value))})"
-            raise ConfigError(_set_by(rule, [variable])) from None
+            rule = f"must be one of {', '.join(map(str, self.choices))}"
+            variable = _environment_variable(param, ctx)
+            if variable is None:
+                raise ValidationError(param.name, rule, value) from None
+            raise ConfigError(_set_by(f"{param.name}: {rule} (got {clip(str(value))})", [variable])) from None
+
+
+class ExistingFile(click.Path):
+    """click's Path of an existing, readable file (not a directory), whose refusal
+    names the field and the rule (``csv_file: must be an existing, readable file (got
+    '/x.csv')``, a ValidationError, exit status 2) instead of click's ``Invalid value
+    for 'CSV_FILE'``."""
+
+    def __init__(self, path_type: type = Path) -> None:
+        super().__init__(exists=True, dir_okay=False, readable=True, path_type=path_type)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            if param is None or param.name is None:
+                raise
+            raise ValidationError(param.name, "must be an existing, readable file", str(value)) from None
 
 
 _LEADING_FIELD = re.compile(r"([a-z][a-z0-9_]*): ")
@@ -1113,7 +1134,7 @@ def jobs_add(
 
 @jobs.command("import")
 @dsn_option
-@click.argument("csv_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("csv_file", type=ExistingFile())
 @owning_tenant_option
 @option("--misfire", type=Choice(MISFIRE_POLICIES), default=DEFAULT_MISFIRE, show_default=True)
 @option(
@@ -1975,13 +1996,13 @@ API_PORT = 8080
 )
 @option(
     "--ssl-certfile",
-    type=click.Path(dir_okay=False, exists=True),
+    type=ExistingFile(str),
     default=None,
     help="Serve HTTPS with this PEM certificate (uvicorn's TLS; with --ssl-keyfile).",
 )
 @option(
     "--ssl-keyfile",
-    type=click.Path(dir_okay=False, exists=True),
+    type=ExistingFile(str),
     default=None,
     help="The certificate's PEM private key.",
 )

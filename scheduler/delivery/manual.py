@@ -231,7 +231,7 @@ def backfill(
         if not isinstance(value, datetime) or value.tzinfo is None:
             raise ValidationError(field, "must be an instant with a UTC offset", value)
     if until <= since:
-        raise ValidationError("until", "must be after {since}", until)
+        raise ValidationError("until", "must be later than {since}", until)
     _check_max_runs(max_runs)
 
     def body(c: psycopg.Connection) -> BackfillResult:

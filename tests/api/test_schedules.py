@@ -520,7 +520,7 @@ def test_backfill_creates_the_missing_runs_once(acme, db):
             "max_runs: must be a whole number from 1 to 100000 in ASCII digits (got 0)",
         ),
         ({"since": iso(since), "until": iso(now + timedelta(hours=1))}, "until", None),
-        ({"since": iso(until), "until": iso(since)}, "until", f"until: must be after since (got {clip(since)})"),
+        ({"since": iso(until), "until": iso(since)}, "until", f"until: must be later than since (got {clip(since)})"),
         ({"since": "2024-01-01T00:00:00", "until": iso(until)}, "since", None),
         ({"since": "yesterday", "until": iso(until)}, "since", None),
         ({"until": iso(until)}, "since", None),

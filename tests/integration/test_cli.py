@@ -356,7 +356,10 @@ def test_jobs_add_prints_the_id_of_the_stored_job(pg_dsn, conn) -> None:
         (["--interval", "1.5"], "error: interval: must be a whole number of seconds"),
         (["--at", "2030-01-01T09:00:00"], "error: at: instant has no UTC offset"),
         (["--at", "2001-01-01T09:00:00Z"], "error: at: must be in the future"),
-        (["--interval", "60", "--misfire", "sometimes"], "error: Invalid value for '--misfire'"),
+        (
+            ["--interval", "60", "--misfire", "sometimes"],
+            "error: misfire: must be one of all, once, skip (got 'sometimes')",
+        ),
         (["--interval", "60", "--replace"], "error: replace: needs --name"),
         ([], "error: schedule: give exactly one of --cron, --interval or --at"),
         (["--interval", "60", "--name", "a/b"], "error: name: must not contain / or be . or .. (it is one URL"),
@@ -367,6 +370,24 @@ def test_jobs_add_bad_input_exits_2_and_writes_nothing(pg_dsn, conn, args, prefi
     result = run(["jobs", "add", "--tenant", "acme", *args], pg_dsn)
     one_line_error(result, 2, prefix)
     assert conn.execute("SELECT count(*) AS c FROM jobs").fetchone()["c"] == 0
+    assert conn.execute("SELECT count(*) AS c FROM tenants").fetchone()["c"] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["jobs", "import", "{tmp}/missing.csv", "--tenant", "acme"], "csv_file: must be an existing, readable file"),
+        (["jobs", "import", "{tmp}", "--tenant", "acme"], "csv_file: must be an existing, readable file"),
+        (["keys", "create", "--tenant", "acme", "--role", "god"], "role: must be one of admin, tenant, worker"),
+        (["api", "--ssl-certfile", "{tmp}/none.pem", "--ssl-keyfile", "{tmp}/none.key"], "ssl_certfile: must be an"),
+    ],
+    ids=["import-missing", "import-directory", "keys-role", "api-certfile"],
+)
+def test_a_choice_or_a_file_refused_names_the_field_and_the_rule(pg_dsn, conn, tmp_path, args, line) -> None:
+    """click's own refusals (``Invalid value for 'CSV_FILE'`` / ``'--role'``) read as every
+    other refusal: one line, the field and the rule, exit 2, nothing written."""
+    result = run([a.format(tmp=tmp_path) for a in args], pg_dsn)
+    one_line_error(result, 2, f"error: {line}")
     assert conn.execute("SELECT count(*) AS c FROM tenants").fetchone()["c"] == 0
 
 

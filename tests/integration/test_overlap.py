@@ -423,7 +423,7 @@ def test_backfill_over_its_bound_or_into_the_future_writes_nothing(conn, node, c
         manual.backfill(conn, job_id, T0, T0 + 4 * M, max_runs=3, now=T0 + 10 * M)
     with pytest.raises(ValidationError, match="^until: must not be later than the store's now"):
         manual.backfill(conn, job_id, T0, T0 + 4 * M, now=T0 + M)
-    with pytest.raises(ValidationError, match="^until: must be after --since"):
+    with pytest.raises(ValidationError, match="^until: must be later than --since"):
         manual.backfill(conn, job_id, T0, T0, now=T0 + M)
     with pytest.raises(ValidationError, match="^max_runs: must be a whole number"):
         manual.backfill(conn, job_id, T0, T0 + M, max_runs=0, now=T0 + M)
