@@ -95,7 +95,7 @@ class FiringLimits:
     due, in the waits between ticks (:mod:`scheduler.firing.lookahead`)."""
 
     lookahead_max_keys: int = 50_000
-    """(schedule key, instant) pairs read per look-ahead read at most."""
+    """(tenant, schedule key, instant) rows read per look-ahead read at most."""
 
     lookahead_herd_rows: int = 20_000
     """Rows (one per herd and partition) a look-ahead read of the coming herds

@@ -15,11 +15,13 @@ past the next tick's start) here: :meth:`LookAhead.run` reads the distinct
 :attr:`~scheduler.firing.limits.FiringLimits.lookahead_s` in the node's
 firable partitions (``lookahead_schedule_keys``: due-index entries only,
 each read starting where the last one ended, so a timer's entry is read
-once; at most ``lookahead_max_keys`` pairs and one read a second, canceled
+once; at most ``lookahead_max_keys`` rows and one read a second, canceled
 if it would outlast the wait), has the herd finder measure the herds of the
-same window (:meth:`HerdFinder.read_ahead
+same window of the tenants that read showed with at least ``herd_min_jobs``
+timers at one instant (:meth:`HerdFinder.read_ahead
 <scheduler.firing.herds.HerdFinder.read_ahead>`: their timers and keys per
-partition, so the instant's tick need not count them) and has
+partition, so the instant's tick need not count them; a steady load has no
+such tenant and pays nothing for it) and has
 the herd finder prepare each (:meth:`HerdFinder.prepare
 <scheduler.firing.herds.HerdFinder.prepare>`: the key's spec, the slot
 check, the next slot, all memoized). When the instant comes, both paths
@@ -30,6 +32,7 @@ cache). Work left when the wait ends stays queued for the next wait.
 from __future__ import annotations
 
 import collections
+from collections import Counter
 from datetime import datetime, timedelta
 
 import psycopg
@@ -99,14 +102,19 @@ class LookAhead:
         cut = len(rows) >= self._limits.lookahead_max_keys
         self._until = max(r["due"] for r in rows) - timedelta(microseconds=1) if cut else until
         self._seen = {pair for pair in self._seen if pair[1] > now}  # only the coming seconds
+        timers: Counter[tuple[str, datetime]] = Counter()
         for row in rows:
+            timers[(row["tenant"], row["due"])] += row["n"]
             pair = (row["schedule_key"], row["due"])
             if pair not in self._seen:
                 self._seen.add(pair)
                 self._queue.append(pair)
+        # Only tenants with a herd coming are measured: a steady load has none, and the
+        # measure's walk would cost it as much store time as this read.
+        herding = sorted({tenant for (tenant, _), n in timers.items() if n >= self._limits.herd_min_jobs})
         left_s = budget_s - (self._clock.monotonic() - began)
-        if rows and left_s > 0.001:  # no timer due in the window, no herd in it
+        if herding and left_s > 0.001:
             try:
-                self._herds.read_ahead(conn, tenants, firable, start, until, now, left_s)
+                self._herds.read_ahead(conn, herding, firable, start, until, now, left_s)
             except psycopg.errors.QueryCanceled:
                 pass  # past the wait: these herds are counted at their instant

@@ -274,14 +274,16 @@ WHERE e.n >= %(min_jobs)s;
 
 -- name: lookahead_schedule_keys
 -- The firer's look-ahead (scheduler/firing/lookahead.py): the distinct
--- (schedule key, due instant) pairs of the timers of tenants %(tenants)s due
--- in (%(after)s, %(until)s] in the node's firable partitions %(partition_ids)s,
--- at most %(max_keys)s. Due-index entries only (schedule_key is the last
--- column of jobs_due_schedule_idx): one range walk per tenant.
-SELECT DISTINCT d.schedule_key, d.next_due_at AS due
+-- (tenant, schedule key, due instant) triples of the timers of tenants
+-- %(tenants)s due in (%(after)s, %(until)s] in the node's firable partitions
+-- %(partition_ids)s, each with its timer count n (which tenants have a herd
+-- coming, without a second walk), at most %(max_keys)s, by due instant.
+-- Due-index entries only (schedule_key is the last column of
+-- jobs_due_schedule_idx): one range walk per tenant.
+SELECT d.tenant, d.schedule_key, d.next_due_at AS due, count(*)::int8 AS n
 FROM unnest(%(tenants)b::text[]) AS t (tenant)
 CROSS JOIN LATERAL (
-    SELECT x.schedule_key, x.next_due_at
+    SELECT x.tenant, x.schedule_key, x.next_due_at
     FROM jobs AS x
     WHERE x.tenant = t.tenant
       AND x.next_due_at > %(after)s
@@ -289,12 +291,14 @@ CROSS JOIN LATERAL (
       AND x.partition_id = ANY(%(partition_ids)b::int4[])
       AND x.schedule_key IS NOT NULL
 ) AS d
+GROUP BY d.next_due_at, d.tenant, d.schedule_key
 ORDER BY d.next_due_at
 LIMIT %(max_keys)s;
 
 -- name: lookahead_herds
 -- The herds of the coming seconds, measured ahead (scheduler/firing/herds.py,
--- HerdFinder.read_ahead): for each tenant of %(tenants)s and instant in
+-- HerdFinder.read_ahead; asked only for the tenants lookahead_schedule_keys
+-- showed with a herd coming): for each tenant of %(tenants)s and instant in
 -- (%(after)s, %(until)s] at which at least %(min_jobs)s of its timers in the
 -- node's firable partitions %(partition_ids)s fall due, one row per partition
 -- holding some of them, in (tenant, due, partition_id) order: their count n,

@@ -708,6 +708,32 @@ def test_a_herd_measured_under_other_epochs_before_a_failure_or_cut_is_counted_a
     assert [name for name, _ in sent].count("herd_schedule_keys") == 1
 
 
+def test_only_tenants_with_a_herd_coming_are_measured(pg_dsn, conn, monkeypatch) -> None:
+    """The look-ahead's read counts each tenant's timers per instant: the herds are
+    measured for the big tenant alone (100 timers at AT, herds from 60), and not at
+    all in a window holding no herd (a steady load pays nothing for the measure)."""
+    from helpers import record_named_queries
+
+    load_cron_herd(conn, "big", 2, AT)
+    load_cron_herd(conn, "small", 1, AT)
+    load_herd(conn, "small", 50, AT + timedelta(seconds=5))
+    clock = ManualClock(store_at=AT - timedelta(seconds=3))
+    node = Node(pg_dsn, AHEAD, clock=clock)
+    try:
+        node.firer.tick()
+        sent = record_named_queries(monkeypatch)
+        node.firer.look_ahead(clock.monotonic() + 60)  # (AT-3, AT+2]: big's herd and small's 50
+        clock.advance(4.0)
+        clock.pin_store(AT + timedelta(seconds=1))
+        node.firer.look_ahead(clock.monotonic() + 60)  # (AT+2, AT+6]: small's 50 alone
+    finally:
+        node.close()
+    reads = [p["after"] for name, p in sent if name == "lookahead_schedule_keys"]
+    measured = [(p["after"], p["tenants"]) for name, p in sent if name == "lookahead_herds"]
+    assert reads == [AT - timedelta(seconds=3), AT + timedelta(seconds=2)]
+    assert measured == [(AT - timedelta(seconds=3), ["big"])]
+
+
 def test_the_herds_kept_are_bounded_by_lookahead_herd_rows_oldest_instant_first(pg_dsn, conn) -> None:
     """Two herds of 10 partitions each, measured by two reads, with room for 15
     partitions in all: the herd of the older instant is forgotten (counted at
