@@ -21,7 +21,8 @@ same window of the tenants that read showed with at least ``herd_min_jobs``
 timers at one instant (:meth:`HerdFinder.read_ahead
 <scheduler.firing.herds.HerdFinder.read_ahead>`: their timers and keys per
 partition, so the instant's tick need not count them; a steady load has no
-such tenant and pays nothing for it) and has
+such tenant and pays nothing for it; a measure canceled past its wait is
+read first in the next one, while its window is still ahead) and has
 the herd finder prepare each (:meth:`HerdFinder.prepare
 <scheduler.firing.herds.HerdFinder.prepare>`: the key's spec, the slot
 check, the next slot, all memoized). When the instant comes, both paths
@@ -54,6 +55,9 @@ class LookAhead:
         self._seen: set[tuple[int, datetime]] = set()
         self._last_read = float("-inf")
         self._until: datetime | None = None
+        self._owed: tuple[list[str], datetime, datetime, datetime] | None = None
+        """A measure of herds still to read (tenants, after, until, store now): its read
+        was canceled past its wait, or had no time left; tried again first in the next."""
         self.prepared = 0
         """Pairs prepared so far (for tests and the curious)."""
 
@@ -64,6 +68,9 @@ class LookAhead:
         tick's); ``firable``: the node's firable partitions. Store errors
         propagate (the caller logs them; nothing is changed)."""
         now = self._clock.monotonic()
+        if self._owed is not None and firable and now < deadline:
+            self._measure(conn, firable, deadline - now)
+            now = self._clock.monotonic()
         if not self._queue and tenants and firable and now < deadline and now - self._last_read >= 1.0:
             self._last_read = now
             self._read(conn, tenants, firable, deadline - now)
@@ -111,10 +118,27 @@ class LookAhead:
                 self._queue.append(pair)
         # Only tenants with a herd coming are measured: a steady load has none, and the
         # measure's walk would cost it as much store time as this read.
-        herding = sorted({tenant for (tenant, _), n in timers.items() if n >= self._limits.herd_min_jobs})
-        left_s = budget_s - (self._clock.monotonic() - began)
-        if herding and left_s > 0.001:
-            try:
-                self._herds.read_ahead(conn, herding, firable, start, until, now, left_s)
-            except psycopg.errors.QueryCanceled:
-                pass  # past the wait: these herds are counted at their instant
+        herding = {tenant for (tenant, _), n in timers.items() if n >= self._limits.herd_min_jobs}
+        if herding:
+            if self._owed is not None:  # windows follow each other: one measure covers both
+                owed_tenants, owed_start, _, _ = self._owed
+                herding.update(owed_tenants)
+                start = min(start, owed_start)
+            self._owed = (sorted(herding), start, until, now)
+            self._measure(conn, firable, budget_s - (self._clock.monotonic() - began))
+
+    def _measure(self, conn: psycopg.Connection, firable: dict[int, int], budget_s: float) -> None:
+        """Read the owed measure of herds (:meth:`HerdFinder.read_ahead
+        <scheduler.firing.herds.HerdFinder.read_ahead>`) within ``budget_s``; canceled past it
+        (or with no time left) it stays owed for the next wait, as long as some instant of its
+        window is still ahead (past them all, its herds are counted at their instant)."""
+        assert self._owed is not None
+        tenants, start, until, now = self._owed
+        if budget_s <= 0.001:
+            return
+        try:
+            self._herds.read_ahead(conn, tenants, firable, start, until, now, budget_s)
+        except psycopg.errors.QueryCanceled:
+            if store.now(conn, self._clock.store_now_or_none()) < until:
+                return  # owed still: tried again in the next wait
+        self._owed = None

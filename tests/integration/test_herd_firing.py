@@ -757,27 +757,72 @@ def test_the_herds_kept_are_bounded_by_lookahead_herd_rows_oldest_instant_first(
     assert second == {("b", AT + timedelta(seconds=4)): 10}
 
 
-def test_a_herd_read_canceled_past_the_wait_leaves_the_schedules_prepared(pg_dsn, conn, monkeypatch) -> None:
+def canceling(calls: list, times: int):
+    """A HerdFinder.read_ahead that records each call's window start in ``calls`` and
+    is canceled (as past its wait) the first ``times`` calls."""
+    real = HerdFinder.read_ahead
+
+    def read_ahead(self, *args, **kwargs):
+        calls.append(args[3])
+        if len(calls) <= times:
+            raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+        return real(self, *args, **kwargs)
+
+    return read_ahead
+
+
+def test_a_herd_measure_canceled_past_its_wait_is_read_in_the_next_wait(pg_dsn, conn, monkeypatch) -> None:
     """The herds' read comes after the schedules' read has queued its pairs: canceled
-    (the wait ran out), it takes nothing from them; the herd is counted at its instant."""
+    (the wait ran out), it takes nothing from them, and it is read first in the next
+    wait while its instant is still ahead; the tick at the instant then counts nothing."""
+    from helpers import record_named_queries
+
     load_cron_herd(conn, "big", 2, AT)
     clock = ManualClock(store_at=AT - timedelta(seconds=3))
     node = Node(pg_dsn, AHEAD, clock=clock)
-
-    def canceled(*args, **kwargs):
-        raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
-
+    calls: list[datetime] = []
     try:
         node.firer.tick()
-        monkeypatch.setattr(HerdFinder, "read_ahead", canceled)
+        monkeypatch.setattr(HerdFinder, "read_ahead", canceling(calls, 1))
         node.firer.look_ahead(clock.monotonic() + 60)
         prepared, kept = node.firer._lookahead.prepared, dict(node.firer._herds._ahead)
+        clock.advance(1.0)
+        clock.pin_store(AT - timedelta(seconds=2))
+        node.firer.look_ahead(clock.monotonic() + 60)
+        measured = sum(node.firer._herds._ahead[("big", AT)].counts.values())
+        sent = record_named_queries(monkeypatch)
         clock.pin_store(AT + timedelta(seconds=1))
         result = node.firer.tick()
     finally:
         node.close()
-    assert (prepared, kept) == (50, {})
+    assert (prepared, kept, measured) == (50, {}, 100)
+    assert calls == [AT - timedelta(seconds=3)] * 2
+    assert "herd_counts" not in [name for name, _ in sent]
     assert (result.fired, result.herd_fired) == (100, 100)
+
+
+def test_a_herd_measure_canceled_until_its_window_began_is_dropped(pg_dsn, conn, monkeypatch) -> None:
+    """A measure canceled in every wait until its window's last instant is due is
+    dropped (not read again); the herd is counted at its instant, the runs the same."""
+    made = load_cron_herd(conn, "big", 2, AT)
+    clock = ManualClock(store_at=AT - timedelta(seconds=3))
+    node = Node(pg_dsn, AHEAD, clock=clock)
+    calls: list[datetime] = []
+    try:
+        node.firer.tick()
+        monkeypatch.setattr(HerdFinder, "read_ahead", canceling(calls, 99))
+        node.firer.look_ahead(clock.monotonic() + 60)  # window (AT-3, AT+2]: canceled
+        clock.advance(1.0)
+        clock.pin_store(AT + timedelta(seconds=2))
+        node.firer.look_ahead(clock.monotonic() + 60)  # canceled again, and AT+2 is due: dropped
+        clock.advance(1.0)
+        node.firer.look_ahead(clock.monotonic() + 60)  # nothing owed, no herd ahead
+        result = node.firer.tick()
+    finally:
+        node.close()
+    assert calls == [AT - timedelta(seconds=3)] * 2
+    assert (result.fired, result.herd_fired) == (100, 100)
+    assert sorted(r["job_id"] for r in runs(conn)) == sorted(made)
 
 
 def test_timers_added_edited_or_deleted_after_the_measure_fire_by_what_the_store_holds(pg_dsn, conn) -> None:
