@@ -21,8 +21,9 @@ same window of the tenants that read showed with at least ``herd_min_jobs``
 timers at one instant (:meth:`HerdFinder.read_ahead
 <scheduler.firing.herds.HerdFinder.read_ahead>`: their timers and keys per
 partition, so the instant's tick need not count them; a steady load has no
-such tenant and pays nothing for it; a measure canceled past its wait is
-read first in the next one, while its window is still ahead) and has
+such tenant and pays nothing for it; a measure canceled because the
+schedules' read took the wait is tried once more, first in the next wait)
+and has
 the herd finder prepare each (:meth:`HerdFinder.prepare
 <scheduler.firing.herds.HerdFinder.prepare>`: the key's spec, the slot
 check, the next slot, all memoized). When the instant comes, both paths
@@ -57,7 +58,7 @@ class LookAhead:
         self._until: datetime | None = None
         self._owed: tuple[list[str], datetime, datetime, datetime] | None = None
         """A measure of herds still to read (tenants, after, until, store now): its read
-        was canceled past its wait, or had no time left; tried again first in the next."""
+        was canceled past its wait, or had no time left; tried once more, first in the next."""
         self.prepared = 0
         """Pairs prepared so far (for tests and the curious)."""
 
@@ -69,7 +70,7 @@ class LookAhead:
         propagate (the caller logs them; nothing is changed)."""
         now = self._clock.monotonic()
         if self._owed is not None and firable and now < deadline:
-            self._measure(conn, firable, deadline - now)
+            self._measure(conn, firable, deadline - now, last_try=True)
             now = self._clock.monotonic()
         if not self._queue and tenants and firable and now < deadline and now - self._last_read >= 1.0:
             self._last_read = now
@@ -125,20 +126,23 @@ class LookAhead:
                 herding.update(owed_tenants)
                 start = min(start, owed_start)
             self._owed = (sorted(herding), start, until, now)
-            self._measure(conn, firable, budget_s - (self._clock.monotonic() - began))
+            self._measure(conn, firable, budget_s - (self._clock.monotonic() - began), last_try=False)
 
-    def _measure(self, conn: psycopg.Connection, firable: dict[int, int], budget_s: float) -> None:
+    def _measure(self, conn: psycopg.Connection, firable: dict[int, int], budget_s: float, *, last_try: bool) -> None:
         """Read the owed measure of herds (:meth:`HerdFinder.read_ahead
-        <scheduler.firing.herds.HerdFinder.read_ahead>`) within ``budget_s``; canceled past it
-        (or with no time left) it stays owed for the next wait, as long as some instant of its
-        window is still ahead (past them all, its herds are counted at their instant)."""
+        <scheduler.firing.herds.HerdFinder.read_ahead>`) within ``budget_s`` (with no time
+        left it stays owed). Canceled past it after the schedules' read took the wait, it
+        stays owed for the next wait, as long as some instant of its window is still ahead;
+        canceled on its ``last_try`` (a wait of its own), it is dropped: its herds are
+        counted at their instant, and no wait before them is spent on a read that does not
+        fit."""
         assert self._owed is not None
         tenants, start, until, now = self._owed
         if budget_s <= 0.001:
-            return
+            return  # no time to try: owed still
         try:
             self._herds.read_ahead(conn, tenants, firable, start, until, now, budget_s)
         except psycopg.errors.QueryCanceled:
-            if store.now(conn, self._clock.store_now_or_none()) < until:
+            if not last_try and store.now(conn, self._clock.store_now_or_none()) < until:
                 return  # owed still: tried again in the next wait
         self._owed = None

@@ -801,9 +801,10 @@ def test_a_herd_measure_canceled_past_its_wait_is_read_in_the_next_wait(pg_dsn, 
     assert (result.fired, result.herd_fired) == (100, 100)
 
 
-def test_a_herd_measure_canceled_until_its_window_began_is_dropped(pg_dsn, conn, monkeypatch) -> None:
-    """A measure canceled in every wait until its window's last instant is due is
-    dropped (not read again); the herd is counted at its instant, the runs the same."""
+def test_a_herd_measure_canceled_in_its_next_wait_too_is_dropped(pg_dsn, conn, monkeypatch) -> None:
+    """A measure canceled again in the wait of its own it was given is dropped (no
+    wait before the herd is spent on a read that does not fit); the herd is counted
+    at its instant, the runs the same."""
     made = load_cron_herd(conn, "big", 2, AT)
     clock = ManualClock(store_at=AT - timedelta(seconds=3))
     node = Node(pg_dsn, AHEAD, clock=clock)
@@ -813,10 +814,11 @@ def test_a_herd_measure_canceled_until_its_window_began_is_dropped(pg_dsn, conn,
         monkeypatch.setattr(HerdFinder, "read_ahead", canceling(calls, 99))
         node.firer.look_ahead(clock.monotonic() + 60)  # window (AT-3, AT+2]: canceled
         clock.advance(1.0)
-        clock.pin_store(AT + timedelta(seconds=2))
-        node.firer.look_ahead(clock.monotonic() + 60)  # canceled again, and AT+2 is due: dropped
+        clock.pin_store(AT - timedelta(seconds=2))
+        node.firer.look_ahead(clock.monotonic() + 60)  # canceled again, in a wait of its own: dropped
         clock.advance(1.0)
         node.firer.look_ahead(clock.monotonic() + 60)  # nothing owed, no herd ahead
+        clock.pin_store(AT + timedelta(seconds=1))
         result = node.firer.tick()
     finally:
         node.close()
