@@ -129,7 +129,7 @@ class Herd:
     """The measure its partitions were taken from, if read ahead (its keys come
     from it too)."""
     store_now: datetime | None = None
-    """The store's clock when the herd was found: the ``now`` its plans are made for."""
+    """The store's clock when the herd was found (``herd_heads``): the ``now`` its plans are made for."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,11 +222,8 @@ class HerdFinder:
                 "after_pid": herd.after and herd.after[0],
                 "after_job": herd.after and uuid.UUID(herd.after[1]),
                 "max_keys": self._limits.herd_max_schedules,
-                "now": self._clock.store_now_or_none(),
             },
         )
-        if rows:
-            herd.store_now = rows[0]["store_now"]
         return [(row["schedule_key"], row["n"]) for row in rows]
 
     def _planned(self, tick: Tick, herd: Herd) -> bool:

@@ -368,9 +368,8 @@ WHERE c.n > 0;
 -- entries only (schedule_key is the last column of jobs_due_schedule_idx;
 -- one exact probe per partition, as in herd_counts). Timers without a key
 -- (a collision, or not yet given one) are left out: they fire per timer.
--- Returns the store's clock (%(now)s; NULL: now()), the `now` the plans are
--- made for.
-SELECT d.schedule_key, count(*)::int8 AS n, coalesce(%(now)s::timestamptz, now()) AS store_now
+-- (The `now` the plans are made for is herd_heads' store_now.)
+SELECT d.schedule_key, count(*)::int8 AS n
 FROM unnest(%(pids)b::int4[]) AS o (pid)
 CROSS JOIN LATERAL (
     SELECT x.schedule_key
