@@ -76,7 +76,6 @@ def test_a_query_taking_the_pin_reads_the_store_clock_only_through_it() -> None:
     assert {
         "select_due_jobs",
         "herd_heads",
-        "herd_schedule_keys",
         "fire_runs",
         "fire_group",
         "claim_partitions",
