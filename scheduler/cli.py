@@ -1169,7 +1169,9 @@ def jobs_import(
     cell is the default): queue, url, method, headers ('Name: value' lines
     in one quoted cell), timeout_s, payload (JSON), max_attempts,
     backoff_base_s, backoff_cap_s, max_age_s, overlap. A line whose values
-    differ from its job's is rejected like a different schedule.
+    differ from its job's is rejected like a different schedule. Any other
+    column (but the corpus's source_kind, repo, path, read and not used), or
+    a column named twice, refuses the file: nothing is imported.
     """
     from scheduler import jobs as jobsmod
 

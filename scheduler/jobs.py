@@ -57,11 +57,12 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import difflib
 import hashlib
 import json
 import re
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -377,7 +378,9 @@ def corpus_specs(
     CSV reader cannot parse (e.g. a field over the csv module's size limit),
     is reported like any bad line (undecodable bytes appear as ``\\udcXX``),
     never fatal. Raises ValidationError (field ``file``) without a header
-    naming ``expr``, (field ``name_column``) without that column.
+    naming ``expr``, (field ``name_column``) without that column, (field
+    ``columns``) for a header naming an unknown column or one twice
+    (:func:`_check_columns`), before any line is read.
     """
     occurrences: dict[tuple[str, str, str], int] = {}
     name_lines: dict[str, int] = {}
@@ -399,6 +402,7 @@ def corpus_specs(
             raise ValidationError("file", "must be a CSV with a header row naming an 'expr' column", str(path))
         if name_column is not None and name_column not in header:
             raise ValidationError("name_column", f"the CSV header has no column {clip(name_column)}")
+        _check_columns(header, name_column)
         line = consumed
         while True:
             start = line + 1
@@ -453,6 +457,39 @@ def corpus_specs(
             yield start, expr, spec
 
 
+def _check_columns(header: Sequence[str], name_column: str | None) -> None:
+    """Refuse a header naming a column the import does not know, or one column twice.
+
+    A misspelled column (``max_attemps``) would otherwise drop the setting it
+    carries without a word, as the API refuses an unknown field. Known:
+    :data:`IMPORT_COLUMNS`, ``name_column``, and the corpus format's
+    provenance columns :data:`CORPUS_INFO_COLUMNS` (read, not used); a header
+    cell left empty (a spreadsheet's trailing comma) names nothing. Raises
+    ValidationError (field ``columns``): the rule names the column and the
+    nearest known column (``difflib``, ratio ≥ 0.6) or, failing one, the
+    known columns.
+    """
+    known = [*IMPORT_COLUMNS, *([name_column] if name_column is not None else [])]
+    seen: set[str] = set()
+    for column in header:
+        if column in seen and column:
+            raise ValidationError("columns", f"{clip(column)} is named twice")
+        seen.add(column)
+        if not column or column in known or column in CORPUS_INFO_COLUMNS:
+            continue
+        if nearest := difflib.get_close_matches(column, known, n=1):
+            hint = f"did you mean {clip(nearest[0])}?"
+        else:
+            hint = (
+                f"known: {', '.join(known)}; read, not used: {', '.join(CORPUS_INFO_COLUMNS)}; "
+                "a column of job names: give it as --name-column"
+            )
+        raise ValidationError("columns", f"{clip(column)} is not a known column ({hint})")
+
+
+CORPUS_INFO_COLUMNS = ("source_kind", "repo", "path")
+"""The corpus format's provenance columns (where a schedule was found): known, never used."""
+
 CORPUS_COLUMNS = {"tz": "timezone"}
 """A job field whose CSV column has another name: a rejected line's reason names the column."""
 
@@ -473,6 +510,9 @@ DELIVERY_COLUMNS = (
     "overlap",
 )
 """Optional CSV columns of a job's delivery (``jobs import``; the ``jobs add`` options' names)."""
+
+IMPORT_COLUMNS = ("expr", "dialect", "timezone", *DELIVERY_COLUMNS)
+"""Every column ``jobs import`` reads, but the ``--name-column`` (:func:`corpus_specs`)."""
 
 
 def delivery_from_cells(cells: dict[str, str]) -> DeliverySpec | None:
@@ -506,7 +546,8 @@ def import_csv(
     is replaced). Invalid lines are reported, never fatal. Lines go to the
     store in batches of ``batch_size`` per transaction (:func:`import_jobs`:
     one lookup and one insert batch each). Raises ValidationError for a bad
-    tenant, a file without an ``expr`` header or without ``name_column``;
+    tenant, a file without an ``expr`` header or without ``name_column``, or
+    whose header names an unknown column or one twice (nothing written);
     OSError if unreadable. A line whose URL target fails the SSRF rule
     under ``push_policy`` (each distinct URL resolved once) is rejected.
     """

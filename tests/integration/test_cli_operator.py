@@ -185,6 +185,55 @@ def test_import_name_column(pg_dsn, conn, tmp_path) -> None:
     one_line_error(missing, 2, "error: name_column: the CSV header has no column 'nosuch'")
 
 
+def test_an_import_refuses_a_header_with_an_unknown_or_repeated_column(pg_dsn, conn, tmp_path) -> None:
+    """A misspelled column (``max_attemps``) would silently drop the setting it was meant to
+    carry: the header is refused whole, naming the column and the nearest known one, and nothing
+    is written. The corpus format's provenance columns (source_kind, repo, path) are known and
+    not used; a column named twice is refused (which one counts would be a guess); a header
+    cell left empty (a spreadsheet's trailing comma) names nothing and is not used."""
+    cases = [
+        (
+            "expr,max_attemps,overlapp\n*/7 * * * *,1,forbid\n",
+            "error: columns: 'max_attemps' is not a known column (did you mean 'max_attempts'?)",
+        ),
+        (
+            "expr,notes\n*/7 * * * *,hello\n",
+            "error: columns: 'notes' is not a known column (known: expr, dialect, timezone, queue, url, "
+            "method, headers, timeout_s, payload, max_attempts, backoff_base_s, backoff_cap_s, max_age_s, "
+            "overlap; read, not used: source_kind, repo, path; a column of job names: give it as --name-column)",
+        ),
+        (
+            "expr,job\n*/7 * * * *,n1\n",
+            "error: columns: 'job' is not a known column (known: expr, dialect, timezone, queue, url, "
+            "method, headers, timeout_s, payload, max_attempts, backoff_base_s, backoff_cap_s, max_age_s, "
+            "overlap; read, not used: source_kind, repo, path; a column of job names: give it as --name-column)",
+        ),
+        (
+            "expr,timezone,Timeout_S\n*/7 * * * *,,5\n",
+            "error: columns: 'Timeout_S' is not a known column (did you mean 'timeout_s'?)",
+        ),
+        ("expr,dialect,expr\n*/7 * * * *,unix,0 1 * * *\n", "error: columns: 'expr' is named twice"),
+    ]
+    for text, message in cases:
+        path = tmp_path / "cols.csv"
+        path.write_text(text, encoding="utf-8")
+        assert one_line_error(run(["jobs", "import", str(path), "--tenant", "acme"], pg_dsn), 2, message) == message
+        assert count(conn, "jobs") == 0 and count(conn, "tenants", "tenant = 'acme'") == 0  # nothing written
+
+    path = tmp_path / "ok.csv"
+    path.write_text(
+        "expr,dialect,timezone,source_kind,repo,path,max_attempts,\n*/7 * * * *,unix5,,k8s,a/b,c.yaml,2,\n",
+        encoding="utf-8",
+    )
+    result = run(["jobs", "import", str(path), "--tenant", "acme"], pg_dsn)
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "1 created, 0 unchanged, 0 rejected\n", "")
+    [row] = conn.execute("SELECT d.max_attempts FROM job_delivery AS d").fetchall()
+    assert row["max_attempts"] == 2
+    named = tmp_path / "named.csv"
+    named.write_text("job,expr\nn1,*/7 * * * *\n", encoding="utf-8")
+    assert run(["jobs", "import", str(named), "--tenant", "acme", "--name-column", "job"], pg_dsn).exit_code == 0
+
+
 def test_import_is_set_based_per_batch(conn, tmp_path, monkeypatch) -> None:
     path = tmp_path / "five.csv"
     path.write_text("expr,dialect,timezone\n" + "".join(f"{m} 1 * * *,unix5,\n" for m in range(5)), encoding="utf-8")
