@@ -329,20 +329,22 @@ def redrive_job(conn: psycopg.Connection, job_id: uuid.UUID, state: str, limit: 
     One statement, one transaction. Raises ValidationError for another state (field
     ``state``) or a ``limit`` below 1 (field ``limit``), NotFoundError for a job
     that does not exist and has no run in ``state``, ConflictError (field ``job_id``)
-    for a deleted (or pruned) job with runs in ``state``: as :func:`redrive` refuses
-    one run of it, nothing changed.
+    for a deleted job, with or without runs in ``state``, or a pruned one with runs
+    in ``state``: as :func:`redrive` refuses one run of it, nothing changed.
     """
     if state not in REDRIVABLE_STATES:
         raise ValidationError("state", "must be dead or canceled (the runs a redrive moves back to pending)", state)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValidationError("limit", "must be a whole number >= 1", limit)
     moved, skipped = _redrive(conn, job_id, None, (state,), limit)
-    if skipped:  # the job is deleted: none of its runs was moved (one statement decides for all)
+    deleted = bool(skipped)  # none of its runs was moved (one statement decides for all)
+    if not moved and not deleted:
+        found = store.execute(conn, "get_job", {"partition_id": partition_of(job_id), "job_id": job_id, "tenant": None})
+        if not found:
+            raise NotFoundError(f"job_id: no job {job_id}")
+        deleted = found[0]["deleted_at"] is not None
+    if deleted:
         raise ConflictError(f"job_id: job {job_id} is deleted; {LIVE_JOB_RULE} (nothing changed)")
-    if not moved and not store.execute(
-        conn, "get_job", {"partition_id": partition_of(job_id), "job_id": job_id, "tenant": None}
-    ):
-        raise NotFoundError(f"job_id: no job {job_id}")
     return [run_id(job_id, nominal) for nominal in moved]
 
 

@@ -335,6 +335,8 @@ def test_a_run_of_a_deleted_job_is_not_redriven(pg_dsn, conn) -> None:
         run(["runs", "redrive", "--job", str(job), "--state", "dead", "--limit", "2"], pg_dsn), 2, job_refused
     )
     one_line_error(run(["runs", "redrive", "--job", str(job), "--state", "dead", "--json"], pg_dsn), 2, job_refused)
+    # ... also when it has no run in that state (the trial: "redrove 0 runs", exit 0)
+    one_line_error(run(["runs", "redrive", "--job", str(job), "--state", "canceled"], pg_dsn), 2, job_refused)
     assert conn.execute("SELECT * FROM runs ORDER BY nominal_time").fetchall() == before
 
     conn.execute("DELETE FROM jobs WHERE job_id = %s", (job,))  # pruned by retention
