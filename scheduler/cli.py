@@ -1486,7 +1486,11 @@ def jobs_replan_slots(dsn: str, dry_run: bool, force: bool, as_json: bool) -> No
 @jobs.command("trigger")
 @dsn_option
 @click.argument("job_id")
-@option("--request-id", default=None, help="Deduplicates: the same id again makes no second run (default: a new UUID).")
+@option(
+    "--request-id",
+    default=None,
+    help="Deduplicates: the same id again makes no second run (1-200 printable characters; default: a new UUID).",
+)
 @option(
     "--force",
     is_flag=True,

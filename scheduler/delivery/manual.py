@@ -139,7 +139,7 @@ def request_run(
 ) -> RunRequest:
     """Ask the partition owner for a manual run of ``job_id`` (``jobs trigger``).
 
-    ``request_id`` (1..:data:`MAX_REQUEST_ID_LEN` characters; default a new
+    ``request_id`` (1..:data:`MAX_REQUEST_ID_LEN` printable characters; default a new
     UUID) deduplicates: a second request with the same id for the same job
     writes nothing and returns the first one's row (its ``force`` stands).
     With ``tenant``, only that tenant's job is found. Raises NotFoundError
@@ -150,10 +150,11 @@ def request_run(
         request_id = str(uuid.uuid4())
     if not isinstance(request_id, str):
         raise ValidationError("request_id", "must be a string", request_id)
-    if not 1 <= len(request_id) <= MAX_REQUEST_ID_LEN:
-        raise ValidationError("request_id", f"must be 1 to {MAX_REQUEST_ID_LEN} characters", request_id)
     if UNSTORABLE_TEXT.search(request_id):
         raise ValidationError("request_id", "must be text the store can keep (no NUL, no unpaired surrogate)")
+    if not (1 <= len(request_id) <= MAX_REQUEST_ID_LEN and request_id.isprintable()):
+        rule = f"must be 1 to {MAX_REQUEST_ID_LEN} printable characters"
+        raise ValidationError("request_id", rule, request_id)
     key = {"partition_id": partition_of(job_id), "job_id": job_id, "request_id": request_id}
 
     def body(c: psycopg.Connection) -> tuple[dict[str, Any], bool]:

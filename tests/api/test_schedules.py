@@ -429,6 +429,7 @@ def test_trigger_is_deduplicated_by_request_id(acme, db):
     for body, field in (
         ({"request_id": ""}, "request_id"),
         ({"request_id": "x" * 201}, "request_id"),
+        ({"request_id": "a\nb"}, "request_id"),
         ({"wait_s": 11}, "wait_s"),
         ({"wait_s": "soon"}, "wait_s"),
         ({"force": "yes"}, "force"),

@@ -538,6 +538,24 @@ def test_cli_trigger_with_a_bad_wait_writes_no_request(pg_dsn, conn, wait_s) -> 
     assert conn.execute("SELECT count(*) AS n FROM run_requests").fetchone()["n"] == 0
 
 
+@pytest.mark.parametrize(
+    ("request_id", "shown"),
+    [("a\nb", "'a\\nb'"), ("deploy\x1b[2J", "'deploy\\x1b[2J'"), ("", "''"), ("x" * 201, None)],
+)
+def test_cli_trigger_with_a_bad_request_id_writes_no_request(pg_dsn, conn, request_id, shown) -> None:
+    """A request id is printable text, as a job's name (a trial: a line break was taken, and is
+    echoed in every log line and listing that names the request)."""
+    job_id = overlap_job(conn, "allow")
+    result = cli(["jobs", "trigger", str(job_id), "--request-id", request_id], pg_dsn)
+    assert (result.exit_code, result.stdout) == (2, "")
+    [line] = result.stderr.splitlines()
+    assert line.startswith("error: request_id: must be 1 to 200 printable characters (got "), line
+    if shown is not None:
+        assert line == f"error: request_id: must be 1 to 200 printable characters (got {shown})"
+    assert conn.execute("SELECT count(*) AS n FROM run_requests").fetchone()["n"] == 0
+    assert runs(conn, job_id) == []
+
+
 def test_cli_backfill_at_the_edge_of_the_supported_range_is_one_line_or_works(pg_dsn, conn) -> None:
     job_id = overlap_job(conn, "allow")
     until = ["--until", "2025-03-04T05:09:00Z"]
