@@ -1028,13 +1028,13 @@ owning_tenant_option = option(
 )
 @option(
     "--catchup-window-s",
-    type=Seconds("catchup_window"),
+    type=Seconds("catchup_window_s"),
     default=None,
     help=f"Window of the 'all' policy (only): slots older are skipped  [default: {CATCHUP_WINDOW_S}].",
 )
 @option(
     "--misfire-grace-s",
-    type=Seconds("misfire_grace"),
+    type=Seconds("misfire_grace_s"),
     default=None,
     help=f"Grace of the 'once' and 'skip' policies (not 'all')  [default: {MISFIRE_GRACE_S}].",
 )

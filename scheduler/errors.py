@@ -55,11 +55,11 @@ CLI_WORDS: Mapping[str, str] = {
     "interval": "--interval",
     "at": "--at",
     "misfire": "--misfire",
-    "misfire_grace": "--misfire-grace-s",
-    "catchup_window": "--catchup-window-s",
+    "misfire_grace_s": "--misfire-grace-s",
+    "catchup_window_s": "--catchup-window-s",
     "queue": "--queue",
     "url": "--url",
-    "backoff_cap": "--backoff-cap-s",
+    "backoff_cap_s": "--backoff-cap-s",
     "tenants_add": "`scheduler tenants add`",
 }
 """The CLI's words for the inputs and commands a rule may name: ``{name}`` in a rule

@@ -149,11 +149,11 @@ class JobSpec:
             raise ValidationError("tz" if tz is not None else "dialect", "applies to {cron} schedules only")
         if misfire_grace_s is not None and misfire == "all":
             raise ValidationError(
-                "misfire_grace", "{misfire_grace} is ignored by {misfire} all (it applies to once and skip)"
+                "misfire_grace_s", "{misfire_grace_s} is ignored by {misfire} all (it applies to once and skip)"
             )
         if catchup_window_s is not None and misfire in MISFIRE_POLICIES and misfire != "all":
             raise ValidationError(
-                "catchup_window", f"{{catchup_window}} is ignored by {{misfire}} {misfire} (it applies to all only)"
+                "catchup_window_s", f"{{catchup_window_s}} is ignored by {{misfire}} {misfire} (it applies to all only)"
             )
         spec = cls(
             tenant=tenant,
@@ -166,11 +166,11 @@ class JobSpec:
             name=name,
             misfire=misfire,
             catchup_window_s=(
-                CATCHUP_WINDOW_S if catchup_window_s is None else parse_seconds("catchup_window", catchup_window_s)
+                CATCHUP_WINDOW_S if catchup_window_s is None else parse_seconds("catchup_window_s", catchup_window_s)
             ),
             misfire_grace_s=MISFIRE_GRACE_S
             if misfire_grace_s is None
-            else parse_seconds("misfire_grace", misfire_grace_s),
+            else parse_seconds("misfire_grace_s", misfire_grace_s),
             jitter_s=parse_seconds("jitter", jitter_s),
             delivery=_default_delivery() if delivery is None else delivery,
         )
@@ -194,7 +194,7 @@ class JobSpec:
             raise ValidationError("misfire", f"must be one of {', '.join(MISFIRE_POLICIES)}", self.misfire)
         if self.jitter_s > MAX_JITTER_S:
             raise ValidationError("jitter", f"must be at most {MAX_JITTER_S} seconds", self.jitter_s)
-        for field, value in (("catchup_window", self.catchup_window_s), ("misfire_grace", self.misfire_grace_s)):
+        for field, value in (("catchup_window_s", self.catchup_window_s), ("misfire_grace_s", self.misfire_grace_s)):
             if value > MAX_POLICY_S:
                 raise ValidationError(field, f"must be at most {MAX_POLICY_S} seconds", value)
         if self.kind == "interval" and self.interval_s is not None and self.interval_s > MAX_INTERVAL_S:
@@ -383,8 +383,8 @@ def parse_decimal(field: str, value: Any, *, rule: str | None = None) -> float:
 
 SECONDS_FIELDS: dict[str, dict[str, Any]] = {
     "interval": {"minimum": 1, "maximum": MAX_INTERVAL_S, "max_note": " (100 years)"},
-    "catchup_window": {"minimum": 0, "maximum": MAX_POLICY_S},
-    "misfire_grace": {"minimum": 0, "maximum": MAX_POLICY_S},
+    "catchup_window_s": {"minimum": 0, "maximum": MAX_POLICY_S},
+    "misfire_grace_s": {"minimum": 0, "maximum": MAX_POLICY_S},
     "jitter": {"minimum": 0, "maximum": MAX_JITTER_S},
 }
 """Bounds of each duration field of a spec, in whole seconds (the CLI's options use them too)."""

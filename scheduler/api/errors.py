@@ -60,13 +60,7 @@ PROBLEM_JSON = "application/problem+json"
 FIELD_NAMES = {
     "interval": "interval_s",
     "jitter": "jitter_s",
-    "catchup_window": "catchup_window_s",
-    "misfire_grace": "misfire_grace_s",
     "header": "headers",
-    "timeout": "timeout_s",
-    "backoff_base": "backoff_base_s",
-    "backoff_cap": "backoff_cap_s",
-    "max_age": "max_age_s",
 }
 """The project's field names (the CLI's option names) → this API's body fields."""
 

@@ -151,7 +151,7 @@ class DeliverySpec:
         if queue is not None and url is not None:
             raise ValidationError("target", "give either {queue} or {url}, not both")
         if url is None:
-            for field, value in (("method", method), ("header", headers or None), ("timeout", timeout_s)):
+            for field, value in (("method", method), ("header", headers or None), ("timeout_s", timeout_s)):
                 if value is not None:
                     raise ValidationError(field, "applies to {url} targets only")
         spec = cls(
@@ -165,10 +165,10 @@ class DeliverySpec:
             payload=None if payload is None else parse_payload(payload),
             max_attempts=DEFAULT_MAX_ATTEMPTS if max_attempts is None else parse_max_attempts(max_attempts),
             backoff_base_s=(
-                DEFAULT_BACKOFF_BASE_S if backoff_base_s is None else parse_backoff("backoff_base", backoff_base_s)
+                DEFAULT_BACKOFF_BASE_S if backoff_base_s is None else parse_backoff("backoff_base_s", backoff_base_s)
             ),
             backoff_cap_s=(
-                DEFAULT_BACKOFF_CAP_S if backoff_cap_s is None else parse_backoff("backoff_cap", backoff_cap_s)
+                DEFAULT_BACKOFF_CAP_S if backoff_cap_s is None else parse_backoff("backoff_cap_s", backoff_cap_s)
             ),
             max_age_s=None if max_age_s is None else parse_max_age(max_age_s),
             overlap=DEFAULT_OVERLAP if overlap is None else overlap,
@@ -183,7 +183,7 @@ class DeliverySpec:
             raise ValidationError("target", "give exactly one of {queue} or {url}")
         if self.queue is not None:
             validate_queue(self.queue)
-            for field, value in (("method", self.method), ("timeout", self.timeout_s)):
+            for field, value in (("method", self.method), ("timeout_s", self.timeout_s)):
                 if value is not None:
                     raise ValidationError(field, "applies to {url} targets only")
             if self.headers:
@@ -202,7 +202,7 @@ class DeliverySpec:
         if self.payload is not None and (not isinstance(self.payload, str) or parse_payload(self.payload) is None):
             raise ValidationError("payload", "must be JSON text other than null (None is no payload)")
         parse_max_attempts(self.max_attempts)
-        for field, value in (("backoff_base", self.backoff_base_s), ("backoff_cap", self.backoff_cap_s)):
+        for field, value in (("backoff_base_s", self.backoff_base_s), ("backoff_cap_s", self.backoff_cap_s)):
             _check_backoff(field, value)
         if self.backoff_base_s > self.backoff_cap_s:
             raise _base_above_cap(self.backoff_cap_s, self.backoff_base_s)
@@ -427,7 +427,7 @@ def _check_headers(headers: Sequence[tuple[str, str]]) -> None:
 
 def parse_timeout(value: Any) -> float:
     """A per-attempt timeout in seconds, ``0 < t <= 300``; raises ValidationError (field ``timeout``)."""
-    number = parse_decimal("timeout", value, rule=_TIMEOUT_RULE)
+    number = parse_decimal("timeout_s", value, rule=_TIMEOUT_RULE)
     _check_timeout(number, value)
     return number
 
@@ -437,7 +437,7 @@ _TIMEOUT_RULE = f"must be a number of seconds above 0 and at most {MAX_TIMEOUT_S
 
 def _check_timeout(number: Any, given: Any = None) -> None:
     if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 < number <= MAX_TIMEOUT_S:
-        raise ValidationError("timeout", _TIMEOUT_RULE, number if given is None else given)
+        raise ValidationError("timeout_s", _TIMEOUT_RULE, number if given is None else given)
 
 
 def parse_max_attempts(value: Any) -> int:
@@ -467,7 +467,7 @@ def _check_backoff(field: str, number: Any, given: Any = None) -> None:
 
 
 def _base_above_cap(cap_s: float, given: Any) -> ValidationError:
-    return ValidationError("backoff_base", f"must not exceed {{backoff_cap}} ({_num(cap_s)} s)", given)
+    return ValidationError("backoff_base_s", f"must not exceed {{backoff_cap_s}} ({_num(cap_s)} s)", given)
 
 
 _MAX_AGE_RULE = (
@@ -483,9 +483,9 @@ def parse_max_age(value: Any) -> int:
     if isinstance(value, str) and _DURATION_RE.fullmatch(value.strip(" \t").lower()):
         seconds = sum(int(n) * _UNITS[u] for n, u in _DURATION_PART.findall(value.strip(" \t").lower()))
         if not 1 <= seconds <= MAX_AGE_S:
-            raise ValidationError("max_age", _MAX_AGE_RULE, value)
+            raise ValidationError("max_age_s", _MAX_AGE_RULE, value)
         return seconds
-    return parse_whole("max_age", value, minimum=1, maximum=MAX_AGE_S, rule=_MAX_AGE_RULE)
+    return parse_whole("max_age_s", value, minimum=1, maximum=MAX_AGE_S, rule=_MAX_AGE_RULE)
 
 
 def _num(value: float) -> str:

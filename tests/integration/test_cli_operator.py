@@ -459,8 +459,8 @@ def test_huge_integers_are_echoed_as_typed(pg_dsn) -> None:
         ],
         pg_dsn,
     )
-    assert one_line_error(grace, 2, "error: misfire_grace:") == (
-        "error: misfire_grace: must be at most 2147483647 seconds (got '99999999999999999999')"
+    assert one_line_error(grace, 2, "error: misfire_grace_s:") == (
+        "error: misfire_grace_s: must be at most 2147483647 seconds (got '99999999999999999999')"
     )
 
 
@@ -469,19 +469,19 @@ def test_huge_integers_are_echoed_as_typed(pg_dsn) -> None:
     [
         (
             ["--misfire-grace-s", "30"],
-            "error: misfire_grace: --misfire-grace-s is ignored by --misfire all (it applies to once and skip)",
+            "error: misfire_grace_s: --misfire-grace-s is ignored by --misfire all (it applies to once and skip)",
         ),
         (
             ["--misfire", "all", "--misfire-grace-s", "30"],
-            "error: misfire_grace: --misfire-grace-s is ignored by --misfire all (it applies to once and skip)",
+            "error: misfire_grace_s: --misfire-grace-s is ignored by --misfire all (it applies to once and skip)",
         ),
         (
             ["--misfire", "skip", "--catchup-window-s", "600"],
-            "error: catchup_window: --catchup-window-s is ignored by --misfire skip (it applies to all only)",
+            "error: catchup_window_s: --catchup-window-s is ignored by --misfire skip (it applies to all only)",
         ),
         (
             ["--misfire", "once", "--catchup-window-s", "600"],
-            "error: catchup_window: --catchup-window-s is ignored by --misfire once (it applies to all only)",
+            "error: catchup_window_s: --catchup-window-s is ignored by --misfire once (it applies to all only)",
         ),
     ],
 )
@@ -506,7 +506,7 @@ def test_options_the_policy_uses_are_stored(pg_dsn, conn) -> None:
     ]
     with pytest.raises(Exception) as caught:
         JobSpec.build(tenant="acme", interval_s=60, misfire="all", misfire_grace_s=30)
-    assert str(caught.value).startswith("misfire_grace: --misfire-grace-s is ignored by --misfire all")
+    assert str(caught.value).startswith("misfire_grace_s: --misfire-grace-s is ignored by --misfire all")
 
 
 def test_long_inputs_are_cut_in_errors(pg_dsn) -> None:

@@ -229,12 +229,12 @@ def test_payload_over_64_kb_is_refused_with_its_size_and_nothing_written(pg_dsn,
         ),
         (
             ["--url", PUBLIC, "--timeout-s", "nan"],
-            "error: timeout: must be a number of seconds above 0 and at most 300, in ASCII digits (got 'nan')",
+            "error: timeout_s: must be a number of seconds above 0 and at most 300, in ASCII digits (got 'nan')",
         ),
-        (["--backoff-base-s", "400"], "error: backoff_base: must not exceed --backoff-cap-s (300 s) (got '400')"),
+        (["--backoff-base-s", "400"], "error: backoff_base_s: must not exceed --backoff-cap-s (300 s) (got '400')"),
         (
             ["--max-age-s", "31d"],
-            "error: max_age: must be a duration from 1 second to 30 days (2592000 s): whole seconds, "
+            "error: max_age_s: must be a duration from 1 second to 30 days (2592000 s): whole seconds, "
             "or e.g. 90m, 12h, 7d, 1d12h (ASCII digits) (got '31d')",
         ),
         (

@@ -141,7 +141,7 @@ def test_max_age_forms(text, seconds) -> None:
         ),
         ({"method": "POST"}, "method: applies to --url targets only"),
         ({"headers": ["A: b"]}, "header: applies to --url targets only"),
-        ({"timeout_s": 5}, "timeout: applies to --url targets only"),
+        ({"timeout_s": 5}, "timeout_s: applies to --url targets only"),
         ({"url": URL, "method": "GET"}, "method: must be one of POST, PUT (got 'GET')"),
         ({"url": "ftp://93.184.216.34/x"}, "url: scheme must be http or https (got 'ftp')"),
         (
@@ -244,11 +244,11 @@ def test_headers_as_a_mapping() -> None:
 # ---------------------------------------------------------------- numbers
 
 
-TIMEOUT = "timeout: must be a number of seconds above 0 and at most 300, in ASCII digits"
+TIMEOUT = "timeout_s: must be a number of seconds above 0 and at most 300, in ASCII digits"
 ATTEMPTS = "max_attempts: must be a whole number from 1 to 100 in ASCII digits"
 BACKOFF = "must be a number of seconds above 0 and at most 86400, in ASCII digits"
 MAX_AGE = (
-    "max_age: must be a duration from 1 second to 30 days (2592000 s): whole seconds, "
+    "max_age_s: must be a duration from 1 second to 30 days (2592000 s): whole seconds, "
     "or e.g. 90m, 12h, 7d, 1d12h (ASCII digits)"
 )
 
@@ -270,15 +270,15 @@ MAX_AGE = (
         ({"max_attempts": "1.5"}, f"{ATTEMPTS} (got '1.5')"),
         ({"max_attempts": "٥"}, f"{ATTEMPTS} (got '٥')"),
         ({"max_attempts": "9" * 5000}, f"{ATTEMPTS} (got '{'9' * 80}…' (5000 characters))"),
-        ({"backoff_base_s": "0"}, f"backoff_base: {BACKOFF} (got '0')"),
-        ({"backoff_base_s": "NaN"}, f"backoff_base: {BACKOFF} (got 'NaN')"),
-        ({"backoff_cap_s": "86400.5"}, f"backoff_cap: {BACKOFF} (got '86400.5')"),
-        ({"backoff_cap_s": "-0"}, f"backoff_cap: {BACKOFF} (got '-0')"),
+        ({"backoff_base_s": "0"}, f"backoff_base_s: {BACKOFF} (got '0')"),
+        ({"backoff_base_s": "NaN"}, f"backoff_base_s: {BACKOFF} (got 'NaN')"),
+        ({"backoff_cap_s": "86400.5"}, f"backoff_cap_s: {BACKOFF} (got '86400.5')"),
+        ({"backoff_cap_s": "-0"}, f"backoff_cap_s: {BACKOFF} (got '-0')"),
         (
             {"backoff_base_s": "10", "backoff_cap_s": "5"},
-            "backoff_base: must not exceed --backoff-cap-s (5 s) (got '10')",
+            "backoff_base_s: must not exceed --backoff-cap-s (5 s) (got '10')",
         ),
-        ({"backoff_base_s": "301"}, "backoff_base: must not exceed --backoff-cap-s (300 s) (got '301')"),
+        ({"backoff_base_s": "301"}, "backoff_base_s: must not exceed --backoff-cap-s (300 s) (got '301')"),
         ({"max_age_s": "0"}, f"{MAX_AGE} (got '0')"),
         ({"max_age_s": "0s"}, f"{MAX_AGE} (got '0s')"),
         ({"max_age_s": "31d"}, f"{MAX_AGE} (got '31d')"),

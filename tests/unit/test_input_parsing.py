@@ -73,7 +73,7 @@ def test_an_instant_is_echoed_as_iso_text_not_a_repr() -> None:
 def test_spec_api_refuses_an_option_the_policy_ignores_and_an_empty_zone() -> None:
     with pytest.raises(ValidationError) as caught:
         JobSpec.build(tenant="a", interval_s=60, misfire="skip", catchup_window_s=60)
-    assert caught.value.field == "catchup_window"
+    assert caught.value.field == "catchup_window_s"
     with pytest.raises(ValidationError) as caught:
         JobSpec.build(tenant="a", cron="0 1 * * *", tz="")
     assert caught.value.field == "tz"
