@@ -2341,7 +2341,7 @@ def _fleet_timing(name: str, help_text: str) -> Callable:
 )
 @option(
     "--list-limit",
-    type=click.IntRange(0, 10_000),
+    type=WholeNumber("list_limit", 0, 10_000),
     default=100,
     show_default=True,
     help="Findings of each kind --json lists (the text lists the first 10 of each; the counts are always totals).",

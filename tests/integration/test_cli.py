@@ -876,6 +876,21 @@ def _options(command: click.Command, path: tuple[str, ...] = ()):
         yield from _options(sub, (*path, name))
 
 
+def test_no_option_parses_a_number_with_clicks_own_types() -> None:
+    """The README: numbers are ASCII digits. click's INT/FLOAT (and their ranges) take what
+    Python's int()/float() take, ``٦٠`` and ``nan`` among them (a trial: `verify
+    --list-limit ٦٠` listed 60 findings); every numeric option is one of the project's
+    types (WholeNumber, Seconds, Decimal, ...), which refuse them naming the field."""
+    numeric = (click.types.IntParamType, click.types.FloatParamType)
+    plain = [(path, o.opts) for path, o in _options(cli) if isinstance(o.type, numeric)]
+    assert plain == []
+    result = CliRunner().invoke(cli, ["verify", "--since", "2030-01-01T00:00:00Z", "--list-limit", "٦٠"])
+    assert (result.exit_code, result.stderr) == (
+        2,
+        "error: list_limit: must be a whole number from 0 to 10000 in ASCII digits (got '٦٠')\n",
+    )
+
+
 def test_every_option_reads_the_variable_named_after_its_flag(pg_dsn: str) -> None:
     """The README: an option reads SCHEDULER_<COMMAND>_<SUBCOMMAND>_<OPTION>. click's
     automatic name came from the Python parameter instead, so `--interval` read
