@@ -177,7 +177,7 @@ def split_url(url: str, field: str = "url") -> tuple[str, str, int]:
     Rules: a string of at most :data:`MAX_URL_LEN` characters without
     spaces or unprintable characters (percent-encoded instead), scheme
     ``http`` or ``https``, a host, no user info (credentials belong in
-    headers, which are never logged), a valid port. Each broken rule is
+    headers, which are never logged), no IPv6 zone (RFC 6874), a valid port. Each broken rule is
     named by its own message, which echoes the URL as :func:`shown_url`
     gives it (never its credentials, path, query or fragment).
     """
@@ -201,6 +201,12 @@ def split_url(url: str, field: str = "url") -> tuple[str, str, int]:
         raise ValidationError(field, "must name a host", shown_url(url))
     if parts.username is not None or parts.password is not None:
         raise ValidationError(field, "must not carry user:password (send credentials as a header)", parts.hostname)
+    if "%" in parts.hostname:  # RFC 6874: [fe80::1%25eth0]; a zone only scopes a link-local address
+        raise ValidationError(
+            field,
+            "must not name an IPv6 zone (%25...: it scopes a link-local address, which push targets may not reach)",
+            shown_url(url),
+        )
     return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80)
 
 

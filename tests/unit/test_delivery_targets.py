@@ -149,6 +149,11 @@ def test_max_age_forms(text, seconds) -> None:
             "url: must not carry user:password (send credentials as a header) (got '93.184.216.34')",
         ),
         ({"url": "https:///path"}, "url: must name a host (got 'https:///***')"),
+        (  # a trial: was "host does not resolve" (the resolver does not take %25eth0)
+            {"url": "http://[fe80::1%25eth0]/x"},
+            "url: must not name an IPv6 zone (%25...: it scopes a link-local address, which push targets may not "
+            "reach) (got 'http://[fe80::1%25eth0]/***')",
+        ),
         ({"url": "http://example.com:0/"}, "url: port must be 1-65535 (got 'http://example.com:0/')"),
         (  # never sent (HTTP has no fragment on the wire): the endpoint would not see it
             {"url": "https://93.184.216.34/hook#v2"},
