@@ -426,7 +426,7 @@ def _check_headers(headers: Sequence[tuple[str, str]]) -> None:
 
 
 def parse_timeout(value: Any) -> float:
-    """A per-attempt timeout in seconds, ``0 < t <= 300``; raises ValidationError (field ``timeout``)."""
+    """A per-attempt timeout in seconds, ``0 < t <= 300``; raises ValidationError (field ``timeout_s``)."""
     number = parse_decimal("timeout_s", value, rule=_TIMEOUT_RULE)
     _check_timeout(number, value)
     return number
@@ -479,7 +479,7 @@ _MAX_AGE_RULE = (
 def parse_max_age(value: Any) -> int:
     """``max_age_s`` in whole seconds from an int, a string of ASCII digits or a duration
     (``d``, ``h``, ``m``, ``s`` parts, e.g. ``1d12h``), 1 s to 30 days; raises
-    ValidationError (field ``max_age``)."""
+    ValidationError (field ``max_age_s``)."""
     if isinstance(value, str) and _DURATION_RE.fullmatch(value.strip(" \t").lower()):
         seconds = sum(int(n) * _UNITS[u] for n, u in _DURATION_PART.findall(value.strip(" \t").lower()))
         if not 1 <= seconds <= MAX_AGE_S:
