@@ -192,6 +192,8 @@ def split_url(url: str, field: str = "url") -> tuple[str, str, int]:
     try:
         parts = urlsplit(url)
         port = parts.port
+        if "[" in parts.netloc:  # a bracketed host is an IPv6 literal; urlsplit also takes RFC 3986's IPvFuture
+            ipaddress.IPv6Address((parts.hostname or "").split("%", 1)[0])
     except ValueError:
         raise ValidationError(field, "must be an http(s) URL with a valid host and port", shown_url(url)) from None
     if parts.scheme not in ("http", "https"):
@@ -201,10 +203,10 @@ def split_url(url: str, field: str = "url") -> tuple[str, str, int]:
         raise ValidationError(field, "must name a host", shown_url(url))
     if parts.username is not None or parts.password is not None:
         raise ValidationError(field, "must not carry user:password (send credentials as a header)", parts.hostname)
-    if "%" in parts.hostname:  # RFC 6874: [fe80::1%25eth0]; a zone only scopes a link-local address
+    if "%" in parts.hostname:  # RFC 6874: [fe80::1%25eth0] (a zone scopes a link-local address)
         raise ValidationError(
             field,
-            "must not name an IPv6 zone (%25...: it scopes a link-local address, which push targets may not reach)",
+            "must not name an IPv6 zone (%25...: push targets are reached without one)",
             shown_url(url),
         )
     return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80)

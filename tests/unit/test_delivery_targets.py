@@ -151,8 +151,16 @@ def test_max_age_forms(text, seconds) -> None:
         ({"url": "https:///path"}, "url: must name a host (got 'https:///***')"),
         (  # a trial: was "host does not resolve" (the resolver does not take %25eth0)
             {"url": "http://[fe80::1%25eth0]/x"},
-            "url: must not name an IPv6 zone (%25...: it scopes a link-local address, which push targets may not "
-            "reach) (got 'http://[fe80::1%25eth0]/***')",
+            "url: must not name an IPv6 zone (%25...: push targets are reached without one) "
+            "(got 'http://[fe80::1%25eth0]/***')",
+        ),
+        (  # a trial: urlsplit takes an "IPvFuture" literal, whose text then went to the resolver as a name
+            {"url": "http://[v1.x]/"},
+            "url: must be an http(s) URL with a valid host and port (got 'http://[v1.x]/')",
+        ),
+        (
+            {"url": "http://[1.2.3.4]/"},
+            "url: must be an http(s) URL with a valid host and port (got 'http://[1.2.3.4]/')",
         ),
         ({"url": "http://example.com:0/"}, "url: port must be 1-65535 (got 'http://example.com:0/')"),
         (  # never sent (HTTP has no fragment on the wire): the endpoint would not see it
