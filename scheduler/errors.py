@@ -59,6 +59,7 @@ CLI_WORDS: Mapping[str, str] = {
     "catchup_window_s": "--catchup-window-s",
     "queue": "--queue",
     "url": "--url",
+    "backoff_base_s": "--backoff-base-s",
     "backoff_cap_s": "--backoff-cap-s",
     "tenants_add": "`scheduler tenants add`",
 }

@@ -173,8 +173,14 @@ class DeliverySpec:
             max_age_s=None if max_age_s is None else parse_max_age(max_age_s),
             overlap=DEFAULT_OVERLAP if overlap is None else overlap,
         )
-        if spec.backoff_base_s > spec.backoff_cap_s:  # echo the base as given, not as parsed
-            raise _base_above_cap(spec.backoff_cap_s, spec.backoff_base_s if backoff_base_s is None else backoff_base_s)
+        if spec.backoff_base_s > spec.backoff_cap_s:  # blame what was given, echoed as given
+            if backoff_base_s is None:
+                raise ValidationError(
+                    "backoff_cap_s",
+                    f"must not be below {{backoff_base_s}} ({_num(spec.backoff_base_s)} s, its default)",
+                    backoff_cap_s,
+                )
+            raise _base_above_cap(spec.backoff_cap_s, backoff_base_s)
         return spec.validated()
 
     def validated(self) -> DeliverySpec:

@@ -287,6 +287,10 @@ MAX_AGE = (
         ({"backoff_base_s": "NaN"}, f"backoff_base_s: {BACKOFF} (got 'NaN')"),
         ({"backoff_cap_s": "86400.5"}, f"backoff_cap_s: {BACKOFF} (got '86400.5')"),
         ({"backoff_cap_s": "-0"}, f"backoff_cap_s: {BACKOFF} (got '-0')"),
+        (  # a trial: only the cap was given, and the refusal blamed the base (and its variable went unnamed)
+            {"backoff_cap_s": "0.5"},
+            "backoff_cap_s: must not be below --backoff-base-s (1 s, its default) (got '0.5')",
+        ),
         (
             {"backoff_base_s": "10", "backoff_cap_s": "5"},
             "backoff_base_s: must not exceed --backoff-cap-s (5 s) (got '10')",
