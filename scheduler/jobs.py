@@ -377,7 +377,8 @@ def corpus_specs(
     line 1). A line that is not valid UTF-8 in those columns, or that the
     CSV reader cannot parse (e.g. a field over the csv module's size limit),
     is reported like any bad line (undecodable bytes appear as ``\\udcXX``),
-    never fatal. Raises ValidationError (field ``file``) without a header
+    never fatal; so is a line with a value no column names (past the
+    header's end, or under an empty header cell). Raises ValidationError (field ``file``) without a header
     naming ``expr``, (field ``name_column``) without that column, (field
     ``columns``) for a header naming an unknown column or one twice
     (:func:`_check_columns`), before any line is read.
@@ -400,9 +401,14 @@ def corpus_specs(
             header = None
         if header is None or "expr" not in header:
             raise ValidationError("file", "must be a CSV with a header row naming an 'expr' column", str(path))
+        if name_column == "":
+            raise ValidationError("name_column", "must name a column of the header")
         if name_column is not None and name_column not in header:
             raise ValidationError("name_column", f"the CSV header has no column {clip(name_column)}")
         _check_columns(header, name_column)
+        unnamed = [i for i, column in enumerate(header) if not column]
+        if unnamed:  # a key each, so that a value under any of them is seen
+            reader.fieldnames = [column or f"\0{i}" for i, column in enumerate(header)]
         line = consumed
         while True:
             start = line + 1
@@ -416,6 +422,18 @@ def corpus_specs(
                 continue
             line = consumed
             expr = (record.get("expr") or "").strip()
+            stray = next((i for i in unnamed if (record.get(f"\0{i}") or "").strip()), None)
+            if stray is not None:
+                yield start, expr, f"csv: a value under an unnamed column (cell {stray + 1})"
+                continue
+            beyond = record.get(None) or []  # type: ignore[call-overload]  # DictReader's restkey
+            if any(cell.strip() for cell in beyond):
+                yield (
+                    start,
+                    expr,
+                    f"csv: more cells than the header names ({len(header) + len(beyond)} > {len(header)})",
+                )
+                continue
             columns = (
                 record.get("expr") or "",
                 record.get("dialect") or "",
@@ -451,7 +469,7 @@ def corpus_specs(
                     delivery=delivery_from_cells(cells),
                 )
             except ValidationError as exc:  # named by its CSV column where that differs (timezone, not tz)
-                yield start, expr, exc.render(CLI_WORDS, CORPUS_COLUMNS.get(exc.field))
+                yield start, expr, exc.render(CSV_WORDS, CORPUS_COLUMNS.get(exc.field))
                 continue
             name_lines.setdefault(name, start)
             yield start, expr, spec
@@ -466,10 +484,10 @@ def _check_columns(header: Sequence[str], name_column: str | None) -> None:
     provenance columns :data:`CORPUS_INFO_COLUMNS` (read, not used); a header
     cell left empty (a spreadsheet's trailing comma) names nothing. Raises
     ValidationError (field ``columns``): the rule names the column and the
-    nearest known column (``difflib``, ratio ≥ 0.6) or, failing one, the
-    known columns.
+    column meant (:data:`IMPORT_ALIASES`: ``tz`` is ``timezone``), else the
+    nearest known column (``difflib``, ratio ≥ 0.6), else the known columns.
     """
-    known = [*IMPORT_COLUMNS, *([name_column] if name_column is not None else [])]
+    known = list(dict.fromkeys([*IMPORT_COLUMNS, *([name_column] if name_column is not None else [])]))
     seen: set[str] = set()
     for column in header:
         if column in seen and column:
@@ -477,7 +495,9 @@ def _check_columns(header: Sequence[str], name_column: str | None) -> None:
         seen.add(column)
         if not column or column in known or column in CORPUS_INFO_COLUMNS:
             continue
-        if nearest := difflib.get_close_matches(column, known, n=1):
+        if column in IMPORT_ALIASES:
+            hint = f"the column is {clip(IMPORT_ALIASES[column])}"
+        elif nearest := difflib.get_close_matches(column, known, n=1):
             hint = f"did you mean {clip(nearest[0])}?"
         else:
             hint = (
@@ -490,8 +510,15 @@ def _check_columns(header: Sequence[str], name_column: str | None) -> None:
 CORPUS_INFO_COLUMNS = ("source_kind", "repo", "path")
 """The corpus format's provenance columns (where a schedule was found): known, never used."""
 
-CORPUS_COLUMNS = {"tz": "timezone"}
+CORPUS_COLUMNS = {"tz": "timezone", "header": "headers"}
 """A job field whose CSV column has another name: a rejected line's reason names the column."""
+
+IMPORT_ALIASES = {**CORPUS_COLUMNS, "cron": "expr"}
+"""A ``jobs add`` option's name given as a column → the column the import reads instead."""
+
+CSV_WORDS = {name: CORPUS_COLUMNS.get(name, name) for name in CLI_WORDS} | {"tenants_add": CLI_WORDS["tenants_add"]}
+"""The import's words for what a rule names (:data:`~scheduler.errors.CLI_WORDS` has the
+flags): the CSV columns (``url``, ``backoff_cap_s``), and the CLI's commands."""
 
 _UNDECODABLE = re.compile("[\udc80-\udcff]")
 """Bytes that did not decode as UTF-8 (``surrogateescape``)."""

@@ -213,6 +213,11 @@ def test_an_import_refuses_a_header_with_an_unknown_or_repeated_column(pg_dsn, c
             "error: columns: 'Timeout_S' is not a known column (did you mean 'timeout_s'?)",
         ),
         ("expr,dialect,expr\n*/7 * * * *,unix,0 1 * * *\n", "error: columns: 'expr' is named twice"),
+        (
+            "expr,tz\n*/7 * * * *,Europe/Berlin\n",
+            "error: columns: 'tz' is not a known column (the column is 'timezone')",
+        ),
+        ("expr,cron\n*/7 * * * *,*/8 * * * *\n", "error: columns: 'cron' is not a known column (the column is 'expr')"),
     ]
     for text, message in cases:
         path = tmp_path / "cols.csv"
@@ -229,6 +234,17 @@ def test_an_import_refuses_a_header_with_an_unknown_or_repeated_column(pg_dsn, c
     assert (result.exit_code, result.stdout, result.stderr) == (0, "1 created, 0 unchanged, 0 rejected\n", "")
     [row] = conn.execute("SELECT d.max_attempts FROM job_delivery AS d").fetchall()
     assert row["max_attempts"] == 2
+    # A value with no column to say what it is (past the header's end, or under an empty header
+    # cell) rejects its line (the trial: dropped without a word); empty cells there are fine.
+    extra = tmp_path / "extra.csv"
+    extra.write_text("expr,,queue\n*/9 * * * *,,q1\n*/10 * * * *,3,q2\n*/11 * * * *,,q3,forbid\n", encoding="utf-8")
+    result = run(["jobs", "import", str(extra), "--tenant", "acme"], pg_dsn)
+    assert (result.exit_code, result.stdout) == (0, "1 created, 0 unchanged, 2 rejected\n")
+    assert result.stderr.splitlines() == [
+        f"{extra}:3: '*/10 * * * *': csv: a value under an unnamed column (cell 2)",
+        f"{extra}:4: '*/11 * * * *': csv: more cells than the header names (4 > 3)",
+    ]
+    assert [r["queue"] for r in conn.execute("SELECT queue FROM jobs ORDER BY queue").fetchall()] == ["default", "q1"]
     named = tmp_path / "named.csv"
     named.write_text("job,expr\nn1,*/7 * * * *\n", encoding="utf-8")
     assert run(["jobs", "import", str(named), "--tenant", "acme", "--name-column", "job"], pg_dsn).exit_code == 0

@@ -421,16 +421,18 @@ def test_import_reads_the_delivery_columns(pg_dsn, conn, tmp_path) -> None:
         "0 4 * * *,unix5,,badheader,,,,X: y,,,,,,,\n"
         "0 5 * * *,unix5,,inside,,http://10.0.0.1/,,,,,,,,,\n"
         '0 6 * * *,unix5,,bigpayload,,,,,,"""' + "x" * 70_000 + '""",,,,,\n'
-        '0 7 * * *,unix5,,dupkey,,,,,,"{""a"": {""b"": 1, ""b"": 2}}",,,,,\n',
+        '0 7 * * *,unix5,,dupkey,,,,,,"{""a"": {""b"": 1, ""b"": 2}}",,,,,\n'
+        "0 8 * * *,unix5,,lowcap,,,,,,,,,0.5,,\n",
         encoding="utf-8",
     )
     result = run(["jobs", "import", str(path), "--tenant", "acme", "--name-column", "job"], pg_dsn)
-    assert (result.exit_code, result.stdout) == (0, "3 created, 0 unchanged, 4 rejected\n")  # rejected lines: still 0
+    assert (result.exit_code, result.stdout) == (0, "3 created, 0 unchanged, 5 rejected\n")  # rejected lines: still 0
     assert result.stderr.splitlines() == [
-        f"{path}:6: '0 4 * * *': header: applies to --url targets only",
+        f"{path}:6: '0 4 * * *': headers: applies to url targets only",  # the columns' words, not the flags'
         f"{path}:7: '0 5 * * *': {SSRF} (got '10.0.0.1 -> 10.0.0.1')",
         f"{path}:8: '0 6 * * *': payload: is 70,002 bytes as compact UTF-8 JSON; the limit is 65,536 bytes (64 kB)",
         f"{path}:9: '0 7 * * *': payload: must not give an object key twice (got 'b')",
+        f"{path}:10: '0 8 * * *': backoff_cap_s: must not be below backoff_base_s (1 s, its default) (got '0.5')",
     ]
     rows = {
         r["name"]: r for r in conn.execute("SELECT name, job_id, queue, overlap FROM jobs ORDER BY name").fetchall()
@@ -457,7 +459,7 @@ def test_import_reads_the_delivery_columns(pg_dsn, conn, tmp_path) -> None:
 
     before = tables(conn)
     again = run(["jobs", "import", str(path), "--tenant", "acme", "--name-column", "job"], pg_dsn)
-    assert again.stdout == "0 created, 3 unchanged, 4 rejected\n"
+    assert again.stdout == "0 created, 3 unchanged, 5 rejected\n"
     assert tables(conn) == before
 
     # A changed payload is a conflict (rejected, nothing replaced); push_allow admits the private URL.
@@ -469,7 +471,7 @@ def test_import_reads_the_delivery_columns(pg_dsn, conn, tmp_path) -> None:
         ["jobs", "import", str(path), "--tenant", "acme", "--name-column", "job", "--push-allow", "10.0.0.0/8"],
         pg_dsn,
     )
-    assert changed.stdout == "1 created, 2 unchanged, 4 rejected\n"
+    assert changed.stdout == "1 created, 2 unchanged, 5 rejected\n"
     assert changed.stderr.splitlines()[0] == (
         f"{path}:3: '0 2 * * *': name: job 'mail' of tenant 'acme' already exists with a different spec "
         f"(id {rows['mail']['job_id']})"
